@@ -1,0 +1,230 @@
+// Top-n scan kernels, compiled once per SIMD variant (RCN_ISA = generic |
+// avx2; see CMakeLists.txt). Everything here has internal linkage or lives
+// in namespace rcn_fast::RCN_ISA, and no standard-library template is used,
+// so the variants cannot leak into each other at link time.
+//
+// The algorithm (shared with the CUDA launcher in cuda/topn.cu):
+//   for each block of corpus rows:
+//     score the block against the queries (fp32 accumulation)
+//     while the scores are hot, offer each to its query's candidate buffer
+// The full [Q, N] score matrix never exists.
+#include <cstdint>
+#include <cstring>
+
+#include "common/dtypes.h"
+#include "cpu/isa/topn_isa.h"
+
+namespace rcn_fast {
+namespace RCN_ISA {
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef _Float16 v8h __attribute__((vector_size(16)));
+
+constexpr int MR = 6;    // corpus rows per micro-tile
+constexpr int NR = 16;   // queries per micro-tile (two 8-lane vectors)
+
+inline v8f vload(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline v8f splat(float f) { return v8f{f, f, f, f, f, f, f, f}; }
+inline float hsum(v8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// 8 consecutive elements of a corpus row as float32.
+template <DType T> inline v8f load8(const void* base, int64_t off) {
+  if constexpr (T == DType::F32) {
+    return vload(static_cast<const float*>(base) + off);
+  } else if constexpr (T == DType::F16) {
+    v8h h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
+    return __builtin_convertvector(h, v8f);
+  } else {
+    v8u16 h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
+    v8u32 w = __builtin_convertvector(h, v8u32) << 16;
+    v8f f;
+    std::memcpy(&f, &w, sizeof f);
+    return f;
+  }
+}
+
+template <DType T> inline float load1(const void* base, int64_t off) {
+  if constexpr (T == DType::F32) {
+    return static_cast<const float*>(base)[off];
+  } else if constexpr (T == DType::F16) {
+    _Float16 h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
+    return float(h);
+  } else {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
+  }
+}
+
+inline void offer(TopnCollector* c, int64_t q, float s, int64_t id) {
+  // NaN and -inf never pass: thr starts at -inf and only grows.
+  if (!(s > c->thr[q])) return;
+  int64_t& n = c->count[q];
+  c->scores[q * c->cap + n] = s;
+  c->ids[q * c->cap + n] = id;
+  if (++n == c->cap) topn_compact(c, q);
+}
+
+// ---- few queries: stream the rows once, R rows x NQ queries at a time ----
+template <DType T, int NQ, int R>
+void gemv_rows(const TopnScanArgs& a, int64_t r, const float* q0) {
+  const int64_t d = a.d;
+  const void* rows[R];
+  for (int i = 0; i < R; ++i) {
+    const int64_t off = (r + i) * a.row_stride;
+    rows[i] = static_cast<const char*>(a.corpus) +
+              off * (T == DType::F32 ? 4 : 2);
+  }
+  v8f acc[R][NQ];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NQ; ++j) acc[i][j] = v8f{};
+  int64_t k = 0;
+  for (; k + 8 <= d; k += 8) {
+    v8f x[R];
+    for (int i = 0; i < R; ++i) x[i] = load8<T>(rows[i], k);
+    for (int j = 0; j < NQ; ++j) {
+      const v8f y = vload(q0 + j * d + k);
+      for (int i = 0; i < R; ++i) acc[i][j] += x[i] * y;
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < NQ; ++j) {
+      float s = hsum(acc[i][j]);
+      for (int64_t kk = k; kk < d; ++kk) s += load1<T>(rows[i], kk) * q0[j * d + kk];
+      offer(a.col, j, s, r + i);
+    }
+  }
+}
+
+template <DType T, int NQ>
+void gemv_scan(const TopnScanArgs& a) {
+  constexpr int R = NQ <= 2 ? 4 : 2;
+  int64_t r = a.row_begin;
+  for (; r + R <= a.row_end; r += R) gemv_rows<T, NQ, R>(a, r, a.qrows);
+  for (; r < a.row_end; ++r) gemv_rows<T, NQ, 1>(a, r, a.qrows);
+}
+
+// ---- many queries: register-tiled micro-kernel, MR rows x NR queries ----
+// c[MR][NR] (+)= rows[i][k] * qp[k][j] over k in [0, kl)
+inline void micro_kernel(const float* __restrict qp, const float* const* rows,
+                         int64_t kl, float* __restrict c, bool accumulate) {
+  v8f c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+  if (accumulate) {
+    c00 = vload(c + 0);  c01 = vload(c + 8);
+    c10 = vload(c + 16); c11 = vload(c + 24);
+    c20 = vload(c + 32); c21 = vload(c + 40);
+    c30 = vload(c + 48); c31 = vload(c + 56);
+    c40 = vload(c + 64); c41 = vload(c + 72);
+    c50 = vload(c + 80); c51 = vload(c + 88);
+  } else {
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = v8f{};
+  }
+  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3],
+              *r4 = rows[4], *r5 = rows[5];
+  for (int64_t k = 0; k < kl; ++k) {
+    const v8f b0 = vload(qp + k * NR), b1 = vload(qp + k * NR + 8);
+    v8f x;
+    x = splat(r0[k]); c00 += x * b0; c01 += x * b1;
+    x = splat(r1[k]); c10 += x * b0; c11 += x * b1;
+    x = splat(r2[k]); c20 += x * b0; c21 += x * b1;
+    x = splat(r3[k]); c30 += x * b0; c31 += x * b1;
+    x = splat(r4[k]); c40 += x * b0; c41 += x * b1;
+    x = splat(r5[k]); c50 += x * b0; c51 += x * b1;
+  }
+  vstore(c + 0, c00);  vstore(c + 8, c01);
+  vstore(c + 16, c10); vstore(c + 24, c11);
+  vstore(c + 32, c20); vstore(c + 40, c21);
+  vstore(c + 48, c30); vstore(c + 56, c31);
+  vstore(c + 64, c40); vstore(c + 72, c41);
+  vstore(c + 80, c50); vstore(c + 88, c51);
+}
+
+template <DType T>
+void convert_rows(const TopnScanArgs& a, int64_t r, int64_t nb, float* dst) {
+  const int64_t d = a.d;
+  for (int64_t i = 0; i < nb; ++i) {
+    const void* src = static_cast<const uint16_t*>(a.corpus) + (r + i) * a.row_stride;
+    float* out = dst + i * d;
+    int64_t k = 0;
+    for (; k + 8 <= d; k += 8) vstore(out + k, load8<T>(src, k));
+    for (; k < d; ++k) out[k] = load1<T>(src, k);
+  }
+}
+
+template <DType T>
+void gemm_scan(const TopnScanArgs& a) {
+  const int64_t d = a.d, Q = a.Q;
+  const int64_t nqp = (Q + NR - 1) / NR;
+  // workspace: [row pointers][zero row d][converted block][score tiles]
+  const float** rowp = reinterpret_cast<const float**>(a.work);
+  float* zero_row = a.work + 2 * kTopnBlockRows;
+  float* block = zero_row + d;
+  float* tiles = block + kTopnBlockRows * d;
+  for (int64_t k = 0; k < d; ++k) zero_row[k] = 0.f;
+
+  for (int64_t b0 = a.row_begin; b0 < a.row_end; b0 += kTopnBlockRows) {
+    const int64_t nb = a.row_end - b0 < kTopnBlockRows ? a.row_end - b0 : kTopnBlockRows;
+    const int64_t ncp = (nb + MR - 1) / MR;
+    if constexpr (T == DType::F32) {
+      for (int64_t i = 0; i < nb; ++i)
+        rowp[i] = static_cast<const float*>(a.corpus) + (b0 + i) * a.row_stride;
+    } else {
+      convert_rows<T>(a, b0, nb, block);
+      for (int64_t i = 0; i < nb; ++i) rowp[i] = block + i * d;
+    }
+    for (int64_t i = nb; i < ncp * MR; ++i) rowp[i] = zero_row;
+
+    for (int64_t qp = 0; qp < nqp; ++qp) {
+      const float* qpanel = a.qpack + qp * d * NR;
+      for (int64_t kc = 0; kc < d; kc += kTopnDepth) {
+        const int64_t kl = d - kc < kTopnDepth ? d - kc : kTopnDepth;
+        const float* rs[MR];
+        for (int64_t cp = 0; cp < ncp; ++cp) {
+          for (int i = 0; i < MR; ++i) rs[i] = rowp[cp * MR + i] + kc;
+          micro_kernel(qpanel + kc * NR, rs, kl, tiles + cp * MR * NR, kc > 0);
+        }
+      }
+      // offer the finished tiles, rows in increasing id order per query
+      const int64_t q_end = (qp + 1) * NR < Q ? (qp + 1) * NR : Q;
+      for (int64_t i = 0; i < nb; ++i) {
+        const float* srow = tiles + i * NR;
+        for (int64_t q = qp * NR; q < q_end; ++q) offer(a.col, q, srow[q - qp * NR], b0 + i);
+      }
+    }
+  }
+}
+
+template <DType T>
+void scan(const TopnScanArgs& a) {
+  switch (a.Q) {
+    case 1: return gemv_scan<T, 1>(a);
+    case 2: return gemv_scan<T, 2>(a);
+    case 3: return gemv_scan<T, 3>(a);
+    case 4: return gemv_scan<T, 4>(a);
+    default: return gemm_scan<T>(a);
+  }
+}
+
+}  // namespace
+
+void topn_scan(const TopnScanArgs& a) {
+  switch (static_cast<DType>(a.dtype)) {
+    case DType::F32: return scan<DType::F32>(a);
+    case DType::F16: return scan<DType::F16>(a);
+    case DType::BF16: return scan<DType::BF16>(a);
+  }
+}
+
+}  // namespace RCN_ISA
+}  // namespace rcn_fast

@@ -1,0 +1,50 @@
+// rcn_fast._cuda: thin nanobind bindings over the CUDA launchers. A separate
+// module so that `import rcn_fast` never depends on a GPU or a driver: the
+// CUDA runtime is linked statically and only touches the driver when called.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "bind_util.h"
+#include "cuda/runtime.h"
+
+namespace nb = nanobind;
+using namespace rcn_fast;
+
+namespace {
+
+nb::dict cuda_info() {
+  nb::dict info;
+  std::string why;
+  const int n = cuda::device_count(why);
+  info["device_count"] = n < 0 ? 0 : n;
+  info["usable"] = n > 0;
+  info["reason"] = why;
+  info["architectures"] = RCN_CUDA_ARCHS;
+  info["toolkit"] = RCN_CUDA_VERSION;
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  info["runtime_version"] = rt;
+  info["driver_version"] = drv;
+  if (n > 0) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+      info["device0"] = std::string(prop.name);
+      info["device0_cc"] = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+
+
+NB_MODULE(_cuda, m) {
+  m.doc() = "rcn_fast CUDA launchers (see csrc/cuda/)";
+  m.def("cuda_info", &cuda_info, "Devices, driver and toolkit as this module sees them.");
+
+}

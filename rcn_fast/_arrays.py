@@ -1,0 +1,137 @@
+"""Array plumbing shared by the ops: which library an input comes from, its
+device and dtype, argument checks with messages that name the argument, and
+output allocation in the caller's library and device.
+
+numpy arrays and torch tensors are accepted everywhere; bfloat16 numpy
+arrays come from ``ml_dtypes``. torch is imported lazily, only when the
+caller already passed a tensor.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def library(x: Any) -> str:
+    return "torch" if is_torch(x) else "numpy"
+
+
+def device_of(x: Any) -> str:
+    """"cpu" or "cuda" (torch CUDA tensors); numpy arrays are "cpu"."""
+    if is_torch(x):
+        return x.device.type
+    return "cpu"
+
+
+def dtype_name(x: Any) -> str:
+    if is_torch(x):
+        return str(x.dtype).removeprefix("torch.")
+    return np.dtype(x.dtype).name
+
+
+def as_array(x: Any, name: str) -> Any:
+    """numpy arrays and torch tensors pass through; lists and other array-likes
+    become numpy arrays; anything else is a TypeError naming ``name``."""
+    if is_torch(x) or isinstance(x, np.ndarray):
+        return x
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"{name}: expected an array (numpy or torch), got {type(x).__name__}") from exc
+    if arr.dtype == object:
+        raise TypeError(f"{name}: expected a numeric array, got {type(x).__name__} of objects")
+    if arr.dtype.kind in "iub":
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16 values, got {arr.dtype}")
+    if arr.dtype == np.float64:
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def check_rank(x: Any, ndim: int, name: str, shape: str) -> None:
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d array of shape {shape}, got shape {tuple(x.shape)}")
+
+
+def check_float_dtype(x: Any, name: str, allowed: tuple[str, ...] = FLOAT_DTYPES) -> str:
+    dt = dtype_name(x)
+    if dt not in allowed:
+        raise TypeError(f"{name}: expected dtype in {list(allowed)}, got {dt}")
+    return dt
+
+
+def inner_contiguous(x: Any) -> Any:
+    """``x`` itself when its last axis has unit stride (and no stride is
+    negative), else a contiguous copy."""
+    if is_torch(x):
+        if x.ndim and x.shape[-1] > 1 and x.stride(-1) != 1:
+            return x.contiguous()
+        if any(s < 0 for s in x.stride()):
+            return x.contiguous()
+        return x
+    if x.ndim and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+        return np.ascontiguousarray(x)
+    if any(s < 0 for s in x.strides):
+        return np.ascontiguousarray(x)
+    return x
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A numpy view (or copy from the GPU); bfloat16 via ml_dtypes."""
+    if not is_torch(x):
+        return np.asarray(x)
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype.__str__() == "torch.bfloat16":
+        ml_dtypes = require("ml_dtypes", "pip install ml_dtypes")
+        return t.view(dtype=_torch().int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def to_float32_numpy(x: Any) -> np.ndarray:
+    return np.asarray(to_numpy(x), dtype=np.float32)
+
+
+def empty_like_lib(ref: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    """An uninitialised array in ``ref``'s library and on its device."""
+    if is_torch(ref):
+        torch = _torch()
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=ref.device)
+    return np.empty(shape, dtype=dtype)
+
+
+def from_numpy_like(ref: Any, arr: np.ndarray) -> Any:
+    """``arr`` moved into ``ref``'s library and device."""
+    if is_torch(ref):
+        return _torch().from_numpy(np.ascontiguousarray(arr)).to(ref.device)
+    return arr
+
+
+def _torch() -> Any:
+    return require("torch", "pip install torch==2.13.0")
+
+
+def require(module: str, hint: str) -> Any:
+    """Import an optional dependency or raise ImportError with the install hint."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{module} is needed for this feature: {hint}") from exc
+
+
+def optional_available(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

@@ -1,0 +1,121 @@
+"""The one place that decides which backend runs an op.
+
+Each op has a priority list of backends (for example cuda -> native ->
+torch -> numpy). For a call, every backend in turn says why it cannot serve
+the inputs (a reason string) or accepts them (``None``); the first that
+accepts runs. When none accepts, :class:`BackendUnavailableError` lists every
+backend tried and why.
+
+Overrides, strongest first:
+
+* the ``backend=`` argument of the public function;
+* the environment variable ``RCN_FAST_BACKEND``: either one backend name for
+  every op (``RCN_FAST_BACKEND=numpy``) or per-op pairs
+  (``RCN_FAST_BACKEND="topn=torch,sample_subsets=native"``).
+
+A forced backend that cannot serve the inputs is an error, never a silent
+fallback.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+ENV_VAR = "RCN_FAST_BACKEND"
+
+
+class BackendUnavailableError(RuntimeError):
+    """No backend (or not the requested one) can serve the call."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of an op.
+
+    ``check(ctx)`` returns ``None`` when it can serve a call described by
+    ``ctx`` (a dict the op builds: device, array library, dtypes, sizes ...)
+    or a short reason why not. ``run(**kwargs)`` computes the result.
+    """
+
+    name: str
+    check: Callable[[Mapping[str, Any]], str | None]
+    run: Callable[..., Any]
+    description: str = ""
+
+
+@dataclass
+class Op:
+    """An op with its backends in priority order."""
+
+    name: str
+    backends: list[Backend] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [b.name for b in self.backends]
+
+    def requested(self, backend: str | None) -> str | None:
+        """The backend forced by the argument or the environment, if any."""
+        if backend is not None:
+            return backend
+        env = os.environ.get(ENV_VAR, "").strip()
+        if not env:
+            return None
+        if "=" not in env:
+            return env
+        for item in env.split(","):
+            op, _, name = item.partition("=")
+            if op.strip() == self.name and name.strip():
+                return name.strip()
+        return None
+
+    def select(self, ctx: Mapping[str, Any], backend: str | None = None) -> Backend:
+        """The backend that will run a call described by ``ctx``."""
+        forced = self.requested(backend)
+        if forced is not None and forced not in self.names():
+            source = "backend=" if backend is not None else f"{ENV_VAR}"
+            raise ValueError(
+                f"{source}: unknown backend {forced!r} for {self.name}; "
+                f"expected one of {self.names()}"
+            )
+        tried: list[str] = []
+        for b in self.backends:
+            if forced is not None and b.name != forced:
+                continue
+            why = b.check(ctx)
+            if why is None:
+                return b
+            tried.append(f"  {b.name}: {why}")
+        what = f"backend {forced!r} cannot" if forced else "no backend can"
+        raise BackendUnavailableError(
+            f"{self.name}: {what} serve this call ({_describe(ctx)}):\n" + "\n".join(tried)
+        )
+
+    def __call__(self, ctx: Mapping[str, Any], backend: str | None = None, **kwargs: Any) -> Any:
+        return self.select(ctx, backend).run(**kwargs)
+
+    def report(self, ctx: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+        """Every backend with its reason (None = can serve ``ctx``)."""
+        return [(b.name, b.check(ctx)) for b in self.backends]
+
+
+def _describe(ctx: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in ctx.items() if not k.startswith("_"))
+
+
+_REGISTRY: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    """Add an op to the registry (``python -m rcn_fast.info`` lists them)."""
+    _REGISTRY[op.name] = op
+    return op
+
+
+def get(name: str) -> Op:
+    return _REGISTRY[name]
+
+
+def ops() -> dict[str, Op]:
+    return dict(_REGISTRY)

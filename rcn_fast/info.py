@@ -1,0 +1,129 @@
+"""``python -m rcn_fast.info``: version, build, hardware, optional packages,
+and the backend each op will use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Any
+
+OPTIONAL_PACKAGES = (
+    "torch", "triton", "transformers", "faiss", "onnxruntime", "onnx", "numba",
+    "flash_attn", "gguf", "ml_dtypes", "pytest_benchmark",
+)
+
+
+def _op_modules() -> None:
+    """Import the modules that register ops with the dispatcher."""
+    import importlib
+
+    for name in ("rcn_fast.search.topn", "rcn_fast.sampling"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def build_info() -> dict[str, Any]:
+    """Everything ``python -m rcn_fast.info`` prints, as a dict.
+
+    Keys: ``version``, ``python``, ``platform``, ``native`` (compiler, SIMD
+    compiled and active, CPU features, threads; or the load error),
+    ``cuda`` (compiled?, usable?, devices, reason), ``packages`` (optional
+    package -> importable), ``backends`` (op -> the backend chosen for
+    float32 CPU numpy inputs and for CUDA torch inputs, with every other
+    backend's reason).
+    """
+    import importlib.util
+
+    import rcn_fast
+    from rcn_fast import _dispatch, _native
+
+    info: dict[str, Any] = {
+        "version": rcn_fast.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    mod, err = _native.cpu_module()
+    info["native"] = mod.build_info() if mod is not None else {"error": err}
+
+    cuda: dict[str, Any] = {"compiled": bool(_native.build_config().get("cuda_compiled", False))}
+    cmod = _native.cuda_compiled_module()
+    if cmod is not None:
+        try:
+            cuda.update(cmod.cuda_info())
+        except Exception as exc:  # pragma: no cover - driver-specific
+            cuda["error"] = str(exc)
+    usable, why = _native.cuda_module()
+    cuda["gpu_usable"] = usable is not None
+    if why:
+        cuda["reason"] = why
+    info["cuda"] = cuda
+
+    info["packages"] = {p: importlib.util.find_spec(p) is not None for p in OPTIONAL_PACKAGES}
+
+    _op_modules()
+    backends: dict[str, Any] = {}
+    for name, op in sorted(_dispatch.ops().items()):
+        entry: dict[str, Any] = {}
+        for label, ctx in _contexts(name).items():
+            report = op.report(ctx)
+            chosen = next((b for b, r in report if r is None), None)
+            forced = op.requested(None)
+            if forced is not None:
+                chosen = forced if dict(report).get(forced, "unknown") is None else None
+            entry[label] = {"uses": chosen, "why_not_others": {b: r for b, r in report if r}}
+        backends[name] = entry
+    info["backends"] = backends
+    return info
+
+
+def _contexts(op: str) -> dict[str, dict[str, Any]]:
+    base = {"dtype": "float32", "Q": 32, "N": 100_000, "d": 768, "k": 10,
+            "B": 32, "n": 100, "num_subsets": 3, "subset_size": 5}
+    return {
+        "cpu (numpy float32)": {**base, "library": "numpy", "device": "cpu"},
+        "cuda (torch float32)": {**base, "library": "torch", "device": "cuda"},
+    }
+
+
+def format_info(info: dict[str, Any]) -> str:
+    lines = [f"rcn_fast {info['version']}  (Python {info['python']}, {info['platform']})"]
+    nat = info["native"]
+    if "error" in nat:
+        lines.append(f"native module : NOT LOADED - {nat['error']}")
+    else:
+        lines.append(f"native module : {nat['compiler']}; SIMD compiled [{nat['simd_compiled']}], "
+                     f"active {nat['simd_active']}" + (f" ({nat['simd_note']})" if nat["simd_note"] else ""))
+        lines.append(f"cpu features  : {nat['cpu_features'] or '-'}; threads {nat['num_threads']}")
+    cu = info["cuda"]
+    state = "compiled" if cu["compiled"] else "not compiled"
+    if cu["compiled"]:
+        state += f" for sm {cu.get('architectures', '?')} (toolkit {cu.get('toolkit', '?')})"
+    lines.append(f"cuda          : {state}; GPU usable: {cu['gpu_usable']}"
+                 + (f" - {cu['reason']}" if cu.get("reason") else ""))
+    pk = info["packages"]
+    lines.append("packages      : " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in pk.items()))
+    lines.append("backends:")
+    for op, entry in info["backends"].items():
+        for label, e in entry.items():
+            lines.append(f"  {op:<16} {label:<22} -> {e['uses'] or 'none'}")
+            for b, r in e["why_not_others"].items():
+                lines.append(f"  {'':<16} {'':<22}    {b}: {r}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rcn_fast.info", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    info = build_info()
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

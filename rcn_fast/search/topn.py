@@ -1,0 +1,214 @@
+"""Exact top-n maximum inner product search: the public op and its backends.
+
+Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
+``native`` (rcn_fast._C, CPU arrays), ``torch`` (blocked ``torch.mm`` +
+``topk``, any device), ``numpy`` (the reference, CPU). Pick one with
+``backend=`` or the ``RCN_FAST_BACKEND`` environment variable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from rcn_fast import _arrays as A
+from rcn_fast import _dispatch, _native
+from rcn_fast.search.reference import select_topn, topn_reference
+
+
+def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tuple[Any, Any]:
+    """The ``k`` corpus rows with the largest inner product, for every query.
+
+    Parameters
+    ----------
+    queries : array [Q, d]
+        float32, or the corpus dtype. numpy array or torch tensor.
+    corpus : array [N, d]
+        float32, float16 or bfloat16 (numpy bfloat16 via ``ml_dtypes``).
+        Same library and device as ``queries``.
+    k : int
+        Results per query, ``k >= 1``. When ``k > N`` the tail is padded.
+    backend : str, optional
+        Force ``"cuda"``, ``"native"``, ``"torch"`` or ``"numpy"``.
+
+    Returns
+    -------
+    scores : float32 [Q, k]
+        Descending; accumulated in float32.
+    ids : int64 [Q, k]
+        Row indices into ``corpus``. Slots without a result hold
+        ``(-inf, -1)``.
+
+    Notes
+    -----
+    Ties: equal scores are returned lower id first. Non-finite values are
+    not checked (a pass over the corpus would cost as much as the search):
+    a NaN or -inf score is never returned, +inf ranks first. Inputs whose
+    last axis is not contiguous are copied once; row strides are used as
+    they are. Results are in the library and on the device of the inputs.
+
+    Examples
+    --------
+    >>> import numpy as np, rcn_fast
+    >>> corpus = np.eye(4, dtype=np.float32)
+    >>> scores, ids = rcn_fast.topn(corpus[[2]], corpus, k=2)
+    >>> ids.tolist()
+    [[2, 0]]
+    """
+    queries = A.as_array(queries, "queries")
+    corpus = A.as_array(corpus, "corpus")
+    A.check_rank(queries, 2, "queries", "[Q, d]")
+    A.check_rank(corpus, 2, "corpus", "[N, d]")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k: expected an int, got {type(k).__name__}")
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"k: expected k >= 1, got {k}")
+    ct = A.check_float_dtype(corpus, "corpus")
+    qt = A.check_float_dtype(queries, "queries")
+    if qt not in ("float32", ct):
+        raise TypeError(f"queries: expected float32 or the corpus dtype ({ct}), got {qt}")
+    if queries.shape[1] != corpus.shape[1]:
+        raise ValueError(
+            f"corpus: expected {queries.shape[1]} columns to match queries [Q, d], "
+            f"got shape {tuple(corpus.shape)}"
+        )
+    if queries.shape[1] < 1:
+        raise ValueError("queries: expected d >= 1 columns, got 0")
+    if A.library(queries) != A.library(corpus):
+        raise TypeError(
+            f"corpus: expected the same array library as queries ({A.library(queries)}), "
+            f"got {A.library(corpus)}"
+        )
+    if A.device_of(queries) != A.device_of(corpus):
+        raise ValueError(
+            f"corpus: expected the device of queries ({A.device_of(queries)}), "
+            f"got {A.device_of(corpus)}"
+        )
+    ctx = {
+        "library": A.library(corpus),
+        "device": A.device_of(corpus),
+        "dtype": ct,
+        "Q": int(queries.shape[0]),
+        "N": int(corpus.shape[0]),
+        "d": int(corpus.shape[1]),
+        "k": k,
+    }
+    return TOPN(ctx, backend, queries=queries, corpus=corpus, k=k)
+
+
+# ---------------------------------------------------------------- backends
+
+
+def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
+    mod, why = _native.cuda_module()
+    if mod is None:
+        return why
+    if ctx["device"] != "cuda":
+        return f"inputs are on {ctx['device']}, not a CUDA device"
+    if ctx["k"] > mod.TOPN_MAX_K:
+        return f"k={ctx['k']} exceeds the CUDA kernel's limit {mod.TOPN_MAX_K}"
+    return None
+
+
+def _run_cuda(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+    mod, _ = _native.cuda_module()
+    torch = A.require("torch", "pip install torch")
+    queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
+    scores = torch.empty((queries.shape[0], k), dtype=torch.float32, device=corpus.device)
+    ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
+    stream = torch.cuda.current_stream(corpus.device).cuda_stream
+    with torch.cuda.device(corpus.device):
+        mod.topn(queries, corpus, k, scores, ids, stream)
+    return scores, ids
+
+
+def _check_native(ctx: Mapping[str, Any]) -> str | None:
+    mod, why = _native.cpu_module()
+    if mod is None:
+        return why
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the native backend runs on the CPU"
+    return None
+
+
+def _run_native(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+    mod, _ = _native.cpu_module()
+    queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
+    bf16_view = False
+    if not A.is_torch(corpus) and A.dtype_name(corpus) == "bfloat16":
+        corpus, bf16_view = corpus.view(np.uint16), True
+        if A.dtype_name(queries) == "bfloat16":
+            queries = queries.view(np.uint16)
+    scores = A.empty_like_lib(corpus, (queries.shape[0], k), "float32")
+    ids = A.empty_like_lib(corpus, (queries.shape[0], k), "int64")
+    mod.topn(queries, corpus, k, scores, ids, 0, bf16_view)
+    return scores, ids
+
+
+def _check_torch(ctx: Mapping[str, Any]) -> str | None:
+    if ctx["library"] != "torch":
+        return "inputs are numpy arrays (the torch backend takes torch tensors)"
+    return None
+
+
+def _run_torch(queries: Any, corpus: Any, k: int, chunk: int = 1 << 16) -> tuple[Any, Any]:
+    import torch
+
+    q = queries.float()
+    n = corpus.shape[0]
+    best_s = torch.empty((q.shape[0], 0), dtype=torch.float32, device=q.device)
+    best_i = torch.empty((q.shape[0], 0), dtype=torch.int64, device=q.device)
+    for start in range(0, n, chunk):
+        block = corpus[start : start + chunk].float()
+        s = q @ block.T
+        s = torch.nan_to_num(s, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+        ids = torch.arange(start, start + block.shape[0], device=q.device).expand_as(s)
+        cs, ci = torch.cat([best_s, s], 1), torch.cat([best_i, ids], 1)
+        kk = min(k, cs.shape[1])
+        top = torch.topk(cs, kk, dim=1)
+        if int((cs >= top.values[:, -1:]).sum(1).max()) > kk:
+            # ties at the k-th score: ids decide, so sort the whole row; the
+            # candidates are in id order and the sort is stable
+            order = torch.sort(cs, dim=1, descending=True, stable=True).indices[:, :kk]
+        else:
+            # the top-k set is exact; order it by (score desc, id asc)
+            by_id = torch.sort(ci.gather(1, top.indices), dim=1, stable=True).indices
+            cand = top.indices.gather(1, by_id)
+            order = cand.gather(
+                1, torch.sort(cs.gather(1, cand), dim=1, descending=True, stable=True).indices
+            )
+        best_s, best_i = cs.gather(1, order), ci.gather(1, order)
+    out_s = torch.full((q.shape[0], k), float("-inf"), dtype=torch.float32, device=q.device)
+    out_i = torch.full((q.shape[0], k), -1, dtype=torch.int64, device=q.device)
+    keep = best_s > float("-inf")
+    out_s[:, : best_s.shape[1]] = torch.where(keep, best_s, out_s[:, : best_s.shape[1]])
+    out_i[:, : best_i.shape[1]] = torch.where(keep, best_i, out_i[:, : best_i.shape[1]])
+    return out_s, out_i
+
+
+def _check_numpy(ctx: Mapping[str, Any]) -> str | None:
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
+    return None
+
+
+def _run_numpy(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+    s, i = topn_reference(A.to_numpy(queries), A.to_numpy(corpus), k)
+    return A.from_numpy_like(corpus, s), A.from_numpy_like(corpus, i)
+
+
+TOPN = _dispatch.register(
+    _dispatch.Op(
+        "topn",
+        [
+            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)"),
+            _dispatch.Backend("native", _check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
+            _dispatch.Backend("torch", _check_torch, _run_torch, "blocked torch.mm + topk"),
+            _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
+        ],
+    )
+)
+
+__all__ = ["topn", "select_topn", "topn_reference", "TOPN"]
