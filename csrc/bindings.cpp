@@ -1,68 +1,19 @@
 // rcn_fast._C: thin nanobind bindings over the framework-free CPU kernels.
 // Arrays arrive through DLPack / the buffer protocol without copies; the
-// GIL is released while a kernel runs.
+// GIL is released while a kernel runs. Each op binds itself in its own
+// csrc/bind_<op>.cpp; this file holds the module and the build report.
 #include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
-#include <string>
-
-#include "bind_util.h"
 #include "cpu/parallel.h"
 #include "cpu/simd.h"
-#include "cpu/topn.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
-using bind::AnyArray;
+
+void bind_topn(nb::module_& m);
 
 namespace {
-
-using ScoresOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using IdsOut = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-
-void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, ScoresOut scores_out,
-          IdsOut ids_out, int num_threads, bool uint16_is_bf16) {
-  bind::require_ndim(queries, 2, "queries", "[Q, d]");
-  bind::require_ndim(corpus, 2, "corpus", "[N, d]");
-  bind::require_device(queries, nb::device::cpu::value, "queries", "CPU");
-  bind::require_device(corpus, nb::device::cpu::value, "corpus", "CPU");
-  const DType qt = bind::float_dtype(queries, "queries", uint16_is_bf16);
-  const DType ct = bind::float_dtype(corpus, "corpus", uint16_is_bf16);
-  if (qt != DType::F32 && qt != ct)
-    throw nb::type_error((std::string("queries: expected float32 or the corpus dtype (") +
-                          dtype_name(ct) + "), got " + dtype_name(qt))
-                             .c_str());
-  bind::require_unit_inner_stride(queries, "queries");
-  bind::require_unit_inner_stride(corpus, "corpus");
-  const int64_t Q = int64_t(queries.shape(0)), d = int64_t(queries.shape(1));
-  const int64_t N = int64_t(corpus.shape(0));
-  if (int64_t(corpus.shape(1)) != d)
-    throw nb::value_error(("corpus: expected " + std::to_string(d) +
-                           " columns to match queries, got " + std::to_string(corpus.shape(1)))
-                              .c_str());
-  if (k < 1) throw nb::value_error(("k: expected k >= 1, got " + std::to_string(k)).c_str());
-  if (int64_t(scores_out.shape(0)) != Q || int64_t(scores_out.shape(1)) != k)
-    throw nb::value_error("scores_out: expected a float32 [Q, k] array");
-  if (int64_t(ids_out.shape(0)) != Q || int64_t(ids_out.shape(1)) != k)
-    throw nb::value_error("ids_out: expected an int64 [Q, k] array");
-
-  TopnProblem p{};
-  p.queries = queries.data();
-  p.query_dtype = qt;
-  p.query_stride = Q > 1 ? int64_t(queries.stride(0)) : d;
-  p.corpus = corpus.data();
-  p.corpus_dtype = ct;
-  p.corpus_stride = N > 1 ? int64_t(corpus.stride(0)) : d;
-  p.Q = Q;
-  p.N = N;
-  p.d = d;
-  p.k = k;
-  p.scores_out = scores_out.data();
-  p.ids_out = ids_out.data();
-  nb::gil_scoped_release release;
-  topn_cpu(p, num_threads);
-}
 
 nb::dict build_info() {
   nb::dict info;
@@ -82,9 +33,6 @@ nb::dict build_info() {
 
 NB_MODULE(_C, m) {
   m.doc() = "rcn_fast native CPU kernels (framework-free C++; see csrc/)";
-  m.def("topn", &topn, nb::arg("queries"), nb::arg("corpus"), nb::arg("k"),
-        nb::arg("scores_out"), nb::arg("ids_out"), nb::arg("num_threads") = 0,
-        nb::arg("uint16_is_bf16") = false,
-        "Exact top-k inner product search into preallocated outputs.");
+  bind_topn(m);
   m.def("build_info", &build_info, "What this module was built with and what it runs.");
 }
