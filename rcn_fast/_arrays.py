@@ -48,10 +48,11 @@ def as_array(x: Any, name: str) -> Any:
         arr = np.asarray(x)
     except Exception as exc:
         raise TypeError(f"{name}: expected an array (numpy or torch), got {type(x).__name__}") from exc
-    if arr.dtype == object:
-        raise TypeError(f"{name}: expected a numeric array, got {type(x).__name__} of objects")
-    if arr.dtype.kind in "iub":
-        raise TypeError(f"{name}: expected float32, float16 or bfloat16 values, got {arr.dtype}")
+    if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+        raise TypeError(
+            f"{name}: expected an array of float32, float16 or bfloat16 values, "
+            f"got {type(x).__name__} with dtype {arr.dtype}"
+        )
     if arr.dtype == np.float64:
         arr = arr.astype(np.float32)
     return arr
