@@ -310,3 +310,39 @@ def test_kernels_package_is_installed_inside_rcn_fast():
     import rcn_fast.kernels
 
     assert rcn_fast.kernels.__name__ == "rcn_fast.kernels"
+
+
+# ---------------------------------------------------------------- CUDA (skipped without a GPU)
+from tests.conftest import requires_gpu  # noqa: E402
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("Q,N,d,k", [(1, 1, 1, 1), (3, 70000, 7, 100), (65, 1000, 768, 1024), (130, 5, 33, 8)])
+def test_cuda_matches_reference(rng, dtype, Q, N, d, k):
+    c, c_np = make(rng, (N, d), dtype, "torch")
+    q = torch.from_numpy(rng.standard_normal((Q, d)).astype(np.float32))
+    s, i = rcn_fast.topn(q.cuda(), c.cuda(), k, backend="cuda")
+    assert s.is_cuda and i.is_cuda
+    assert_valid_topn(s.cpu(), i.cpu(), q.numpy(), c_np, k, RTOL[dtype])
+
+
+@requires_gpu
+def test_cuda_ties_nonfinite_and_dispatch():
+    rng = np.random.default_rng(7)
+    base = rng.integers(-3, 4, size=(40, 16)).astype(np.float32)
+    c = np.concatenate([base, base, base[:5]])
+    c[3, 0] = np.nan
+    c[4, :] = -np.inf
+    q = rng.integers(-2, 3, size=(13, 16)).astype(np.float32)
+    ref = topn_reference(q, c, 30)
+    s, i = rcn_fast.topn(torch.from_numpy(q).cuda(), torch.from_numpy(c).cuda(), 30)
+    np.testing.assert_array_equal(i.cpu().numpy(), ref[1])
+    # k above the kernel's limit goes to the next backend, which says so
+    big = torch.randn(3000, 8, device="cuda")
+    op = rcn_fast._dispatch.get("topn")
+    ctx = {"device": "cuda", "library": "torch", "k": 2000}
+    assert op.select(ctx).name == "torch"
+    assert "exceeds" in dict(op.report(ctx))["cuda"]
+    s, i = rcn_fast.topn(big[:2], big, 2000)
+    assert i.shape == (2, 2000)

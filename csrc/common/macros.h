@@ -3,5 +3,7 @@
 #if defined(__CUDACC__)
 #define RCN_HD __host__ __device__ __forceinline__
 #else
-#define RCN_HD inline
+// static: each translation unit keeps its own copy, so a copy compiled with
+// AVX2 flags (cpu/isa/*) can never be linked into baseline code.
+#define RCN_HD static inline
 #endif

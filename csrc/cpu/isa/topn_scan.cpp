@@ -13,6 +13,9 @@
 
 #include "common/dtypes.h"
 #include "cpu/isa/topn_isa.h"
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>  // intrinsics are always-inline: nothing is emitted out of line
+#endif
 
 namespace rcn_fast {
 namespace RCN_ISA {
@@ -42,9 +45,17 @@ template <DType T> inline v8f load8(const void* base, int64_t off) {
   if constexpr (T == DType::F32) {
     return vload(static_cast<const float*>(base) + off);
   } else if constexpr (T == DType::F16) {
+#if defined(__F16C__) && defined(__AVX__)
+    const __m256 f = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + off)));
+    v8f v;
+    std::memcpy(&v, &f, sizeof v);
+    return v;
+#else
     v8h h;
     std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
     return __builtin_convertvector(h, v8f);
+#endif
   } else {
     v8u16 h;
     std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
