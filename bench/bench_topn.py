@@ -1,0 +1,132 @@
+"""Exact top-n search: rcn_fast native vs numpy, torch and faiss-cpu.
+
+Sizes: N x d corpus (default 1,000,000 x 768; RCN_FAST_BENCH_N to change,
+RCN_FAST_BENCH_QUICK=1 for N = 100,000), k = 100, Q in {1, 32, 512},
+float32 and float16 corpora. extra_info has GB/s of corpus scanned and
+GFLOP/s. Run:
+
+    python -m pytest bench/bench_topn.py --benchmark-only --benchmark-columns=mean,min,rounds
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import rcn_fast
+from rcn_fast.search import topn_reference
+
+N = int(os.environ.get("RCN_FAST_BENCH_N", 100_000 if os.environ.get("RCN_FAST_BENCH_QUICK") else 1_000_000))
+D, K = 768, 100
+QS = (1, 32, 512)
+DTYPES = ("float32", "float16")
+ROUNDS = int(os.environ.get("RCN_FAST_BENCH_ROUNDS", 3))
+
+
+@pytest.fixture(scope="module")
+def corpora():
+    rng = np.random.default_rng(0)
+    c32 = rng.standard_normal((N, D), dtype=np.float32)
+    return {"float32": c32, "float16": c32.astype(np.float16)}
+
+
+@pytest.fixture(scope="module")
+def queries():
+    rng = np.random.default_rng(1)
+    return {q: rng.standard_normal((q, D), dtype=np.float32) for q in QS}
+
+
+# ---- peers: what a user would write with each library -------------------
+def numpy_peer(q, c, k, chunk=1 << 17):
+    """numpy matmul + argpartition (+ sort of the k), upcasting float16 chunks."""
+    best_s = np.empty((q.shape[0], 0), np.float32)
+    best_i = np.empty((q.shape[0], 0), np.int64)
+    for s0 in range(0, c.shape[0], chunk):
+        block = np.asarray(c[s0 : s0 + chunk], dtype=np.float32)
+        s = np.concatenate([best_s, q @ block.T], axis=1)
+        ids = np.concatenate([best_i, np.broadcast_to(np.arange(s0, s0 + len(block)), (q.shape[0], len(block)))], axis=1)
+        top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+        best_s, best_i = np.take_along_axis(s, top, 1), np.take_along_axis(ids, top, 1)
+    order = np.argsort(-best_s, axis=1)
+    return np.take_along_axis(best_s, order, 1), np.take_along_axis(best_i, order, 1)
+
+
+def torch_peer(q, c, k, chunk=1 << 17):
+    """torch.mm + topk per chunk, merged with topk."""
+    import torch
+
+    best_s = torch.empty((q.shape[0], 0))
+    best_i = torch.empty((q.shape[0], 0), dtype=torch.int64)
+    for s0 in range(0, c.shape[0], chunk):
+        block = c[s0 : s0 + chunk].float()
+        s = torch.cat([best_s, q @ block.T], 1)
+        ids = torch.cat([best_i, torch.arange(s0, s0 + block.shape[0]).expand(q.shape[0], -1)], 1)
+        top = torch.topk(s, k, dim=1)
+        best_s, best_i = top.values, ids.gather(1, top.indices)
+    return best_s, best_i
+
+
+def _extra(benchmark, Q, c):
+    t = benchmark.stats.stats.mean
+    benchmark.extra_info["GB/s scanned"] = round(c.nbytes / t / 1e9, 2)
+    benchmark.extra_info["GFLOP/s"] = round(2 * Q * c.shape[0] * c.shape[1] / t / 1e9, 1)
+    benchmark.extra_info["queries/s"] = round(Q / t, 1)
+
+
+def _run(benchmark, fn, *args):
+    return benchmark.pedantic(fn, args=args, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_native(benchmark, record, corpora, queries, Q, dtype):
+    c, q = corpora[dtype], queries[Q]
+    benchmark.group = f"topn N={N} Q={Q} {dtype}"
+    s, i = _run(benchmark, rcn_fast.topn, q, c, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "native", benchmark)
+    # same answer as the reference (spot check on the first query)
+    rs, _ = topn_reference(q[:1], c, K)
+    np.testing.assert_allclose(s[:1], rs, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_numpy(benchmark, record, corpora, queries, Q, dtype):
+    c, q = corpora[dtype], queries[Q]
+    benchmark.group = f"topn N={N} Q={Q} {dtype}"
+    _run(benchmark, numpy_peer, q, c, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "numpy", benchmark)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_torch(benchmark, record, corpora, queries, Q, dtype):
+    torch = pytest.importorskip("torch")
+    c, q = torch.from_numpy(corpora[dtype]), torch.from_numpy(queries[Q])
+    benchmark.group = f"topn N={N} Q={Q} {dtype}"
+    with torch.inference_mode():
+        _run(benchmark, torch_peer, q, c, K)
+    _extra(benchmark, Q, corpora[dtype])
+    record(benchmark.group, "torch", benchmark)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_faiss(benchmark, record, corpora, queries, Q, dtype):
+    faiss = pytest.importorskip("faiss")
+    c, q = corpora[dtype], queries[Q]
+    if dtype == "float32":
+        index = faiss.IndexFlatIP(D)
+    else:  # exhaustive search over float16-coded vectors
+        index = faiss.IndexScalarQuantizer(D, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+        index.train(c[:1000].astype(np.float32))
+    for s0 in range(0, N, 1 << 17):
+        index.add(np.asarray(c[s0 : s0 + (1 << 17)], dtype=np.float32))
+    benchmark.group = f"topn N={N} Q={Q} {dtype}"
+    _run(benchmark, index.search, q, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "faiss", benchmark)
