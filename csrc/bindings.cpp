@@ -12,6 +12,7 @@ namespace nb = nanobind;
 using namespace rcn_fast;
 
 void bind_topn(nb::module_& m);
+void bind_sampling(nb::module_& m);
 
 namespace {
 
@@ -34,5 +35,6 @@ nb::dict build_info() {
 NB_MODULE(_C, m) {
   m.doc() = "rcn_fast native CPU kernels (framework-free C++; see csrc/)";
   bind_topn(m);
+  bind_sampling(m);
   m.def("build_info", &build_info, "What this module was built with and what it runs.");
 }

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from rcn_fast._dispatch import BackendUnavailableError
 from rcn_fast.search import FlatIndex, topn
+from rcn_fast.sampling import sample_subsets
 
 
 
@@ -25,4 +26,4 @@ def build_info() -> dict:
     return _build_info()
 
 
-__all__ = ["__version__", "topn", "FlatIndex", "build_info", "BackendUnavailableError"]
+__all__ = ["__version__", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError"]

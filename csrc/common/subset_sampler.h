@@ -1,0 +1,189 @@
+// Relevance-based subset sampling (ReConnect eqs. 4-6): the per-step logic,
+// written once and run by the CPU launcher (cpu/sampling.cpp, one lane) and
+// the CUDA launcher (cuda/sampling.cu, one warp of 32 lanes per subset).
+//
+// For question b and subset s, step t draws document c_t from the
+// candidates still eligible (valid and not yet chosen):
+//   t = 0, first = uniform:    uniform over eligible candidates
+//   t = 0, first = relevance:  p_j ∝ exp(rel_j / tau)
+//   t >= 1:                    p_j ∝ exp((acc_j / t + rel_j) / tau)
+// where rel_j = dot(e_q, e_j) and acc_j = sum over chosen c of dot(e_c, e_j),
+// so acc_j / t = dot(mean of the chosen embeddings, e_j). The draw is an
+// inverse-CDF draw with the uniform u = sampler_uniform(seed, stream, s, t)
+// (common/philox.h): the first j, in index order, whose running sum of
+// weights exceeds u * total. rcn_fast/sampling/reference.py is the same
+// procedure in plain numpy.
+//
+// A Group is the set of lanes that cooperate on one subset. It provides
+//   rank(), size(), and reductions whose result every lane receives:
+//   sum_f, max_f, exscan_f (exclusive prefix sum in lane order), sum_i,
+//   exscan_i, min_i, max_i (int64).
+// Each lane owns a contiguous chunk of the candidates (lane_chunk), so the
+// lane-order prefix sums are prefix sums in candidate order.
+#pragma once
+#include <cstdint>
+
+#include "common/dtypes.h"
+#include "common/macros.h"
+#include "common/philox.h"
+
+#if !defined(__CUDACC__)
+#include <cmath>
+#endif
+
+namespace rcn_fast::sampler {
+
+// Draw::index values that are not candidate indices.
+constexpr int64_t kNone = -1;       // no eligible candidate left (padding)
+constexpr int64_t kNonFinite = -2;  // a score (or score / tau) is NaN or inf
+
+struct Draw {
+  int64_t index;
+  float logp;  // log-probability of this draw; 0 for kNone
+};
+
+// Member functions cannot be static (RCN_HD is `static inline` on the host).
+#if defined(__CUDACC__)
+#define RCN_HD_MEMBER __host__ __device__ __forceinline__
+#else
+#define RCN_HD_MEMBER inline
+#endif
+
+// The lanes of a CPU thread: one.
+struct SerialGroup {
+  RCN_HD_MEMBER int rank() const { return 0; }
+  RCN_HD_MEMBER int size() const { return 1; }
+  RCN_HD_MEMBER float sum_f(float x) const { return x; }
+  RCN_HD_MEMBER float max_f(float x) const { return x; }
+  RCN_HD_MEMBER float exscan_f(float) const { return 0.f; }
+  RCN_HD_MEMBER int64_t sum_i(int64_t x) const { return x; }
+  RCN_HD_MEMBER int64_t exscan_i(int64_t) const { return 0; }
+  RCN_HD_MEMBER int64_t min_i(int64_t x) const { return x; }
+  RCN_HD_MEMBER int64_t max_i(int64_t x) const { return x; }
+};
+
+RCN_HD float sampler_exp(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  return std::exp(x);
+#endif
+}
+RCN_HD float sampler_log(float x) {
+#if defined(__CUDA_ARCH__)
+  return logf(x);
+#else
+  return std::log(x);
+#endif
+}
+RCN_HD bool sampler_isfinite(float x) { return x - x == 0.f; }
+
+// [lo, hi): the candidates lane g.rank() owns.
+template <class G>
+RCN_HD void lane_chunk(const G& g, int64_t n, int64_t& lo, int64_t& hi) {
+  const int64_t chunk = (n + g.size() - 1) / g.size();
+  lo = int64_t(g.rank()) * chunk;
+  if (lo > n) lo = n;
+  hi = lo + chunk;
+  if (hi > n) hi = n;
+}
+
+// The candidate of rank floor(u * m) among the m eligible ones (index order).
+template <class G>
+RCN_HD Draw draw_uniform(const G& g, const uint8_t* eligible, int64_t n, float u) {
+  int64_t lo, hi;
+  lane_chunk(g, n, lo, hi);
+  int64_t local = 0;
+  for (int64_t j = lo; j < hi; ++j) local += eligible[j] ? 1 : 0;
+  const int64_t m = g.sum_i(local);
+  if (m == 0) return Draw{kNone, 0.f};
+  const int64_t prefix = g.exscan_i(local);
+  int64_t target = int64_t(double(u) * double(m));
+  if (target >= m) target = m - 1;
+  int64_t found = -1;
+  if (target >= prefix && target < prefix + local) {
+    int64_t seen = prefix;
+    for (int64_t j = lo; j < hi; ++j) {
+      if (!eligible[j]) continue;
+      if (seen == target) {
+        found = j;
+        break;
+      }
+      ++seen;
+    }
+  }
+  return Draw{g.max_i(found), -sampler_log(float(m))};
+}
+
+// p_j ∝ exp(z_j), z_j = (acc_j * inv_count + rel_j) * inv_tau over eligible j.
+// `w` is scratch for n floats (the weights). inv_count = 0 ignores acc
+// (which must then still hold finite values, e.g. zeros).
+template <class G>
+RCN_HD Draw draw_softmax(const G& g, const float* rel, const float* acc, float inv_count,
+                         float inv_tau, const uint8_t* eligible, int64_t n, float u, float* w) {
+  int64_t lo, hi;
+  lane_chunk(g, n, lo, hi);
+  const float ninf = -bits_to_float(0x7f800000u);
+  float m_local = ninf;
+  int64_t bad = 0;
+  for (int64_t j = lo; j < hi; ++j) {
+    if (!eligible[j]) continue;
+    const float z = (acc[j] * inv_count + rel[j]) * inv_tau;
+    w[j] = z;
+    if (!sampler_isfinite(z)) bad = 1;
+    m_local = z > m_local ? z : m_local;
+  }
+  if (g.max_i(bad)) return Draw{kNonFinite, 0.f};
+  const float m = g.max_f(m_local);
+  if (!(m > ninf)) return Draw{kNone, 0.f};  // nothing eligible
+  float s_local = 0.f;
+  for (int64_t j = lo; j < hi; ++j) {
+    if (!eligible[j]) continue;
+    const float e = sampler_exp(w[j] - m);
+    w[j] = e;
+    s_local += e;
+  }
+  const float total = g.sum_f(s_local);
+  const float prefix = g.exscan_f(s_local);
+  const float target = u * total;
+  // First j (index order) with a positive weight whose running sum passes
+  // the target; rounding can leave none, then the last positive weight wins.
+  const int64_t kBig = int64_t(0x7fffffffffffffff);
+  int64_t found = kBig, last = -1;
+  float run = prefix;
+  for (int64_t j = lo; j < hi; ++j) {
+    if (!eligible[j] || !(w[j] > 0.f)) continue;
+    run += w[j];
+    last = j;
+    if (found == kBig && run > target) found = j;
+  }
+  int64_t idx = g.min_i(found);
+  if (idx == kBig) idx = g.max_i(last);
+  const float z = (acc[idx] * inv_count + rel[idx]) * inv_tau;
+  return Draw{idx, (z - m) - sampler_log(total)};
+}
+
+// Everything one step of one subset reads and writes.
+struct StepArgs {
+  const float* rel;        // [n] dot(e_q, e_j) (valid j)
+  const float* acc;        // [n] sum over the chosen c of dot(e_c, e_j)
+  uint8_t* eligible;       // [n] 1 = valid and not chosen yet
+  float* w;                // [n] scratch
+  int64_t n;
+  float inv_tau;
+  bool first_relevance;
+  uint64_t seed, stream;
+  uint32_t subset;
+};
+
+// Step t of a subset: the draw (no bookkeeping: the caller marks the chosen
+// candidate ineligible, adds its similarity row to acc, and writes outputs).
+template <class G>
+RCN_HD Draw sample_step(const G& g, const StepArgs& a, int64_t t) {
+  const float u = sampler_uniform(a.seed, a.stream, a.subset, uint32_t(t));
+  if (t == 0 && !a.first_relevance) return draw_uniform(g, a.eligible, a.n, u);
+  const float inv_count = t == 0 ? 0.f : 1.0f / float(t);
+  return draw_softmax(g, a.rel, a.acc, inv_count, a.inv_tau, a.eligible, a.n, u, a.w);
+}
+
+}  // namespace rcn_fast::sampler

@@ -1,0 +1,113 @@
+// Inner loops of the CPU subset sampler, compiled once per SIMD variant
+// (RCN_ISA = generic | avx2; see CMakeLists.txt). Internal linkage or
+// namespace rcn_fast::RCN_ISA only, no standard-library templates and no
+// shared inline helpers (see cpu/isa/topn_isa.h).
+//
+// sampling_dots scores a few rows (the query, the documents a step chose)
+// against every candidate of one question: a thin matrix product, tiled
+// RX rows x RE candidates so each loaded candidate vector feeds RX FMAs.
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/isa/sampling_isa.h"
+
+namespace rcn_fast {
+namespace RCN_ISA {
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef _Float16 v8h __attribute__((vector_size(16)));
+
+constexpr int RE = 3;  // candidates per tile
+
+inline v8f vload(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline float hsum(v8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// RX x NE tile: out[r][j0 + c] for r < RX, c < NE (NE <= RE).
+template <int RX, int NE>
+void tile(const float* const* x, const float* e, int64_t es, int64_t j0, int64_t d,
+          float* out, int64_t os) {
+  v8f acc[RX][NE];
+  for (int r = 0; r < RX; ++r)
+    for (int c = 0; c < NE; ++c) acc[r][c] = v8f{};
+  const float* ej[NE];
+  for (int c = 0; c < NE; ++c) ej[c] = e + (j0 + c) * es;
+  int64_t k = 0;
+  for (; k + 8 <= d; k += 8) {
+    v8f ev[NE];
+    for (int c = 0; c < NE; ++c) ev[c] = vload(ej[c] + k);
+    for (int r = 0; r < RX; ++r) {
+      const v8f xv = vload(x[r] + k);
+      for (int c = 0; c < NE; ++c) acc[r][c] += xv * ev[c];
+    }
+  }
+  for (int r = 0; r < RX; ++r)
+    for (int c = 0; c < NE; ++c) {
+      float s = hsum(acc[r][c]);
+      for (int64_t kk = k; kk < d; ++kk) s += x[r][kk] * ej[c][kk];
+      out[r * os + j0 + c] = s;
+    }
+}
+
+template <int RX>
+void rows(const float* const* x, const SamplingDotsArgs& a, float* out) {
+  int64_t j = 0;
+  for (; j + RE <= a.n; j += RE) tile<RX, RE>(x, a.e, a.e_stride, j, a.d, out, a.out_stride);
+  for (; j < a.n; ++j) tile<RX, 1>(x, a.e, a.e_stride, j, a.d, out, a.out_stride);
+}
+
+}  // namespace
+
+void sampling_dots(const SamplingDotsArgs& a) {
+  int64_t r = 0;
+  for (; r + 4 <= a.nx; r += 4) rows<4>(a.x + r, a, a.out + r * a.out_stride);
+  switch (a.nx - r) {
+    case 3: rows<3>(a.x + r, a, a.out + r * a.out_stride); break;
+    case 2: rows<2>(a.x + r, a, a.out + r * a.out_stride); break;
+    case 1: rows<1>(a.x + r, a, a.out + r * a.out_stride); break;
+    default: break;
+  }
+}
+
+void sampling_convert(const SamplingConvertArgs& a) {
+  for (int64_t j = 0; j < a.n; ++j) {
+    const uint16_t* src = a.src + j * a.src_stride;
+    float* dst = a.dst + j * a.d;
+    int64_t k = 0;
+    if (a.dtype == 1) {  // float16; else bfloat16
+      for (; k + 8 <= a.d; k += 8) {
+        v8h h;
+        std::memcpy(&h, src + k, sizeof h);
+        const v8f f = __builtin_convertvector(h, v8f);
+        std::memcpy(dst + k, &f, sizeof f);
+      }
+      for (; k < a.d; ++k) {
+        _Float16 h;
+        std::memcpy(&h, src + k, sizeof h);
+        dst[k] = float(h);
+      }
+    } else {
+      for (; k + 8 <= a.d; k += 8) {
+        v8u16 h;
+        std::memcpy(&h, src + k, sizeof h);
+        const v8u32 w = __builtin_convertvector(h, v8u32) << 16;
+        std::memcpy(dst + k, &w, sizeof w);
+      }
+      for (; k < a.d; ++k) {
+        const uint32_t w = uint32_t(src[k]) << 16;
+        std::memcpy(dst + k, &w, sizeof w);
+      }
+    }
+  }
+}
+
+}  // namespace RCN_ISA
+}  // namespace rcn_fast

@@ -1,0 +1,231 @@
+// CPU launcher of the subset sampler. The flat range of (question, subset)
+// pairs is split evenly over threads. A thread walks its pairs question by
+// question and runs that question's subsets in lockstep, one step at a time:
+//
+//   prepare question b: its candidates as float32 rows (f16/bf16 converted
+//                       once), rel_j = dot(e_q, e_j)
+//   for t in 0..K-1:
+//     draw step t of every subset (common/subset_sampler.h, one lane)
+//     score the documents just chosen against all candidates, one thin
+//     matrix product for all subsets (rows already scored for an earlier
+//     subset or step are reused), and add each subset's row to its acc
+//
+// Reusing rows is what makes this cheaper than the textbook loop: with
+// sharp distributions many subsets pick the same documents. Every number a
+// subset sees is computed the same way whatever the split, so results do not
+// depend on the thread count or batch composition.
+#include "cpu/sampling.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "common/subset_sampler.h"
+#include "cpu/isa/sampling_isa.h"
+#include "cpu/parallel.h"
+#include "cpu/simd.h"
+
+namespace rcn_fast {
+namespace {
+
+constexpr int64_t kMinWorkPerThread = int64_t(1) << 20;     // multiply-adds
+constexpr int64_t kCacheBudgetBytes = int64_t(32) << 20;   // per thread
+
+struct Kernels {
+  void (*dots)(const SamplingDotsArgs&);
+  void (*convert)(const SamplingConvertArgs&);
+};
+
+Kernels pick_kernels() {
+  if (active_simd() == SimdLevel::AVX2) return {&avx2::sampling_dots, &avx2::sampling_convert};
+  return {&generic::sampling_dots, &generic::sampling_convert};
+}
+
+struct Worker {
+  const SamplingProblem& p;
+  Kernels k;
+  int64_t group;  // subsets run in lockstep at most
+  // per question
+  std::vector<float> e32;      // [n, d] converted candidates (f16/bf16)
+  std::vector<float> rel;      // [n]
+  std::vector<uint8_t> valid;  // [n]
+  const float* e = nullptr;
+  int64_t es = 0;
+  // per lockstep group
+  std::vector<float> acc;          // [group, n]
+  std::vector<uint8_t> eligible;   // [group, n]
+  std::vector<float> w;            // [n]
+  std::vector<int64_t> slot_of;    // [n] row cache slot of a candidate, -1
+  std::vector<float> rows;         // [cap, n] cached dot(e_c, e_j)
+  int64_t used = 0;
+  std::vector<int64_t> chosen;     // [group]
+  std::vector<const float*> xs;    // rows to score in one pass
+  std::vector<int64_t> pending;    // candidates those rows belong to
+
+  Worker(const SamplingProblem& prob, Kernels kern, int64_t g) : p(prob), k(kern), group(g) {
+    const size_t n = size_t(p.n);
+    rel.resize(n);
+    valid.resize(n);
+    acc.resize(size_t(group) * n);
+    eligible.resize(size_t(group) * n);
+    w.resize(n);
+    slot_of.resize(n);
+    chosen.resize(size_t(group));
+    const int64_t cap = std::min<int64_t>(p.n, group * std::max<int64_t>(p.subset_size - 1, 1));
+    rows.resize(size_t(cap) * n);
+    if (p.cand_dtype != DType::F32) e32.resize(n * size_t(p.d));
+  }
+
+  // Returns false (and fills err) when question b's inputs are not finite.
+  bool prepare(int64_t b, SamplingResult& err) {
+    const int64_t n = p.n, d = p.d;
+    if (p.cand_dtype == DType::F32) {
+      e = static_cast<const float*>(p.cand) + b * p.cand_stride_b;
+      es = p.cand_stride_n;
+    } else {
+      SamplingConvertArgs c{};
+      c.src = static_cast<const uint16_t*>(p.cand) + b * p.cand_stride_b;
+      c.src_stride = p.cand_stride_n;
+      c.dtype = int(p.cand_dtype);
+      c.n = n;
+      c.d = d;
+      c.dst = e32.data();
+      k.convert(c);
+      e = e32.data();
+      es = d;
+    }
+    for (int64_t j = 0; j < n; ++j) valid[size_t(j)] = p.mask ? (p.mask[b * n + j] != 0) : 1;
+    const float* q = p.query + b * p.query_stride;
+    SamplingDotsArgs a{};
+    a.x = &q;
+    a.nx = 1;
+    a.e = e;
+    a.e_stride = es;
+    a.n = n;
+    a.d = d;
+    a.out = rel.data();
+    a.out_stride = n;
+    k.dots(a);
+    for (int64_t j = 0; j < n; ++j)
+      if (valid[size_t(j)] && !sampler::sampler_isfinite(rel[size_t(j)])) {
+        err = {SamplingStatus::NonFiniteCandidate, b, j};
+        return false;
+      }
+    return true;
+  }
+
+  // Subsets [s0, s1) of question b (s1 - s0 <= group), all steps.
+  bool run_group(int64_t b, int64_t s0, int64_t s1, SamplingResult& err) {
+    const int64_t n = p.n, K = p.subset_size, G = s1 - s0;
+    for (int64_t g = 0; g < G; ++g) {
+      std::fill_n(acc.begin() + g * n, n, 0.f);
+      std::copy_n(valid.begin(), n, eligible.begin() + g * n);
+    }
+    std::fill(slot_of.begin(), slot_of.end(), int64_t(-1));
+    used = 0;
+    sampler::StepArgs sa{};
+    sa.rel = rel.data();
+    sa.w = w.data();
+    sa.n = n;
+    sa.inv_tau = p.inv_tau;
+    sa.first_relevance = p.first_relevance;
+    sa.seed = p.seed;
+    sa.stream = uint64_t(p.keys[b]);
+    const sampler::SerialGroup lane;
+    for (int64_t t = 0; t < K; ++t) {
+      for (int64_t g = 0; g < G; ++g) {
+        sa.acc = acc.data() + g * n;
+        sa.eligible = eligible.data() + g * n;
+        sa.subset = uint32_t(s0 + g);
+        const sampler::Draw dr = sampler::sample_step(lane, sa, t);
+        if (dr.index == sampler::kNonFinite) {
+          err = {SamplingStatus::NonFiniteScore, b, -1};
+          return false;
+        }
+        const int64_t o = (b * p.num_subsets + s0 + g) * K + t;
+        p.ids_out[o] = dr.index;
+        if (p.logp_out) p.logp_out[o] = dr.logp;
+        chosen[size_t(g)] = dr.index;
+        if (dr.index >= 0) eligible[size_t(g * n + dr.index)] = 0;
+      }
+      if (t + 1 == K) break;
+      // Score the newly chosen documents that no earlier step scored.
+      xs.clear();
+      pending.clear();
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t c = chosen[size_t(g)];
+        if (c < 0 || slot_of[size_t(c)] >= 0) continue;
+        slot_of[size_t(c)] = used + int64_t(pending.size());
+        pending.push_back(c);
+        xs.push_back(e + c * es);
+      }
+      if (!pending.empty()) {
+        SamplingDotsArgs a{};
+        a.x = xs.data();
+        a.nx = int64_t(xs.size());
+        a.e = e;
+        a.e_stride = es;
+        a.n = n;
+        a.d = p.d;
+        a.out = rows.data() + used * n;
+        a.out_stride = n;
+        k.dots(a);
+        used += int64_t(pending.size());
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t c = chosen[size_t(g)];
+        if (c < 0) continue;
+        const float* row = rows.data() + slot_of[size_t(c)] * n;
+        float* ac = acc.data() + g * n;
+        for (int64_t j = 0; j < n; ++j) ac[j] += row[j];
+      }
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads) {
+  SamplingResult ok{SamplingStatus::Ok, -1, -1};
+  const int64_t N = p.num_subsets, K = p.subset_size, n = p.n;
+  const int64_t items = p.B * N;
+  if (items == 0 || K == 0) return ok;
+  if (n == 0) {
+    for (int64_t i = 0; i < items * K; ++i) {
+      p.ids_out[i] = -1;
+      if (p.logp_out) p.logp_out[i] = 0.f;
+    }
+    return ok;
+  }
+  // Subsets per lockstep group: bounded so a thread's row cache stays small.
+  const int64_t per_subset = n * (4 * std::max<int64_t>(K - 1, 1) + 5);
+  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(N, kCacheBudgetBytes / per_subset));
+
+  int threads = num_threads > 0 ? num_threads : default_num_threads();
+  const int64_t work = items * K * n * std::max<int64_t>(p.d, 1);
+  threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, work / kMinWorkPerThread)));
+  threads = int(std::min<int64_t>(threads, items));
+  const Kernels kern = pick_kernels();
+  std::vector<SamplingResult> errs(size_t(threads), ok);
+
+  run_threads(threads, [&](int t) {
+    int64_t i0, i1;
+    split_range(items, threads, t, i0, i1);
+    Worker wk(p, kern, group);
+    SamplingResult& err = errs[size_t(t)];
+    int64_t i = i0;
+    while (i < i1) {
+      const int64_t b = i / N;
+      const int64_t s_end = std::min<int64_t>(N, i % N + (i1 - i));
+      if (!wk.prepare(b, err)) return;
+      for (int64_t s = i % N; s < s_end; s += group)
+        if (!wk.run_group(b, s, std::min<int64_t>(s_end, s + group), err)) return;
+      i += s_end - i % N;
+    }
+  });
+  for (const SamplingResult& e : errs)
+    if (e.status != SamplingStatus::Ok) return e;
+  return ok;
+}
+
+}  // namespace rcn_fast

@@ -1,0 +1,12 @@
+"""Subset sampling for knowledge connection (ReConnect sec. 3.2).
+
+* :func:`sample_subsets` -- the fused relevance-based sampler (native CPU /
+  CUDA, numpy reference).
+* :func:`sample` -- every strategy of ReConnect's Table 3 by name:
+  ``"relevance"``, ``"random"``, ``"topk"``, ``"mmr"``, ``"cluster"``.
+"""
+
+from rcn_fast.sampling.reference import sample_subsets_reference
+from rcn_fast.sampling.relevance import SAMPLE_SUBSETS, sample_subsets
+
+__all__ = ["sample_subsets", "sample_subsets_reference", "SAMPLE_SUBSETS"]

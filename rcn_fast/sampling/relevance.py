@@ -1,0 +1,333 @@
+"""Relevance-based subset sampling (ReConnect eqs. 4-6): the public op.
+
+Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
+``native`` (rcn_fast._C, CPU arrays), ``numpy`` (the reference,
+:mod:`rcn_fast.sampling.reference`, CPU). Pick one with ``backend=`` or
+``RCN_FAST_BACKEND`` (e.g. ``RCN_FAST_BACKEND=sample_subsets=numpy``).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any, Mapping
+
+import numpy as np
+
+from rcn_fast import _arrays as A
+from rcn_fast import _dispatch, _native
+from rcn_fast.sampling.reference import sample_subsets_reference
+
+FIRST_MODES = ("uniform", "relevance")
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def sample_subsets(
+    query_emb: Any,
+    cand_emb: Any,
+    num_subsets: int,
+    subset_size: int,
+    *,
+    tau: float = 1.0,
+    seed: int = 0,
+    keys: Any = None,
+    valid: Any = None,
+    first: str = "uniform",
+    backend: str | None = None,
+    return_logprobs: bool = False,
+) -> Any:
+    """Draw ``num_subsets`` subsets of ``subset_size`` candidates per question.
+
+    For each question and subset, the first document is drawn uniformly
+    (``first="uniform"``) or from ``softmax(dot(e_q, e_j) / tau)``
+    (``first="relevance"``); every next one from
+    ``softmax((dot(mean of the chosen, e_j) + dot(e_q, e_j)) / tau)`` over the
+    candidates not chosen yet. Subsets are independent (they may overlap);
+    no document repeats inside a subset.
+
+    Parameters
+    ----------
+    query_emb : array [B, d]
+        float32, float16 or bfloat16 (numpy bfloat16 via ``ml_dtypes``);
+        numpy array or torch tensor.
+    cand_emb : array [B, n, d]
+        Each question's candidates, padded to ``n``; same library and device
+        as ``query_emb``, any of the three float dtypes.
+    num_subsets, subset_size : int
+        ``N >= 1`` subsets of ``K >= 1`` documents per question.
+    tau : float, default 1.0
+        Softmax temperature, finite and > 0.
+    seed : int, default 0
+        In ``[0, 2**64)``.
+    keys : int array [B], optional
+        Random stream id of each question (default: the row index). A
+        question's subsets depend only on its inputs, ``seed`` and key, not
+        on the batch around it, its position or the thread count: pass a
+        stable id per question to make results independent of batching.
+    valid : array, optional
+        Either int [B] (the first ``valid[b]`` candidates of question ``b``
+        are real) or bool [B, n] (a mask). Default: all ``n`` are real.
+    first : {"uniform", "relevance"}
+        How the first document of a subset is drawn.
+    backend : str, optional
+        Force ``"cuda"``, ``"native"`` or ``"numpy"``.
+    return_logprobs : bool, default False
+        Also return the log-probability of every draw.
+
+    Returns
+    -------
+    ids : int64 [B, num_subsets, subset_size]
+        Candidate indices (into each question's ``n``) in draw order. A
+        question with fewer than ``subset_size`` valid candidates gets all of
+        them in every subset, padded with ``-1``.
+    logprobs : float32 [B, num_subsets, subset_size]
+        Only with ``return_logprobs``. ``log p`` of each draw under the model
+        (0 for padding), so ``logprobs.sum(-1)`` is the log-probability of
+        the ordered subset.
+
+    Raises
+    ------
+    TypeError
+        Wrong array type or dtype, non-integer sizes or seed.
+    ValueError
+        Shape mismatches, ``subset_size < 1``, ``tau <= 0``, NaN/inf in the
+        embeddings (checked on the valid candidates), overflowing scores.
+
+    Notes
+    -----
+    Random numbers come from Philox4x32-10 keyed by ``seed`` with counter
+    ``(key, subset, step)``. Scores accumulate in float32. All backends
+    implement the same procedure; they agree on the ids except when a draw
+    falls within rounding error of a CDF boundary.
+
+    Examples
+    --------
+    >>> import numpy as np, rcn_fast
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 8)).astype(np.float32)
+    >>> c = rng.standard_normal((2, 6, 8)).astype(np.float32)
+    >>> ids = rcn_fast.sample_subsets(q, c, num_subsets=3, subset_size=4, seed=1)
+    >>> ids.shape
+    (2, 3, 4)
+    """
+    query_emb = A.as_array(query_emb, "query_emb")
+    cand_emb = A.as_array(cand_emb, "cand_emb")
+    A.check_rank(query_emb, 2, "query_emb", "[B, d]")
+    A.check_rank(cand_emb, 3, "cand_emb", "[B, n, d]")
+    A.check_float_dtype(query_emb, "query_emb")
+    ct = A.check_float_dtype(cand_emb, "cand_emb")
+    if A.library(query_emb) != A.library(cand_emb):
+        raise TypeError(
+            f"cand_emb: expected the same array library as query_emb ({A.library(query_emb)}), "
+            f"got {A.library(cand_emb)}"
+        )
+    if A.device_of(query_emb) != A.device_of(cand_emb):
+        raise ValueError(
+            f"cand_emb: expected the device of query_emb ({A.device_of(query_emb)}), "
+            f"got {A.device_of(cand_emb)}"
+        )
+    B, n, d = (int(x) for x in cand_emb.shape)
+    if tuple(query_emb.shape) != (B, d):
+        raise ValueError(
+            f"query_emb: expected shape [B, d] = [{B}, {d}] to match cand_emb {list(cand_emb.shape)}, "
+            f"got {list(query_emb.shape)}"
+        )
+    if d < 1:
+        raise ValueError("cand_emb: expected d >= 1 embedding columns, got 0")
+    N = _check_int(num_subsets, "num_subsets", 1)
+    K = _check_int(subset_size, "subset_size", 1)
+    tau = _check_tau(tau)
+    seed = _check_seed(seed)
+    if first not in FIRST_MODES:
+        raise ValueError(f"first: expected one of {list(FIRST_MODES)}, got {first!r}")
+    keys = _check_keys(keys, B)
+    mask = _check_valid(valid, B, n)
+    q32 = _query_float32(query_emb)
+    ctx = {
+        "library": A.library(cand_emb),
+        "device": A.device_of(cand_emb),
+        "dtype": ct,
+        "B": B,
+        "n": n,
+        "d": d,
+        "N": N,
+        "K": K,
+    }
+    ids, logp = SAMPLE_SUBSETS(
+        ctx,
+        backend,
+        query=q32,
+        cand=cand_emb,
+        num_subsets=N,
+        subset_size=K,
+        tau=tau,
+        seed=seed,
+        keys=keys,
+        mask=mask,
+        first_relevance=first == "relevance",
+    )
+    return (ids, logp) if return_logprobs else ids
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _check_int(x: Any, name: str, minimum: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, Integral):
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
+    if int(x) < minimum:
+        raise ValueError(f"{name}: expected {name} >= {minimum}, got {int(x)}")
+    if int(x) >= 2**31:
+        raise ValueError(f"{name}: expected {name} < 2**31, got {int(x)}")
+    return int(x)
+
+
+def _check_tau(tau: Any) -> float:
+    if isinstance(tau, bool) or not isinstance(tau, Real):
+        raise TypeError(f"tau: expected a float, got {type(tau).__name__}")
+    tau = float(tau)
+    if not math.isfinite(tau) or tau <= 0.0:
+        raise ValueError(f"tau: expected a finite temperature > 0, got {tau}")
+    if 1.0 / tau > _F32_MAX:
+        raise ValueError(f"tau: expected tau >= {1.0 / _F32_MAX:.3g} (1/tau must fit float32), got {tau}")
+    return tau
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError(f"seed: expected 0 <= seed < 2**64, got {int(seed)}")
+    return int(seed)
+
+
+def _check_keys(keys: Any, B: int) -> np.ndarray:
+    if keys is None:
+        return np.arange(B, dtype=np.int64)
+    k = A.to_numpy(keys) if A.is_torch(keys) else np.asarray(keys)
+    if k.dtype.kind not in "iu":
+        raise TypeError(f"keys: expected an integer array [B], got dtype {k.dtype}")
+    if k.shape != (B,):
+        raise ValueError(f"keys: expected shape [{B}] (one stream id per question), got {list(k.shape)}")
+    if k.dtype == np.uint64:
+        return np.ascontiguousarray(k).view(np.int64)
+    return np.ascontiguousarray(k, dtype=np.int64)
+
+
+def _check_valid(valid: Any, B: int, n: int) -> np.ndarray | None:
+    """None (all valid) or a contiguous uint8 [B, n] mask."""
+    if valid is None:
+        return None
+    v = A.to_numpy(valid) if A.is_torch(valid) else np.asarray(valid)
+    if v.dtype == bool:
+        if v.shape != (B, n):
+            raise ValueError(f"valid: expected a bool mask of shape [{B}, {n}], got {list(v.shape)}")
+        return np.ascontiguousarray(v, dtype=np.uint8)
+    if v.dtype.kind in "iu":
+        if v.shape != (B,):
+            raise ValueError(f"valid: expected int counts of shape [{B}], got {list(v.shape)}")
+        if (v < 0).any() or (v > n).any():
+            raise ValueError(f"valid: expected counts in [0, {n}], got min {v.min()} max {v.max()}")
+        return (np.arange(n)[None, :] < v[:, None]).astype(np.uint8)
+    raise TypeError(f"valid: expected int counts [B] or a bool mask [B, n], got dtype {v.dtype}")
+
+
+def _query_float32(query: Any) -> Any:
+    """float32 copy/view of the queries (small), checked for NaN/inf."""
+    if A.is_torch(query):
+        q = query.float()
+        if not bool(q.isfinite().all()):
+            raise ValueError("query_emb: expected finite values, found NaN or inf")
+        return q
+    q = np.asarray(query, dtype=np.float32)
+    if not np.isfinite(q).all():
+        raise ValueError("query_emb: expected finite values, found NaN or inf")
+    return q
+
+
+# ---------------------------------------------------------------- backends
+
+
+def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
+    mod, why = _native.cuda_module()
+    if mod is None:
+        return why
+    if ctx["device"] != "cuda":
+        return f"inputs are on {ctx['device']}, not a CUDA device"
+    if not hasattr(mod, "sample_subsets"):
+        return "rcn_fast._cuda was built without the sampler"
+    return None
+
+
+def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+              keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
+    mod, _ = _native.cuda_module()
+    torch = A.require("torch", "pip install torch")
+    dev = cand.device
+    cand = A.inner_contiguous(cand)
+    query = query.contiguous()
+    keys_t = torch.from_numpy(keys).to(dev)
+    mask_t = None if mask is None else torch.from_numpy(mask).to(dev)
+    B = cand.shape[0]
+    ids = torch.empty((B, num_subsets, subset_size), dtype=torch.int64, device=dev)
+    logp = torch.empty((B, num_subsets, subset_size), dtype=torch.float32, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    with torch.cuda.device(dev):
+        mod.sample_subsets(query, cand, mask_t, keys_t, tau, seed, first_relevance, ids, logp, stream)
+    return ids, logp
+
+
+def _check_native(ctx: Mapping[str, Any]) -> str | None:
+    mod, why = _native.cpu_module()
+    if mod is None:
+        return why
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the native backend runs on the CPU"
+    if not hasattr(mod, "sample_subsets"):
+        return "rcn_fast._C was built without the sampler; reinstall with `pip install .`"
+    return None
+
+
+def _run_native(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+                keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool,
+                num_threads: int = 0) -> tuple[Any, Any]:
+    mod, _ = _native.cpu_module()
+    cand = A.inner_contiguous(cand)
+    query = A.inner_contiguous(query)
+    bf16_view = False
+    if not A.is_torch(cand) and A.dtype_name(cand) == "bfloat16":
+        cand, bf16_view = cand.view(np.uint16), True
+    B = cand.shape[0]
+    ids = A.empty_like_lib(cand, (B, num_subsets, subset_size), "int64")
+    logp = A.empty_like_lib(cand, (B, num_subsets, subset_size), "float32")
+    mod.sample_subsets(query, cand, mask, keys, tau, seed, first_relevance, ids, logp,
+                       num_threads, bf16_view)
+    return ids, logp
+
+
+def _check_numpy(ctx: Mapping[str, Any]) -> str | None:
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
+    return None
+
+
+def _run_numpy(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+               keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
+    ids, logp = sample_subsets_reference(
+        A.to_numpy(query), A.to_numpy(cand), num_subsets, subset_size, tau=tau, seed=seed,
+        keys=keys, mask=None if mask is None else mask.astype(bool),
+        first="relevance" if first_relevance else "uniform",
+    )
+    return A.from_numpy_like(cand, ids), A.from_numpy_like(cand, logp)
+
+
+SAMPLE_SUBSETS = _dispatch.register(
+    _dispatch.Op(
+        "sample_subsets",
+        [
+            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset"),
+            _dispatch.Backend("native", _check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
+            _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
+        ],
+    )
+)
