@@ -1,0 +1,196 @@
+"""The LLM protocol, its data records and cost accounting."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from rcn_fast.llm.chat import Chat
+
+
+@dataclass
+class Generation:
+    """One generated continuation.
+
+    ``finish_reason`` is ``"stop"`` (end-of-turn/EOS token or a stop string)
+    or ``"length"`` (``max_new_tokens`` reached). ``text`` excludes the
+    pre-fill and the stop string.
+    """
+
+    text: str
+    prompt_tokens: int
+    generated_tokens: int
+    finish_reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Generation":
+        return cls(**d)
+
+
+@dataclass
+class GenerationParams:
+    """Decoding parameters (plain data, JSON-serialisable)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    num_samples: int = 1
+    seed: int = 0
+    stop: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"num_samples: expected an int >= 1, got {self.num_samples!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed: expected an int, got {type(self.seed).__name__}")
+        if self.stop is not None:
+            if isinstance(self.stop, str):
+                self.stop = [self.stop]
+            if not all(isinstance(s, str) and s for s in self.stop):
+                raise ValueError(f"stop: expected a list of non-empty strings, got {self.stop!r}")
+            self.stop = list(self.stop)
+        if self.temperature == 0 and self.num_samples > 1:
+            raise ValueError("num_samples: greedy decoding (temperature=0) gives one sample; set temperature > 0")
+        self.temperature = float(self.temperature)
+        self.top_p = float(self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Cost:
+    """LLM usage: calls (one per chat row and sample set), prompt and
+    generated tokens, and how many of the calls were answered by the cache
+    (cached calls still count their tokens, so a rerun reports the same
+    cost as the first run)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_calls: int = 0
+
+    def add(self, other: "Cost") -> None:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.generated_tokens += other.generated_tokens
+        self.cached_calls += other.cached_calls
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class CostTracker:
+    """Totals and per-tag (e.g. per question id) cost. Thread-safe."""
+
+    total: Cost = field(default_factory=Cost)
+    by_tag: dict[str, Cost] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def record(self, cost: Cost, tag: str | None = None) -> None:
+        with self._lock:
+            self.total.add(cost)
+            if tag is not None:
+                self.by_tag.setdefault(str(tag), Cost()).add(cost)
+
+    def record_rows(self, costs: Sequence[Cost], tags: Sequence[str] | None) -> None:
+        for i, c in enumerate(costs):
+            self.record(c, None if tags is None else tags[i])
+
+    def reset(self) -> None:
+        with self._lock:
+            self.total = Cost()
+            self.by_tag = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total.to_dict(), "by_tag": {k: v.to_dict() for k, v in self.by_tag.items()}}
+
+
+def check_tags(tags: Sequence[str] | None, n: int) -> list[str] | None:
+    if tags is None:
+        return None
+    if isinstance(tags, str) or len(tags) != n:
+        raise ValueError(f"tags: expected a list of {n} tags (one per chat), got {tags!r:.80}")
+    return [str(t) for t in tags]
+
+
+def normalise_labels(labels: Any, n: int) -> list[list[str]]:
+    """``labels``: one list for every row, or one list per row -> per row."""
+    if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) == 0:
+        raise TypeError(f"labels: expected a list of label strings or a list of such lists, got {labels!r:.80}")
+    if all(isinstance(x, str) for x in labels):
+        rows = [list(labels)] * n
+    elif all(isinstance(x, Sequence) and not isinstance(x, str) for x in labels):
+        if len(labels) != n:
+            raise ValueError(f"labels: expected {n} lists (one per chat), got {len(labels)}")
+        rows = [list(x) for x in labels]
+    else:
+        raise TypeError("labels: expected a list of strings or a list of lists of strings")
+    for i, row in enumerate(rows):
+        if not row or not all(isinstance(x, str) and x for x in row):
+            raise ValueError(f"labels[{i}]: expected a non-empty list of non-empty strings, got {row!r}")
+        if len(set(row)) != len(row):
+            raise ValueError(f"labels[{i}]: expected distinct labels, got {row!r}")
+    return rows
+
+
+def pad_rows(rows: Sequence[Sequence[float]]) -> np.ndarray:
+    """Ragged per-row label log-probs -> float32 [B, C], -inf padded."""
+    C = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), C), -np.inf, dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """What pipelines need from a language model.
+
+    ``identity`` names the model and every setting that changes its outputs
+    (the call cache keys on it); ``cost`` accumulates usage.
+    """
+
+    identity: str
+    cost: CostTracker
+
+    def generate(
+        self,
+        chats: Sequence[Chat],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        num_samples: int = 1,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Per chat, ``num_samples`` continuations."""
+        ...
+
+    def label_logprobs(
+        self, chats: Sequence[Chat], labels: Any, *, tags: Sequence[str] | None = None
+    ) -> np.ndarray:
+        """float32 [B, C]: log-softmax over the labels at the position after
+        each chat (normally a pre-filled ``"Answer: "`` turn)."""
+        ...

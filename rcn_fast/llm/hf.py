@@ -1,0 +1,411 @@
+"""Local Hugging Face transformers backend.
+
+Batches are formed from prompts sorted by token length (longest first), so
+rows of a batch have similar lengths and little padding; padding is on the
+left, position ids follow the attention mask, results come back in the
+caller's order.
+
+Label scoring runs one forward pass per batch and never materialises
+``[B, T, V]`` logits: for models whose LM head is a plain linear map (the
+Llama/Qwen/Mistral families, see ``PLAIN_HEAD_MODEL_TYPES``) it takes the
+final hidden state ``[B, H]`` and multiplies only the LM-head rows of the
+label tokens (:func:`rcn_fast.llm.scoring.choice_logprobs_from_hidden`);
+for other models it asks the model for the last position's logits only
+(``logits_to_keep=1``) and gathers from those ``[B, V]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast import _arrays as A
+from rcn_fast.llm import chat as chatlib
+from rcn_fast.llm import scoring
+from rcn_fast.llm.base import (
+    Cost,
+    CostTracker,
+    Generation,
+    GenerationParams,
+    check_tags,
+    normalise_labels,
+    pad_rows,
+)
+
+HINT = "pip install 'rcn_fast[llm]'"
+
+# model types whose logits are exactly final_norm(hidden) @ lm_head.weight.T
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2", "smollm3", "gemma", "mixtral"}
+)
+
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
+
+
+def _torch() -> Any:
+    return A.require("torch", HINT)
+
+
+@dataclass
+class HFConfig:
+    """Settings of the local backend (plain data, JSON-serialisable).
+
+    dtype : ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"float32"``,
+        ``"float16"`` or ``"bfloat16"``.
+    device : ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+    batch_size : rows per forward pass / generate call.
+    attn_implementation : ``"auto"`` (flash_attention_2 when installed and on
+        CUDA, else sdpa), or any value transformers accepts.
+    scoring : ``"auto"``, ``"hidden"`` (label rows of the LM head only) or
+        ``"logits"`` (last-position logits).
+    label_spellings : format strings for the spellings of a label.
+    scoring_backend : force the dispatch backend of the scoring op
+        (``"triton"`` / ``"torch"``); None = automatic.
+    """
+
+    dtype: str = "auto"
+    device: str = "auto"
+    batch_size: int = 16
+    attn_implementation: str = "auto"
+    scoring: str = "auto"
+    label_spellings: tuple[str, ...] = ("{}", " {}")
+    scoring_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size: expected an int >= 1, got {self.batch_size!r}")
+        if self.scoring not in ("auto", "hidden", "logits"):
+            raise ValueError(f"scoring: expected 'auto', 'hidden' or 'logits', got {self.scoring!r}")
+        self.label_spellings = tuple(self.label_spellings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        torch = _torch()
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> Any:
+        torch = _torch()
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device().startswith("cuda") else torch.float32
+        return getattr(torch, self.dtype)
+
+    def resolved_attn(self) -> str:
+        if self.attn_implementation != "auto":
+            return self.attn_implementation
+        if self.resolved_device().startswith("cuda") and A.optional_available("flash_attn"):
+            return "flash_attention_2"
+        return "sdpa"
+
+
+class HFLLM:
+    """An LLM served in this process by transformers.
+
+    Parameters
+    ----------
+    model : transformers causal LM (``PreTrainedModel``)
+    tokenizer : transformers tokenizer
+    name : str, optional
+        Where the model came from (path, hub id); part of ``identity``.
+    config : HFConfig, optional
+        Device/dtype are applied by :func:`rcn_fast.llm.load_llm`; a
+        model passed in directly is used where it is.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None, config: HFConfig | None = None) -> None:
+        torch = _torch()
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "generate"):
+            raise TypeError(f"model: expected a transformers causal LM, got {type(model).__name__}")
+        if not hasattr(tokenizer, "encode") or not hasattr(tokenizer, "decode"):
+            raise TypeError(f"tokenizer: expected a transformers tokenizer, got {type(tokenizer).__name__}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or HFConfig()
+        self.name = name or getattr(model, "name_or_path", None) or type(model).__name__
+        self.cost = CostTracker()
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.pad_id = int(tokenizer.pad_token_id)
+        self.system_role = chatlib.template_supports_system(tokenizer) if chatlib.has_chat_template(tokenizer) else True
+        self.eos_ids = self._eos_ids()
+        self._label_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        self.scoring_mode = self._scoring_mode()
+
+    # ---------------------------------------------------------------- info
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    @property
+    def identity(self) -> str:
+        cfg = self.model.config.to_dict() if hasattr(self.model.config, "to_dict") else {}
+        blob = json.dumps(
+            {
+                "config": {k: cfg[k] for k in sorted(cfg) if k not in ("_name_or_path", "transformers_version", "dtype", "torch_dtype")},
+                "template": getattr(self.tokenizer, "chat_template", None),
+                "vocab": len(self.tokenizer),
+                "nparams": sum(p.numel() for p in self.model.parameters()),
+            },
+            sort_keys=True,
+            default=str,
+        )
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return f"hf:{self.name}:{dtype}:{digest}"
+
+    def _eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+        added = set(getattr(self.tokenizer, "all_special_tokens", [])) | set(self.tokenizer.get_added_vocab())
+        for tok in _END_OF_TURN:
+            if tok in added:
+                ids.add(int(self.tokenizer.convert_tokens_to_ids(tok)))
+        return sorted(ids)
+
+    def _scoring_mode(self) -> str:
+        torch = _torch()
+        if self.config.scoring != "auto":
+            return self.config.scoring
+        head = self.model.get_output_embeddings()
+        mtype = getattr(self.model.config, "model_type", "")
+        plain = (
+            isinstance(head, torch.nn.Linear)
+            and mtype in PLAIN_HEAD_MODEL_TYPES
+            and getattr(self.model.config, "final_logit_softcapping", None) is None
+            and getattr(self.model.config, "logit_scale", None) is None
+        )
+        return "hidden" if plain else "logits"
+
+    # ---------------------------------------------------------------- prompts
+
+    def render(self, chats: Sequence[Any]) -> list[str]:
+        """Prompt texts of validated chats (see :mod:`rcn_fast.llm.chat`)."""
+        return [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        special = not chatlib.has_chat_template(self.tokenizer)
+        out = [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
+        for i, ids in enumerate(out):
+            if not ids:
+                raise ValueError(f"chats[{i}]: the prompt encodes to no tokens")
+        return out
+
+    def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
+        return self.encode_texts(self.render(chatlib.validate_chats(chats)))
+
+    def _batches(self, prompt_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
+        bs = self.config.batch_size
+        return [order[i : i + bs] for i in range(0, len(order), bs)]
+
+    def _pad_left(self, rows: Sequence[Sequence[int]]) -> tuple[Any, Any, Any]:
+        torch = _torch()
+        T = max(len(r) for r in rows)
+        ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, T - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, T - len(r) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        dev = self.device
+        return ids.to(dev), mask.to(dev), pos.to(dev)
+
+    # ---------------------------------------------------------------- forward
+
+    def final_hidden(self, rows: Sequence[Sequence[int]]) -> Any:
+        """Final hidden state (after the final norm) at the last position: [B, H]."""
+        torch = _torch()
+        ids, mask, pos = self._pad_left(rows)
+        base = getattr(self.model, self.model.base_model_prefix)
+        with torch.inference_mode():
+            out = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        return out.last_hidden_state[:, -1]
+
+    def final_logits(self, rows: Sequence[Sequence[int]]) -> Any:
+        """Last-position logits [B, V] (``logits_to_keep=1``)."""
+        torch = _torch()
+        ids, mask, pos = self._pad_left(rows)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]], label_ids: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
+        """Label log-probs for tokenised prompts; ``label_ids[b][c]`` are the
+        spelling ids of label c of row b. Returns ragged rows."""
+        torch = _torch()
+        out: list[list[float]] = [[] for _ in prompt_ids]
+        head = self.model.get_output_embeddings()
+        with torch.inference_mode():
+            for batch in self._batches(prompt_ids):
+                self._score_batch(batch, prompt_ids, label_ids, head, out)
+        return out
+
+    def _score_batch(self, batch: list[int], prompt_ids: Any, label_ids: Any, head: Any, out: list[list[float]]) -> None:
+        packed = scoring.pack_label_ids([label_ids[i] for i in batch]).to(self.device)
+        rows = [prompt_ids[i] for i in batch]
+        if self.scoring_mode == "hidden":
+            h = self.final_hidden(rows)
+            lp, _ = scoring.choice_logprobs_from_hidden(
+                h, head.weight, packed, getattr(head, "bias", None), backend=self.config.scoring_backend
+            )
+        else:
+            lp, _ = scoring.choice_logprobs(self.final_logits(rows), packed, backend=self.config.scoring_backend)
+        lp = lp.float().cpu().numpy()
+        for j, i in enumerate(batch):
+            out[i] = lp[j, : len(label_ids[i])].tolist()
+
+    def top_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
+        """The ``k`` most likely next tokens with their log-probabilities (full
+        vocabulary log-softmax of the last position), per prompt."""
+        torch = _torch()
+        out: list[list[tuple[int, float]]] = [[] for _ in prompt_ids]
+        for batch in self._batches(prompt_ids):
+            lg = self.final_logits([prompt_ids[i] for i in batch]).float()
+            lp = torch.log_softmax(lg, dim=-1)
+            top = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
+            for j, i in enumerate(batch):
+                out[i] = list(zip(top.indices[j].tolist(), top.values[j].tolist()))
+        return out
+
+    def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
+        key = tuple(labels)
+        if key not in self._label_cache:
+            self._label_cache[key] = scoring.label_token_ids(self.tokenizer, labels, self.config.label_spellings)
+        return self._label_cache[key]
+
+    # ---------------------------------------------------------------- generation
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams) -> list[list[Generation]]:
+        """Generate from tokenised prompts (rows in the caller's order)."""
+        torch = _torch()
+        tf = A.require("transformers", HINT)
+        out: list[list[Generation]] = [[] for _ in prompt_ids]
+        gcfg = tf.GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not params.greedy,
+            num_return_sequences=params.num_samples,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids or None,
+            **({"temperature": params.temperature, "top_p": params.top_p, "top_k": 0} if not params.greedy else {}),
+            **({"stop_strings": list(params.stop)} if params.stop else {}),
+        )
+        stop_ids = set(self.eos_ids) | {self.pad_id}
+        for batch in self._batches(prompt_ids):
+            ids, mask, _ = self._pad_left([prompt_ids[i] for i in batch])
+            if not params.greedy:
+                torch.manual_seed(params.seed)
+            with torch.inference_mode():
+                seqs = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=gcfg,
+                    **({"tokenizer": self.tokenizer} if params.stop else {}),
+                )
+            new = seqs[:, ids.shape[1] :].tolist()
+            for j, i in enumerate(batch):
+                for s in range(params.num_samples):
+                    toks = new[j * params.num_samples + s]
+                    out[i].append(self._finish(toks, len(prompt_ids[i]), params, stop_ids))
+        return out
+
+    def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
+        cut = next((k for k, t in enumerate(toks) if t in stop_ids), None)
+        if cut is not None:
+            body, n_gen, reason = toks[:cut], cut + 1, "stop"
+        else:
+            body, n_gen, reason = toks, len(toks), "length"
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        if params.stop:
+            hits = [p for p in (text.find(s) for s in params.stop) if p >= 0]
+            if hits:
+                text, reason = text[: min(hits)], "stop"
+        return Generation(text=text, prompt_tokens=n_prompt, generated_tokens=n_gen, finish_reason=reason)
+
+    # ---------------------------------------------------------------- protocol
+
+    def generate(
+        self,
+        chats: Sequence[Any],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        num_samples: int = 1,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Continue each chat.
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+            A final assistant turn is a pre-fill (the output continues it
+            and does not repeat it).
+        max_new_tokens, temperature, top_p, num_samples, seed, stop
+            Decoding; temperature 0 is greedy. Sampling seeds torch's
+            generator with ``seed`` once per batch, so sampled outputs
+            depend on how rows are batched (greedy outputs do not).
+        tags : list of str, optional
+            One per chat (e.g. question ids) for per-tag cost.
+
+        Returns
+        -------
+        list (length B) of list (length num_samples) of Generation
+        """
+        params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
+        valid = chatlib.validate_chats(chats)
+        tags = check_tags(tags, len(valid))
+        if not valid:
+            return []
+        res = self.generate_ids(self.encode_texts(self.render(valid)), params)
+        self.cost.record_rows(
+            [Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags
+        )
+        return res
+
+    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
+        """Log-probabilities over choice labels after each chat.
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+            Normally ending in a pre-filled assistant turn ``"Answer: "``.
+        labels : list of str, or list (length B) of list of str
+            The same labels for every row, or per row (ragged rows are
+            padded with ``-inf``).
+        tags : list of str, optional
+
+        Returns
+        -------
+        float32 ndarray [B, C]
+            Log-softmax over the labels of each row. Each label is scored
+            by the logsumexp of its single-token spellings (``"A"`` and
+            ``" A"`` by default); a label with no single-token spelling is
+            a ValueError.
+        """
+        valid = chatlib.validate_chats(chats)
+        rows = normalise_labels(labels, len(valid))
+        tags = check_tags(tags, len(valid))
+        if not valid:
+            return np.zeros((0, 0), dtype=np.float32)
+        prompt_ids = self.encode_texts(self.render(valid))
+        label_ids = [self.label_ids_for(r) for r in rows]
+        res = self.score_ids(prompt_ids, label_ids)
+        self.cost.record_rows([Cost(1, len(p), 0) for p in prompt_ids], tags)
+        return pad_rows(res)

