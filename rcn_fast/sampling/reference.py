@@ -149,8 +149,9 @@ def sample_subsets_reference(
             idx, lp = uniform_pick(eligible, u)
         else:
             mean = chosen_sum / np.float32(max(t, 1))  # zeros at t = 0
-            scores = np.matmul(mean, e.transpose(0, 2, 1)) + rel[:, None, :]  # [B, N, n]
-            z = scores.astype(np.float64) / tau
+            with np.errstate(invalid="ignore", over="ignore"):  # padding may hold NaN/inf
+                scores = np.matmul(mean, e.transpose(0, 2, 1)) + rel[:, None, :]  # [B, N, n]
+                z = scores.astype(np.float64) / tau
             if (eligible & ~(np.abs(z) <= _F32_MAX)).any():
                 b = int(np.argwhere(eligible & ~(np.abs(z) <= _F32_MAX))[0, 0])
                 raise ValueError(
