@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _test_the_installed_package() -> None:
+    """Run the tests against the installed rcn_fast, not the source tree.
+
+    pytest puts the repository root on sys.path (tests/ is a package) and
+    ``python -m pytest`` adds the working directory; either would make
+    ``import rcn_fast`` find the source folder, which has no compiled
+    modules. When an installed rcn_fast exists elsewhere, drop those entries
+    (the ``tests`` package is already imported, so ``tests.*`` still works),
+    and keep child Python processes from adding their working directory
+    (PYTHONSAFEPATH, Python >= 3.11).
+    """
+    if "rcn_fast" in sys.modules:
+        return
+    repo_entries = [p for p in sys.path if Path(p or os.getcwd()).resolve() == REPO]
+    rest = [p for p in sys.path if p not in repo_entries]
+    saved = sys.path[:]
+    sys.path[:] = rest
+    importlib.invalidate_caches()
+    if importlib.util.find_spec("rcn_fast") is None:  # nothing installed: use the source tree
+        sys.path[:] = saved
+        return
+    import rcn_fast  # noqa: F401  (binds the installed package in sys.modules)
+
+    sys.path[:] = saved
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+
+_test_the_installed_package()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 SHARED = Path(os.environ.get("RCN_FAST_SHARED", REPO.parent / "shared"))
 
 
@@ -27,7 +59,20 @@ def gpu_available() -> bool:
     return _native.cuda_module()[0] is not None
 
 
-requires_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device / CUDA build")
+# Mark GPU tests with @pytest.mark.gpu (or use requires_gpu): they skip where
+# no CUDA build or no usable device is present.
+requires_gpu = pytest.mark.gpu
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    from rcn_fast import _native
+
+    skip = pytest.mark.skip(reason=f"GPU test: {_native.cuda_module()[1]}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

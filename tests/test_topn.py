@@ -313,7 +313,7 @@ def test_kernels_package_is_installed_inside_rcn_fast():
 
 
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)
-from tests.conftest import requires_gpu  # noqa: E402
+requires_gpu = pytest.mark.gpu
 
 
 @requires_gpu
