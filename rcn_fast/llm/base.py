@@ -98,13 +98,15 @@ class Cost:
 
 @dataclass
 class CostTracker:
-    """Totals and per-tag (e.g. per question id) cost. Thread-safe."""
+    """Totals and per-tag (e.g. per question id) cost. Recording is
+    thread-safe; ``last`` is only meaningful without concurrent calls."""
 
     total: Cost = field(default_factory=Cost)
     by_tag: dict[str, Cost] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self.last: list[Cost] = []
 
     def record(self, cost: Cost, tag: str | None = None) -> None:
         with self._lock:
@@ -113,13 +115,17 @@ class CostTracker:
                 self.by_tag.setdefault(str(tag), Cost()).add(cost)
 
     def record_rows(self, costs: Sequence[Cost], tags: Sequence[str] | None) -> None:
+        """Record one cost per row of a call; ``last`` keeps them (the rows
+        of the most recent call, read by wrappers such as the call cache)."""
         for i, c in enumerate(costs):
             self.record(c, None if tags is None else tags[i])
+        self.last = list(costs)
 
     def reset(self) -> None:
         with self._lock:
             self.total = Cost()
             self.by_tag = {}
+            self.last = []
 
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total.to_dict(), "by_tag": {k: v.to_dict() for k, v in self.by_tag.items()}}

@@ -155,6 +155,7 @@ class HFLLM:
                 "template": getattr(self.tokenizer, "chat_template", None),
                 "vocab": len(self.tokenizer),
                 "nparams": sum(p.numel() for p in self.model.parameters()),
+                "spellings": list(self.config.label_spellings),
             },
             sort_keys=True,
             default=str,

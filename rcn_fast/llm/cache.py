@@ -1,0 +1,242 @@
+"""The LLM call cache: sqlite (stdlib), one file per output directory.
+
+Every row of a ``generate`` or ``label_logprobs`` call is one entry, keyed by
+the SHA-256 of a canonical JSON of (model identity, call kind, parameters,
+the exact chat). Sampled generations are stored per (seed, sample index),
+so asking for more samples later reuses the ones already drawn. An
+interrupted run resumes where it stopped: only rows missing from the cache
+reach the model, and reruns are free.
+
+Concurrency: each thread opens its own connection; the database runs in WAL
+mode with a long busy timeout and writes are ``INSERT OR IGNORE`` in short
+transactions, so several processes (or threads) can share one file. The
+first answer written for a key wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from rcn_fast.llm import chat as chatlib
+from rcn_fast.llm.base import (
+    Cost,
+    CostTracker,
+    Generation,
+    GenerationParams,
+    check_tags,
+    normalise_labels,
+    pad_rows,
+)
+
+DEFAULT_NAME = "llm_cache.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    key TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    request TEXT NOT NULL,
+    response TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+class CallCache:
+    """A sqlite store of LLM answers.
+
+    Parameters
+    ----------
+    path : str or Path
+        A directory (the file ``llm_cache.sqlite`` inside it is used) or a
+        file path ending in ``.sqlite`` / ``.db``.
+    timeout : float
+        Seconds a writer waits for another writer's lock.
+    """
+
+    def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
+        p = Path(path)
+        if p.suffix not in (".sqlite", ".db"):
+            p.mkdir(parents=True, exist_ok=True)
+            p = p / DEFAULT_NAME
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        self.path = p
+        self.timeout = float(timeout)
+        self._local = threading.local()
+        self.hits = 0
+        self.misses = 0
+        with self._conn() as con:
+            con.execute(_SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            con.execute("PRAGMA synchronous=NORMAL")
+            self._local.con = con
+        return con
+
+    @staticmethod
+    def key(model: str, kind: str, request: Any) -> str:
+        return hashlib.sha256(_canonical({"model": model, "kind": kind, "request": request}).encode()).hexdigest()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
+        """Cached responses (decoded JSON) of the keys present."""
+        out: dict[str, Any] = {}
+        con = self._conn()
+        uniq = list(dict.fromkeys(keys))
+        for i in range(0, len(uniq), 500):
+            chunk = uniq[i : i + 500]
+            rows = con.execute(
+                f"SELECT key, response FROM calls WHERE key IN ({','.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            out.update((k, json.loads(v)) for k, v in rows)
+        self.hits += sum(1 for k in keys if k in out)
+        self.misses += sum(1 for k in keys if k not in out)
+        return out
+
+    def put_many(self, items: Iterable[tuple[str, str, str, Any, Any]]) -> None:
+        """Store ``(key, model, kind, request, response)`` entries (first write wins)."""
+        rows = [(k, m, kind, _canonical(req), json.dumps(resp), time.time()) for k, m, kind, req, resp in items]
+        if not rows:
+            return
+        con = self._conn()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.executemany("INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?)", rows)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def __len__(self) -> int:
+        return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+
+    def close(self) -> None:
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+            self._local.con = None
+
+
+class CachedLLM:
+    """An LLM whose answers come from a :class:`CallCache` when present.
+
+    Its ``cost`` counts every row (cached rows with ``cached_calls`` and
+    the tokens recorded when they were first computed), so a resumed run
+    reports the same cost as an uninterrupted one.
+    """
+
+    def __init__(self, llm: Any, cache: CallCache) -> None:
+        self.llm = llm
+        self.cache = cache
+        self.cost = CostTracker()
+
+    @property
+    def identity(self) -> str:
+        return self.llm.identity
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, model ... of the wrapped LLM
+        if name in ("llm", "cache", "cost"):
+            raise AttributeError(name)
+        return getattr(self.llm, name)
+
+    def generate(
+        self,
+        chats: Sequence[Any],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        num_samples: int = 1,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """As :meth:`LLM.generate`; rows with all samples cached skip the model."""
+        params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
+        valid = chatlib.validate_chats(chats)
+        tags = check_tags(tags, len(valid))
+        model = self.identity
+        base = params.to_dict()
+        base.pop("num_samples")
+        if params.greedy:
+            base.pop("seed")
+            base.pop("top_p")
+
+        def req(chat: Any, s: int) -> dict[str, Any]:
+            return {"chat": chat, "params": base, "sample": s}
+
+        keys = [[self.cache.key(model, "generate", req(c, s)) for s in range(params.num_samples)] for c in valid]
+        found = self.cache.get_many([k for row in keys for k in row])
+        miss = [i for i, row in enumerate(keys) if not all(k in found for k in row)]
+        fresh: dict[int, list[Generation]] = {}
+        if miss:
+            res = self.llm.generate(
+                [valid[i] for i in miss], max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                top_p=params.top_p, num_samples=params.num_samples, seed=params.seed, stop=params.stop,
+            )
+            items = []
+            for i, gens in zip(miss, res):
+                fresh[i] = gens
+                for s, g in enumerate(gens):
+                    items.append((keys[i][s], model, "generate", req(valid[i], s), g.to_dict()))
+            self.cache.put_many(items)
+        out: list[list[Generation]] = []
+        costs: list[Cost] = []
+        for i, row in enumerate(keys):
+            if i in fresh:
+                gens, cached = fresh[i], 0
+            else:
+                gens, cached = [Generation.from_dict(found[k]) for k in row], 1
+            out.append(gens)
+            costs.append(Cost(1, gens[0].prompt_tokens, sum(g.generated_tokens for g in gens), cached))
+        self.cost.record_rows(costs, tags)
+        return out
+
+    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
+        """As :meth:`LLM.label_logprobs`; cached rows skip the model."""
+        valid = chatlib.validate_chats(chats)
+        rows = normalise_labels(labels, len(valid))
+        tags = check_tags(tags, len(valid))
+        model = self.identity
+        reqs = [{"chat": c, "labels": r} for c, r in zip(valid, rows)]
+        keys = [self.cache.key(model, "label_logprobs", q) for q in reqs]
+        found = self.cache.get_many(keys)
+        miss = [i for i, k in enumerate(keys) if k not in found]
+        results: dict[int, tuple[list[float], int, int]] = {}
+        if miss:
+            lp = self.llm.label_logprobs([valid[i] for i in miss], [rows[i] for i in miss])
+            last = getattr(self.llm.cost, "last", None) or [Cost() for _ in miss]
+            items = []
+            for j, i in enumerate(miss):
+                vals = [float(v) for v in lp[j, : len(rows[i])]]
+                results[i] = (vals, last[j].prompt_tokens, 0)
+                items.append((keys[i], model, "label_logprobs", reqs[i], {"logprobs": vals, "prompt_tokens": last[j].prompt_tokens}))
+            self.cache.put_many(items)
+        costs = []
+        out_rows = []
+        for i, k in enumerate(keys):
+            if i in results:
+                vals, pt, cached = results[i]
+            else:
+                vals, pt, cached = found[k]["logprobs"], found[k]["prompt_tokens"], 1
+            out_rows.append(vals)
+            costs.append(Cost(1, pt, 0, cached))
+        self.cost.record_rows(costs, tags)
+        return pad_rows(out_rows)
