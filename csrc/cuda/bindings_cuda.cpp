@@ -42,11 +42,13 @@ nb::dict cuda_info() {
 }  // namespace
 
 void bind_topn_cuda(nb::module_& m);
+void bind_sampling_cuda(nb::module_& m);
 
 
 NB_MODULE(_cuda, m) {
   m.doc() = "rcn_fast CUDA launchers (see csrc/cuda/)";
   m.def("cuda_info", &cuda_info, "Devices, driver and toolkit as this module sees them.");
   bind_topn_cuda(m);
+  bind_sampling_cuda(m);
 
 }
