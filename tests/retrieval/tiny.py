@@ -101,7 +101,13 @@ def make_tiny_bert(path: Path, *, hidden: int = 32, layers: int = 2, heads: int 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
     vocab += [w for w in words if w not in vocab]
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    import inspect
+
+    if "vocab" in inspect.signature(BertTokenizerFast.__init__).parameters:  # transformers >= 5
+        tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+    else:
+        tok = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    assert tok.tokenize("the sun")[0] == "the", "tiny tokenizer did not load its vocabulary"
     tok.save_pretrained(str(path))
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=hidden, num_hidden_layers=layers,
                      num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=128)
