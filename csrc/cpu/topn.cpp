@@ -33,7 +33,8 @@ void topn_compact(TopnCollector* c, int64_t q) {
   float* s = c->scores + q * c->cap;
   int64_t* id = c->ids + q * c->cap;
   const int64_t n = c->count[q];
-  std::vector<Cand> tmp(static_cast<size_t>(n));
+  thread_local std::vector<Cand> tmp;  // reused: compactions are frequent early in a scan
+  tmp.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = {s[i], id[i]};
   const int64_t keep = std::min(n, c->k);
   std::nth_element(tmp.begin(), tmp.begin() + (keep - 1), tmp.end(), cand_better);
