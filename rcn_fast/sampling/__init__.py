@@ -8,5 +8,6 @@
 
 from rcn_fast.sampling.reference import sample_subsets_reference
 from rcn_fast.sampling.relevance import SAMPLE_SUBSETS, sample_subsets
+from rcn_fast.sampling.strategies import STRATEGIES, sample
 
-__all__ = ["sample_subsets", "sample_subsets_reference", "SAMPLE_SUBSETS"]
+__all__ = ["sample", "STRATEGIES", "sample_subsets", "sample_subsets_reference", "SAMPLE_SUBSETS"]
