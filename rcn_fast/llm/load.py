@@ -161,3 +161,17 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
         model.tie_weights()
         model = model.to(dtype)
     return model.to(cfg.resolved_device()).eval(), tok
+
+
+def load_tokenizer(spec: str) -> Any:
+    """Only the tokenizer of a model directory, ``.gguf`` file,
+    ``package:<module>`` or hub id (used to render chats client-side)."""
+    tf = A.require("transformers", HINT)
+    if not isinstance(spec, str) or not spec:
+        raise TypeError(f"tokenizer: expected a path or hub id, got {spec!r}")
+    if spec.startswith("package:"):
+        spec = str(find_package_model(spec[len("package:") :]))
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return tf.AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)

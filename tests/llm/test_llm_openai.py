@@ -1,0 +1,102 @@
+"""The OpenAI-compatible backend against a real HTTP server on 127.0.0.1
+(rcn_fast.llm.serve over the local backend and a tiny real model)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from conftest import mcq_chat  # noqa: E402
+
+from rcn_fast.llm import load_llm  # noqa: E402
+from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM, ServerError  # noqa: E402
+from rcn_fast.llm.serve import make_server  # noqa: E402
+
+QS = ["Where is a plate kept? A. cupboard B. floor C. oven", "2 + 2? A. 4 B. 5", "Colour? A. blue B. dog C. red D. car"]
+LABELS = [["A", "B", "C"], ["A", "B"], ["A", "B", "C", "D"]]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llm):
+    srv = make_server(tiny_llm, "127.0.0.1", 0, model_name="tiny")
+    srv.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def client(server, **kw) -> OpenAILLM:
+    kw.setdefault("top_logprobs", len(server.llm.tokenizer))
+    kw.setdefault("backoff", 0.01)
+    return load_llm(f"openai:{server.base_url}#tiny", **kw)
+
+
+def test_models_endpoint(server):
+    with urllib.request.urlopen(server.base_url + "/models", timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["data"][0]["id"] == "tiny"
+
+
+def test_label_logprobs_match_local_backend(server, tiny_llm):
+    llm = client(server)
+    chats = [mcq_chat(q) for q in QS]
+    got = llm.label_logprobs(chats, LABELS, tags=["a", "b", "c"])
+    ref = tiny_llm.label_logprobs(chats, LABELS)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    lens = [len(x) for x in tiny_llm.encode_chats(chats)]
+    assert llm.cost.total.calls == 3 and llm.cost.total.prompt_tokens == sum(lens)
+
+
+def test_generate_matches_local_backend_chat_and_completions(server, tiny_llm, tiny_llama_dir):
+    chats = [mcq_chat(q, prefill="Explanations:\n* ") for q in QS] + [[{"role": "user", "content": QS[0]}]]
+    ref = tiny_llm.generate(chats, max_new_tokens=5)
+    for mode in ("chat", "completions"):
+        extra = {"tokenizer": str(tiny_llama_dir)} if mode == "completions" else {}
+        got = client(server, mode=mode, concurrency=3, **extra).generate(chats, max_new_tokens=5)
+        assert [g[0].text for g in got] == [g[0].text for g in ref], mode
+        assert [g[0].generated_tokens for g in got] == [g[0].generated_tokens for g in ref]
+        assert [g[0].prompt_tokens for g in got] == [g[0].prompt_tokens for g in ref]
+        assert [g[0].finish_reason for g in got] == [g[0].finish_reason for g in ref]
+
+
+def test_retries_on_server_errors_and_dropped_connections(server, tiny_llm):
+    chats = [mcq_chat(q) for q in QS]
+    clean = client(server, concurrency=1).label_logprobs(chats, LABELS)
+    gens_clean = client(server, concurrency=1).generate(chats[:1], max_new_tokens=4)
+    server.faults = ["500", "drop", "429", "503", "drop"]
+    llm = client(server, concurrency=1)
+    faulty = llm.label_logprobs(chats, LABELS)
+    gens = llm.generate(chats[:1], max_new_tokens=4)
+    assert llm.retries == 5 and server.faults == []
+    np.testing.assert_array_equal(faulty, clean)
+    assert gens[0][0] == gens_clean[0][0]
+
+
+def test_gives_up_with_a_clear_error(server):
+    server.faults = ["500"] * 3
+    llm = client(server, max_retries=2)
+    with pytest.raises(ServerError, match="gave up after 3 attempts; last error: HTTP 500"):
+        llm.generate([mcq_chat(QS[0])], max_new_tokens=2)
+    assert server.faults == []
+
+
+def test_missing_features_are_clear_errors(server):
+    # too few top entries for the labels of a row
+    llm = client(server, top_logprobs=1)
+    with pytest.raises(ValueError, match="raise top_logprobs") as info:
+        for q in QS:  # the top token cannot be a label for every prompt of a random model
+            llm.label_logprobs([mcq_chat(q)], [["K", "L"]])
+    assert "top 1 next tokens" in str(info.value)
+    # a request the server rejects (4xx) is not retried
+    with pytest.raises(ServerError, match="HTTP 400"):
+        client(server)._post("/chat/completions", {"model": "tiny", "messages": [], "max_tokens": 1})
+    with pytest.raises(ValueError, match="tokenizer"):
+        OpenAIConfig(mode="completions")
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAILLM("127.0.0.1:8000", "m")
