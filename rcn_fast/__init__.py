@@ -13,6 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from rcn_fast._dispatch import BackendUnavailableError
+from rcn_fast.data import MCQuestion
 from rcn_fast.search import FlatIndex, topn
 from rcn_fast.sampling import sample_subsets
 
@@ -26,4 +27,4 @@ def build_info() -> dict:
     return _build_info()
 
 
-__all__ = ["__version__", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError"]
+__all__ = ["__version__", "MCQuestion", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError"]

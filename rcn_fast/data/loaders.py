@@ -1,0 +1,300 @@
+"""Loading questions: local files in the CommonsenseQA JSON-lines layout, or
+Hugging Face datasets by name.
+
+Local layout (one JSON object per line)::
+
+    {"id": "...", "question": {"stem": "...", "choices": [{"label": "A", "text": "..."}, ...]},
+     "answerKey": "A", ...any other fields, kept in MCQuestion.meta}
+
+Hugging Face datasets are read with ``datasets.load_dataset`` (an optional
+dependency, imported when needed) and converted with a :class:`FieldMap`;
+the maps of well-known commonsense datasets are built in (see
+:data:`HF_FIELD_MAPS`), and any other dataset can be read by passing one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from rcn_fast.data.questions import MCQuestion
+
+
+class DataFormatError(ValueError):
+    """A malformed record; the message names the file and line."""
+
+
+# ---------------------------------------------------------------- local files
+def parse_csqa_record(rec: Any, where: str) -> MCQuestion:
+    """One CommonsenseQA-layout record -> MCQuestion (``where`` prefixes errors)."""
+    if not isinstance(rec, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    q = rec.get("question")
+    if isinstance(q, dict):
+        stem, choices = q.get("stem"), q.get("choices")
+    else:
+        stem, choices = q, rec.get("choices")
+    if not isinstance(stem, str) or not stem.strip():
+        raise DataFormatError(f"{where}: missing question text (question.stem)")
+    if not isinstance(choices, list) or not choices:
+        raise DataFormatError(f"{where}: missing choices (question.choices: a list of {{label, text}})")
+    labels, texts = [], []
+    for j, ch in enumerate(choices):
+        if not isinstance(ch, dict) or "text" not in ch:
+            raise DataFormatError(f"{where}: choice {j} is not an object with a 'text'")
+        texts.append(str(ch["text"]))
+        labels.append(str(ch.get("label", chr(ord("A") + j))))
+    answer = None
+    key = rec.get("answerKey")
+    if key not in (None, ""):
+        key = str(key)
+        if key not in labels:
+            raise DataFormatError(f"{where}: answerKey {key!r} is not one of the labels {labels}")
+        answer = labels.index(key)
+    meta = {k: v for k, v in rec.items() if k not in ("id", "question", "choices", "answerKey")}
+    if isinstance(q, dict):
+        meta.update({k: v for k, v in q.items() if k not in ("stem", "choices")})
+    qid = rec.get("id", where)
+    try:
+        return MCQuestion(id=str(qid), question=stem, choices=texts, labels=labels, answer=answer, meta=meta)
+    except (TypeError, ValueError) as exc:
+        raise DataFormatError(f"{where}: {exc}") from None
+
+
+def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[MCQuestion]:
+    """Questions of a CommonsenseQA-layout JSON-lines file (or a JSON array).
+
+    Raises
+    ------
+    DataFormatError
+        On a malformed line, naming the file and line number.
+    """
+    path = Path(path)
+    out: list[MCQuestion] = []
+    with open(path, encoding="utf-8") as f:
+        head = f.read(1)
+        f.seek(0)
+        if head == "[":
+            try:
+                records = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}: not valid JSON ({exc})") from None
+            for i, rec in enumerate(records):
+                out.append(parse_csqa_record(rec, f"{path}: record {i + 1}"))
+                if limit is not None and len(out) >= limit:
+                    break
+            return out
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            out.append(parse_csqa_record(rec, f"{path}:{lineno}"))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+# ---------------------------------------------------------------- Hugging Face
+@dataclass(frozen=True)
+class FieldMap:
+    """How to read a multiple-choice record of a Hugging Face dataset.
+
+    Field paths use dots for nesting (``"question.stem"``).
+
+    Attributes
+    ----------
+    question : field with the question text; several fields joined by a
+        space when a tuple is given (e.g. HellaSwag's context parts).
+    choices : one field holding a list (or a ``{"label": [...], "text": [...]}``
+        dict), or a tuple of fields, one per choice.
+    answer : field with the answer.
+    answer_type : ``"label"`` (matches a label), ``"index"`` (0-based),
+        ``"index1"`` (1-based), ``"text"`` (matches a choice text) or
+        ``"bool"`` (True -> the first choice, "Yes").
+    labels : field with the labels, if the dataset has them.
+    id : field with the record id (default: the row number).
+    fixed_choices : choices shared by every record (e.g. ("Yes", "No")).
+    """
+
+    question: str | tuple[str, ...]
+    choices: str | tuple[str, ...] | None
+    answer: str
+    answer_type: str = "label"
+    labels: str | None = None
+    id: str | None = None
+    fixed_choices: tuple[str, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _get(rec: Any, path: str) -> Any:
+    cur = rec
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise KeyError(path)
+        cur = cur[part]
+    return cur
+
+
+def convert_record(rec: dict[str, Any], fmap: FieldMap, row: int, where: str) -> MCQuestion:
+    """One dataset row -> MCQuestion following ``fmap``."""
+    try:
+        qf = fmap.question if isinstance(fmap.question, tuple) else (fmap.question,)
+        question = " ".join(str(_get(rec, f)).strip() for f in qf).strip()
+        labels = None
+        if fmap.fixed_choices is not None:
+            texts = list(fmap.fixed_choices)
+        elif isinstance(fmap.choices, tuple):
+            texts = [str(_get(rec, f)) for f in fmap.choices]
+        else:
+            raw = _get(rec, str(fmap.choices))
+            if isinstance(raw, dict):
+                texts = [str(t) for t in raw["text"]]
+                labels = [str(x) for x in raw.get("label", [])] or None
+            else:
+                texts = [str(t) for t in raw]
+        if fmap.labels is not None:
+            labels = [str(x) for x in _get(rec, fmap.labels)]
+        raw_answer = _get(rec, fmap.answer)
+    except KeyError as exc:
+        raise DataFormatError(f"{where}: row {row}: missing field {exc.args[0]!r}") from None
+    answer: int | None = None
+    if raw_answer not in (None, "", -1):
+        t = fmap.answer_type
+        lab = labels or [chr(ord("A") + j) for j in range(len(texts))]
+        if t == "label":
+            if str(raw_answer) not in lab:
+                raise DataFormatError(f"{where}: row {row}: answer {raw_answer!r} is not one of the labels {lab}")
+            answer = lab.index(str(raw_answer))
+        elif t in ("index", "index1"):
+            answer = int(raw_answer) - (1 if t == "index1" else 0)
+        elif t == "text":
+            if str(raw_answer) not in texts:
+                raise DataFormatError(f"{where}: row {row}: answer {raw_answer!r} is not one of the choices")
+            answer = texts.index(str(raw_answer))
+        elif t == "bool":
+            answer = 0 if bool(raw_answer) else 1
+        else:
+            raise ValueError(f"answer_type: expected label|index|index1|text|bool, got {t!r}")
+    qid = str(_get(rec, fmap.id)) if fmap.id else f"{where}-{row}"
+    try:
+        return MCQuestion(id=qid, question=question, choices=texts, labels=labels, answer=answer)
+    except (TypeError, ValueError) as exc:
+        raise DataFormatError(f"{where}: row {row}: {exc}") from None
+
+
+_CSQA_LIKE = FieldMap(question="question", choices="choices", answer="answerKey", id="id")
+
+#: Built-in field maps: dataset name (optionally ``name:config``) -> FieldMap.
+HF_FIELD_MAPS: dict[str, FieldMap] = {
+    "tau/commonsense_qa": _CSQA_LIKE,
+    "commonsense_qa": _CSQA_LIKE,
+    "allenai/ai2_arc": _CSQA_LIKE,
+    "ai2_arc": _CSQA_LIKE,
+    "allenai/openbookqa": FieldMap(question="question_stem", choices="choices", answer="answerKey", id="id"),
+    "openbookqa": FieldMap(question="question_stem", choices="choices", answer="answerKey", id="id"),
+    "allenai/qasc": _CSQA_LIKE,
+    "qasc": _CSQA_LIKE,
+    "ybisk/piqa": FieldMap(question="goal", choices=("sol1", "sol2"), answer="label", answer_type="index"),
+    "piqa": FieldMap(question="goal", choices=("sol1", "sol2"), answer="label", answer_type="index"),
+    "allenai/winogrande": FieldMap(question="sentence", choices=("option1", "option2"), answer="answer", answer_type="index1"),
+    "winogrande": FieldMap(question="sentence", choices=("option1", "option2"), answer="answer", answer_type="index1"),
+    "Rowan/hellaswag": FieldMap(question="ctx", choices="endings", answer="label", answer_type="index", id="ind"),
+    "hellaswag": FieldMap(question="ctx", choices="endings", answer="label", answer_type="index", id="ind"),
+    "allenai/sciq": FieldMap(question="question", choices=("correct_answer", "distractor1", "distractor2", "distractor3"), answer="correct_answer", answer_type="text"),
+    "sciq": FieldMap(question="question", choices=("correct_answer", "distractor1", "distractor2", "distractor3"), answer="correct_answer", answer_type="text"),
+    "tasksource/commonsense_qa_2.0": FieldMap(question="question", choices=None, answer="answer", answer_type="text", fixed_choices=("yes", "no"), id="id"),
+}
+
+
+def load_hf(name: str, config: str | None = None, split: str | None = None,
+            fmap: FieldMap | None = None, limit: int | None = None) -> list[MCQuestion]:
+    """Questions of a Hugging Face dataset (``datasets`` is imported lazily).
+
+    Parameters
+    ----------
+    name : dataset id on the hub (or a local dataset directory saved with
+        ``Dataset.save_to_disk``).
+    config : dataset configuration (e.g. ``"ARC-Easy"``).
+    split : default ``"validation"``.
+    fmap : field map; default the built-in one for ``name``.
+    """
+    from rcn_fast._arrays import require
+
+    datasets = require("datasets", "pip install datasets")
+    fmap = fmap or HF_FIELD_MAPS.get(name)
+    if fmap is None:
+        raise ValueError(
+            f"path_or_name: no built-in field map for dataset {name!r}; pass fields=FieldMap(...) "
+            f"(known: {sorted(HF_FIELD_MAPS)})"
+        )
+    split = split or "validation"
+    if Path(name).is_dir():
+        ds = datasets.load_from_disk(name)
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[split]
+    else:
+        ds = datasets.load_dataset(name, config, split=split)
+    out = []
+    for row, rec in enumerate(_take(ds, limit)):
+        out.append(convert_record(rec, fmap, row, f"{name}[{split}]"))
+    return out
+
+
+def _take(it: Iterable[Any], limit: int | None) -> Iterator[Any]:
+    for i, x in enumerate(it):
+        if limit is not None and i >= limit:
+            return
+        yield x
+
+
+# ---------------------------------------------------------------- entry point
+def load_questions(path_or_name: str | os.PathLike[str], split: str | None = None,
+                   limit: int | None = None, *, config: str | None = None,
+                   fields: FieldMap | None = None) -> list[MCQuestion]:
+    """Load multiple-choice questions from a local file or a Hugging Face dataset.
+
+    Parameters
+    ----------
+    path_or_name : str or path
+        A ``.jsonl``/``.json`` file in the CommonsenseQA layout; a directory
+        holding ``*<split>*.jsonl`` files (e.g. ``csqa/`` with
+        ``csqa-dev.jsonl``); or a Hugging Face dataset id (``"name"`` or
+        ``"name:config"``).
+    split : str, optional
+        For directories: the file whose name contains it (``dev``, ``train``,
+        ``test``; ``validation`` also matches ``dev``). For datasets: the split.
+    limit : int, optional
+        Keep the first ``limit`` questions.
+    config, fields : Hugging Face dataset configuration and field map.
+
+    Returns
+    -------
+    list[MCQuestion]
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit: expected a positive int, got {limit!r}")
+    path = Path(path_or_name)
+    if path.is_file():
+        return read_jsonl(path, limit)
+    if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
+        want = split or "dev"
+        aliases = {"validation": "dev", "valid": "dev", "val": "dev"}
+        want = aliases.get(want, want)
+        files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
+        if not files:
+            raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
+        return read_jsonl(files[0], limit)
+    name = str(path_or_name)
+    if ":" in name and config is None and not path.exists():
+        name, config = name.split(":", 1)
+    if name.endswith((".jsonl", ".json")):
+        raise FileNotFoundError(f"path_or_name: {name} does not exist")
+    return load_hf(name, config=config, split=split, fmap=fields, limit=limit)
