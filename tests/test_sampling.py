@@ -459,7 +459,6 @@ def test_backend_selection():
 
 
 @requires_gpu
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("first", ["uniform", "relevance"])
 def test_cuda_matches_native(dtype, first):
@@ -479,7 +478,6 @@ def test_cuda_matches_native(dtype, first):
 
 
 @requires_gpu
-@pytest.mark.gpu
 def test_cuda_distribution_and_errors():
     torch = pytest.importorskip("torch")
     n, k, d, draws = 6, 3, 5, 120_000

@@ -1,0 +1,68 @@
+"""Peers of the subset sampler that bench/bench_sampling.py times, checked
+here so the benchmark never compares against a wrong implementation.
+
+``torch_loop_sample`` is how the published ReConnect code samples: one
+question and one subset at a time, a ``torch.distributions.Categorical``
+per step. It draws from the same model with torch's own generator, so it
+is checked against the exact distribution, not against our ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.test_sampling import chi_square_pvalue, exact_ordered_subset_probs
+
+
+def torch_loop_sample(query_emb, cand_emb, num_subsets, subset_size, *, tau=1.0, seed=0, first="uniform"):
+    """Per-question, per-subset loop with torch.distributions.Categorical.
+
+    Parameters
+    ----------
+    query_emb : torch tensor [B, d]; cand_emb : torch tensor [B, n, d] (any float dtype)
+
+    Returns
+    -------
+    ids : int64 tensor [B, num_subsets, subset_size]
+    """
+    import torch
+
+    torch.manual_seed(seed)  # Categorical draws from torch's global generator
+    B, n, _ = cand_emb.shape
+    k = min(subset_size, n)
+    out = torch.full((B, num_subsets, subset_size), -1, dtype=torch.int64)
+    for b in range(B):
+        e = cand_emb[b].float()
+        rel = e @ query_emb[b].float()
+        for s in range(num_subsets):
+            if first == "uniform":
+                j = int(torch.randint(n, (1,)))
+            else:
+                j = int(torch.distributions.Categorical(logits=rel / tau).sample())
+            chosen = [j]
+            for _ in range(1, k):
+                mean = e[chosen].mean(0)
+                scores = (e @ mean + rel) / tau
+                scores[chosen] = float("-inf")
+                j = int(torch.distributions.Categorical(logits=scores).sample())
+                chosen.append(j)
+            out[b, s, :k] = torch.tensor(chosen)
+    return out
+
+
+@pytest.mark.parametrize("first", ["uniform", "relevance"])
+def test_torch_loop_peer_samples_the_model(first):
+    torch = pytest.importorskip("torch")
+    n, k, d, draws = 6, 3, 5, 6_000
+    rng = np.random.default_rng(11)
+    q = (rng.standard_normal((1, d)) * 0.6).astype(np.float32)
+    e = (rng.standard_normal((1, n, d)) * 0.6).astype(np.float32)
+    probs = exact_ordered_subset_probs(q[0], e[0], k, 1.0, first)
+    ids = torch_loop_sample(torch.from_numpy(q), torch.from_numpy(e), draws, k, tau=1.0, seed=3,
+                            first=first)[0].numpy()
+    keys, counts = np.unique(ids, axis=0, return_counts=True)
+    observed = {tuple(int(x) for x in row): int(c) for row, c in zip(keys, counts)}
+    assert chi_square_pvalue(observed, probs, draws) > 1e-3
+    wrong = exact_ordered_subset_probs(q[0], e[0], k, 1.0, first, use_mean=False)
+    assert chi_square_pvalue(observed, wrong, draws) < 1e-2
