@@ -15,9 +15,13 @@ from rcn_fast.retrieval.encoder import (
     export_onnx,
     model_fingerprint,
 )
+from rcn_fast.retrieval.build import BuildConfig, build_corpus, merge_shards
+from rcn_fast.retrieval.retriever import Retriever, RetrieverLike
+from rcn_fast.retrieval.store import CorpusStore, PassageStore
 from rcn_fast.retrieval.types import Passage
 
 __all__ = [
     "Encoder", "EncoderConfig", "EncoderLike", "OnnxEncoder", "TorchEncoder", "export_onnx",
-    "model_fingerprint", "Passage",
+    "model_fingerprint", "Passage", "BuildConfig", "build_corpus", "merge_shards", "CorpusStore",
+    "PassageStore", "Retriever", "RetrieverLike",
 ]

@@ -1,0 +1,100 @@
+"""Command line of the corpus store.
+
+    python -m rcn_fast.corpus build --input FILE --encoder PATH --out DIR
+        [--backend torch|onnx] [--dtype float16|float32] [--batch-size N]
+        [--chunk-size N] [--num-shards S --shard-id I] [--id-field id]
+        [--text-field text] [--format jsonl|tsv|parquet] [--pooling mean|cls]
+        [--query-prefix "query: "] [--passage-prefix "passage: "]
+        [--max-length 512] [--quantize int8] [--device cpu|cuda]
+    python -m rcn_fast.corpus merge --out DIR SHARD_DIR [SHARD_DIR ...]
+    python -m rcn_fast.corpus info DIR
+    python -m rcn_fast.corpus verify DIR
+
+Rerunning an interrupted ``build`` with the same arguments resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rcn_fast.corpus", description="Build and inspect corpus stores.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="embed a corpus file into a store directory (resumable)")
+    b.add_argument("--input", required=True, help="JSON lines, TSV (header row) or Parquet file")
+    b.add_argument("--encoder", required=True, help="model directory, installed model package or cached HF id")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--format", choices=["jsonl", "tsv", "parquet"], default=None)
+    b.add_argument("--id-field", default="id")
+    b.add_argument("--text-field", default="text")
+    b.add_argument("--backend", choices=["torch", "onnx"], default="torch")
+    b.add_argument("--device", default=None)
+    b.add_argument("--quantize", choices=["int8"], default=None)
+    b.add_argument("--onnx-cache", default=None, help="ONNX export cache dir ('model' = inside the model dir)")
+    b.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--chunk-size", type=int, default=4096, help="records per resumable chunk")
+    b.add_argument("--num-shards", type=int, default=1)
+    b.add_argument("--shard-id", type=int, default=0)
+    b.add_argument("--pooling", choices=["mean", "cls"], default=None)
+    b.add_argument("--no-normalize", action="store_true", help="store raw (un-normalised) embeddings")
+    b.add_argument("--query-prefix", default=None)
+    b.add_argument("--passage-prefix", default=None)
+    b.add_argument("--max-length", type=int, default=None)
+    b.add_argument("--keep-parts", action="store_true")
+    b.add_argument("--no-progress", action="store_true")
+    m = sub.add_parser("merge", help="join the directories of a sharded build into one store")
+    m.add_argument("--out", required=True)
+    m.add_argument("shards", nargs="+")
+    i = sub.add_parser("info", help="summarise a store")
+    i.add_argument("dir")
+    v = sub.add_parser("verify", help="check every file of a store against its manifest checksums")
+    v.add_argument("dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from rcn_fast.retrieval.build import BuildConfig, build_corpus, merge_shards
+    from rcn_fast.retrieval.store import CorpusStore
+
+    try:
+        if args.cmd == "build":
+            from rcn_fast.retrieval.encoder import Encoder
+
+            cfg = BuildConfig(input=args.input, out=args.out, format=args.format, id_field=args.id_field,
+                              text_field=args.text_field, dtype=args.dtype, batch_size=args.batch_size,
+                              chunk_size=args.chunk_size, num_shards=args.num_shards, shard_id=args.shard_id,
+                              keep_parts=args.keep_parts)
+            enc = Encoder.from_pretrained(
+                args.encoder, backend=args.backend, device=args.device, quantize=args.quantize,
+                cache_dir=args.onnx_cache, pooling=args.pooling, normalize=False if args.no_normalize else None,
+                query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, max_length=args.max_length,
+                batch_size=args.batch_size)
+            store = build_corpus(cfg, enc, show_progress=not args.no_progress)
+            if store is None:
+                print(f"shard {cfg.shard_id}/{cfg.num_shards} done in {cfg.out}; join the shards with "
+                      f"`python -m rcn_fast.corpus merge --out DIR SHARD_DIRS...`")
+            else:
+                print(json.dumps(store.info(), indent=2))
+        elif args.cmd == "merge":
+            store = merge_shards(args.shards, args.out)
+            print(json.dumps(store.info(), indent=2))
+        elif args.cmd == "info":
+            print(json.dumps(CorpusStore.open(args.dir).info(), indent=2))
+        elif args.cmd == "verify":
+            CorpusStore.open(args.dir, verify=True)
+            print(f"{args.dir}: all files match the manifest")
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

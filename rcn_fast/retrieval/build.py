@@ -1,0 +1,435 @@
+"""Resumable, shardable corpus build: input file -> :class:`CorpusStore`.
+
+The input is read as a stream and cut into fixed-size chunks (``chunk_size``
+records). Each finished chunk is written atomically to ``DIR/parts/`` (a
+``.npz`` with its embeddings, texts and ids, renamed into place only when
+complete), and ``DIR/build.json`` records the settings. Running the same
+command again skips every chunk already in ``parts/``; settings that differ
+from ``build.json`` (another input file, encoder, dtype, chunk size, ...)
+are an error, not a silently mixed store. When all chunks exist they are
+joined into the store files and ``manifest.json`` is written last.
+
+Shards: with ``num_shards=S, shard_id=I`` a machine embeds chunks
+``c`` with ``c % S == I`` into its own directory; :func:`merge_shards`
+joins the S directories into a store identical to a one-machine build.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from rcn_fast._arrays import require
+from rcn_fast.retrieval.store import (
+    FLAT_INDEX_FORMAT, FORMAT, CorpusStore, build_id_table, id_hash, sha256_file, texts_to_blob, write_json_atomic,
+)
+
+logger = logging.getLogger("rcn_fast.retrieval")
+BUILD_FORMAT = "rcn_fast.CorpusBuild/1"
+FORMATS = ("jsonl", "tsv", "parquet")
+# Testing/debug hook: seconds to sleep after each finished chunk (lets a test
+# kill a build mid-way on a tiny corpus). Never set in normal use.
+THROTTLE_ENV = "RCN_FAST_BUILD_THROTTLE"
+
+
+@dataclass
+class BuildConfig:
+    """Settings of a corpus build (plain data; JSON/YAML serialisable).
+
+    Attributes
+    ----------
+    input : str
+        JSON lines, TSV (with a header row) or Parquet file.
+    out : str
+        Output directory.
+    format : str or None
+        ``"jsonl" | "tsv" | "parquet"``; None infers it from the suffix.
+    id_field, text_field : str
+        Column / key names of the id and the text.
+    dtype : {"float16", "float32"}
+        Storage dtype of the embeddings.
+    batch_size : int
+        Texts per encoder forward pass.
+    chunk_size : int
+        Records per resumable unit of work.
+    num_shards, shard_id : int
+        This machine embeds chunks ``c`` with ``c % num_shards == shard_id``.
+    keep_parts : bool
+        Keep ``parts/`` after the store is written.
+    """
+
+    input: str
+    out: str
+    format: str | None = None
+    id_field: str = "id"
+    text_field: str = "text"
+    dtype: str = "float16"
+    batch_size: int = 64
+    chunk_size: int = 4096
+    num_shards: int = 1
+    shard_id: int = 0
+    keep_parts: bool = False
+
+    def __post_init__(self) -> None:
+        self.input, self.out = str(self.input), str(self.out)
+        if self.format is None:
+            self.format = infer_format(self.input)
+        if self.format not in FORMATS:
+            raise ValueError(f"format: expected one of {list(FORMATS)}, got {self.format!r}")
+        if self.dtype not in ("float16", "float32"):
+            raise ValueError(f"dtype: expected 'float16' or 'float32', got {self.dtype!r}")
+        for name in ("batch_size", "chunk_size", "num_shards"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if not (0 <= self.shard_id < self.num_shards):
+            raise ValueError(f"shard_id: expected 0 <= shard_id < num_shards={self.num_shards}, got {self.shard_id}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def infer_format(path: str) -> str:
+    name = path.lower()
+    if name.endswith((".jsonl", ".json", ".ndjson")):
+        return "jsonl"
+    if name.endswith((".tsv", ".tab")):
+        return "tsv"
+    if name.endswith((".parquet", ".pq")):
+        return "parquet"
+    raise ValueError(f"input: cannot tell the format of {path!r} from its suffix; pass format='jsonl'|'tsv'|'parquet'")
+
+
+# ---------------------------------------------------------------------- input
+def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "text") -> Iterator[tuple[str, str]]:
+    """Stream (id, text) pairs from a JSON lines, TSV or Parquet file.
+
+    Ids are turned into str; a missing field or a non-string text is a
+    ValueError naming the record (line or row number) and the field.
+    """
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
+                yield _fields(rec, id_field, text_field, f"{path} line {lineno}")
+    elif fmt == "tsv":
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t")
+            missing = [k for k in (id_field, text_field) if k not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"input: {path} header {reader.fieldnames} lacks the column(s) {missing} "
+                                 "(set id_field / text_field)")
+            for rowno, rec in enumerate(reader, 2):
+                yield _fields(rec, id_field, text_field, f"{path} line {rowno}")
+    elif fmt == "parquet":
+        pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        missing = [k for k in (id_field, text_field) if k not in names]
+        if missing:
+            raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
+        row = 0
+        for batch in pf.iter_batches(columns=[id_field, text_field], batch_size=8192):
+            d = batch.to_pydict()
+            for i, t in zip(d[id_field], d[text_field]):
+                yield _fields({id_field: i, text_field: t}, id_field, text_field, f"{path} row {row}")
+                row += 1
+    else:
+        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
+
+
+def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, str]:
+    if not isinstance(rec, dict):
+        raise ValueError(f"input: {where} is a {type(rec).__name__}, expected an object")
+    if id_field not in rec or rec[id_field] is None:
+        raise ValueError(f"input: {where} has no {id_field!r} field (set id_field)")
+    if text_field not in rec or not isinstance(rec[text_field], str):
+        raise ValueError(f"input: {where} has no string {text_field!r} field (set text_field)")
+    return str(rec[id_field]), rec[text_field]
+
+
+def _chunks(records: Iterator[tuple[str, str]], size: int) -> Iterator[tuple[list[str], list[str]]]:
+    ids: list[str] = []
+    texts: list[str] = []
+    for i, t in records:
+        ids.append(i)
+        texts.append(t)
+        if len(ids) == size:
+            yield ids, texts
+            ids, texts = [], []
+    if ids:
+        yield ids, texts
+
+
+# ---------------------------------------------------------------------- build
+def _spec(cfg: BuildConfig, encoder_desc: dict[str, Any], input_sha: str, input_bytes: int) -> dict[str, Any]:
+    enc = {k: v for k, v in encoder_desc.items() if k != "model_dir"}
+    return {
+        "format": BUILD_FORMAT,
+        "input": {"name": Path(cfg.input).name, "sha256": input_sha, "bytes": input_bytes, "format": cfg.format,
+                  "id_field": cfg.id_field, "text_field": cfg.text_field},
+        "encoder": enc, "dtype": cfg.dtype, "chunk_size": cfg.chunk_size, "num_shards": cfg.num_shards,
+    }
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
+        return out
+    return [] if a == b else [f"{prefix[:-1]}: {a!r} != {b!r}"]
+
+
+def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = True) -> CorpusStore | None:
+    """Embed a corpus into a store directory, resuming an unfinished build.
+
+    Parameters
+    ----------
+    config : BuildConfig
+    encoder : EncoderLike
+        Its ``describe()`` goes into the manifest and must match on resume.
+    show_progress : bool
+        tqdm bar (docs/s) on stderr.
+
+    Returns
+    -------
+    CorpusStore for a one-shard build; None for one shard of many (join the
+    shard directories with :func:`merge_shards`).
+
+    Raises
+    ------
+    ValueError
+        ``config.out`` holds a build or store made with other settings
+        (the differing settings are listed).
+    """
+    cfg = config
+    out = Path(cfg.out)
+    inp = Path(cfg.input)
+    if not inp.is_file():
+        raise FileNotFoundError(f"input: {inp} does not exist")
+    t_hash = time.perf_counter()
+    input_sha = sha256_file(inp)
+    spec = _spec(cfg, encoder.describe(), input_sha, inp.stat().st_size)
+    logger.debug("input hashed in %.2f s", time.perf_counter() - t_hash)
+    out.mkdir(parents=True, exist_ok=True)
+
+    if (out / "manifest.json").is_file():
+        manifest = json.loads((out / "manifest.json").read_text())
+        diff = _diff({k: manifest["build"].get(k) for k in spec if k != "num_shards"},
+                     {k: v for k, v in spec.items() if k != "num_shards"})
+        if diff:
+            raise ValueError(f"out: {out} already holds a corpus store built with other settings: "
+                             + "; ".join(diff) + ". Use another --out directory or delete this one.")
+        logger.warning("%s is already complete (%d passages); nothing to do", out, manifest["count"])
+        return CorpusStore.open(out)
+
+    build_file = out / "build.json"
+    state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder.describe().get("model_dir")}
+    if build_file.is_file():
+        prev = json.loads(build_file.read_text())
+        diff = _diff({"spec": prev.get("spec"), "shard_id": prev.get("shard_id")},
+                     {"spec": spec, "shard_id": cfg.shard_id})
+        if diff:
+            raise ValueError(f"out: {out} holds an unfinished build with other settings: " + "; ".join(diff)
+                             + ". Rerun with the original settings to resume, or use another --out directory.")
+    elif any(out.iterdir()):
+        raise ValueError(f"out: {out} is not empty and holds no corpus build; choose an empty or new directory")
+    else:
+        write_json_atomic(build_file, state)
+
+    parts = out / "parts"
+    parts.mkdir(exist_ok=True)
+    for stale in parts.glob(".*.tmp*"):  # a chunk that was being written when killed
+        stale.unlink(missing_ok=True)
+    done_before = {p.name for p in parts.glob("chunk-*.npz")}
+    if done_before:
+        logger.warning("resuming %s: %d chunk(s) already done, skipping them", out, len(done_before))
+
+    throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
+    bar = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=f"build {out.name}" + (f" [shard {cfg.shard_id}/{cfg.num_shards}]" if cfg.num_shards > 1
+                                                else ""), unit="doc", unit_scale=True, file=sys.stderr)
+    n_chunks = 0
+    computed = skipped = 0
+    t0 = time.perf_counter()
+    for c, (ids, texts) in enumerate(_chunks(iter_records(str(inp), cfg.format, cfg.id_field, cfg.text_field),
+                                            cfg.chunk_size)):
+        n_chunks = c + 1
+        if c % cfg.num_shards != cfg.shard_id:
+            continue
+        name = f"chunk-{c:08d}.npz"
+        if name in done_before:
+            skipped += len(ids)
+            if bar is not None:
+                bar.update(len(ids))
+            continue
+        emb = np.asarray(encoder.encode_passages(texts, batch_size=cfg.batch_size), dtype=np.float32)
+        if emb.shape != (len(texts), spec["encoder"]["dim"]):
+            raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
+                             f"expected ({len(texts)}, {spec['encoder']['dim']})")
+        if not np.isfinite(emb).all():
+            raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
+        tblob, tlen = texts_to_blob(texts)
+        iblob, ilen = texts_to_blob(ids)
+        tmp = parts / f".{name}.tmp.npz"
+        with open(tmp, "wb") as f:
+            np.savez(f, emb=emb.astype(cfg.dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
+                     hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, parts / name)
+        computed += len(ids)
+        if bar is not None:
+            bar.update(len(ids))
+        if throttle:
+            time.sleep(throttle)
+    if bar is not None:
+        bar.close()
+    dt = time.perf_counter() - t0
+    logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
+                computed, dt, computed / dt if dt > 0 else 0.0, skipped)
+    mine = [c for c in range(n_chunks) if c % cfg.num_shards == cfg.shard_id]
+    if cfg.num_shards > 1:
+        write_json_atomic(out / "shard.json", {**state, "n_chunks": n_chunks, "chunks": mine})
+        return None
+    store = _finalize(out, [parts / f"chunk-{c:08d}.npz" for c in mine], spec,
+                      model_dir=state["encoder_model_dir"], shards=1)
+    if not cfg.keep_parts:
+        shutil.rmtree(parts, ignore_errors=True)
+        build_file.unlink(missing_ok=True)
+    return store
+
+
+def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str], *,
+                 keep_parts: bool = True) -> CorpusStore:
+    """Join the directories of a sharded build into one store.
+
+    Every shard must come from the same input, encoder and settings, and
+    together they must cover every chunk once. The result is identical to
+    a one-machine build of the same input.
+    """
+    if not shard_dirs:
+        raise ValueError("shard_dirs: expected at least one shard directory")
+    infos = []
+    for d in shard_dirs:
+        f = Path(d) / "shard.json"
+        if not f.is_file():
+            raise ValueError(f"shard_dirs: {d} has no shard.json (not a finished shard; rerun its build command)")
+        infos.append(json.loads(f.read_text()))
+    spec = infos[0]["spec"]
+    for d, info in zip(shard_dirs[1:], infos[1:]):
+        diff = _diff(spec, info["spec"])
+        if diff:
+            raise ValueError(f"shard_dirs: {d} was built with other settings than {shard_dirs[0]}: " + "; ".join(diff))
+    n_chunks, S = infos[0]["n_chunks"], spec["num_shards"]
+    got = sorted(i["shard_id"] for i in infos)
+    if got != list(range(S)):
+        raise ValueError(f"shard_dirs: expected shards 0..{S - 1} once each, got shard ids {got}")
+    files = {}
+    for d, info in zip(shard_dirs, infos):
+        for c in info["chunks"]:
+            p = Path(d) / "parts" / f"chunk-{c:08d}.npz"
+            if not p.is_file():
+                raise ValueError(f"shard_dirs: {d} lacks {p.name}")
+            files[c] = p
+    if sorted(files) != list(range(n_chunks)):
+        raise ValueError(f"shard_dirs: chunks {sorted(set(range(n_chunks)) - set(files))} are missing")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "manifest.json").exists():
+        raise ValueError(f"out: {out} already holds a corpus store")
+    return _finalize(out, [files[c] for c in range(n_chunks)], spec,
+                     model_dir=infos[0].get("encoder_model_dir"), shards=S)
+
+
+def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
+              shards: int) -> CorpusStore:
+    """Join chunk files (in order) into the store files; manifest last."""
+    counts = []
+    tbytes = ibytes = 0
+    for p in chunk_files:
+        with np.load(p) as z:
+            counts.append(len(z["text_len"]))
+            tbytes += int(z["text_len"].sum())
+            ibytes += int(z["id_len"].sum())
+    n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
+    emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
+    t_off = np.zeros(n + 1, dtype=np.int64)
+    i_off = np.zeros(n + 1, dtype=np.int64)
+    hashes = np.zeros(n, dtype=np.int64)
+    row = 0
+    with open(out / ".texts.bin.tmp", "wb") as tf, open(out / ".ids.bin.tmp", "wb") as idf:
+        for p, k in zip(chunk_files, counts):
+            with np.load(p) as z:
+                emb[row:row + k] = z["emb"]
+                tf.write(z["text_blob"].tobytes())
+                idf.write(z["id_blob"].tobytes())
+                t_off[row + 1:row + k + 1] = t_off[row] + np.cumsum(z["text_len"])
+                i_off[row + 1:row + k + 1] = i_off[row] + np.cumsum(z["id_len"])
+                hashes[row:row + k] = z["hashes"]
+            row += k
+    emb.flush()
+    del emb
+    _check_unique_ids(hashes, out / ".ids.bin.tmp", i_off)
+    table = build_id_table(hashes)
+    for name, arr in (("text_offsets.npy", t_off), ("id_offsets.npy", i_off), ("id_table.npy", table)):
+        with open(out / f".{name}.tmp", "wb") as f:
+            np.save(f, arr)
+    for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
+        os.replace(out / f".{name}.tmp", out / name)
+    write_json_atomic(out / "index.json", {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
+                                           "dtype": dtype, "count": n})
+    files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+             for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy",
+                          "id_table.npy")}
+    manifest = {
+        "format": FORMAT, "count": n, "dim": dim, "dtype": dtype,
+        "encoder": {**spec["encoder"], "model_dir": model_dir},
+        "input": spec["input"], "chunk_size": spec["chunk_size"], "shards": shards,
+        "build": {k: v for k, v in spec.items()}, "files": files,
+        "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_json_atomic(out / "manifest.json", manifest)
+    logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
+    return CorpusStore.open(out)
+
+
+def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -> None:
+    order = np.argsort(hashes, kind="stable")
+    sh = hashes[order]
+    same = np.flatnonzero(sh[1:] == sh[:-1])
+    if not same.size:
+        return
+    blob = np.fromfile(ids_file, dtype=np.uint8)
+
+    def id_at(r: int) -> str:
+        return bytes(blob[offsets[r]:offsets[r + 1]]).decode("utf-8")
+
+    for j in same:
+        a, b = int(order[j]), int(order[j + 1])
+        if id_at(a) == id_at(b):
+            raise ValueError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
+
+
+__all__ = ["BuildConfig", "build_corpus", "merge_shards", "iter_records", "infer_format"]

@@ -1,0 +1,256 @@
+"""The on-disk corpus store: embeddings, texts and ids of a passage corpus.
+
+A store is a directory::
+
+    manifest.json        what was built, by which encoder, with checksums
+    index.json           FlatIndex header (so FlatIndex.load(DIR) works)
+    embeddings.npy       [count, dim] float16/float32, memory-mapped
+    texts.bin            UTF-8 texts back to back; text_offsets.npy int64 [count+1]
+    ids.bin              UTF-8 ids back to back;   id_offsets.npy   int64 [count+1]
+    id_table.npy         int64 open-addressing hash table id -> row (-1 = empty)
+
+Every file is memory-mapped on open, so opening a 20M-passage store costs
+no reading; lookups by row are two offset reads, lookups by id one hash and
+(expected) one or two probes: O(1) both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+FORMAT = "rcn_fast.CorpusStore/1"
+FLAT_INDEX_FORMAT = "rcn_fast.FlatIndex/1"  # the header FlatIndex.load reads
+DATA_FILES = ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy", "id_table.npy")
+
+
+@runtime_checkable
+class PassageStore(Protocol):
+    """What a retriever needs from a corpus."""
+
+    def __len__(self) -> int: ...
+
+    def text(self, row: int) -> str: ...
+
+    def id(self, row: int) -> str: ...
+
+    def row_of(self, id: str) -> int: ...
+
+
+# ----------------------------------------------------------------- id hashing
+def id_hash(s: str) -> int:
+    """Stable 63-bit hash of an id (blake2b); the same on every machine."""
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+def build_id_table(hashes: np.ndarray) -> np.ndarray:
+    """Open-addressing (linear probing) table, size a power of two >= 2n.
+
+    Parameters
+    ----------
+    hashes : int64 [n]
+        ``id_hash`` of every row's id.
+
+    Returns
+    -------
+    int64 [T] with the row stored in its slot, -1 for empty slots.
+    Vectorised: each round places, for every free slot wanted by some
+    unplaced row, the lowest such row; the rest move one slot on.
+    """
+    n = len(hashes)
+    size = 1 << max(3, int(2 * max(n, 1) - 1).bit_length())
+    mask = size - 1
+    table = np.full(size, -1, dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
+    pos = hashes.astype(np.int64) & mask
+    while rows.size:
+        free = table[pos] == -1
+        cand_rows, cand_pos = rows[free], pos[free]
+        # first row (in row order) per wanted slot wins it
+        uniq_pos, first = np.unique(cand_pos, return_index=True)
+        table[uniq_pos] = cand_rows[first]
+        placed = np.zeros(rows.size, dtype=bool)
+        placed_idx = np.flatnonzero(free)[first]
+        placed[placed_idx] = True
+        rows, pos = rows[~placed], (pos[~placed] + 1) & mask
+    return table
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- store
+class CorpusStore:
+    """Read access to a built corpus directory (see the module docstring).
+
+    Use :meth:`open`. Rows are 0..len-1 in input order.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+        mode = "r" if mmap else None
+        self.embeddings: np.ndarray = np.load(self.path / "embeddings.npy", mmap_mode=mode)
+        self._text_off = np.load(self.path / "text_offsets.npy", mmap_mode=mode)
+        self._id_off = np.load(self.path / "id_offsets.npy", mmap_mode=mode)
+        self._id_table = np.load(self.path / "id_table.npy", mmap_mode=mode)
+        self._texts = _bytes_view(self.path / "texts.bin", mmap)
+        self._ids = _bytes_view(self.path / "ids.bin", mmap)
+        n = int(manifest["count"])
+        if self.embeddings.shape != (n, int(manifest["dim"])) or len(self._text_off) != n + 1 \
+                or len(self._id_off) != n + 1:
+            raise ValueError(
+                f"path: {self.path} is inconsistent: manifest says {n} rows of dim {manifest['dim']}, files hold "
+                f"embeddings {self.embeddings.shape}, {len(self._text_off) - 1} texts, {len(self._id_off) - 1} ids")
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False) -> "CorpusStore":
+        """Open a store directory.
+
+        Parameters
+        ----------
+        path : directory written by ``python -m rcn_fast.corpus build``.
+        mmap : bool
+            Memory-map the files (default) instead of reading them.
+        verify : bool
+            Recompute the sha256 of every file against the manifest.
+        """
+        path = Path(path)
+        mf = path / "manifest.json"
+        if not mf.is_file():
+            hint = " (an unfinished build: run the same build command again to resume)" \
+                if (path / "build.json").is_file() else ""
+            raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store{hint}")
+        manifest = json.loads(mf.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"path: {path} holds format {manifest.get('format')!r}, expected {FORMAT!r}")
+        store = cls(path, manifest, mmap=mmap)
+        if verify:
+            store.verify()
+        return store
+
+    def verify(self) -> None:
+        """Raise ValueError naming every file whose sha256 or size differs
+        from the manifest."""
+        bad = []
+        for name, rec in self.manifest["files"].items():
+            f = self.path / name
+            if not f.is_file():
+                bad.append(f"{name} (missing)")
+            elif f.stat().st_size != rec["bytes"] or sha256_file(f) != rec["sha256"]:
+                bad.append(f"{name} (checksum mismatch)")
+        if bad:
+            raise ValueError(f"path: {self.path} does not match its manifest: {', '.join(bad)}")
+
+    # -------------------------------------------------------------- lookups
+    def __len__(self) -> int:
+        return int(self.manifest["count"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["dim"])
+
+    def _check_row(self, row: int) -> int:
+        r = int(row)
+        if r < 0 or r >= len(self):
+            raise IndexError(f"row: {row} out of range for a store of {len(self)} rows")
+        return r
+
+    def text(self, row: int) -> str:
+        """The text of ``row`` (O(1))."""
+        r = self._check_row(row)
+        return bytes(self._texts[self._text_off[r]:self._text_off[r + 1]]).decode("utf-8")
+
+    def id(self, row: int) -> str:
+        """The id of ``row`` (O(1))."""
+        r = self._check_row(row)
+        return bytes(self._ids[self._id_off[r]:self._id_off[r + 1]]).decode("utf-8")
+
+    def texts(self, rows: Iterable[int]) -> list[str]:
+        return [self.text(r) for r in rows]
+
+    def ids(self, rows: Iterable[int]) -> list[str]:
+        return [self.id(r) for r in rows]
+
+    def row_of(self, id: str) -> int:
+        """The row holding ``id`` (O(1) expected); KeyError when absent."""
+        if not isinstance(id, str):
+            raise TypeError(f"id: expected a str, got {type(id).__name__}")
+        table = self._id_table
+        mask = len(table) - 1
+        pos = id_hash(id) & mask
+        while True:
+            r = int(table[pos])
+            if r < 0:
+                raise KeyError(id)
+            if self.id(r) == id:
+                return r
+            pos = (pos + 1) & mask
+
+    def __contains__(self, id: object) -> bool:
+        try:
+            self.row_of(id)  # type: ignore[arg-type]
+            return True
+        except (KeyError, TypeError):
+            return False
+
+    def get(self, id: str) -> str:
+        """The text of passage ``id``."""
+        return self.text(self.row_of(id))
+
+    def index(self, mmap: bool = True) -> Any:
+        """The embeddings as a :class:`rcn_fast.FlatIndex` (memory-mapped)."""
+        from rcn_fast import FlatIndex
+
+        return FlatIndex.load(self.path, mmap=mmap)
+
+    def info(self) -> dict[str, Any]:
+        """A summary for ``python -m rcn_fast.corpus info``."""
+        m = self.manifest
+        size = sum(rec["bytes"] for rec in m["files"].values())
+        return {
+            "path": str(self.path), "count": m["count"], "dim": m["dim"], "dtype": m["dtype"],
+            "encoder": {k: m["encoder"].get(k) for k in ("model", "backend", "quantize", "pooling", "normalize",
+                                                         "query_prefix", "passage_prefix", "max_length")},
+            "input": m["input"], "bytes": size, "built_at": m.get("built_at"), "shards": m.get("shards", 1),
+        }
+
+    def __repr__(self) -> str:
+        return f"CorpusStore({str(self.path)!r}, count={len(self)}, dim={self.dim}, dtype={self.manifest['dtype']!r})"
+
+
+def _bytes_view(path: Path, mmap: bool) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.uint8)
+    if mmap:
+        return np.memmap(path, dtype=np.uint8, mode="r")
+    return np.fromfile(path, dtype=np.uint8)
+
+
+def texts_to_blob(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """UTF-8 blob uint8 [bytes] and lengths int64 [n]."""
+    enc = [t.encode("utf-8") for t in texts]
+    lengths = np.fromiter((len(b) for b in enc), dtype=np.int64, count=len(enc))
+    blob = np.frombuffer(b"".join(enc), dtype=np.uint8)
+    return blob, lengths
+
+
+__all__ = ["CorpusStore", "PassageStore", "build_id_table", "id_hash", "FORMAT"]
