@@ -1,0 +1,191 @@
+"""Choice-label scoring: Triton kernels (TRITON_INTERPRET=1 on CPU, compiled
+on CUDA) against the torch reference, and the reference against an
+independent float64 numpy formula."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rcn_fast import BackendUnavailableError  # noqa: E402
+from rcn_fast.llm.scoring import (  # noqa: E402
+    CHOICE_LOGPROBS,
+    choice_logprobs,
+    choice_logprobs_from_hidden,
+    choice_logprobs_hidden_reference,
+    choice_logprobs_reference,
+    pack_label_ids,
+)
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CUDA = torch.cuda.is_available()
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON or not (CUDA or os.environ.get("TRITON_INTERPRET") == "1"),
+    reason="triton missing, or neither CUDA nor TRITON_INTERPRET=1",
+)
+DEVICE = "cuda" if CUDA else "cpu"
+
+# logits path: gathers are exact, so every dtype is compared at fp32 precision
+TOL_LOGITS = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
+# hidden path: fp32 accumulation in a different order than einsum
+TOL_HIDDEN = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1e-2, 1e-2)}
+
+
+def numpy_reference(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """float64: label mass = sum of exp(logit) over present spellings."""
+    B, C, S = ids.shape
+    out = np.full((B, C), -np.inf)
+    for b in range(B):
+        lab = np.full(C, -np.inf)
+        for c in range(C):
+            xs = [logits[b, t] for t in ids[b, c] if t >= 0]
+            if xs:
+                m = max(xs)
+                lab[c] = -np.inf if m == -np.inf else m + np.log(np.sum(np.exp(np.array(xs) - m)))
+        if np.isfinite(lab).any():
+            m = lab.max()
+            out[b] = lab - (m + np.log(np.exp(lab - m).sum()))
+    return out
+
+
+def make_ids(B: int, C: int, S: int, V: int, gen: torch.Generator, holes: bool = True) -> torch.Tensor:
+    ids = torch.randint(0, V, (B, C, S), generator=gen)
+    if holes:
+        drop = torch.rand((B, C, S), generator=gen) < 0.25
+        ids[drop] = -1
+        ids[..., 0] = torch.where(ids[..., 0] < 0, torch.randint(0, V, (B, C), generator=gen), ids[..., 0])
+    return ids
+
+
+def assert_same(got, ref, tol):
+    lp, arg = got
+    rlp, rarg = ref
+    assert lp.dtype == torch.float32 and arg.dtype == torch.int64
+    assert lp.shape == rlp.shape and arg.shape == rarg.shape
+    rtol, atol = tol if isinstance(tol, tuple) else (tol, tol)
+    torch.testing.assert_close(lp.cpu(), rlp.cpu(), rtol=rtol, atol=atol)
+    assert torch.equal(torch.isneginf(lp.cpu()), torch.isneginf(rlp.cpu()))
+
+
+def test_reference_matches_float64_formula():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 50, generator=gen) * 4
+    logits[0, :] = float("-inf")
+    ids = make_ids(9, 6, 3, 50, gen)
+    ids[1, 2] = -1
+    lp, arg = choice_logprobs_reference(logits, ids)
+    ref = numpy_reference(logits.double().numpy(), ids.numpy())
+    np.testing.assert_allclose(lp.numpy(), ref, rtol=1e-5, atol=1e-5)
+    assert arg[0] == -1
+    best = np.where(np.isfinite(ref).any(1), np.argmax(np.where(np.isfinite(ref), ref, -np.inf), 1), -1)
+    np.testing.assert_array_equal(arg.numpy(), best)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("B,C,S,V", [(1, 1, 1, 7), (3, 5, 2, 129), (17, 12, 3, 1000), (4, 26, 2, 301)])
+def test_triton_logits_matches_reference(dtype, B, C, S, V):
+    gen = torch.Generator().manual_seed(B * 1000 + C)
+    logits = (torch.randn(B, V, generator=gen) * 3).to(dtype).to(DEVICE)
+    ids = make_ids(B, C, S, V, gen).to(DEVICE)
+    got = choice_logprobs(logits, ids, backend="triton")
+    ref = choice_logprobs(logits, ids, backend="torch")
+    assert_same(got, ref, TOL_LOGITS[dtype])
+    assert torch.equal(got[1].cpu(), ref[1].cpu())
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("B,C,S,H,V", [(1, 1, 1, 5, 7), (3, 5, 2, 33, 129), (6, 12, 3, 96, 400)])
+def test_triton_hidden_matches_reference(dtype, B, C, S, H, V):
+    gen = torch.Generator().manual_seed(H)
+    hidden = torch.randn(B, H, generator=gen).to(dtype).to(DEVICE)
+    weight = (torch.randn(V, H, generator=gen) / H**0.5).to(dtype).to(DEVICE)
+    bias = torch.randn(V, generator=gen).to(dtype).to(DEVICE)
+    ids = make_ids(B, C, S, V, gen).to(DEVICE)
+    for b in (None, bias):
+        got = choice_logprobs_from_hidden(hidden, weight, ids, b, backend="triton")
+        ref = choice_logprobs_hidden_reference(hidden, weight, ids, b)
+        assert_same(got, ref, TOL_HIDDEN[dtype])
+    # and the hidden path equals scoring the full logits
+    full = hidden.float() @ weight.float().T
+    assert_same(choice_logprobs_from_hidden(hidden, weight, ids, backend="triton"),
+                choice_logprobs_reference(full, ids), TOL_HIDDEN[dtype])
+
+
+@needs_triton
+def test_triton_non_contiguous_inputs():
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(8, 300, generator=gen).to(DEVICE)
+    logits = base[::2, 1::2]  # both strides non-unit
+    ids = make_ids(4, 4, 4, 150, gen).to(DEVICE).transpose(1, 2)  # [B, S=4, C=4] view -> strided
+    assert not logits.is_contiguous() and not ids.is_contiguous()
+    assert_same(choice_logprobs(logits, ids, backend="triton"), choice_logprobs_reference(logits.contiguous(), ids.contiguous()), 1e-5)
+    hidden = torch.randn(20, 3, generator=gen).to(DEVICE).T  # [3, 20], stride (1, 3)
+    weight = torch.randn(20, 150, generator=gen).to(DEVICE).T  # [150, 20], stride (1, 150)
+    ids2 = make_ids(3, 3, 2, 150, gen).to(DEVICE)
+    assert_same(choice_logprobs_from_hidden(hidden, weight, ids2, backend="triton"),
+                choice_logprobs_hidden_reference(hidden.contiguous(), weight.contiguous(), ids2), (1e-4, 1e-4))
+
+
+@needs_triton
+def test_triton_edge_cases_ties_neg_inf_and_padding():
+    logits = torch.tensor(
+        [
+            [1.0, 1.0, 0.5, 0.0, 0.0],  # a tie between labels 0 and 1: the first wins
+            [float("-inf")] * 5,  # nothing scored: -inf everywhere, argmax -1
+            [0.0, float("-inf"), 2.0, 0.0, 0.0],  # one spelling -inf, the other counts
+            [3.0, 0.0, 0.0, 0.0, 0.0],  # row with a padded (absent) label
+        ],
+        device=DEVICE,
+    )
+    ids = torch.tensor(
+        [
+            [[0, -1], [1, -1], [2, 3]],
+            [[0, 1], [2, -1], [3, 4]],
+            [[1, 2], [0, -1], [3, -1]],
+            [[0, -1], [-1, -1], [1, 2]],
+        ],
+        device=DEVICE,
+    )
+    for backend in ("triton", "torch"):
+        lp, arg = choice_logprobs(logits, ids, backend=backend)
+        assert arg.cpu().tolist() == [0, -1, 0, 0], backend
+        assert torch.isneginf(lp[1]).all() and torch.isneginf(lp[3, 1])
+        assert lp[0, 0] == lp[0, 1]
+        np.testing.assert_allclose(lp[2].cpu().numpy(), numpy_reference(logits.cpu().double().numpy(), ids.cpu().numpy())[2], rtol=1e-6)
+    assert_same(choice_logprobs(logits, ids, backend="triton"), choice_logprobs(logits, ids, backend="torch"), 1e-6)
+
+
+def test_dispatch_and_argument_errors(monkeypatch):
+    logits = torch.randn(2, 10)
+    ids = torch.tensor([[0, 1], [2, 3]])  # [B, C]: one spelling per label
+    lp, _ = choice_logprobs(logits, ids, backend="torch")
+    assert lp.shape == (2, 2)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if not CUDA:
+        assert CHOICE_LOGPROBS.select({"device": "cpu", "C": 2, "S": 1}).name == "torch"
+        with pytest.raises(BackendUnavailableError, match="triton"):
+            choice_logprobs(logits, ids, backend="triton")
+    monkeypatch.setenv("RCN_FAST_BACKEND", "choice_logprobs=torch")
+    assert CHOICE_LOGPROBS.select({"device": DEVICE, "C": 2, "S": 1}).name == "torch"
+    with pytest.raises(TypeError, match="label_ids: expected int32 or int64"):
+        choice_logprobs(logits, ids.float())
+    with pytest.raises(ValueError, match="vocabulary size 10"):
+        choice_logprobs(logits, torch.tensor([[0, 10], [1, 2]]))
+    with pytest.raises(ValueError, match="label_ids: expected 2 rows"):
+        choice_logprobs(logits, torch.tensor([[0, 1]]))
+    with pytest.raises(TypeError, match="logits: expected float32"):
+        choice_logprobs(logits.double(), ids)
+    with pytest.raises(ValueError, match="weight: expected 10 columns"):
+        choice_logprobs_from_hidden(torch.randn(2, 10), torch.randn(5, 4), ids)
+
+
+def test_pack_label_ids_pads_ragged_rows():
+    packed = pack_label_ids([[[1, 2], [3]], [[4]]])
+    assert packed.tolist() == [[[1, 2], [3, -1]], [[4, -1], [-1, -1]]]
