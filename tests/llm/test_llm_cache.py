@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import mcq_chat  # noqa: E402
+from llm_helpers import mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
 from rcn_fast.llm.cache import CachedLLM, CallCache  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from conftest import CHATML, NO_SYSTEM, build_tokenizer  # noqa: E402
+from llm_helpers import CHATML, NO_SYSTEM, build_tokenizer  # noqa: E402
 
 from rcn_fast.llm.chat import fold_system, render_chat, render_plain, template_supports_system, validate_chats  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import NO_SYSTEM, build_tokenizer, mcq_chat  # noqa: E402
+from llm_helpers import NO_SYSTEM, build_tokenizer, mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
 from rcn_fast.llm.hf import HFLLM  # noqa: E402

@@ -53,6 +53,16 @@ def numpy_reference(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
+def full_vocab_then_gather(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
+    """The plain baseline (also the benchmarks' baseline): log-softmax over
+    the whole vocabulary, gather the spellings, combine, renormalise."""
+    B, C, S = ids.shape
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    g = logp.gather(1, ids.clamp(min=0).reshape(B, C * S)).reshape(B, C, S)
+    lab = torch.logsumexp(g.masked_fill(ids < 0, float("-inf")), dim=2)
+    return lab - torch.logsumexp(lab, dim=1, keepdim=True)
+
+
 def make_ids(B: int, C: int, S: int, V: int, gen: torch.Generator, holes: bool = True) -> torch.Tensor:
     ids = torch.randint(0, V, (B, C, S), generator=gen)
     if holes:
@@ -84,6 +94,13 @@ def test_reference_matches_float64_formula():
     assert arg[0] == -1
     best = np.where(np.isfinite(ref).any(1), np.argmax(np.where(np.isfinite(ref), ref, -np.inf), 1), -1)
     np.testing.assert_array_equal(arg.numpy(), best)
+
+
+def test_full_vocab_baseline_agrees_with_reference():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(7, 333, generator=gen) * 5
+    ids = make_ids(7, 5, 2, 333, gen)
+    torch.testing.assert_close(full_vocab_then_gather(logits, ids), choice_logprobs_reference(logits, ids)[0], rtol=1e-5, atol=1e-5)
 
 
 @needs_triton

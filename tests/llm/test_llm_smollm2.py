@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from conftest import mcq_chat  # noqa: E402
+from llm_helpers import mcq_chat  # noqa: E402
 
 CHATS = [
     mcq_chat("Where would you put a plate after washing it?\nA. cupboard\nB. highway\nC. sky"),
