@@ -161,6 +161,8 @@ class Retriever:
         -------
         list (length Q) of lists of :class:`Passage`, best first.
         """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k: expected a positive int, got {k!r}")
         dedup = self.dedup if dedup is None else dedup
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
@@ -214,6 +216,8 @@ class Retriever:
         if isinstance(queries, str):
             raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
         queries = list(queries)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k: expected a positive int, got {k!r}")
         if not queries:
             return []
         emb = self.encoder.encode_queries(queries, batch_size=batch_size)

