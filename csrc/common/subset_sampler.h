@@ -19,7 +19,12 @@
 //   sum_f, max_f, exscan_f (exclusive prefix sum in lane order), sum_i,
 //   exscan_i, min_i, max_i (int64).
 // Each lane owns a contiguous chunk of the candidates (lane_chunk), so the
-// lane-order prefix sums are prefix sums in candidate order.
+// lane-order prefix sums are prefix sums in candidate order. The groups:
+// SerialGroup (one lane, cpu/isa/sampling_steps.cpp, compiled per SIMD
+// variant so the loops below vectorise) and WarpGroup (cuda/sampling.cu).
+//
+// Everything here is RCN_HD (static inline on the host): each translation
+// unit keeps its own copy, as the ISA rules of cpu/isa/topn_isa.h require.
 #pragma once
 #include <cstdint>
 
@@ -27,9 +32,6 @@
 #include "common/macros.h"
 #include "common/philox.h"
 
-#if !defined(__CUDACC__)
-#include <cmath>
-#endif
 
 namespace rcn_fast::sampler {
 
@@ -42,38 +44,33 @@ struct Draw {
   float logp;  // log-probability of this draw; 0 for kNone
 };
 
-// Member functions cannot be static (RCN_HD is `static inline` on the host).
-#if defined(__CUDACC__)
-#define RCN_HD_MEMBER __host__ __device__ __forceinline__
-#else
-#define RCN_HD_MEMBER inline
-#endif
 
-// The lanes of a CPU thread: one.
-struct SerialGroup {
-  RCN_HD_MEMBER int rank() const { return 0; }
-  RCN_HD_MEMBER int size() const { return 1; }
-  RCN_HD_MEMBER float sum_f(float x) const { return x; }
-  RCN_HD_MEMBER float max_f(float x) const { return x; }
-  RCN_HD_MEMBER float exscan_f(float) const { return 0.f; }
-  RCN_HD_MEMBER int64_t sum_i(int64_t x) const { return x; }
-  RCN_HD_MEMBER int64_t exscan_i(int64_t) const { return 0; }
-  RCN_HD_MEMBER int64_t min_i(int64_t x) const { return x; }
-  RCN_HD_MEMBER int64_t max_i(int64_t x) const { return x; }
-};
-
-RCN_HD float sampler_exp(float x) {
-#if defined(__CUDA_ARCH__)
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
+// exp(x) for x <= 0 (the softmax weights exp(z - max)), the same arithmetic
+// on host and device: x = k ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor
+// polynomial for e^r (truncation error < 1e-7 relative) times 2^k. Inlined
+// and branch-light, it is several times cheaper than a libm call. Results
+// below e^-87 (float32's normal range) are flushed to 0.
+RCN_HD float sampler_exp_nonpos(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;  // -inf -> -87 (x is never NaN)
+  const int k = int(xc * 1.44269504f - 0.5f);  // round to nearest (xc <= 0)
+  const float kf = float(k);
+  float r = xc - kf * 0.693145751953125f;      // ln2, Cody-Waite split
+  r = r - kf * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float y = p * bits_to_float(uint32_t(k + 127) << 23);
+  return y * float(x >= -87.0f);  // a product, not a branch: vectorises
 }
 RCN_HD float sampler_log(float x) {
 #if defined(__CUDA_ARCH__)
   return logf(x);
 #else
-  return std::log(x);
+  return __builtin_logf(x);  // no std:: inline wrapper (see cpu/isa/topn_isa.h)
 #endif
 }
 RCN_HD bool sampler_isfinite(float x) { return x - x == 0.f; }
@@ -124,41 +121,60 @@ RCN_HD Draw draw_softmax(const G& g, const float* rel, const float* acc, float i
   int64_t lo, hi;
   lane_chunk(g, n, lo, hi);
   const float ninf = -bits_to_float(0x7f800000u);
-  float m_local = ninf;
-  int64_t bad = 0;
-  for (int64_t j = lo; j < hi; ++j) {
-    if (!eligible[j]) continue;
-    const float z = (acc[j] * inv_count + rel[j]) * inv_tau;
-    w[j] = z;
-    if (!sampler_isfinite(z)) bad = 1;
-    m_local = z > m_local ? z : m_local;
+  // Branch-free passes over the lane's chunk (ineligible candidates get
+  // logit -inf, weight 0), eight partial maxima / sums in a fixed order, so
+  // a compiler can vectorise them.
+  float mp[8], sp[8];
+  for (int l = 0; l < 8; ++l) {
+    mp[l] = ninf;
+    sp[l] = 0.f;
   }
+  int64_t j;
+  for (j = lo; j < hi; ++j) {
+    const float z = (acc[j] * inv_count + rel[j]) * inv_tau;
+    w[j] = eligible[j] ? z : ninf;
+  }
+  int bad = 0;  // an eligible logit that is NaN or +-inf
+  for (j = lo; j < hi; ++j) bad |= int(eligible[j] != 0) & int(!(w[j] - w[j] == 0.f));
+  for (j = lo; j + 8 <= hi; j += 8)
+    for (int l = 0; l < 8; ++l) mp[l] = w[j + l] > mp[l] ? w[j + l] : mp[l];
+  for (; j < hi; ++j) mp[0] = w[j] > mp[0] ? w[j] : mp[0];
   if (g.max_i(bad)) return Draw{kNonFinite, 0.f};
+  float m_local = mp[0];
+  for (int l = 1; l < 8; ++l) m_local = mp[l] > m_local ? mp[l] : m_local;
   const float m = g.max_f(m_local);
   if (!(m > ninf)) return Draw{kNone, 0.f};  // nothing eligible
-  float s_local = 0.f;
-  for (int64_t j = lo; j < hi; ++j) {
-    if (!eligible[j]) continue;
-    const float e = sampler_exp(w[j] - m);
-    w[j] = e;
-    s_local += e;
-  }
+  for (j = lo; j < hi; ++j) w[j] = sampler_exp_nonpos(w[j] - m);
+  for (j = lo; j + 8 <= hi; j += 8)
+    for (int l = 0; l < 8; ++l) sp[l] += w[j + l];
+  for (; j < hi; ++j) sp[0] += w[j];
+  const float s_local = ((sp[0] + sp[1]) + (sp[2] + sp[3])) + ((sp[4] + sp[5]) + (sp[6] + sp[7]));
   const float total = g.sum_f(s_local);
   const float prefix = g.exscan_f(s_local);
   const float target = u * total;
   // First j (index order) with a positive weight whose running sum passes
   // the target; rounding can leave none, then the last positive weight wins.
   const int64_t kBig = int64_t(0x7fffffffffffffff);
-  int64_t found = kBig, last = -1;
+  int64_t found = kBig;
   float run = prefix;
-  for (int64_t j = lo; j < hi; ++j) {
-    if (!eligible[j] || !(w[j] > 0.f)) continue;
+  for (j = lo; j < hi; ++j) {
+    if (!(w[j] > 0.f)) continue;  // ineligible or underflowed
     run += w[j];
-    last = j;
-    if (found == kBig && run > target) found = j;
+    if (run > target) {
+      found = j;
+      break;
+    }
   }
   int64_t idx = g.min_i(found);
-  if (idx == kBig) idx = g.max_i(last);
+  if (idx == kBig) {  // the same on every lane
+    int64_t last = -1;
+    for (j = hi - 1; j >= lo; --j)
+      if (w[j] > 0.f) {
+        last = j;
+        break;
+      }
+    idx = g.max_i(last);
+  }
   const float z = (acc[idx] * inv_count + rel[idx]) * inv_tau;
   return Draw{idx, (z - m) - sampler_log(total)};
 }

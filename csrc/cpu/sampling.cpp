@@ -17,9 +17,9 @@
 #include "cpu/sampling.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
-#include "common/subset_sampler.h"
 #include "cpu/isa/sampling_isa.h"
 #include "cpu/parallel.h"
 #include "cpu/simd.h"
@@ -33,11 +33,13 @@ constexpr int64_t kCacheBudgetBytes = int64_t(32) << 20;   // per thread
 struct Kernels {
   void (*dots)(const SamplingDotsArgs&);
   void (*convert)(const SamplingConvertArgs&);
+  int (*draw)(const SamplingDrawArgs&);
 };
 
 Kernels pick_kernels() {
-  if (active_simd() == SimdLevel::AVX2) return {&avx2::sampling_dots, &avx2::sampling_convert};
-  return {&generic::sampling_dots, &generic::sampling_convert};
+  if (active_simd() == SimdLevel::AVX2)
+    return {&avx2::sampling_dots, &avx2::sampling_convert, &avx2::sampling_draw_step};
+  return {&generic::sampling_dots, &generic::sampling_convert, &generic::sampling_draw_step};
 }
 
 struct Worker {
@@ -106,7 +108,7 @@ struct Worker {
     a.out_stride = n;
     k.dots(a);
     for (int64_t j = 0; j < n; ++j)
-      if (valid[size_t(j)] && !sampler::sampler_isfinite(rel[size_t(j)])) {
+      if (valid[size_t(j)] && !std::isfinite(rel[size_t(j)])) {
         err = {SamplingStatus::NonFiniteCandidate, b, j};
         return false;
       }
@@ -122,30 +124,28 @@ struct Worker {
     }
     std::fill(slot_of.begin(), slot_of.end(), int64_t(-1));
     used = 0;
-    sampler::StepArgs sa{};
-    sa.rel = rel.data();
-    sa.w = w.data();
-    sa.n = n;
-    sa.inv_tau = p.inv_tau;
-    sa.first_relevance = p.first_relevance;
-    sa.seed = p.seed;
-    sa.stream = uint64_t(p.keys[b]);
-    const sampler::SerialGroup lane;
+    SamplingDrawArgs da{};
+    da.rel = rel.data();
+    da.acc = acc.data();
+    da.eligible = eligible.data();
+    da.w = w.data();
+    da.n = n;
+    da.G = G;
+    da.inv_tau = p.inv_tau;
+    da.first_relevance = p.first_relevance;
+    da.seed = p.seed;
+    da.stream = uint64_t(p.keys[b]);
+    da.s0 = s0;
+    da.out_stride = K;
+    da.chosen = chosen.data();
     for (int64_t t = 0; t < K; ++t) {
-      for (int64_t g = 0; g < G; ++g) {
-        sa.acc = acc.data() + g * n;
-        sa.eligible = eligible.data() + g * n;
-        sa.subset = uint32_t(s0 + g);
-        const sampler::Draw dr = sampler::sample_step(lane, sa, t);
-        if (dr.index == sampler::kNonFinite) {
-          err = {SamplingStatus::NonFiniteScore, b, -1};
-          return false;
-        }
-        const int64_t o = (b * p.num_subsets + s0 + g) * K + t;
-        p.ids_out[o] = dr.index;
-        if (p.logp_out) p.logp_out[o] = dr.logp;
-        chosen[size_t(g)] = dr.index;
-        if (dr.index >= 0) eligible[size_t(g * n + dr.index)] = 0;
+      const int64_t o = (b * p.num_subsets + s0) * K + t;
+      da.t = t;
+      da.ids_out = p.ids_out + o;
+      da.logp_out = p.logp_out ? p.logp_out + o : nullptr;
+      if (k.draw(da) != 0) {
+        err = {SamplingStatus::NonFiniteScore, b, -1};
+        return false;
       }
       if (t + 1 == K) break;
       // Score the newly chosen documents that no earlier step scored.

@@ -1,7 +1,7 @@
 // Interface between the subset-sampling driver (cpu/sampling.cpp, baseline
-// flags) and its ISA-specific inner loops (cpu/isa/sampling_dots.cpp,
-// compiled once per SIMD variant). Declarations and plain structs only, for
-// the reason given in cpu/isa/topn_isa.h.
+// flags) and its ISA-specific inner loops (cpu/isa/sampling_dots.cpp and
+// cpu/isa/sampling_steps.cpp, compiled once per SIMD variant). Declarations
+// and plain structs only, for the reason given in cpu/isa/topn_isa.h.
 #pragma once
 #include <cstdint>
 
@@ -29,13 +29,36 @@ struct SamplingConvertArgs {
   float* dst;
 };
 
+// Step t of G subsets of one question (subset indices s0 .. s0 + G - 1):
+// for each, the draw of common/subset_sampler.h (sample_step, one lane),
+// its output written at ids_out[g * out_stride] (and logp_out), the chosen
+// candidate marked ineligible and stored in chosen[g] (-1: none left).
+// Returns 0, or 2 when a score / tau is not finite (nothing else written).
+struct SamplingDrawArgs {
+  const float* rel;        // [n]
+  const float* acc;        // [G, n]
+  uint8_t* eligible;       // [G, n]
+  float* w;                // [n] scratch
+  int64_t n, G;
+  float inv_tau;
+  bool first_relevance;
+  uint64_t seed, stream;
+  int64_t s0, t;
+  int64_t* ids_out;        // subset g, step t at ids_out[g * out_stride]
+  float* logp_out;         // same layout, or null
+  int64_t out_stride;
+  int64_t* chosen;         // [G]
+};
+
 namespace generic {
 void sampling_dots(const SamplingDotsArgs& a);
 void sampling_convert(const SamplingConvertArgs& a);
+int sampling_draw_step(const SamplingDrawArgs& a);
 }  // namespace generic
 namespace avx2 {
 void sampling_dots(const SamplingDotsArgs& a);
 void sampling_convert(const SamplingConvertArgs& a);
+int sampling_draw_step(const SamplingDrawArgs& a);
 }  // namespace avx2
 
 }  // namespace rcn_fast
