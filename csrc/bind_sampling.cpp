@@ -29,7 +29,8 @@ std::string shape_str(int64_t a, int64_t b, int64_t c) {
 
 void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_obj,
                     const KeysIn& keys, double tau, uint64_t seed, bool first_relevance,
-                    IdsOut ids_out, nb::object logp_obj, int num_threads, bool uint16_is_bf16) {
+                    IdsOut ids_out, nb::object logp_obj, int num_threads, bool uint16_is_bf16,
+                    int emulate_lanes) {
   bind::require_ndim(cand, 3, "cand_emb", "[B, n, d]");
   bind::require_device(cand, nb::device::cpu::value, "cand_emb", "CPU");
   const DType ct = bind::float_dtype(cand, "cand_emb", uint16_is_bf16);
@@ -88,7 +89,7 @@ void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_
   SamplingResult r;
   {
     nb::gil_scoped_release release;
-    r = sample_subsets_cpu(p, num_threads);
+    r = emulate_lanes > 0 ? sample_subsets_lanes(p, emulate_lanes) : sample_subsets_cpu(p, num_threads);
   }
   switch (r.status) {
     case SamplingStatus::Ok: return;
@@ -113,7 +114,10 @@ void bind_sampling(nb::module_& m) {
         nb::arg("mask").none(), nb::arg("keys"), nb::arg("tau"), nb::arg("seed"),
         nb::arg("first_relevance"), nb::arg("ids_out"), nb::arg("logp_out").none(),
         nb::arg("num_threads") = 0, nb::arg("uint16_is_bf16") = false,
-        "Relevance-based subset sampling (ReConnect eqs. 4-6) into preallocated outputs.");
+        nb::arg("emulate_lanes") = 0,
+        "Relevance-based subset sampling (ReConnect eqs. 4-6) into preallocated outputs.\n"
+        "emulate_lanes > 0 (tests only): run the CUDA kernel's lane-group logic on that many\n"
+        "host threads instead of the CPU kernel.");
   m.def(
       "philox_uniform",
       [](uint64_t seed, uint64_t stream, uint32_t subset, uint32_t step) {

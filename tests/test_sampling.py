@@ -455,6 +455,54 @@ def test_backend_selection():
         del os.environ["RCN_FAST_BACKEND"]
 
 
+# ------------------------------------------------------------------ warp emulation
+
+
+def _emulated(q, c, N, K, *, lanes, tau, seed, first, mask=None):
+    mod, _ = _native.cpu_module()
+    B = c.shape[0]
+    ids = np.empty((B, N, K), np.int64)
+    lp = np.empty((B, N, K), np.float32)
+    mod.sample_subsets(q, c, mask, np.arange(B, dtype=np.int64), tau, seed, first == "relevance",
+                       ids, lp, 0, False, lanes)
+    return ids, lp
+
+
+@pytest.mark.parametrize("lanes", [2, 32])
+@pytest.mark.parametrize("first", ["uniform", "relevance"])
+@pytest.mark.parametrize("n", [5, 37, 100])
+def test_warp_lane_logic_matches_reference(lanes, first, n):
+    """The CUDA kernel's lane-group code path (chunked lanes, butterfly
+    reductions, shuffle scans), run by host threads that emulate a warp."""
+    rng = np.random.default_rng(n + lanes)
+    B, d, N, K = 2, 6, 6, 5
+    q, c = _data(rng, B, n, d, scale=0.7)
+    mask = np.ones((B, n), np.uint8)
+    mask[1, ::3] = 0
+    got = _emulated(q, c, N, K, lanes=lanes, tau=0.6, seed=4, first=first, mask=mask)
+    ref = sample_subsets(q, c, N, K, tau=0.6, seed=4, first=first, valid=mask.astype(bool),
+                         backend="numpy", return_logprobs=True)
+    _compare(*got, *ref, atol=2e-5)
+
+
+def test_warp_lane_logic_edge_cases():
+    rng = np.random.default_rng(30)
+    q, c = _data(rng, 2, 40, 4)
+    # fewer valid candidates than K, most lanes with nothing eligible
+    mask = np.zeros((2, 40), np.uint8)
+    mask[0, [3, 38]] = 1
+    ids, lp = _emulated(q, c, 4, 5, lanes=32, tau=1.0, seed=1, first="relevance", mask=mask)
+    assert (np.sort(ids[0, :, :2], axis=1) == [3, 38]).all() and (ids[0, :, 2:] == -1).all()
+    assert (ids[1] == -1).all() and (lp[1] == 0).all()
+    # extreme tau: argmax of the relevance first, as on the CPU
+    ids, _ = _emulated(q, c, 3, 3, lanes=32, tau=0.01, seed=1, first="relevance")
+    cpu = sample_subsets(q, c, 3, 3, tau=0.01, seed=1, first="relevance", backend="native")
+    assert (ids == cpu).all()
+    mod, _ = _native.cpu_module()
+    with pytest.raises(ValueError, match="lanes"):
+        _emulated(q, c, 1, 1, lanes=3, tau=1.0, seed=1, first="uniform")
+
+
 # ------------------------------------------------------------------ GPU
 
 

@@ -18,8 +18,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
 #include <vector>
 
+#include "common/subset_sampler.h"
 #include "cpu/isa/sampling_isa.h"
 #include "cpu/parallel.h"
 #include "cpu/simd.h"
@@ -226,6 +230,169 @@ SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads) {
   for (const SamplingResult& e : errs)
     if (e.status != SamplingStatus::Ok) return e;
   return ok;
+}
+
+}  // namespace rcn_fast
+
+// ---------------------------------------------------------------------------
+// Warp emulation (tests only): `lanes` threads run common/subset_sampler.h
+// with a group whose collectives reproduce cuda/sampling.cu's WarpGroup
+// operation by operation (xor butterflies, Hillis-Steele scans).
+// ---------------------------------------------------------------------------
+namespace rcn_fast {
+namespace {
+
+struct LaneTeam {
+  int size;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  float f[32];
+  int64_t i[32];
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t gen = generation;
+    if (++arrived == size) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+};
+
+struct EmulatedWarp {
+  LaneTeam* team;
+  int lane;
+  int rank() const { return lane; }
+  int size() const { return team->size; }
+
+  template <class T, class Op>
+  T butterfly(T x, T* buf, Op op) const {
+    buf[lane] = x;
+    team->barrier();
+    T v[32];
+    for (int l = 0; l < team->size; ++l) v[l] = buf[l];
+    team->barrier();
+    for (int o = team->size / 2; o > 0; o >>= 1) {
+      T nv[32];
+      for (int l = 0; l < team->size; ++l) nv[l] = op(v[l], v[l ^ o]);
+      for (int l = 0; l < team->size; ++l) v[l] = nv[l];
+    }
+    return v[lane];
+  }
+  template <class T>
+  T exscan(T x, T* buf) const {
+    buf[lane] = x;
+    team->barrier();
+    T v[32];
+    for (int l = 0; l < team->size; ++l) v[l] = buf[l];
+    team->barrier();
+    for (int o = 1; o < team->size; o <<= 1) {
+      T nv[32];
+      for (int l = 0; l < team->size; ++l) nv[l] = l >= o ? v[l] + v[l - o] : v[l];
+      for (int l = 0; l < team->size; ++l) v[l] = nv[l];
+    }
+    return lane == 0 ? T(0) : v[lane - 1];
+  }
+  float sum_f(float x) const { return butterfly(x, team->f, [](float a, float b) { return a + b; }); }
+  float max_f(float x) const {
+    return butterfly(x, team->f, [](float a, float b) { return std::fmax(a, b); });
+  }
+  float exscan_f(float x) const { return exscan(x, team->f); }
+  int64_t sum_i(int64_t x) const {
+    return butterfly(x, team->i, [](int64_t a, int64_t b) { return a + b; });
+  }
+  int64_t exscan_i(int64_t x) const { return exscan(x, team->i); }
+  int64_t min_i(int64_t x) const {
+    return butterfly(x, team->i, [](int64_t a, int64_t b) { return b < a ? b : a; });
+  }
+  int64_t max_i(int64_t x) const {
+    return butterfly(x, team->i, [](int64_t a, int64_t b) { return b > a ? b : a; });
+  }
+};
+
+float load_f32(const SamplingProblem& p, int64_t b, int64_t j, int64_t k) {
+  const int64_t off = b * p.cand_stride_b + j * p.cand_stride_n + k;
+  switch (p.cand_dtype) {
+    case DType::F32: return static_cast<const float*>(p.cand)[off];
+    case DType::F16: return half_to_float(static_cast<const uint16_t*>(p.cand)[off]);
+    default: return bf16_to_float(static_cast<const uint16_t*>(p.cand)[off]);
+  }
+}
+
+}  // namespace
+
+SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
+  SamplingResult res{SamplingStatus::Ok, -1, -1};
+  if (lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0)
+    throw std::invalid_argument("lanes: expected a power of two in [1, 32]");
+  const int64_t n = p.n, d = p.d, N = p.num_subsets, K = p.subset_size;
+  std::vector<float> rel(size_t(p.B * n));
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.f;
+      for (int64_t k = 0; k < d; ++k) s += p.query[b * p.query_stride + k] * load_f32(p, b, j, k);
+      rel[size_t(b * n + j)] = s;
+      const bool valid = p.mask == nullptr || p.mask[b * n + j] != 0;
+      if (valid && !std::isfinite(s) && res.status == SamplingStatus::Ok)
+        res = {SamplingStatus::NonFiniteCandidate, b, j};
+    }
+  if (res.status != SamplingStatus::Ok) return res;
+  std::vector<float> acc(static_cast<size_t>(n)), w(static_cast<size_t>(n));
+  std::vector<uint8_t> elig(static_cast<size_t>(n));
+  LaneTeam team;
+  team.size = lanes;
+  run_threads(lanes, [&](int lane) {
+    const EmulatedWarp g{&team, lane};
+    for (int64_t item = 0; item < p.B * N; ++item) {
+      const int64_t b = item / N, s = item % N;
+      if (lane == 0)
+        for (int64_t j = 0; j < n; ++j) {
+          acc[size_t(j)] = 0.f;
+          elig[size_t(j)] = p.mask == nullptr ? 1 : (p.mask[b * n + j] != 0);
+        }
+      team.barrier();
+      sampler::StepArgs a{};
+      a.rel = rel.data() + b * n;
+      a.acc = acc.data();
+      a.eligible = elig.data();
+      a.w = w.data();
+      a.n = n;
+      a.inv_tau = p.inv_tau;
+      a.first_relevance = p.first_relevance;
+      a.seed = p.seed;
+      a.stream = uint64_t(p.keys[b]);
+      a.subset = uint32_t(s);
+      bool stop = false;
+      for (int64_t t = 0; t < K && !stop; ++t) {
+        const sampler::Draw dr = sampler::sample_step(g, a, t);
+        if (lane == 0) {
+          if (dr.index == sampler::kNonFinite) {
+            if (res.status == SamplingStatus::Ok) res = {SamplingStatus::NonFiniteScore, b, -1};
+          } else {
+            p.ids_out[item * K + t] = dr.index;
+            if (p.logp_out) p.logp_out[item * K + t] = dr.logp;
+            if (dr.index >= 0) {
+              elig[size_t(dr.index)] = 0;
+              for (int64_t j = 0; j < n; ++j) {
+                float sim = 0.f;
+                for (int64_t k = 0; k < d; ++k) sim += load_f32(p, b, dr.index, k) * load_f32(p, b, j, k);
+                acc[size_t(j)] += sim;
+              }
+            }
+          }
+        }
+        stop = dr.index == sampler::kNonFinite;  // the same on every lane
+        team.barrier();
+      }
+      if (stop) break;
+    }
+  });
+  return res;
 }
 
 }  // namespace rcn_fast

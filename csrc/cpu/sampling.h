@@ -42,3 +42,14 @@ struct SamplingResult {
 SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads);
 
 }  // namespace rcn_fast
+
+namespace rcn_fast {
+
+// Test aid for the CUDA launcher, which cannot run without a GPU: the same
+// per-step logic run by `lanes` (1..32) host threads that cooperate like the
+// lanes of a warp (collectives emulate the warp's butterfly reductions and
+// shuffle scans in the same order). Slow; for tests only. logp_out may be
+// null. Returns like sample_subsets_cpu.
+SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes);
+
+}  // namespace rcn_fast
