@@ -26,6 +26,7 @@ _LAZY = {
     "HFConfig": ("rcn_fast.llm.hf", "HFConfig"),
     "OpenAILLM": ("rcn_fast.llm.openai", "OpenAILLM"),
     "OpenAIConfig": ("rcn_fast.llm.openai", "OpenAIConfig"),
+    "VLLMEngine": ("rcn_fast.llm.vllm_engine", "VLLMEngine"),
     "CallCache": ("rcn_fast.llm.cache", "CallCache"),
     "CachedLLM": ("rcn_fast.llm.cache", "CachedLLM"),
     "choice_logprobs": ("rcn_fast.llm.scoring", "choice_logprobs"),

@@ -183,3 +183,12 @@ def test_load_errors(tmp_path):
         load_llm("package:rcn_fast_no_such_model_pkg")
     with pytest.raises(ValueError, match="batch_size"):
         load_llm(str(tmp_path), batch_size=0)
+
+
+def test_optional_vllm_engine_names_its_install():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed; the missing-import path cannot be exercised")
+    with pytest.raises(ImportError, match="pip install vllm"):
+        load_llm("vllm:some/model")

@@ -1,0 +1,129 @@
+"""vLLM's offline engine in this process (GPU), behind the LLM protocol.
+
+Optional: ``pip install vllm`` (not part of any rcn_fast extra: it pulls a
+CUDA build of torch). Chats are rendered here with the model's tokenizer
+(the same rendering as the local backend: pre-fill kept open, system-role
+fallback) and sent as token ids, so prompts are identical across backends.
+
+Label scoring asks vLLM for the next-token top-``top_logprobs`` log-probs
+(``max_tokens=1``; vLLM caps ``top_logprobs`` at the engine's
+``max_logprobs``, 20 unless raised) and combines the label spellings by
+logsumexp, then log-softmaxes over the labels, as the other backends do. A
+label outside the top entries scores ``-inf``; a row where no label appears
+is a ValueError.
+
+Not exercised by the test suite on machines without vLLM and a GPU (only
+its missing-import error is).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast import _arrays as A
+from rcn_fast.llm import chat as chatlib
+from rcn_fast.llm import scoring
+from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, check_tags, normalise_labels, pad_rows
+
+HINT = "pip install vllm (needs a CUDA GPU; it installs its own torch build)"
+
+
+class VLLMEngine:
+    """An LLM run by ``vllm.LLM``.
+
+    Parameters
+    ----------
+    model : str
+        A model directory or hub id vLLM can load.
+    top_logprobs : int
+        Next-token entries requested for label scoring.
+    label_spellings : tuple of str
+        As in :class:`rcn_fast.llm.hf.HFConfig`.
+    **engine_kwargs
+        Passed to ``vllm.LLM`` (``dtype``, ``tensor_parallel_size``,
+        ``gpu_memory_utilization``, ``max_model_len``, ``max_logprobs`` ...).
+    """
+
+    def __init__(self, model: str, *, top_logprobs: int = 20, label_spellings: Sequence[str] = ("{}", " {}"), **engine_kwargs: Any) -> None:
+        vllm = A.require("vllm", HINT)
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model: expected a model path or hub id, got {model!r}")
+        self._vllm = vllm
+        self.name = model
+        self.engine = vllm.LLM(model=model, **engine_kwargs)
+        self.tokenizer = self.engine.get_tokenizer()
+        self.top_logprobs = int(top_logprobs)
+        self.label_spellings = tuple(label_spellings)
+        self.engine_kwargs = dict(engine_kwargs)
+        self.cost = CostTracker()
+        self.system_role = chatlib.template_supports_system(self.tokenizer) if chatlib.has_chat_template(self.tokenizer) else True
+
+    @property
+    def identity(self) -> str:
+        kw = ",".join(f"{k}={v}" for k, v in sorted(self.engine_kwargs.items()))
+        return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}"
+
+    def _prompts(self, chats: Sequence[Any]) -> list[list[int]]:
+        special = not chatlib.has_chat_template(self.tokenizer)
+        texts = [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
+        return [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
+
+    def generate(
+        self,
+        chats: Sequence[Any],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        num_samples: int = 1,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """As :meth:`rcn_fast.llm.LLM.generate`."""
+        params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
+        valid = chatlib.validate_chats(chats)
+        tags = check_tags(tags, len(valid))
+        ids = self._prompts(valid)
+        sp = self._vllm.SamplingParams(
+            n=params.num_samples, temperature=params.temperature, top_p=params.top_p,
+            max_tokens=params.max_new_tokens, seed=None if params.greedy else params.seed, stop=params.stop,
+        )
+        outs = self.engine.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
+        res = [
+            [Generation(o.text, len(p), len(o.token_ids), "length" if o.finish_reason == "length" else "stop") for o in out.outputs]
+            for p, out in zip(ids, outs)
+        ]
+        self.cost.record_rows([Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags)
+        return res
+
+    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
+        """As :meth:`rcn_fast.llm.LLM.label_logprobs` (from the top next-token log-probs)."""
+        valid = chatlib.validate_chats(chats)
+        rows = normalise_labels(labels, len(valid))
+        tags = check_tags(tags, len(valid))
+        ids = self._prompts(valid)
+        sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs)
+        outs = self.engine.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
+        res = []
+        for i, (row, out) in enumerate(zip(rows, outs)):
+            top = out.outputs[0].logprobs[0]  # {token_id: Logprob}
+            lab_ids = scoring.label_token_ids(self.tokenizer, row, self.label_spellings)
+            scores = [_lse([top[t].logprob for t in sp_ids if t in top]) for sp_ids in lab_ids]
+            if all(s == -math.inf for s in scores):
+                raise ValueError(f"chats[{i}]: none of the labels {row} is among the top {self.top_logprobs} next tokens; raise top_logprobs")
+            z = _lse(scores)
+            res.append([s - z for s in scores])
+        self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
+        return pad_rows(res)
+
+
+def _lse(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x != -math.inf]
+    if not xs:
+        return -math.inf
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
