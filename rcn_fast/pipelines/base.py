@@ -1,0 +1,368 @@
+"""The pipeline protocol, the prediction record and the stage runner.
+
+A pipeline is a sequence of stages. Each stage runs for the whole batch of
+questions at once: one batched LLM call per stage (all rows of all
+questions), one batched retrieval, one batched sampler call. Per question,
+the runner records a trace of every prompt and output and the LLM cost.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from rcn_fast.data import MCQuestion
+from rcn_fast.prompts import PromptSet, load_prompts
+from rcn_fast.retrieval.types import Passage
+
+
+@dataclass
+class QuestionCost:
+    """LLM usage of one question.
+
+    ``llm_calls``, ``prompt_tokens`` and ``generated_tokens`` come from the
+    LLM's cost tracker (tagged with the question id); ``generations`` and
+    ``scoring_passes`` are the rows the pipeline sent (so
+    ``llm_calls == generations + scoring_passes`` for backends that count
+    one call per row).
+    """
+
+    llm_calls: int = 0
+    generations: int = 0
+    scoring_passes: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_calls: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class Prediction:
+    """The answer of a pipeline to one question.
+
+    Attributes
+    ----------
+    question_id : str
+    pred : int
+        Index of the predicted choice (argmax of ``choice_logprobs``, first
+        on ties).
+    label : str
+        Label of the predicted choice.
+    choice_logprobs : list of float
+        Log-softmax over the choice labels at the answer position.
+    knowledge : list of str
+        The items given to the answering step (empty for vanilla).
+    passages : list of Passage
+        Every passage retrieved for the question (pooled, deduplicated).
+    trace : list of dict
+        One entry per stage and row: ``stage``, ``type`` (``generate``,
+        ``score``, ``retrieve``, ``sample``) and its inputs/outputs.
+    cost : QuestionCost
+    answer : int or None
+        The gold answer index when the question had one.
+    """
+
+    question_id: str
+    pred: int
+    label: str
+    choice_logprobs: list[float]
+    knowledge: list[str] = field(default_factory=list)
+    passages: list[Passage] = field(default_factory=list)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    cost: QuestionCost = field(default_factory=QuestionCost)
+    answer: int | None = None
+
+    @property
+    def correct(self) -> bool | None:
+        return None if self.answer is None else self.pred == self.answer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question_id": self.question_id,
+            "pred": self.pred,
+            "label": self.label,
+            "choice_logprobs": list(self.choice_logprobs),
+            "knowledge": list(self.knowledge),
+            "passages": [p.to_dict() for p in self.passages],
+            "trace": copy.deepcopy(self.trace),
+            "cost": self.cost.to_dict(),
+            "answer": self.answer,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Prediction":
+        return cls(
+            question_id=d["question_id"], pred=int(d["pred"]), label=d["label"],
+            choice_logprobs=[float(x) for x in d["choice_logprobs"]], knowledge=list(d.get("knowledge", [])),
+            passages=[Passage.from_dict(p) for p in d.get("passages", [])], trace=list(d.get("trace", [])),
+            cost=QuestionCost(**d.get("cost", {})), answer=d.get("answer"),
+        )
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    """What evaluation code calls."""
+
+    name: str
+    config: Any
+
+    def run_batch(self, questions: Sequence[MCQuestion]) -> list[Prediction]:
+        """Predictions for ``questions``, in order."""
+        ...
+
+    def run(self, question: MCQuestion) -> Prediction:
+        """The prediction for one question (a batch of one)."""
+        ...
+
+
+def question_key(question_id: str) -> int:
+    """A stable 63-bit random-stream key of a question id (the sampler's
+    ``keys``), so a question's subsets never depend on its batch."""
+    return int.from_bytes(hashlib.blake2b(question_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class QuestionState:
+    """Per-question working state while a batch moves through the stages."""
+
+    question: MCQuestion
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    passages: list[Passage] = field(default_factory=list)
+    knowledge: list[str] = field(default_factory=list)
+    generations: int = 0
+    scoring_passes: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.question.id
+
+
+class StageRunner:
+    """Runs one stage for a whole batch: a single LLM call per stage.
+
+    Parameters
+    ----------
+    llm : LLM
+    prompts : PromptSet
+    max_new_tokens, temperature, top_p, seed : decoding of generations.
+    """
+
+    def __init__(self, llm: Any, prompts: PromptSet, *, max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0) -> None:
+        self.llm = llm
+        self.prompts = prompts
+        self.gen_kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        self.llm_calls = 0  # batched LLM calls made by this runner (one per stage)
+
+    def generate(self, stage: str, states: Sequence[QuestionState],
+                 chats: Sequence[Sequence[list[dict[str, str]]]]) -> list[list[str]]:
+        """Generate for every chat of every question in one LLM call.
+
+        Parameters
+        ----------
+        stage : str
+            Stage name (recorded in the trace).
+        states : the batch's question states, length B
+        chats : per question, a list of chats (may be empty)
+
+        Returns
+        -------
+        per question, the generated texts in the order of its chats
+        """
+        flat, tags, owner = [], [], []
+        for i, (st, cs) in enumerate(zip(states, chats)):
+            for c in cs:
+                flat.append(c)
+                tags.append(st.id)
+                owner.append(i)
+        out: list[list[str]] = [[] for _ in states]
+        if not flat:
+            return out
+        t0 = time.perf_counter()
+        res = self.llm.generate(flat, tags=tags, **self.gen_kwargs)
+        self.llm_calls += 1
+        if len(res) != len(flat):
+            raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(flat)} chats")
+        for chat, i, gens in zip(flat, owner, res):
+            g = gens[0]
+            out[i].append(g.text)
+            states[i].generations += 1
+            states[i].trace.append({
+                "stage": stage, "type": "generate", "prompt": copy.deepcopy(chat), "output": g.text,
+                "finish_reason": g.finish_reason, "prompt_tokens": g.prompt_tokens,
+                "generated_tokens": g.generated_tokens,
+            })
+        self.last_seconds = time.perf_counter() - t0
+        return out
+
+    def score(self, stage: str, states: Sequence[QuestionState],
+              chats: Sequence[list[dict[str, str]]]) -> list[list[float]]:
+        """One scoring pass per question (one LLM call for the batch):
+        log-probabilities over each question's labels."""
+        if not states:
+            return []
+        labels = [list(st.question.labels) for st in states]
+        lp = np.asarray(self.llm.label_logprobs(list(chats), labels, tags=[st.id for st in states]))
+        self.llm_calls += 1
+        if lp.shape[0] != len(states):
+            raise RuntimeError(f"llm: label_logprobs returned {lp.shape[0]} rows for {len(states)} chats")
+        out = []
+        for st, chat, row, labs in zip(states, chats, lp, labels):
+            vals = [float(x) for x in row[: len(labs)]]
+            out.append(vals)
+            st.scoring_passes += 1
+            st.trace.append({"stage": stage, "type": "score", "prompt": copy.deepcopy(chat), "labels": labs,
+                             "logprobs": vals})
+        return out
+
+
+def _tag_costs(llm: Any, ids: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
+    tracker = getattr(llm, "cost", None)
+    by_tag = getattr(tracker, "by_tag", None) or {}
+    out = {}
+    for i in ids:
+        c = by_tag.get(i)
+        out[i] = (0, 0, 0, 0) if c is None else (c.calls, c.prompt_tokens, c.generated_tokens, c.cached_calls)
+    return out
+
+
+class StagedPipeline:
+    """Base of the built-in pipelines: question checks, batching, prompts,
+    cost bookkeeping, the answer stage. Subclasses implement
+    :meth:`knowledge_stages`, which fills ``state.knowledge`` (and
+    ``state.passages``) for a whole batch."""
+
+    name = ""
+    config_class: type = object
+    needs_retriever = False
+
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
+        from rcn_fast.llm.base import LLM
+
+        if not isinstance(llm, LLM):
+            raise TypeError(
+                f"llm: expected an object with generate(), label_logprobs(), identity and cost "
+                f"(the rcn_fast.llm.LLM protocol), got {type(llm).__name__}; load one with rcn_fast.llm.load_llm"
+            )
+        if config is None:
+            config = self.config_class()
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"config: expected {self.config_class.__name__}, got {type(config).__name__}")
+        self.llm = llm
+        self.config = config
+        self.prompts = load_prompts(prompts if prompts is not None else config.prompts)
+        self.retriever = retriever
+        if self.needs_retriever and retriever is None:
+            raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
+
+    # ------------------------------------------------------------ public API
+    def describe(self) -> dict[str, Any]:
+        """What produced the predictions (record it with every result)."""
+        from rcn_fast.pipelines.config import config_to_dict
+
+        return {
+            "pipeline": self.name,
+            "config": config_to_dict(self.config),
+            "llm": getattr(self.llm, "identity", type(self.llm).__name__),
+            "prompts": self.prompts.source,
+            "retriever": None if self.retriever is None else type(self.retriever).__name__,
+        }
+
+    def run(self, question: MCQuestion) -> Prediction:
+        """The prediction for one question."""
+        if not isinstance(question, MCQuestion):
+            raise TypeError(f"question: expected an MCQuestion, got {type(question).__name__}")
+        return self.run_batch([question])[0]
+
+    def run_batch(self, questions: Sequence[MCQuestion]) -> list[Prediction]:
+        """Predictions for a list of questions, stage by stage over each batch.
+
+        Parameters
+        ----------
+        questions : sequence of MCQuestion
+            Ids must be distinct (they key costs and random streams).
+
+        Returns
+        -------
+        list of Prediction, in the order of ``questions``
+        """
+        if isinstance(questions, MCQuestion):
+            raise TypeError("questions: expected a list of MCQuestion (batch first); use run() for one question")
+        questions = list(questions)
+        for i, q in enumerate(questions):
+            if not isinstance(q, MCQuestion):
+                raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
+        seen: set[str] = set()
+        for q in questions:
+            if q.id in seen:
+                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and random streams)")
+            seen.add(q.id)
+        bs = self.config.batch_size or max(len(questions), 1)
+        out: list[Prediction] = []
+        for s in range(0, len(questions), bs):
+            out.extend(self._run_chunk(questions[s : s + bs]))
+        return out
+
+    # ------------------------------------------------------------ internals
+    def runner(self) -> StageRunner:
+        c = self.config
+        return StageRunner(self.llm, self.prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                           top_p=c.top_p, seed=c.seed)
+
+    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
+        if not questions:
+            return []
+        before = _tag_costs(self.llm, [q.id for q in questions])
+        states = [QuestionState(q) for q in questions]
+        runner = self.runner()
+        self.knowledge_stages(states, runner)
+        scores = self.answer_stage(states, runner)
+        after = _tag_costs(self.llm, [q.id for q in questions])
+        preds = []
+        for st, lp in zip(states, scores):
+            q = st.question
+            b, a = before[q.id], after[q.id]
+            cost = QuestionCost(
+                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
+                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
+            )
+            pred = int(np.argmax(np.asarray(lp, dtype=np.float64))) if lp else 0
+            preds.append(Prediction(
+                question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
+                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
+                answer=q.answer,
+            ))
+        return preds
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        """Fill ``state.knowledge`` for every question (default: none)."""
+
+    def uses_knowledge(self) -> bool:
+        return True
+
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """Score the labels after the answering prompt (one pass per question)."""
+        chats = []
+        for st in states:
+            if self.uses_knowledge():
+                chats.append(self.prompts.chat("answer_with_knowledge", st.question,
+                                               knowledge=self.prompts.format_list(st.knowledge)))
+            else:
+                chats.append(self.prompts.chat("answer", st.question))
+        return runner.score("answer", states, chats)
+
+
+__all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "QuestionState",
+           "question_key"]

@@ -1,0 +1,56 @@
+"""The two baselines without knowledge generation: vanilla and single retrieval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.config import SingleRetrievalConfig, VanillaConfig
+from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+
+
+def question_query(question: Any, mode: str) -> str:
+    """The retrieval query of a question: its text, or text + options."""
+    if mode == "question":
+        return question.question
+    opts = " ".join(f"{lab}. {txt}" for lab, txt in zip(question.labels, question.choices))
+    return f"{question.question} {opts}"
+
+
+class Vanilla(StagedPipeline):
+    """The LLM answers from the question alone: one scoring pass per question.
+
+    Examples
+    --------
+    >>> p = rcn_fast.pipelines.build("vanilla", llm=llm)          # doctest: +SKIP
+    >>> p.run(question).label                                     # doctest: +SKIP
+    'B'
+    """
+
+    name = "vanilla"
+    config_class = VanillaConfig
+
+    def uses_knowledge(self) -> bool:
+        return False
+
+
+class SingleRetrieval(StagedPipeline):
+    """Retrieve the top ``n`` passages for the question (one batched
+    retrieval) and answer with them as the explanations."""
+
+    name = "single_retrieval"
+    config_class = SingleRetrievalConfig
+    needs_retriever = True
+
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        self.source = as_embedding_retriever(retriever)
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        queries = [question_query(st.question, self.config.query) for st in states]
+        results, _ = retrieve_batch(self.source, queries, self.config.top_n)
+        for st, q, res in zip(states, queries, results):
+            st.passages = list(res)
+            st.knowledge = [p.text for p in res]
+            st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
+                             "results": [[p.id for p in res]]})

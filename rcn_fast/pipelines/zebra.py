@@ -1,0 +1,63 @@
+"""ZEBRA: retrieve solved examples, generate knowledge few-shot, answer.
+
+Stages, each for the whole batch at once:
+
+1. ``example_retrieval``: top ``k`` examples with explanations from the
+   example KB (one batched encode + search; queries and entries written
+   ``"question [SEP] A. c1 [SEP] B. c2 ..."``).
+2. ``example_generation`` (generation, 1 per question): the examples as
+   alternating user/assistant turns, then the question with the assistant
+   turn pre-filled with the explanations header.
+3. ``answer`` (one scoring pass) with the generated explanations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.config import ZebraConfig
+from rcn_fast.prompts import parse_bullets
+
+
+class Zebra(StagedPipeline):
+    """ZEBRA over an example knowledge base.
+
+    Parameters
+    ----------
+    llm : LLM
+    config : ZebraConfig, optional
+    retriever : ExampleRetriever
+        Built from an :class:`~rcn_fast.kb.ExampleKB` and an encoder
+        (``rcn_fast.kb.ExampleRetriever(kb, encoder)``); anything with
+        ``retrieve(questions, k, exclude_ids=...)`` returning
+        (Example, score) lists works.
+    prompts : path, mapping or PromptSet, optional
+    """
+
+    name = "zebra"
+    config_class = ZebraConfig
+    needs_retriever = True
+
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        if not callable(getattr(retriever, "retrieve", None)):
+            raise TypeError(f"retriever: expected an ExampleRetriever, got {type(retriever).__name__}")
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        c = self.config
+        exclude = [st.id for st in states] if c.exclude_same_id else None
+        found = self.retriever.retrieve([st.question for st in states], c.top_k, exclude_ids=exclude)
+        chats = []
+        for st, exs in zip(states, found):
+            st.trace.append({"stage": "example_retrieval", "type": "retrieve",
+                             "examples": [ex.id for ex, _ in exs], "scores": [s for _, s in exs]})
+            shots = [{"question": ex.question, "choices": ex.choices, "labels": ex.labels,
+                      "knowledge": ex.explanations[: c.max_explanations] if c.max_explanations else ex.explanations}
+                     for ex, _ in exs]
+            st.data["examples"] = [ex.id for ex, _ in exs]
+            chats.append([self.prompts.chat("example_generation", st.question, examples=shots)])
+        outs = runner.generate("example_generation", states, chats)
+        for st, o in zip(states, outs):
+            st.knowledge = parse_bullets(o[0])
+            st.trace[-1]["parsed"] = st.knowledge
