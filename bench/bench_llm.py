@@ -11,7 +11,7 @@
   logits vs the default full logits (time and the bytes of the logits
   tensor), and greedy generation at batch 1 vs batch 16 (tokens/s).
 
-Ratios are printed at the end of the run. Timings on a shared CPU are
+Ratios against the peers are printed at the end of the run (bench/conftest.py). Timings on a shared CPU are
 noisy: compare ratios within one run, not across machines.
 """
 
@@ -35,8 +35,12 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 B, V, C, S = 256, 128_256, 5, 2
 H = 576
-RESULTS: dict[str, float] = {}
 ROUNDS = int(os.environ.get("RCN_BENCH_ROUNDS", "5"))
+G_LOGITS = f"llm label scoring from logits B={B} V={V}"
+G_HIDDEN = f"llm label scoring from hidden B={B} V={V} H={H}"
+G_TINY = "llm label scoring, tiny model, 64 questions"
+G_PREFILL = "llm smollm2 prefill 8 prompts"
+G_GEN = "llm smollm2 greedy generation 16 prompts x 16 tokens"
 
 
 def _sync():
@@ -44,35 +48,24 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _run(benchmark, name, fn, **extra):
+def _run(benchmark, record, group, impl, fn, **extra):
+    """Time ``fn`` (pedantic: few rounds, the workloads are large) and
+    record it for the ratio table of bench/conftest.py."""
+
     def call():
         out = fn()
         _sync()
         return out
 
+    benchmark.group = group
     benchmark.extra_info.update(extra)
     out = benchmark.pedantic(call, rounds=ROUNDS, warmup_rounds=1, iterations=1)
-    RESULTS[name] = benchmark.stats.stats.mean
+    record(group, impl, benchmark)
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def report_ratios(request):
-    yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    pairs = [
-        ("scoring: full log_softmax+gather / fused op (logits)", "logits_baseline", "logits_op"),
-        ("scoring: full lm-head matmul+baseline / label-rows op (hidden)", "hidden_baseline", "hidden_op"),
-        ("tiny model: one-at-a-time / batched label scoring", "tiny_single", "tiny_batched"),
-        ("smollm2: full-logits prefill / last-position prefill", "prefill_full", "prefill_last"),
-        ("smollm2: batch-1 / batch-16 generation time (16 prompts)", "gen_b1", "gen_b16"),
-    ]
-    lines = [f"{label}: {RESULTS[a] / RESULTS[b]:.2f}x" for label, a, b in pairs if a in RESULTS and b in RESULTS]
-    if tr is not None and lines:
-        tr.write_line("")
-        tr.write_line(f"rcn_fast.llm benchmark ratios (device={DEV}, {torch.get_num_threads()} threads; noisy on a shared machine):")
-        for ln in lines:
-            tr.write_line("  " + ln)
+def _mean(benchmark) -> float:
+    return benchmark.stats.stats.mean
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +76,16 @@ def logits_case():
     return logits, ids
 
 
-def test_scoring_logits_fused(benchmark, logits_case):
+def test_scoring_logits_fused(benchmark, record, logits_case):
     logits, ids = logits_case
-    _run(benchmark, "logits_op", lambda: choice_logprobs(logits, ids), B=B, V=V, C=C, S=S,
+    impl = "triton" if CUDA else "rcn_fast"
+    _run(benchmark, record, G_LOGITS, impl, lambda: choice_logprobs(logits, ids), B=B, V=V, C=C, S=S,
          bytes_read=logits.numel() * 4)
 
 
-def test_scoring_logits_full_vocab_baseline(benchmark, logits_case):
+def test_scoring_logits_full_vocab_baseline(benchmark, record, logits_case):
     logits, ids = logits_case
-    out = _run(benchmark, "logits_baseline", lambda: full_vocab_then_gather(logits, ids), B=B, V=V,
+    out = _run(benchmark, record, G_LOGITS, "torch full log_softmax+gather", lambda: full_vocab_then_gather(logits, ids), B=B, V=V,
                bytes_read=logits.numel() * 4)
     torch.testing.assert_close(out, choice_logprobs(logits, ids)[0], rtol=1e-4, atol=1e-4)
 
@@ -105,15 +99,16 @@ def hidden_case():
     return hidden, weight, ids
 
 
-def test_scoring_hidden_label_rows(benchmark, hidden_case):
+def test_scoring_hidden_label_rows(benchmark, record, hidden_case):
     hidden, weight, ids = hidden_case
-    _run(benchmark, "hidden_op", lambda: choice_logprobs_from_hidden(hidden, weight, ids), B=B, V=V, H=H,
+    impl = "triton" if CUDA else "rcn_fast"
+    _run(benchmark, record, G_HIDDEN, impl, lambda: choice_logprobs_from_hidden(hidden, weight, ids), B=B, V=V, H=H,
          flop=2 * B * C * S * H)
 
 
-def test_scoring_hidden_full_matmul_baseline(benchmark, hidden_case):
+def test_scoring_hidden_full_matmul_baseline(benchmark, record, hidden_case):
     hidden, weight, ids = hidden_case
-    _run(benchmark, "hidden_baseline", lambda: full_vocab_then_gather(hidden @ weight.T, ids), B=B, V=V, H=H,
+    _run(benchmark, record, G_HIDDEN, "torch full lm-head matmul+log_softmax", lambda: full_vocab_then_gather(hidden @ weight.T, ids), B=B, V=V, H=H,
          flop=2 * B * V * H)
 
 
@@ -135,12 +130,12 @@ QUESTIONS = [
 ]
 
 
-def test_tiny_label_scoring_batched(benchmark, tiny):
-    _run(benchmark, "tiny_batched", lambda: tiny.label_logprobs(QUESTIONS, list("ABCDE")), questions=len(QUESTIONS))
+def test_tiny_label_scoring_batched(benchmark, record, tiny):
+    _run(benchmark, record, G_TINY, "batched", lambda: tiny.label_logprobs(QUESTIONS, list("ABCDE")), questions=len(QUESTIONS))
 
 
-def test_tiny_label_scoring_one_at_a_time(benchmark, tiny):
-    _run(benchmark, "tiny_single", lambda: [tiny.label_logprobs([q], list("ABCDE")) for q in QUESTIONS], questions=len(QUESTIONS))
+def test_tiny_label_scoring_one_at_a_time(benchmark, record, tiny):
+    _run(benchmark, record, G_TINY, "one-at-a-time", lambda: [tiny.label_logprobs([q], list("ABCDE")) for q in QUESTIONS], questions=len(QUESTIONS))
 
 
 @pytest.fixture(scope="module")
@@ -159,15 +154,15 @@ def _prefill_ids(llm, n=8):
     return llm.encode_chats(chats)
 
 
-def test_smollm2_prefill_last_position(benchmark, smollm2):
+def test_smollm2_prefill_last_position(benchmark, record, smollm2):
     rows = _prefill_ids(smollm2)
     ntok = sum(map(len, rows))
-    out = _run(benchmark, "prefill_last", lambda: smollm2.final_logits(rows), tokens=ntok)
+    out = _run(benchmark, record, G_PREFILL, "rcn_fast", lambda: smollm2.final_logits(rows), tokens=ntok)
     benchmark.extra_info["logits_bytes"] = out.numel() * out.element_size()
-    benchmark.extra_info["tokens_per_s"] = ntok / RESULTS["prefill_last"]
+    benchmark.extra_info["tokens_per_s"] = ntok / _mean(benchmark)
 
 
-def test_smollm2_prefill_full_logits(benchmark, smollm2):
+def test_smollm2_prefill_full_logits(benchmark, record, smollm2):
     rows = _prefill_ids(smollm2)
     ntok = sum(map(len, rows))
     ids, mask, pos = smollm2._pad_left(rows)
@@ -176,25 +171,25 @@ def test_smollm2_prefill_full_logits(benchmark, smollm2):
         with torch.inference_mode():
             return smollm2.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
 
-    out = _run(benchmark, "prefill_full", full, tokens=ntok)
+    out = _run(benchmark, record, G_PREFILL, "full [B, T, V] logits", full, tokens=ntok)
     benchmark.extra_info["logits_bytes"] = out.numel() * out.element_size()
-    benchmark.extra_info["tokens_per_s"] = ntok / RESULTS["prefill_full"]
+    benchmark.extra_info["tokens_per_s"] = ntok / _mean(benchmark)
 
 
 GEN_CHATS = [[{"role": "user", "content": f"Give one fact about the number {i}."}] for i in range(16)]
 GEN_TOKENS = 16
 
 
-def test_smollm2_generate_batch16(benchmark, smollm2):
+def test_smollm2_generate_batch16(benchmark, record, smollm2):
     smollm2.config.batch_size = 16
-    res = _run(benchmark, "gen_b16", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
-    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / RESULTS["gen_b16"]
+    res = _run(benchmark, record, G_GEN, "batched", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
+    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / _mean(benchmark)
 
 
-def test_smollm2_generate_batch1(benchmark, smollm2):
+def test_smollm2_generate_batch1(benchmark, record, smollm2):
     smollm2.config.batch_size = 1
     try:
-        res = _run(benchmark, "gen_b1", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
+        res = _run(benchmark, record, G_GEN, "batch 1", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
     finally:
         smollm2.config.batch_size = 16
-    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / RESULTS["gen_b1"]
+    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / _mean(benchmark)
