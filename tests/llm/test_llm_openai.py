@@ -100,3 +100,30 @@ def test_missing_features_are_clear_errors(server):
         OpenAIConfig(mode="completions")
     with pytest.raises(ValueError, match="base_url"):
         OpenAILLM("127.0.0.1:8000", "m")
+
+
+def test_serve_cli_runs_as_a_module(tiny_llama_dir):
+    """``python -m rcn_fast.llm.serve`` on a free loopback port answers."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rcn_fast.llm.serve", "--model", str(tiny_llama_dir), "--port", "0",
+         "--name", "cli-tiny", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        line = ""
+        for line in proc.stdout:  # the first line names the address
+            if line.startswith("serving"):
+                break
+        m = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+        assert m, f"no address in server output: {line!r}"
+        llm = load_llm(f"openai:{m.group(1)}#cli-tiny", backoff=0.05, top_logprobs=400)
+        lp = llm.label_logprobs([mcq_chat(QS[1])], ["A", "B"])
+        local = load_llm(tiny_llama_dir).label_logprobs([mcq_chat(QS[1])], ["A", "B"])
+        np.testing.assert_allclose(lp, local, rtol=1e-4, atol=1e-4)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
