@@ -320,7 +320,8 @@ def parse_labelled(text: str, labels: Sequence[str]) -> list[str | None]:
 
     A line starting with a label followed by ``.``, ``)`` or ``:`` opens
     that label's explanation; following lines without a label continue it.
-    Labels never mentioned get None.
+    A label seen a second time ends collection for it (the model started
+    over). Labels never mentioned get None.
     """
     labels = list(labels)
     got: dict[str, list[str]] = {}
@@ -331,6 +332,8 @@ def parse_labelled(text: str, labels: Sequence[str]) -> list[str | None]:
         if m and m.group(1) not in got:
             current = m.group(1)
             got[current] = [m.group(2).strip()]
+        elif m:  # a label seen before: the model started over; stop collecting
+            current = None
         elif current is not None and line.strip():
             got[current].append(line.strip())
     return [" ".join(x for x in got[lab] if x) or None if lab in got else None for lab in labels]

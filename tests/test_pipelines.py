@@ -1,0 +1,413 @@
+"""Stage flow of the pipelines with a deterministic scripted LLM double:
+prompts, parsing, call counts, ablation switches, batching invariance,
+configs and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rcn_fast import MCQuestion
+from rcn_fast.pipelines import (
+    ABLATIONS,
+    InMemoryRetriever,
+    Prediction,
+    ReConnectConfig,
+    build,
+    config_from_dict,
+    load_config,
+    question_key,
+)
+from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of
+
+
+def _questions() -> list[MCQuestion]:
+    return [
+        MCQuestion("q1", "What do plants need to grow?", ["sunlight", "darkness", "salt"], answer=0),
+        MCQuestion("q2", "What does a magnet attract?", ["iron", "wood", "water", "glass"], answer=0),
+        MCQuestion("q3", "What happens to ice when it is heated?", ["it melts", "it grows"], answer=0),
+        MCQuestion("q4", "Which organ pumps blood?", ["lungs", "heart", "gills", "skin", "bones"], answer=1),
+        MCQuestion("q5", "What measures temperature?", ["ruler", "thermometer", "mirror"],
+                   labels=["1", "2", "3"], answer=1),
+    ]
+
+
+@pytest.fixture
+def retriever() -> InMemoryRetriever:
+    return InMemoryRetriever(HashEncoder(), FACTS, ids=[f"f{i:02d}" for i in range(len(FACTS))])
+
+
+def _stages(pred: Prediction) -> list[str]:
+    return [t["stage"] for t in pred.trace]
+
+
+def _gen_entries(pred: Prediction, stage: str) -> list[dict]:
+    return [t for t in pred.trace if t["stage"] == stage and t["type"] == "generate"]
+
+
+# ---------------------------------------------------------------- vanilla
+def test_vanilla_scores_once_and_takes_the_argmax():
+    llm = ScriptedLLM()
+    qs = _questions()
+    preds = build("vanilla", llm=llm).run_batch(qs)
+    assert llm.calls == [("score", len(qs))]
+    for q, p in zip(qs, preds):
+        assert p.question_id == q.id and p.answer == q.answer
+        assert len(p.choice_logprobs) == len(q.choices)
+        assert p.pred == int(np.argmax(p.choice_logprobs)) and p.label == q.labels[p.pred]
+        assert np.isclose(np.logaddexp.reduce(p.choice_logprobs), 0.0, atol=1e-5)
+        assert p.knowledge == [] and p.passages == []
+        assert _stages(p) == ["answer"]
+        chat = p.trace[0]["prompt"]
+        assert [t["role"] for t in chat] == ["system", "assistant", "user", "assistant"]
+        assert chat[-1]["content"] == "Answer: "
+        assert f"labelled {', '.join(q.labels[:-1])} and {q.labels[-1]}" in chat[0]["content"]
+        for lab, c in zip(q.labels, q.choices):
+            assert f"\n{lab}. {c}" in chat[2]["content"]
+        assert p.cost.llm_calls == 1 and p.cost.scoring_passes == 1 and p.cost.generations == 0
+        assert p.cost.prompt_tokens > 0 and p.cost.generated_tokens == 0
+
+
+def test_answer_follows_the_knowledge():
+    """The answering step really reads the knowledge (the double picks the
+    label named by PICK=<label> in the prompt)."""
+    q = MCQuestion("x", "Pick one", ["a", "b", "c"])
+    facts = ["PICK=C is the rule here", "unrelated words"]
+    r = InMemoryRetriever(HashEncoder(), facts)
+    p = build("single_retrieval", llm=ScriptedLLM(), retriever=r, top_n=2).run(q)
+    assert p.label == "C" and p.pred == 2
+
+
+# ---------------------------------------------------------------- single retrieval
+def test_single_retrieval_answers_with_the_top_n_passages(retriever):
+    llm = ScriptedLLM()
+    qs = _questions()
+    preds = build("single_retrieval", llm=llm, retriever=retriever, top_n=4).run_batch(qs)
+    assert llm.calls == [("score", len(qs))]
+    expect = retriever.retrieve([q.question for q in qs], 4)
+    for q, p, exp in zip(qs, preds, expect):
+        assert [x.id for x in p.passages] == [x.id for x in exp]
+        assert p.knowledge == [x.text for x in exp]
+        assert _stages(p) == ["retrieval", "answer"]
+        ans = p.trace[-1]["prompt"]
+        assert "Explanations:\n" + "\n".join(f"* {t}" for t in p.knowledge) in ans[2]["content"]
+
+
+def test_single_retrieval_query_with_choices(retriever):
+    q = _questions()[0]
+    p = build("single_retrieval", llm=ScriptedLLM(), retriever=retriever, query="question_choices").run(q)
+    assert p.trace[0]["queries"] == ["What do plants need to grow? A. sunlight B. darkness C. salt"]
+
+
+# ---------------------------------------------------------------- ReConnect
+def test_reconnect_default_costs_five_generations_and_one_scoring_pass(retriever):
+    llm = ScriptedLLM()
+    qs = _questions()
+    preds = build("reconnect", llm=llm, retriever=retriever).run_batch(qs)
+    B = len(qs)
+    # one batched LLM call per stage
+    assert llm.calls == [("generate", B), ("generate", 3 * B), ("generate", B), ("score", B)]
+    for q, p in zip(qs, preds):
+        assert _stages(p) == ["query_expansion", "retrieval", "sampling"] + ["knowledge_extraction"] * 3 + [
+            "knowledge_aggregation", "answer"]
+        assert (p.cost.generations, p.cost.scoring_passes, p.cost.llm_calls) == (5, 1, 6)
+        gen_tokens = sum(t["generated_tokens"] for t in p.trace if t["type"] == "generate")
+        assert p.cost.generated_tokens == gen_tokens
+        assert ReConnectConfig().generations_per_question == 5
+
+
+def test_reconnect_stage_prompts_and_parsing(retriever):
+    llm = ScriptedLLM(n_explanations=7)
+    q = _questions()[1]  # 4 choices -> at most 4 explanation queries
+    p = build("reconnect", llm=llm, retriever=retriever, top_n=3, subset_size=2, num_subsets=3).run(q)
+    qe = _gen_entries(p, "query_expansion")[0]
+    assert qe["prompt"][-1] == {"role": "assistant", "content": "Explanations:\n* "}
+    assert "4 answer options" in qe["prompt"][0]["content"]
+    # first paragraph only, bullets stripped, k = number of choices
+    assert qe["parsed"] == [f"reason {i} about {c}" for i, c in enumerate(q.choices, 1)]
+    ret = p.trace[1]
+    assert ret["queries"] == qe["parsed"] + [q.question]
+    assert len(ret["results"]) == 5 and all(len(r) == 3 for r in ret["results"])
+    # pooled in query order, duplicates removed, first occurrence kept
+    pool = []
+    for r in ret["results"]:
+        pool += [i for i in r if i not in pool]
+    assert ret["pool"] == pool == [x.id for x in p.passages]
+    assert len({x.text for x in p.passages}) == len(p.passages)
+    subsets = p.trace[2]["subsets"]
+    assert len(subsets) == 3
+    for s in subsets:
+        assert len(s) == min(2, len(pool)) and len(set(s)) == len(s) and set(s) <= set(pool)
+    by_id = {x.id: x.text for x in p.passages}
+    exts = _gen_entries(p, "knowledge_extraction")
+    for s, e in zip(subsets, exts):
+        system = e["prompt"][0]["content"]
+        assert system.startswith("Reference passages from an external source:\n" +
+                                 "\n".join(f"* {by_id[i]}" for i in s) + "\n\n")
+        assert e["parsed"] == [f"from: {by_id[i]}" for i in s]
+    agg = _gen_entries(p, "knowledge_aggregation")[0]
+    items = [" ".join(e["parsed"]) for e in exts]
+    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {x}" for x in items))
+    assert agg["prompt"][-1]["content"] == "Merged explanation: "
+    assert agg["parsed"] == [f"merged 3 items: {items[0]}", "second line of the merge"]
+    assert p.knowledge == agg["parsed"]
+    ans = p.trace[-1]
+    assert ans["type"] == "score" and ans["labels"] == q.labels
+    assert "Explanations:\n* merged 3 items" in ans["prompt"][2]["content"]
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 5])
+def test_reconnect_cost_per_question_for_n_subsets(retriever, N):
+    llm = ScriptedLLM()
+    preds = build("reconnect", llm=llm, retriever=retriever, num_subsets=N).run_batch(_questions()[:3])
+    for p in preds:
+        assert p.cost.generations == N + 2 and p.cost.scoring_passes == 1 and p.cost.llm_calls == N + 3
+        assert len(_gen_entries(p, "knowledge_extraction")) == N
+    assert llm.calls[1] == ("generate", 3 * N)
+
+
+def test_reconnect_without_explanation_retrieval(retriever):
+    llm = ScriptedLLM()
+    p = build("reconnect", llm=llm, retriever=retriever, ablation="w/o ER").run(_questions()[0])
+    assert "query_expansion" not in _stages(p)
+    assert p.trace[0]["queries"] == ["What do plants need to grow?"]
+    assert p.cost.generations == 4 and p.cost.llm_calls == 5
+    assert llm.calls == [("generate", 3), ("generate", 1), ("score", 1)]
+
+
+def test_reconnect_without_knowledge_connection(retriever):
+    llm = ScriptedLLM()
+    p = build("reconnect", llm=llm, retriever=retriever, ablation="w/o KC").run(_questions()[1])
+    assert "sampling" not in _stages(p)
+    exts = _gen_entries(p, "knowledge_extraction")
+    assert len(exts) == 1
+    # all pooled passages go to the single extraction
+    assert exts[0]["parsed"] == [f"from: {x.text}" for x in p.passages]
+    assert len(p.passages) > 5
+    assert p.cost.generations == 3
+
+
+def test_reconnect_without_extraction_aggregates_the_passages(retriever):
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation="wo_ke").run(_questions()[0])
+    assert "knowledge_extraction" not in _stages(p)
+    by_id = {x.id: x.text for x in p.passages}
+    union = []
+    for s in p.trace[2]["subsets"]:
+        union += [by_id[i] for i in s if by_id[i] not in union]
+    agg = _gen_entries(p, "knowledge_aggregation")[0]
+    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {t}" for t in union))
+    assert p.cost.generations == 2
+
+
+def test_reconnect_without_aggregation_answers_with_all_extractions(retriever):
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation=["w/o KA"]).run(_questions()[0])
+    assert "knowledge_aggregation" not in _stages(p)
+    items = []
+    for e in _gen_entries(p, "knowledge_extraction"):
+        items += [x for x in e["parsed"] if x not in items]
+    assert p.knowledge == items
+    assert p.cost.generations == 4
+
+
+def test_reconnect_without_extraction_and_aggregation_answers_with_passages(retriever):
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever,
+              ablation=["w/o KE", "w/o KA"]).run(_questions()[0])
+    by_id = {x.id: x.text for x in p.passages}
+    union = []
+    for s in p.trace[2]["subsets"]:
+        union += [by_id[i] for i in s if by_id[i] not in union]
+    assert p.knowledge == union and p.cost.generations == 1
+
+
+def test_ablation_names():
+    assert set(ABLATIONS) == {"w/o ER", "w/o KC", "w/o KE", "w/o KA"}
+    with pytest.raises(ValueError, match="ablation"):
+        build("reconnect", llm=ScriptedLLM(), retriever=InMemoryRetriever(HashEncoder(), FACTS), ablation="w/o X")
+    with pytest.raises(ValueError, match="ablation"):
+        build("vanilla", llm=ScriptedLLM(), ablation="w/o KC")
+
+
+def _subsets(pred: Prediction) -> list[list[str]]:
+    return next(t for t in pred.trace if t["stage"] == "sampling")["subsets"]
+
+
+@pytest.mark.parametrize("strategy", ["relevance", "random", "topk", "mmr", "cluster"])
+def test_reconnect_sampling_strategies(retriever, strategy):
+    qs = _questions()
+    preds = build("reconnect", llm=ScriptedLLM(), retriever=retriever, sampling=strategy, subset_size=3,
+                  num_subsets=4).run_batch(qs)
+    for q, p in zip(qs, preds):
+        subs = _subsets(p)
+        pool = [x.id for x in p.passages]
+        assert len(subs) == 4
+        for s in subs:
+            assert len(s) == min(3, len(pool)) and len(set(s)) == len(s) and set(s) <= set(pool)
+        if strategy == "topk":
+            emb = HashEncoder()
+            qv = emb.encode_queries([q.question])[0]
+            pv = emb.encode_passages([x.text for x in p.passages])
+            best = [pool[j] for j in np.argsort(-(pv @ qv), kind="stable")[:3]]
+            assert all(sorted(s) == sorted(best) for s in subs)
+
+
+def test_relevance_subsets_follow_the_seed(retriever):
+    qs = _questions()
+    a = build("reconnect", llm=ScriptedLLM(), retriever=retriever, seed=1).run_batch(qs)
+    b = build("reconnect", llm=ScriptedLLM(), retriever=retriever, seed=1).run_batch(qs)
+    c = build("reconnect", llm=ScriptedLLM(), retriever=retriever, seed=2).run_batch(qs)
+    assert [_subsets(p) for p in a] == [_subsets(p) for p in b]
+    assert [_subsets(p) for p in a] != [_subsets(p) for p in c]
+
+
+def test_sampler_input_normalized_matches_stored_for_unit_vectors(retriever):
+    """HashEncoder vectors are unit length, so normalising changes nothing."""
+    qs = _questions()
+    a = build("reconnect", llm=ScriptedLLM(), retriever=retriever, sampler_input="normalized").run_batch(qs)
+    b = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run_batch(qs)
+    assert [_subsets(p) for p in a] == [_subsets(p) for p in b]
+
+
+def test_question_key_is_stable():
+    assert question_key("q1") == question_key("q1") and question_key("q1") != question_key("q2")
+    assert 0 <= question_key("anything") < 2**63
+
+
+# ---------------------------------------------------------------- batching invariance
+def _same(a: Prediction, b: Prediction) -> None:
+    """Equal predictions; passage scores (informational) may differ in the
+    last float bit, since the search kernel blocks queries by batch."""
+    da, db = a.to_dict(), b.to_dict()
+    sa = [p.pop("score") for p in da["passages"]]
+    sb = [p.pop("score") for p in db["passages"]]
+    np.testing.assert_allclose(sa, sb, rtol=1e-6, atol=1e-6)
+    assert da == db
+
+
+@pytest.mark.parametrize("name", ["vanilla", "single_retrieval", "reconnect"])
+def test_predictions_do_not_depend_on_the_batch(retriever, name):
+    qs = _questions()
+    r = retriever if name != "vanilla" else None
+    batched = build(name, llm=ScriptedLLM(), retriever=r).run_batch(qs)
+    one_by_one = [build(name, llm=ScriptedLLM(), retriever=r).run(q) for q in qs]
+    reordered = build(name, llm=ScriptedLLM(), retriever=r).run_batch(qs[::-1])[::-1]
+    llm = ScriptedLLM()
+    chunked = build(name, llm=llm, retriever=r, batch_size=2).run_batch(qs)
+    for a, b, c, d in zip(batched, one_by_one, reordered, chunked):
+        _same(a, b)
+        _same(a, c)
+        _same(a, d)
+    per_stage = {"vanilla": 1, "single_retrieval": 1, "reconnect": 4}[name]
+    assert len(llm.calls) == per_stage * 3  # batches of 2, 2, 1
+
+
+def test_generation_settings_reach_the_llm(retriever):
+    llm = ScriptedLLM()
+    build("reconnect", llm=llm, retriever=retriever, max_new_tokens=7, seed=3).run(_questions()[0])
+    assert all(k == dict(max_new_tokens=7, temperature=0.0, seed=3) for k in llm.gen_kwargs)
+
+
+def test_prediction_round_trips_through_json(retriever):
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run(_questions()[0])
+    d = json.loads(json.dumps(p.to_dict()))
+    assert Prediction.from_dict(d).to_dict() == p.to_dict()
+    assert p.correct == (p.pred == 0)
+
+
+# ---------------------------------------------------------------- the real Retriever (corpus store)
+def test_reconnect_over_a_corpus_store(tmp_path):
+    """The rcn_fast Retriever path: passage embeddings come from the store."""
+    from rcn_fast.retrieval import BuildConfig, Retriever, build_corpus
+
+    src = tmp_path / "facts.jsonl"
+    src.write_text("".join(json.dumps({"id": f"f{i:02d}", "text": t}) + "\n" for i, t in enumerate(FACTS)))
+    enc = HashEncoder()
+    build_corpus(BuildConfig(input=str(src), out=str(tmp_path / "store"), dtype="float32"), enc, show_progress=False)
+    store_r = Retriever.load(tmp_path / "store", encoder=enc, check=False)
+    mem_r = InMemoryRetriever(enc, FACTS, ids=[f"f{i:02d}" for i in range(len(FACTS))])
+    qs = _questions()
+    a = build("reconnect", llm=ScriptedLLM(), retriever=store_r).run_batch(qs)
+    b = build("reconnect", llm=ScriptedLLM(), retriever=mem_r).run_batch(qs)
+    for x, y in zip(a, b):
+        assert [t for t in x.trace if t["type"] != "retrieve"] == [t for t in y.trace if t["type"] != "retrieve"]
+        assert x.pred == y.pred and x.knowledge == y.knowledge
+
+
+def test_text_only_retriever_allows_random_sampling_only():
+    class TextOnly:
+        def __init__(self):
+            self.inner = InMemoryRetriever(HashEncoder(), FACTS)
+
+        def retrieve(self, queries, k=5):
+            return self.inner.retrieve(queries, k)
+
+    with pytest.raises(TypeError, match="retriever: sampling='relevance' needs embeddings"):
+        build("reconnect", llm=ScriptedLLM(), retriever=TextOnly())
+    p = build("reconnect", llm=ScriptedLLM(), retriever=TextOnly(), sampling="random").run(_questions()[0])
+    assert p.cost.generations == 5 and len(_subsets(p)) == 3
+    p = build("single_retrieval", llm=ScriptedLLM(), retriever=TextOnly()).run(_questions()[0])
+    assert len(p.knowledge) == 5
+
+
+def test_empty_corpus_still_answers():
+    r = InMemoryRetriever(HashEncoder(), [])
+    p = build("reconnect", llm=ScriptedLLM(), retriever=r).run(_questions()[0])
+    assert p.passages == [] and _subsets(p) == [[], [], []]
+    assert p.cost.generations == 5 and 0 <= p.pred < 3
+
+
+# ---------------------------------------------------------------- configs and errors
+def test_configs_round_trip_through_json_and_yaml(tmp_path, retriever):
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, num_subsets=5, tau=0.05,
+              sampling="mmr", ablation="w/o KA")
+    cfg = p.config
+    assert (cfg.num_subsets, cfg.tau, cfg.sampling, cfg.knowledge_aggregation) == (5, 0.05, "mmr", False)
+    (tmp_path / "c.json").write_text(cfg.to_json())
+    (tmp_path / "c.yaml").write_text(cfg.to_yaml())
+    assert load_config(tmp_path / "c.json") == cfg == load_config(tmp_path / "c.yaml")
+    assert config_from_dict(json.loads(cfg.to_json())) == cfg
+    assert p.describe()["config"]["pipeline"] == "reconnect"
+    again = build("reconnect", llm=ScriptedLLM(), retriever=retriever, config=json.loads(cfg.to_json()))
+    assert again.config == cfg
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(num_subsets=0), "num_subsets"), (dict(tau=0), "tau"), (dict(sampling="greedy"), "sampling"),
+    (dict(top_n=True), "top_n"), (dict(knowledge_extraction="no"), "knowledge_extraction"),
+    (dict(sampler_input="raw"), "sampler_input"), (dict(not_a_setting=1), "not_a_setting"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+])
+def test_bad_settings_name_the_argument(retriever, bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        build("reconnect", llm=ScriptedLLM(), retriever=retriever, **bad)
+
+
+def test_build_errors(retriever):
+    with pytest.raises(ValueError, match="name"):
+        build("rr", llm=ScriptedLLM())
+    with pytest.raises(TypeError, match="llm"):
+        build("vanilla", llm="not a model")
+    with pytest.raises(TypeError, match="retriever"):
+        build("reconnect", llm=ScriptedLLM())
+    with pytest.raises(TypeError, match="retriever"):
+        build("single_retrieval", llm=ScriptedLLM(), retriever=object())
+    p = build("vanilla", llm=ScriptedLLM())
+    with pytest.raises(ValueError, match="duplicate question id"):
+        p.run_batch([_questions()[0], _questions()[0]])
+    with pytest.raises(TypeError, match="questions"):
+        p.run_batch(_questions()[0])
+    with pytest.raises(TypeError, match=r"questions\[1\]"):
+        p.run_batch([_questions()[0], "text"])
+    assert p.run_batch([]) == []
+
+
+def test_user_prompt_file_changes_the_prompts(tmp_path, retriever):
+    f = tmp_path / "prompts.yaml"
+    f.write_text("answer:\n  prefill: 'The answer is '\nacknowledge: 'Ready.'\n")
+    p = build("vanilla", llm=ScriptedLLM(), prompts=str(f))
+    assert p.config.prompts == str(f)
+    chat = p.run(_questions()[0]).trace[0]["prompt"]
+    assert chat[-1]["content"] == "The answer is " and chat[1]["content"] == "Ready."
+    # the other stages keep the defaults
+    assert stage_of(chat) == "answer"
