@@ -192,3 +192,18 @@ def test_optional_vllm_engine_names_its_install():
         pytest.skip("vllm is installed; the missing-import path cannot be exercised")
     with pytest.raises(ImportError, match="pip install vllm"):
         load_llm("vllm:some/model")
+
+
+def test_gguf_file_loads_and_matches_the_directory_model(tiny_llm, tmp_path):
+    pytest.importorskip("gguf")
+    from llm_helpers import write_llama_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(tiny_llm.model, tiny_llm.tokenizer, path)
+    g = load_llm(str(path))
+    assert g.identity.startswith(f"hf:{path}:float32:")
+    chats = [mcq_chat(q) for q in QUESTIONS[:3]]
+    assert g.render(chats) == tiny_llm.render(chats)
+    assert g.encode_chats(chats) == tiny_llm.encode_chats(chats)
+    np.testing.assert_allclose(g.label_logprobs(chats, ["A", "B"]), tiny_llm.label_logprobs(chats, ["A", "B"]), rtol=1e-5, atol=1e-5)
+    assert [r[0].text for r in g.generate(chats, max_new_tokens=4)] == [r[0].text for r in tiny_llm.generate(chats, max_new_tokens=4)]
