@@ -244,6 +244,24 @@ def test_non_contiguous_and_torch_inputs():
     assert (got_bf.numpy() == ref_bf).all()
 
 
+@pytest.mark.parametrize("first", ["uniform", "relevance"])
+def test_torch_backend_matches_reference(first):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    q, c = _data(rng, 4, 23, 12, scale=0.6)
+    mask = rng.random((4, 23)) < 0.7
+    kw = dict(tau=0.8, seed=3, first=first, valid=mask, return_logprobs=True)
+    t_ids, t_lp = sample_subsets(torch.from_numpy(q), torch.from_numpy(c).to(torch.bfloat16), 5, 6,
+                                 backend="torch", **kw)
+    assert t_ids.dtype == torch.int64 and t_lp.dtype == torch.float32
+    ref = sample_subsets(q, _cast(c, "bfloat16"), 5, 6, backend="numpy", **kw)
+    _compare(t_ids.numpy(), t_lp.numpy(), *ref, atol=2e-5)
+    bad = torch.from_numpy(c)
+    bad[2, 5, 0] = float("inf")
+    with pytest.raises(ValueError, match="cand_emb: question 2, candidate 5"):
+        sample_subsets(torch.from_numpy(q), bad, 2, 2, backend="torch")
+
+
 def test_simd_variants_agree(tmp_path):
     rng = np.random.default_rng(21)
     q, c = _data(rng, 5, 50, 37, scale=0.4)
@@ -441,7 +459,7 @@ def test_backend_selection():
     rng = np.random.default_rng(19)
     q, c = _data(rng, 2, 5, 4)
     op = rcn_fast._dispatch.get("sample_subsets")
-    assert op.names() == ["cuda", "native", "numpy"]
+    assert op.names() == ["cuda", "native", "torch", "numpy"]
     if not _native.cuda_module()[0]:
         with pytest.raises(BackendUnavailableError, match="cuda"):
             sample_subsets(q, c, 2, 2, backend="cuda")

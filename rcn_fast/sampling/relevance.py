@@ -1,7 +1,8 @@
 """Relevance-based subset sampling (ReConnect eqs. 4-6): the public op.
 
 Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
-``native`` (rcn_fast._C, CPU arrays), ``numpy`` (the reference,
+``native`` (rcn_fast._C, CPU arrays), ``torch`` (the reference in torch ops,
+any device of a torch tensor), ``numpy`` (the reference,
 :mod:`rcn_fast.sampling.reference`, CPU). Pick one with ``backend=`` or
 ``RCN_FAST_BACKEND`` (e.g. ``RCN_FAST_BACKEND=sample_subsets=numpy``).
 """
@@ -70,7 +71,7 @@ def sample_subsets(
     first : {"uniform", "relevance"}
         How the first document of a subset is drawn.
     backend : str, optional
-        Force ``"cuda"``, ``"native"`` or ``"numpy"``.
+        Force ``"cuda"``, ``"native"``, ``"torch"`` or ``"numpy"``.
     return_logprobs : bool, default False
         Also return the log-probability of every draw.
 
@@ -305,6 +306,20 @@ def _run_native(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: 
     return ids, logp
 
 
+def _check_torch(ctx: Mapping[str, Any]) -> str | None:
+    if ctx["library"] != "torch":
+        return "inputs are numpy arrays (the torch backend takes torch tensors)"
+    return None
+
+
+def _run_torch(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+               keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
+    from rcn_fast.sampling.torch_backend import sample_subsets_torch
+
+    return sample_subsets_torch(query, cand, num_subsets, subset_size, tau, seed, keys, mask,
+                                first_relevance)
+
+
 def _check_numpy(ctx: Mapping[str, Any]) -> str | None:
     if ctx["device"] != "cpu":
         return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
@@ -327,6 +342,7 @@ SAMPLE_SUBSETS = _dispatch.register(
         [
             _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset"),
             _dispatch.Backend("native", _check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
+            _dispatch.Backend("torch", _check_torch, _run_torch, "torch ops on the inputs' device"),
             _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
         ],
     )
