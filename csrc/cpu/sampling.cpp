@@ -65,7 +65,9 @@ struct Worker {
   int64_t used = 0;
   std::vector<int64_t> chosen;     // [group]
   std::vector<const float*> xs;    // rows to score in one pass
+  std::vector<float*> outs;        // where their scores go
   std::vector<int64_t> pending;    // candidates those rows belong to
+  bool rel_ready = false;          // rel of the current question computed
 
   Worker(const SamplingProblem& prob, Kernels kern, int64_t g) : p(prob), k(kern), group(g) {
     const size_t n = size_t(p.n);
@@ -100,23 +102,35 @@ struct Worker {
       es = d;
     }
     for (int64_t j = 0; j < n; ++j) valid[size_t(j)] = p.mask ? (p.mask[b * n + j] != 0) : 1;
-    const float* q = p.query + b * p.query_stride;
-    SamplingDotsArgs a{};
-    a.x = &q;
-    a.nx = 1;
-    a.e = e;
-    a.e_stride = es;
-    a.n = n;
-    a.d = d;
-    a.out = rel.data();
-    a.out_stride = n;
-    k.dots(a);
-    for (int64_t j = 0; j < n; ++j)
+    rel_ready = false;
+    // With a uniform first draw, rel is computed later, in the same pass as
+    // the first documents' rows (one pass over the candidates saved).
+    return !p.first_relevance || compute_rel(b, err);
+  }
+
+  bool check_rel(int64_t b, SamplingResult& err) {
+    rel_ready = true;
+    for (int64_t j = 0; j < p.n; ++j)
       if (valid[size_t(j)] && !std::isfinite(rel[size_t(j)])) {
         err = {SamplingStatus::NonFiniteCandidate, b, j};
         return false;
       }
     return true;
+  }
+
+  bool compute_rel(int64_t b, SamplingResult& err) {
+    const float* q = p.query + b * p.query_stride;
+    float* out = rel.data();
+    SamplingDotsArgs a{};
+    a.x = &q;
+    a.nx = 1;
+    a.e = e;
+    a.e_stride = es;
+    a.n = p.n;
+    a.d = p.d;
+    a.out = &out;
+    k.dots(a);
+    return check_rel(b, err);
   }
 
   // Subsets [s0, s1) of question b (s1 - s0 <= group), all steps.
@@ -152,17 +166,25 @@ struct Worker {
         return false;
       }
       if (t + 1 == K) break;
-      // Score the newly chosen documents that no earlier step scored.
+      // Score the newly chosen documents that no earlier step scored (and
+      // the query, if rel is still missing).
       xs.clear();
+      outs.clear();
       pending.clear();
+      const bool with_rel = !rel_ready;
+      if (with_rel) {
+        xs.push_back(p.query + b * p.query_stride);
+        outs.push_back(rel.data());
+      }
       for (int64_t g = 0; g < G; ++g) {
         const int64_t c = chosen[size_t(g)];
         if (c < 0 || slot_of[size_t(c)] >= 0) continue;
         slot_of[size_t(c)] = used + int64_t(pending.size());
-        pending.push_back(c);
         xs.push_back(e + c * es);
+        outs.push_back(rows.data() + slot_of[size_t(c)] * n);
+        pending.push_back(c);
       }
-      if (!pending.empty()) {
+      if (!xs.empty()) {
         SamplingDotsArgs a{};
         a.x = xs.data();
         a.nx = int64_t(xs.size());
@@ -170,11 +192,11 @@ struct Worker {
         a.e_stride = es;
         a.n = n;
         a.d = p.d;
-        a.out = rows.data() + used * n;
-        a.out_stride = n;
+        a.out = outs.data();
         k.dots(a);
         used += int64_t(pending.size());
       }
+      if (with_rel && !check_rel(b, err)) return false;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t c = chosen[size_t(g)];
         if (c < 0) continue;
@@ -183,7 +205,7 @@ struct Worker {
         for (int64_t j = 0; j < n; ++j) ac[j] += row[j];
       }
     }
-    return true;
+    return rel_ready || compute_rel(b, err);  // K = 1: no pass computed it yet
   }
 };
 

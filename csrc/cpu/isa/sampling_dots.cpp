@@ -34,7 +34,7 @@ inline float hsum(v8f v) {
 // RX x NE tile: out[r][j0 + c] for r < RX, c < NE (NE <= RE).
 template <int RX, int NE>
 void tile(const float* const* x, const float* e, int64_t es, int64_t j0, int64_t d,
-          float* out, int64_t os) {
+          float* const* out) {
   v8f acc[RX][NE];
   for (int r = 0; r < RX; ++r)
     for (int c = 0; c < NE; ++c) acc[r][c] = v8f{};
@@ -53,26 +53,26 @@ void tile(const float* const* x, const float* e, int64_t es, int64_t j0, int64_t
     for (int c = 0; c < NE; ++c) {
       float s = hsum(acc[r][c]);
       for (int64_t kk = k; kk < d; ++kk) s += x[r][kk] * ej[c][kk];
-      out[r * os + j0 + c] = s;
+      out[r][j0 + c] = s;
     }
 }
 
 template <int RX>
-void rows(const float* const* x, const SamplingDotsArgs& a, float* out) {
+void rows(const float* const* x, const SamplingDotsArgs& a, float* const* out) {
   int64_t j = 0;
-  for (; j + RE <= a.n; j += RE) tile<RX, RE>(x, a.e, a.e_stride, j, a.d, out, a.out_stride);
-  for (; j < a.n; ++j) tile<RX, 1>(x, a.e, a.e_stride, j, a.d, out, a.out_stride);
+  for (; j + RE <= a.n; j += RE) tile<RX, RE>(x, a.e, a.e_stride, j, a.d, out);
+  for (; j < a.n; ++j) tile<RX, 1>(x, a.e, a.e_stride, j, a.d, out);
 }
 
 }  // namespace
 
 void sampling_dots(const SamplingDotsArgs& a) {
   int64_t r = 0;
-  for (; r + 4 <= a.nx; r += 4) rows<4>(a.x + r, a, a.out + r * a.out_stride);
+  for (; r + 4 <= a.nx; r += 4) rows<4>(a.x + r, a, a.out + r);
   switch (a.nx - r) {
-    case 3: rows<3>(a.x + r, a, a.out + r * a.out_stride); break;
-    case 2: rows<2>(a.x + r, a, a.out + r * a.out_stride); break;
-    case 1: rows<1>(a.x + r, a, a.out + r * a.out_stride); break;
+    case 3: rows<3>(a.x + r, a, a.out + r); break;
+    case 2: rows<2>(a.x + r, a, a.out + r); break;
+    case 1: rows<1>(a.x + r, a, a.out + r); break;
     default: break;
   }
 }

@@ -7,16 +7,15 @@
 
 namespace rcn_fast {
 
-// out[r * out_stride + j] = dot(x[r], e_j) for r < nx, j < n, accumulated in
-// float32; x[r] are d contiguous floats, e_j = e + j * e_stride.
+// out[r][j] = dot(x[r], e_j) for r < nx, j < n, accumulated in float32;
+// x[r] are d contiguous floats, e_j = e + j * e_stride.
 struct SamplingDotsArgs {
   const float* const* x;
   int64_t nx;
   const float* e;
   int64_t e_stride;
   int64_t n, d;
-  float* out;
-  int64_t out_stride;
+  float* const* out;
 };
 
 // dst[j * d + k] = float(src[j * src_stride + k]) for j < n, k < d, where
