@@ -2,9 +2,11 @@
 the answer labels (ReConnect eq. 9, ZEBRA eq. 5).
 
 Two public ops, each dispatched (:mod:`rcn_fast._dispatch`) over the
-backends ``triton`` (CUDA tensors; CPU tensors only under
-``TRITON_INTERPRET=1``, for testing) and ``torch`` (the plain reference,
-any device):
+backends ``triton`` (CUDA tensors) and ``torch`` (the plain reference, any
+device). CPU tensors go to the Triton kernels only in Triton's interpreter
+(``TRITON_INTERPRET=1`` set before triton is imported) and only when the
+backend is asked for by name (``backend="triton"`` or ``RCN_FAST_BACKEND``):
+the interpreter is for testing and is never picked automatically.
 
 * :func:`choice_logprobs` -- from final-position logits ``[B, V]``.
 * :func:`choice_logprobs_from_hidden` -- from the final hidden state
@@ -165,6 +167,7 @@ def choice_logprobs(logits: Any, label_ids: Any, *, backend: str | None = None) 
         "C": int(ids.shape[1]),
         "S": int(ids.shape[2]),
         "V": int(logits.shape[1]),
+        "forced": CHOICE_LOGPROBS.requested(backend) is not None,
     }
     return CHOICE_LOGPROBS(ctx, backend, logits=logits, label_ids=ids)
 
@@ -221,6 +224,7 @@ def choice_logprobs_from_hidden(
         "S": int(ids.shape[2]),
         "H": int(hidden.shape[1]),
         "V": int(weight.shape[0]),
+        "forced": CHOICE_LOGPROBS_HIDDEN.requested(backend) is not None,
     }
     return CHOICE_LOGPROBS_HIDDEN(ctx, backend, hidden=hidden, weight=weight, label_ids=ids, bias=bias)
 
@@ -292,8 +296,11 @@ def pack_label_ids(per_row: Sequence[Sequence[Sequence[int]]]) -> Any:
 def _check_triton(ctx: Mapping[str, Any]) -> str | None:
     if not A.optional_available("triton"):
         return f"triton is not installed ({_TRITON_HINT})"
-    if ctx["device"] != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"inputs are on {ctx['device']}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+    if ctx["device"] != "cuda":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return f"inputs are on {ctx['device']}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+        if not ctx.get("forced"):
+            return f"inputs are on {ctx['device']}; the Triton interpreter runs only when asked for by name"
     if ctx["C"] > 1024 or ctx["S"] > 64:
         return f"C={ctx['C']}, S={ctx['S']} exceed the kernel's limits (C <= 1024, S <= 64)"
     return None

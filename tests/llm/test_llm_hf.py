@@ -207,3 +207,16 @@ def test_gguf_file_loads_and_matches_the_directory_model(tiny_llm, tmp_path):
     assert g.encode_chats(chats) == tiny_llm.encode_chats(chats)
     np.testing.assert_allclose(g.label_logprobs(chats, ["A", "B"]), tiny_llm.label_logprobs(chats, ["A", "B"]), rtol=1e-5, atol=1e-5)
     assert [r[0].text for r in g.generate(chats, max_new_tokens=4)] == [r[0].text for r in tiny_llm.generate(chats, max_new_tokens=4)]
+
+
+@pytest.mark.parametrize("mode", ["hidden", "logits"])
+def test_scoring_backend_triton_in_the_model_path(tiny_llama_dir, mode):
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None or not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        pytest.skip("triton missing, or neither CUDA nor TRITON_INTERPRET=1")
+    chats = [mcq_chat(q) for q in QUESTIONS]
+    tri = load_llm(tiny_llama_dir, scoring=mode, scoring_backend="triton").label_logprobs(chats, list("ABCD"))
+    ref = load_llm(tiny_llama_dir, scoring=mode, scoring_backend="torch").label_logprobs(chats, list("ABCD"))
+    np.testing.assert_allclose(tri, ref, rtol=1e-5, atol=1e-5)

@@ -184,6 +184,11 @@ def test_dispatch_and_argument_errors(monkeypatch):
     ids = torch.tensor([[0, 1], [2, 3]])  # [B, C]: one spelling per label
     lp, _ = choice_logprobs(logits, ids, backend="torch")
     assert lp.shape == (2, 2)
+    if not CUDA:
+        # the interpreter is never chosen automatically, only by name
+        assert CHOICE_LOGPROBS.select({"device": "cpu", "C": 2, "S": 1, "forced": False}).name == "torch"
+        if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1":
+            assert CHOICE_LOGPROBS.select({"device": "cpu", "C": 2, "S": 1, "forced": True}, "triton").name == "triton"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     if not CUDA:
         assert CHOICE_LOGPROBS.select({"device": "cpu", "C": 2, "S": 1}).name == "torch"
