@@ -148,6 +148,16 @@ class HFLLM:
 
     @property
     def identity(self) -> str:
+        """``hf:<name>:<dtype>:<digest>``: the digest covers the model config,
+        chat template, vocabulary size, parameter count and label
+        spellings (not the weights themselves: rename ``name`` after
+        changing weights in place)."""
+        key = (str(next(self.model.parameters()).dtype), self.config.label_spellings, self.name)
+        if getattr(self, "_identity", (None, None))[0] != key:
+            self._identity = (key, self._compute_identity())
+        return self._identity[1]
+
+    def _compute_identity(self) -> str:
         cfg = self.model.config.to_dict() if hasattr(self.model.config, "to_dict") else {}
         blob = json.dumps(
             {
