@@ -560,3 +560,47 @@ def test_cuda_distribution_and_errors():
     bad[0, 2, 1] = float("nan")
     with pytest.raises(ValueError, match="cand_emb: question 0, candidate 2"):
         sample_subsets(torch.from_numpy(q).cuda(), bad, 2, 2, backend="cuda")
+
+
+# ------------------------------------------------------------------ property test
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    B=st.integers(0, 4), n=st.integers(0, 40), d=st.integers(0, 19), N=st.integers(-1, 6),
+    K=st.integers(-1, 45), dtype=st.sampled_from(["float32", "float16", "bfloat16", "float64", "int32"]),
+    step=st.integers(1, 3), valid_kind=st.sampled_from(["none", "counts", "mask"]),
+    first=st.sampled_from(["uniform", "relevance"]), tau=st.sampled_from([0.05, 1.0, 30.0, -1.0]),
+)
+def test_random_inputs_never_crash_and_match_reference(B, n, d, N, K, dtype, step, valid_kind, first, tau):
+    rng = np.random.default_rng(B * 100_000 + n * 100 + d)
+    base = rng.standard_normal((B, n * step, d + 1))
+    c = base.astype(np.float32)[:, ::step, :d]
+    if dtype in ("float16", "bfloat16"):
+        c = _cast(c, dtype)
+    elif dtype != "float32":
+        c = base[:, ::step, :d].astype(dtype)
+    q = rng.standard_normal((B, d)).astype(np.float32)
+    valid = None
+    if valid_kind == "counts":
+        valid = rng.integers(0, n + 1, size=B)
+    elif valid_kind == "mask":
+        valid = rng.random((B, n)) < 0.6
+    kw = dict(tau=tau, seed=7, first=first, valid=valid, return_logprobs=True)
+    try:
+        got = sample_subsets(q, c, N, K, backend="native", **kw)
+    except (TypeError, ValueError):
+        with pytest.raises((TypeError, ValueError)):
+            sample_subsets(q, c, N, K, backend="numpy", **kw)
+        return
+    ref = sample_subsets(q, c, N, K, backend="numpy", **kw)
+    ids = got[0]
+    assert ids.shape == (B, N, K)
+    if ids.size:
+        _compare(*got, *ref, atol=1e-3 if tau < 0.1 else 2e-5)
+        counts = np.full(B, n) if valid is None else (valid if valid_kind == "counts" else valid.sum(1))
+        assert ((ids >= 0).sum(-1) == np.minimum(counts, K)[:, None]).all()
