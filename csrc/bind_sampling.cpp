@@ -34,8 +34,8 @@ void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_
   bind::require_ndim(cand, 3, "cand_emb", "[B, n, d]");
   bind::require_device(cand, nb::device::cpu::value, "cand_emb", "CPU");
   const DType ct = bind::float_dtype(cand, "cand_emb", uint16_is_bf16);
-  bind::require_unit_inner_stride(cand, "cand_emb");
   const int64_t B = int64_t(cand.shape(0)), n = int64_t(cand.shape(1)), d = int64_t(cand.shape(2));
+  if (B > 0 && n > 0) bind::require_unit_inner_stride(cand, "cand_emb");  // empty: any strides
   if (int64_t(query.shape(0)) != B || int64_t(query.shape(1)) != d)
     throw nb::value_error(("query_emb: expected shape [" + std::to_string(B) + ", " +
                            std::to_string(d) + "] to match cand_emb [B, n, d]")

@@ -34,6 +34,9 @@ def test_common_contract(strategy):
     assert (ids == sample(strategy, q, c, N, K, seed=3, valid=valid)).all()
     alone = sample(strategy, q[3:], c[3:], N, K, seed=3, valid=valid[3:], keys=np.array([3]))
     assert (alone[0] == ids[3]).all()
+    # empty batch, no candidates
+    assert sample(strategy, q[:0], c[:0], N, K).shape == (0, N, K)
+    assert (sample(strategy, q, c[:, :0], N, K) == -1).all()
 
 
 def test_relevance_is_sample_subsets():

@@ -127,6 +127,8 @@ def sample_subsets_reference(
     keys = np.arange(B, dtype=np.int64) if keys is None else np.asarray(keys, dtype=np.int64)
     valid = np.ones((B, n), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     N, K = int(num_subsets), int(subset_size)
+    if B == 0 or n == 0:
+        return np.full((B, N, K), -1, dtype=np.int64), np.zeros((B, N, K), dtype=np.float32)
 
     rel = np.einsum("bd,bnd->bn", q, e)  # dot(e_q, e_j), float32
     bad = valid & ~np.isfinite(rel)

@@ -144,6 +144,11 @@ def sample_subsets(
     keys = _check_keys(keys, B)
     mask = _check_valid(valid, B, n)
     q32 = _query_float32(query_emb)
+    if B == 0 or n == 0:  # nothing to draw: empty, or every slot padding
+        ids = np.full((B, N, K), -1, dtype=np.int64)
+        logp = np.zeros((B, N, K), dtype=np.float32)
+        ids, logp = A.from_numpy_like(cand_emb, ids), A.from_numpy_like(cand_emb, logp)
+        return (ids, logp) if return_logprobs else ids
     ctx = {
         "library": A.library(cand_emb),
         "device": A.device_of(cand_emb),

@@ -128,7 +128,9 @@ def sample(
     if bad.any():
         b, j = np.argwhere(bad)[0]
         raise ValueError(f"cand_emb: question {b}, candidate {j}: expected finite values, found NaN or inf")
-    if strategy == "random":
+    if B == 0 or n == 0:
+        ids = np.full((B, N, K), -1, dtype=np.int64)
+    elif strategy == "random":
         ids = random_subsets(mask, N, K, seed, keys_np)
     elif strategy == "topk":
         ids = topk_subsets(q, e, mask, N, K)
