@@ -22,7 +22,10 @@ gets the probability mass of all its spellings together (taking the max
 would ignore the mass of the weaker spelling). A label whose spellings are
 all absent (``-1``; use this to pad rows with fewer choices) scores ``-inf``
 and gets log-probability ``-inf``. Repeated ids within one label count
-once per occurrence, so :func:`label_token_ids` removes duplicates.
+once per occurrence, so :func:`label_token_ids` removes duplicates. Which
+ids spell a label is decided by :func:`label_token_ids` (the label encoded
+bare and with a leading space, plus the vocabulary pieces ``"A"``, ``"ĠA"``,
+``"▁A"``).
 
 The result is the log-softmax over the labels of each row (float32) and the
 argmax (int64, lowest label index on ties, ``-1`` when every label of the
@@ -229,8 +232,14 @@ def choice_logprobs_from_hidden(
     return CHOICE_LOGPROBS_HIDDEN(ctx, backend, hidden=hidden, weight=weight, label_ids=ids, bias=bias)
 
 
+_SPACE_MARKERS = ("\u0120", "\u2581")  # byte-level BPE "Ġ", SentencePiece "▁"
+
+
 def label_token_ids(
-    tokenizer: Any, labels: Sequence[str], spellings: Sequence[str] = ("{}", " {}")
+    tokenizer: Any,
+    labels: Sequence[str],
+    spellings: Sequence[str] = ("{}", " {}"),
+    vocab_pieces: bool = True,
 ) -> list[list[int]]:
     """Token ids of every spelling of every label.
 
@@ -240,14 +249,21 @@ def label_token_ids(
     labels : list of str
         E.g. ``["A", "B", "C"]``.
     spellings : list of str
-        Format strings; by default the label itself and with a leading
-        space.
+        Format strings encoded on their own; by default the label itself
+        and with a leading space.
+    vocab_pieces : bool
+        Also take the vocabulary entries that spell each spelling as one
+        piece, a leading space written as a space marker (``"A"``,
+        ``"ĠA"``, ``"▁A"``). Encoding alone misses
+        some: a SentencePiece tokenizer encodes both ``"A"`` and ``" A"`` as
+        ``"▁A"`` and never yields the bare ``"A"`` a model may put after
+        ``"Answer: "``.
 
     Returns
     -------
     list of list of int
-        Per label, the distinct ids of the spellings that encode to exactly
-        one token (spellings that need several tokens are skipped).
+        Per label, the distinct ids that spell it as one token (spellings
+        that need several tokens are skipped).
 
     Raises
     ------
@@ -255,6 +271,7 @@ def label_token_ids(
         When no spelling of a label is a single token (multi-token labels
         are not scored: rename them, e.g. to letters).
     """
+    vocab = tokenizer.get_vocab() if vocab_pieces else {}
     out: list[list[int]] = []
     for label in labels:
         if not isinstance(label, str) or not label:
@@ -267,6 +284,11 @@ def label_token_ids(
             tried.append(f"{text!r} -> {toks}")
             if len(toks) == 1 and toks[0] not in ids:
                 ids.append(int(toks[0]))
+            pieces = [m + text[1:] for m in _SPACE_MARKERS] if text.startswith(" ") else [text]
+            for piece in pieces if vocab else ():
+                tid = vocab.get(piece)
+                if tid is not None and int(tid) not in ids:
+                    ids.append(int(tid))
         if not ids:
             raise ValueError(
                 f"labels: {label!r} is not a single token in any spelling ({'; '.join(tried)}); "

@@ -211,3 +211,27 @@ def test_dispatch_and_argument_errors(monkeypatch):
 def test_pack_label_ids_pads_ragged_rows():
     packed = pack_label_ids([[[1, 2], [3]], [[4]]])
     assert packed.tolist() == [[[1, 2], [3, -1]], [[4, -1], [-1, -1]]]
+
+
+def test_label_token_ids_spellings_and_vocab_pieces():
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rcn_fast.llm.scoring import label_token_ids
+
+    # a SentencePiece-style (Metaspace) tokenizer: "A" and " A" both encode to "▁A"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(["Answer: A B C", "A cat. B is C."] * 20,
+                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"], show_progress=False))
+    sp = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    vocab = sp.get_vocab()
+    assert sp.encode("A", add_special_tokens=False) == sp.encode(" A", add_special_tokens=False) == [vocab["\u2581A"]]
+    assert label_token_ids(sp, ["A"], vocab_pieces=False) == [[vocab["\u2581A"]]]
+    assert sorted(label_token_ids(sp, ["A", "B"])[0]) == sorted([vocab["A"], vocab["\u2581A"]])
+    # custom spellings: only their own pieces
+    assert label_token_ids(sp, ["A"], spellings=("{}",), vocab_pieces=True)[0] == [vocab["\u2581A"], vocab["A"]]
+    with pytest.raises(ValueError, match="not a single token"):
+        label_token_ids(sp, ["Answer: A"])
