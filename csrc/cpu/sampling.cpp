@@ -3,17 +3,22 @@
 // question and runs that question's subsets in lockstep, one step at a time:
 //
 //   prepare question b: its candidates as float32 rows (f16/bf16 converted
-//                       once), rel_j = dot(e_q, e_j)
+//                       once); rel_j = dot(e_q, e_j) now if the first draw
+//                       needs it, else in the pass of the first step's rows
 //   for t in 0..K-1:
-//     draw step t of every subset (common/subset_sampler.h, one lane)
-//     score the documents just chosen against all candidates, one thin
-//     matrix product for all subsets (rows already scored for an earlier
-//     subset or step are reused), and add each subset's row to its acc
+//     draw step t of every subset (common/subset_sampler.h with one lane,
+//     cpu/isa/sampling_steps.cpp)
+//     score the documents just chosen against all candidates: one thin
+//     matrix product for all subsets (cpu/isa/sampling_dots.cpp); rows an
+//     earlier subset or step scored are reused; add each subset's row to
+//     its acc (acc_j / t = dot(mean of the chosen, e_j))
 //
-// Reusing rows is what makes this cheaper than the textbook loop: with
-// sharp distributions many subsets pick the same documents. Every number a
-// subset sees is computed the same way whatever the split, so results do not
-// depend on the thread count or batch composition.
+// The matrix product reads the question's candidates once per step for all
+// subsets instead of once per subset, and reuse skips rows entirely when
+// subsets share documents (common with sharp distributions). Every number a
+// subset sees is computed the same way whatever the split (a row's dot
+// products do not depend on which other rows share its pass), so results do
+// not depend on the thread count or batch composition.
 #include "cpu/sampling.h"
 
 #include <algorithm>
