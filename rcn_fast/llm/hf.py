@@ -337,7 +337,10 @@ class HFLLM:
     def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
         cut = next((k for k, t in enumerate(toks) if t in stop_ids), None)
         if cut is not None:
-            body, n_gen, reason = toks[:cut], cut + 1, "stop"
+            # an end-of-turn token was generated (it counts); padding after a
+            # row stopped by a stop string was not
+            ended = toks[cut] in self.eos_ids
+            body, n_gen, reason = toks[:cut], cut + (1 if ended else 0), "stop"
         else:
             body, n_gen, reason = toks, len(toks), "length"
         text = self.tokenizer.decode(body, skip_special_tokens=True)
