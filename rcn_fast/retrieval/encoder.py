@@ -15,6 +15,7 @@ pads only to its own longest text; results come back in input order.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import inspect
 import json
@@ -129,7 +130,13 @@ class EncoderConfig:
 # ------------------------------------------------------------------- protocol
 @runtime_checkable
 class EncoderLike(Protocol):
-    """What the corpus build and the retriever need from an encoder."""
+    """What the corpus build and the retriever need from an encoder.
+
+    ``describe()`` returns a JSON-able dict with at least ``dim`` and the
+    settings that decide the vectors (``fingerprint``, ``pooling``,
+    ``normalize``, ``query_prefix``, ``passage_prefix``); it is stored in
+    corpus manifests and compared on resume and load.
+    """
 
     @property
     def dim(self) -> int: ...
@@ -155,8 +162,6 @@ def resolve_model_dir(model: str) -> Path:
         return p.resolve()
     mod_name = model.replace("-", "_")
     if mod_name.isidentifier() and importlib.util.find_spec(mod_name) is not None:
-        import importlib
-
         mod = importlib.import_module(mod_name)
         if hasattr(mod, "get_model_path"):
             d = Path(mod.get_model_path())
