@@ -318,13 +318,14 @@ def pack_label_ids(per_row: Sequence[Sequence[Sequence[int]]]) -> Any:
 def _check_triton(ctx: Mapping[str, Any]) -> str | None:
     if not A.optional_available("triton"):
         return f"triton is not installed ({_TRITON_HINT})"
-    if ctx["device"] != "cuda":
+    if ctx.get("device", "cpu") != "cuda":
         if os.environ.get("TRITON_INTERPRET") != "1":
-            return f"inputs are on {ctx['device']}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
+            return f"inputs are on {ctx.get('device', 'cpu')}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
         if not ctx.get("forced"):
-            return f"inputs are on {ctx['device']}; the Triton interpreter runs only when asked for by name"
-    if ctx["C"] > 1024 or ctx["S"] > 64:
-        return f"C={ctx['C']}, S={ctx['S']} exceed the kernel's limits (C <= 1024, S <= 64)"
+            return f"inputs are on {ctx.get('device', 'cpu')}; the Triton interpreter runs only when asked for by name"
+    C, S = ctx.get("C", 1), ctx.get("S", 1)
+    if C > 1024 or S > 64:
+        return f"C={C}, S={S} exceed the kernel's limits (C <= 1024, S <= 64)"
     return None
 
 
