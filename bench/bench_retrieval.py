@@ -10,6 +10,8 @@
   ONNX fp32 >= 1.3x torch, int8 >= 2.5x.
 * int8 quality: recall@10 of OpenBookQA questions -> their supporting fact
   (fp32 vs int8 store and queries), in extra_info of the int8 runs.
+* GFLOP/s (dense encoder FLOPs / time) in extra_info: at batch 32 both
+  torch and ONNX fp32 are GEMM-bound, so compare it with the core's peak.
 * Corpus build docs/s (ONNX fp32, MiniLM) and end-to-end retrieval
   queries/s (encode + native top-k + passage lookup).
 
@@ -138,6 +140,10 @@ def test_encoder_throughput(benchmark, record, encoders, model, length, impl):
     benchmark.extra_info["sentences/s"] = round(count / t, 1)
     benchmark.extra_info["tokens/s"] = round(count * length / t, 1)
     benchmark.extra_info["threads"] = THREADS
+    c = enc.hf_config  # dense FLOPs of the encoder: linear layers + attention scores/values
+    L, H, Ff = c.num_hidden_layers, c.hidden_size, c.intermediate_size
+    flops = count * L * (2 * length * (4 * H * H + 2 * H * Ff) + 4 * length * length * H)
+    benchmark.extra_info["GFLOP/s"] = round(flops / t / 1e9, 1)
     if hasattr(enc, "provider"):
         benchmark.extra_info["provider"] = enc.provider
     RATIOS.setdefault(benchmark.group, {})[impl] = t
