@@ -411,3 +411,19 @@ def test_user_prompt_file_changes_the_prompts(tmp_path, retriever):
     assert chat[-1]["content"] == "The answer is " and chat[1]["content"] == "Ready."
     # the other stages keep the defaults
     assert stage_of(chat) == "answer"
+
+
+def test_rerun_through_the_call_cache_gives_the_same_predictions_and_cost(tmp_path, retriever):
+    from rcn_fast.llm import CachedLLM, CallCache
+
+    qs = _questions()
+    first = build("reconnect", llm=CachedLLM(ScriptedLLM(), CallCache(tmp_path / "c.sqlite")),
+                  retriever=retriever).run_batch(qs)
+    inner = ScriptedLLM()
+    again = build("reconnect", llm=CachedLLM(inner, CallCache(tmp_path / "c.sqlite")),
+                  retriever=retriever).run_batch(qs)
+    assert inner.calls == []  # everything came from the cache
+    for a, b in zip(first, again):
+        assert a.pred == b.pred and a.knowledge == b.knowledge and a.choice_logprobs == b.choice_logprobs
+        assert b.cost.cached_calls == b.cost.llm_calls == 6 and a.cost.cached_calls == 0
+        assert (a.cost.prompt_tokens, a.cost.generated_tokens) == (b.cost.prompt_tokens, b.cost.generated_tokens)
