@@ -180,7 +180,7 @@ def test_unfinished_build_with_other_input_is_an_error(tmp_path, corpus_records,
     with pytest.raises(ValueError, match=r"unfinished build with other settings: .*input\.sha256"):
         build_corpus(BuildConfig(input=str(b), out=str(out), chunk_size=8, num_shards=2, shard_id=0),
                      encoder, show_progress=False)
-    with pytest.raises(FileNotFoundError, match="unfinished build"):
+    with pytest.raises(FileNotFoundError, match="finished shard of a sharded build"):
         CorpusStore.open(out)
 
 
@@ -220,6 +220,12 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, corpus_jsonl, tiny_m
     done = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.npz")}
     assert 3 <= len(done) < 8, f"expected a mid-way kill, found {len(done)} of 8 chunks"
     assert not (out / "manifest.json").exists()
+    with pytest.raises(FileNotFoundError, match="unfinished build"):
+        CorpusStore.open(out)
+    bad = run_cli(*[a if a != "float32" else "float16" for a in args])  # other settings: refused
+    assert bad.returncode == 2 and "unfinished build with other settings" in bad.stderr and "dtype" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.npz")} == done
 
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
@@ -240,8 +246,5 @@ def test_cli_info_verify_and_errors(built, tmp_path, corpus_jsonl, tiny_model):
     assert info["count"] == 120 and info["dim"] == 32 and info["encoder"]["pooling"] == "mean"
     res = run_cli("verify", str(built.path))
     assert res.returncode == 0 and "match" in res.stdout
-    res = run_cli("build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--out", str(built.path),
-                  "--chunk-size", "16", "--dtype", "float16", "--no-progress")
-    assert res.returncode == 2 and "dtype" in res.stderr and "Traceback" not in res.stderr
     res = run_cli("info", str(tmp_path / "nothing"))
     assert res.returncode == 2 and "manifest.json" in res.stderr

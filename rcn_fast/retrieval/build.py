@@ -321,13 +321,22 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     return store
 
 
-def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-                 keep_parts: bool = True) -> CorpusStore:
+def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]) -> CorpusStore:
     """Join the directories of a sharded build into one store.
 
     Every shard must come from the same input, encoder and settings, and
     together they must cover every chunk once. The result is identical to
-    a one-machine build of the same input.
+    a one-machine build of the same input. The shard directories are left
+    as they are (delete them once the merged store is verified).
+
+    Parameters
+    ----------
+    shard_dirs : list of directories, one per shard id 0..S-1 (any order)
+    out : directory for the merged store
+
+    Returns
+    -------
+    CorpusStore
     """
     if not shard_dirs:
         raise ValueError("shard_dirs: expected at least one shard directory")

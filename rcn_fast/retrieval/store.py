@@ -136,8 +136,11 @@ class CorpusStore:
         path = Path(path)
         mf = path / "manifest.json"
         if not mf.is_file():
-            hint = " (an unfinished build: run the same build command again to resume)" \
-                if (path / "build.json").is_file() else ""
+            hint = ""
+            if (path / "shard.json").is_file():
+                hint = " (one finished shard of a sharded build: join the shards with `python -m rcn_fast.corpus merge`)"
+            elif (path / "build.json").is_file():
+                hint = " (an unfinished build: run the same build command again to resume)"
             raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store{hint}")
         manifest = json.loads(mf.read_text())
         if manifest.get("format") != FORMAT:
