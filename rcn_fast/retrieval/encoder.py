@@ -14,8 +14,10 @@ pads only to its own longest text; results come back in input order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
+import io
 import importlib.util
 import inspect
 import json
@@ -550,11 +552,17 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
             dyn = tuple({0: batch, 1: seq} for _ in names)
             import warnings
 
-            with warnings.catch_warnings():
+            noisy = [logging.getLogger(n) for n in ("onnx_ir", "onnxscript", "torch.onnx", "torch.export")]
+            levels = [lg.level for lg in noisy]
+            for lg in noisy:
+                lg.setLevel(logging.WARNING)
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.onnx.export(module, example, str(tmp / "model.onnx"), input_names=list(names),
                                   output_names=["embeddings"], dynamo=True, dynamic_shapes=dyn,
                                   verbose=False)
+            for lg, lv in zip(noisy, levels):
+                lg.setLevel(lv)
             (tmp / "export.json").write_text(json.dumps(
                 {"model_dir": str(model_dir), "key": json.loads(key_src), "inputs": list(names),
                  "output": "embeddings", "pooling": pooling}, indent=2) + "\n")
