@@ -195,7 +195,7 @@ example_generation:
 """
 
 
-@pytest.mark.slow  # ~1-3 min on a shared 2-core CPU (loading SmolLM2 alone takes 30-50 s there)
+@pytest.mark.slow  # ~1 min on a quiet 2-core CPU (25-50 s of it loading SmolLM2), 3-4 min when it is busy
 def test_real_models_on_arc_easy(shared_data, smollm2, minilm, tmp_path):
     """vanilla, single_retrieval, reconnect and zebra on 10 ARC-Easy questions
     with SmolLM2-135M-Instruct and all-MiniLM-L6-v2 over a corpus of
