@@ -427,3 +427,21 @@ def test_rerun_through_the_call_cache_gives_the_same_predictions_and_cost(tmp_pa
         assert a.pred == b.pred and a.knowledge == b.knowledge and a.choice_logprobs == b.choice_logprobs
         assert b.cost.cached_calls == b.cost.llm_calls == 6 and a.cost.cached_calls == 0
         assert (a.cost.prompt_tokens, a.cost.generated_tokens) == (b.cost.prompt_tokens, b.cost.generated_tokens)
+
+
+def test_retriever_with_an_encoder_but_no_embedding_search(retriever):
+    """retrieve(queries, k) + .encoder: passages are re-encoded for the sampler,
+    which then draws the same subsets as with stored embeddings."""
+
+    class ByText:
+        def __init__(self, inner):
+            self.inner, self.encoder = inner, inner.encoder
+
+        def retrieve(self, queries, k=5):
+            return self.inner.retrieve(queries, k)
+
+    qs = _questions()
+    a = build("reconnect", llm=ScriptedLLM(), retriever=ByText(retriever)).run_batch(qs)
+    b = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run_batch(qs)
+    assert [_subsets(p) for p in a] == [_subsets(p) for p in b]
+    assert [p.pred for p in a] == [p.pred for p in b]

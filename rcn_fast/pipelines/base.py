@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -190,7 +189,6 @@ class StageRunner:
         out: list[list[str]] = [[] for _ in states]
         if not flat:
             return out
-        t0 = time.perf_counter()
         res = self.llm.generate(flat, tags=tags, **self.gen_kwargs)
         self.llm_calls += 1
         if len(res) != len(flat):
@@ -204,7 +202,6 @@ class StageRunner:
                 "finish_reason": g.finish_reason, "prompt_tokens": g.prompt_tokens,
                 "generated_tokens": g.generated_tokens,
             })
-        self.last_seconds = time.perf_counter() - t0
         return out
 
     def score(self, stage: str, states: Sequence[QuestionState],

@@ -84,16 +84,12 @@ class EncoderRetrieverAdapter:
     def __init__(self, retriever: Any) -> None:
         self.retriever = retriever
         self.encoder = retriever.encoder
-        self._pending: list[str] | None = None
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         return _f32(self.encoder.encode_queries(list(queries)))
 
     def retrieve_texts(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         return self.retriever.retrieve(list(queries), k)
-
-    def retrieve_embeddings(self, query_emb: np.ndarray, k: int) -> list[list[Passage]]:  # pragma: no cover
-        raise TypeError("retriever: retrieves by text only; use retrieve_texts")
 
     def passage_embeddings(self, passages: Sequence[Passage]) -> np.ndarray:
         if not passages:
@@ -134,6 +130,7 @@ def as_embedding_retriever(retriever: Any) -> Any:
 
 
 def has_embeddings(adapter: Any) -> bool:
+    """Whether an adapter can embed queries and passages (for the sampler)."""
     return hasattr(adapter, "passage_embeddings") and hasattr(adapter, "embed_queries")
 
 
@@ -142,12 +139,12 @@ def retrieve_batch(adapter: Any, queries: Sequence[str], k: int) -> tuple[list[l
     queries = list(queries)
     if not queries:
         return [], None
-    if hasattr(adapter, "retrieve_embeddings") and not isinstance(adapter, EncoderRetrieverAdapter):
-        emb = adapter.embed_queries(queries)
-        return adapter.retrieve_embeddings(emb, k), emb
     if isinstance(adapter, EncoderRetrieverAdapter):
         return adapter.retrieve_texts(queries, k), adapter.embed_queries(queries)
-    return adapter.retrieve_texts(queries, k), None
+    if isinstance(adapter, TextOnlyAdapter):
+        return adapter.retrieve_texts(queries, k), None
+    emb = adapter.embed_queries(queries)
+    return adapter.retrieve_embeddings(emb, k), emb
 
 
 class InMemoryRetriever:
