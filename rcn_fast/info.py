@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from typing import Any
@@ -20,7 +21,7 @@ def _op_modules() -> None:
     """Import the modules that register ops with the dispatcher."""
     import importlib
 
-    for name in ("rcn_fast.search.topn", "rcn_fast.sampling"):
+    for name in ("rcn_fast.search.topn", "rcn_fast.sampling", "rcn_fast.llm.scoring"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -30,8 +31,10 @@ def _op_modules() -> None:
 def build_info() -> dict[str, Any]:
     """Everything ``python -m rcn_fast.info`` prints, as a dict.
 
-    Keys: ``version``, ``python``, ``platform``, ``native`` (compiler, SIMD
-    compiled and active, CPU features, threads; or the load error),
+    Keys: ``version``, ``python``, ``platform``, ``package_path`` (the
+    directory rcn_fast was imported from), ``native`` (compiler, SIMD
+    compiled and active, CPU features, threads, the module's file; or the
+    load error),
     ``cuda`` (compiled?, usable?, devices, reason), ``packages`` (optional
     package -> importable), ``backends`` (op -> the backend chosen for
     float32 CPU numpy inputs and for CUDA torch inputs, with every other
@@ -46,9 +49,10 @@ def build_info() -> dict[str, Any]:
         "version": rcn_fast.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "package_path": os.path.dirname(os.path.abspath(rcn_fast.__file__)),
     }
     mod, err = _native.cpu_module()
-    info["native"] = mod.build_info() if mod is not None else {"error": err}
+    info["native"] = {**mod.build_info(), "file": mod.__file__} if mod is not None else {"error": err}
 
     cuda: dict[str, Any] = {"compiled": bool(_native.build_config().get("cuda_compiled", False))}
     cmod = _native.cuda_compiled_module()
@@ -91,11 +95,13 @@ def _contexts(op: str) -> dict[str, dict[str, Any]]:
 
 
 def format_info(info: dict[str, Any]) -> str:
-    lines = [f"rcn_fast {info['version']}  (Python {info['python']}, {info['platform']})"]
+    lines = [f"rcn_fast {info['version']}  (Python {info['python']}, {info['platform']})",
+             f"package       : {info['package_path']}"]
     nat = info["native"]
     if "error" in nat:
         lines.append(f"native module : NOT LOADED - {nat['error']}")
     else:
+        lines.append(f"native file   : {nat['file']}")
         lines.append(f"native module : {nat['compiler']}; SIMD compiled [{nat['simd_compiled']}], "
                      f"active {nat['simd_active']}" + (f" ({nat['simd_note']})" if nat["simd_note"] else ""))
         lines.append(f"cpu features  : {nat['cpu_features'] or '-'}; threads {nat['num_threads']}")
