@@ -79,8 +79,12 @@ def real_sentences(n: int) -> list[str]:
                     out.append(t)
                 if len(out) >= n:
                     break
-    if len(out) < min(n, len(FALLBACK_SENTENCES)):
+    if len(out) < n:
+        # without ../shared: the fallback sentences, then distinct variants of them
         out = list(FALLBACK_SENTENCES)
+        leads = ("It is known that ", "Note that ", "In nature, ", "Scientists say that ")
+        for lead in leads:
+            out += [lead + t[0].lower() + t[1:] for t in FALLBACK_SENTENCES]
     return out[:n]
 
 
