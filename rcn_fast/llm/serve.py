@@ -1,6 +1,6 @@
 """A small OpenAI-compatible HTTP server over rcn_fast's local backend.
 
-    python -m rcn_fast.llm.serve --model PATH_OR_SPEC [--host 127.0.0.1] [--port 8000]
+    python -m rcn_fast.serve --model PATH_OR_SPEC [--host 127.0.0.1] [--port 8000]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and
 ``POST /v1/completions`` with the fields rcn_fast's OpenAI client uses:
@@ -241,7 +241,7 @@ def make_server(llm: HFLLM, host: str = "127.0.0.1", port: int = 0, **kwargs: An
 def main(argv: list[str] | None = None) -> None:
     from rcn_fast.llm.load import load_llm
 
-    ap = argparse.ArgumentParser(prog="python -m rcn_fast.llm.serve", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rcn_fast.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model directory, .gguf file, package:<module> or hub id")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)

@@ -494,7 +494,7 @@ def _save_checkpoint(ckpt: Path, model: Any, tok: Any, opt: Any, cfg: TrainConfi
 
 # ------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rcn_fast.retrieval.train",
+    p = argparse.ArgumentParser(prog="python -m rcn_fast.train_retriever",
                                 description="Train a dense retriever with multi-positive NCE (resumable).")
     p.add_argument("--config", help="YAML/JSON file of TrainConfig fields; flags override it")
     p.add_argument("--train")

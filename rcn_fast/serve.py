@@ -1,0 +1,7 @@
+"""``python -m rcn_fast.serve --model SPEC``: a small OpenAI-compatible HTTP
+server over rcn_fast's local LLM backend (see :mod:`rcn_fast.llm.serve`)."""
+
+from rcn_fast.llm.serve import main
+
+if __name__ == "__main__":
+    main()
