@@ -11,8 +11,10 @@ from rcn_fast.data.loaders import (
     read_jsonl,
 )
 from rcn_fast.data.questions import MCQuestion
+from rcn_fast.data.yes_no import is_yes_no, load_yes_no_questions, yes_no_question
 
 __all__ = [
     "MCQuestion", "load_questions", "read_jsonl", "load_hf", "FieldMap", "HF_FIELD_MAPS",
     "DataFormatError", "parse_csqa_record", "convert_record",
+    "yes_no_question", "load_yes_no_questions", "is_yes_no",
 ]

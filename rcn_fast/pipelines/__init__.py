@@ -31,6 +31,8 @@ from rcn_fast.pipelines.config import (
     CONFIGS,
     PipelineConfig,
     ReConnectConfig,
+    RRConfig,
+    SelfConsistencyConfig,
     SingleRetrievalConfig,
     VanillaConfig,
     ZebraConfig,
@@ -41,6 +43,7 @@ from rcn_fast.pipelines.config import (
 )
 from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
 from rcn_fast.pipelines.reconnect import ReConnect
+from rcn_fast.pipelines.rr import RR, SelfConsistency
 from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
 from rcn_fast.pipelines.zebra import Zebra
 
@@ -49,6 +52,8 @@ PIPELINES: dict[str, type[StagedPipeline]] = {
     "single_retrieval": SingleRetrieval,
     "reconnect": ReConnect,
     "zebra": Zebra,
+    "rr": RR,
+    "self_consistency": SelfConsistency,
 }
 
 
@@ -73,7 +78,9 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
         ReConnect only: ``"w/o ER"``, ``"w/o KC"``, ``"w/o KE"``, ``"w/o KA"``
         (also spelt ``"wo_kc"``...).
     **settings
-        Fields of the pipeline's config class (e.g. ``num_subsets=5``).
+        Fields of the pipeline's config class (e.g. ``num_subsets=5``), and
+        the extra components a pipeline class lists in ``component_args``
+        (``rr``: ``nli=`` an NLI model, see :mod:`rcn_fast.nli`).
 
     Returns
     -------
@@ -100,13 +107,15 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
     if isinstance(prompts, (str, dict)) and "prompts" not in settings:
         settings["prompts"] = prompts
         prompts = None
+    # components a pipeline takes besides llm/retriever (e.g. RR's nli=): objects, not config fields
+    components = {k: settings.pop(k) for k in getattr(cls, "component_args", ()) if k in settings}
     cfg = ccls.from_dict({**base, **settings})
-    return cls(llm, cfg, retriever=retriever, prompts=prompts)
+    return cls(llm, cfg, retriever=retriever, prompts=prompts, **components)
 
 
 __all__ = [
     "build", "PIPELINES", "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
     "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",
-    "ReConnect", "Zebra", "EmbeddingRetriever", "InMemoryRetriever", "as_embedding_retriever", "question_key",
+    "ReConnect", "Zebra", "RR", "SelfConsistency", "RRConfig", "SelfConsistencyConfig", "EmbeddingRetriever", "InMemoryRetriever", "as_embedding_retriever", "question_key",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -268,6 +268,126 @@ class ZebraConfig(PipelineConfig):
 CONFIGS: dict[str, type[PipelineConfig]] = {
     c.name: c for c in (VanillaConfig, SingleRetrievalConfig, ReConnectConfig, ZebraConfig)
 }
+
+
+# ------------------------------------------------------------ RR / self-consistency
+#: Sentence openings that mark a conclusion (RR skips them: not checked against evidence).
+CONCLUSION_WORDS = ["thus", "therefore", "so", "yes", "no", "hence", "consequently", "in conclusion", "the answer",
+                    "answer"]
+FAITHFULNESS_FUNCTIONS = (1, 2, 3)
+
+
+@dataclass
+class SelfConsistencyConfig(PipelineConfig):
+    """Self-consistency: ``num_paths`` sampled chains of thought per
+    question, majority vote of their answers (no retrieval).
+
+    Attributes
+    ----------
+    num_paths : int
+        N, reasoning paths sampled per question (RR paper: 10), all in one
+        generation call with ``num_samples=N``.
+    temperature : float
+        Sampling temperature (0.7); must be > 0 when ``num_paths > 1``.
+    yes_no_prompt : bool
+        Use the ``rr_reasoning_yes_no`` prompt for yes/no questions (choices
+        "yes"/"no"); otherwise every question uses ``rr_reasoning``.
+    fallback : {"score", "first"}
+        When no path of a question yields a readable answer: ``"score"``
+        runs one label-scoring pass with the ``answer`` prompt (vanilla)
+        for those questions only; ``"first"`` predicts the first choice
+        with uniform ``choice_logprobs``.
+    conclusion_words : list of str
+        Sentence openings (case-insensitive, whole words) that mark
+        conclusion sentences; they are not checked against evidence.
+    """
+
+    name: ClassVar[str] = "self_consistency"
+    temperature: float = 0.7
+    num_paths: int = 10
+    yes_no_prompt: bool = True
+    fallback: str = "score"
+    conclusion_words: list = field(default_factory=lambda: list(CONCLUSION_WORDS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.num_paths, "num_paths")
+        if self.num_paths > 1 and self.temperature == 0:
+            raise ValueError("temperature: sampling several paths needs temperature > 0 (num_paths > 1)")
+        _bool(self.yes_no_prompt, "yes_no_prompt")
+        if self.fallback not in ("score", "first"):
+            raise ValueError(f"fallback: expected 'score' or 'first', got {self.fallback!r}")
+        if isinstance(self.conclusion_words, str) or not all(isinstance(w, str) and w.strip()
+                                                            for w in self.conclusion_words):
+            raise TypeError(f"conclusion_words: expected a list of non-empty strings, got {self.conclusion_words!r}")
+        self.conclusion_words = [w.strip().lower() for w in self.conclusion_words]
+
+
+@dataclass
+class RRConfig(SelfConsistencyConfig):
+    """RR (rethinking with retrieval): the self-consistency paths, each
+    sentence checked against retrieved evidence with NLI; the answer with
+    the largest summed path faithfulness wins.
+
+    Attributes
+    ----------
+    bm25_candidates : int
+        BM25 paragraphs per sentence, reranked by encoder cosine; the top
+        one is kept (paper: 10).
+    faithfulness : {1, 2, 3}
+        The faithfulness function of RR's App. A.2, summed over a path's
+        non-conclusion sentences s (M: cosine of s and its paragraph, E/C:
+        NLI entailment/contradiction with the paragraph as premise):
+        1: ``M*(M >= tm) + E*(M < tm) - C``; 2: ``M + E``;
+        3: ``E*(E >= te) - C*(C >= tc)``.
+    tm, te, tc : float
+        Thresholds Tm = 0.5, Te = 0.6, Tc = 0.99.
+    nli_model : str or None
+        NLI model loaded (``NLIModel.from_pretrained``) when the pipeline
+        is built without an ``nli=`` object: a directory, an installed
+        package, or a Hugging Face id in the local cache (e.g.
+        ``"cross-encoder/nli-deberta-v3-base"``).
+    nli_label_names : list of str or None
+        Output names of an NLI model whose config has generic labels.
+    nli_batch_size, nli_max_length : int
+        NLI forward-pass batch size and pair token limit.
+    """
+
+    name: ClassVar[str] = "rr"
+    bm25_candidates: int = 10
+    faithfulness: int = 1
+    tm: float = 0.5
+    te: float = 0.6
+    tc: float = 0.99
+    nli_model: str | None = None
+    nli_label_names: list | None = None
+    nli_batch_size: int = 32
+    nli_max_length: int = 512
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.bm25_candidates, "bm25_candidates")
+        if self.faithfulness not in FAITHFULNESS_FUNCTIONS or isinstance(self.faithfulness, bool):
+            raise ValueError(f"faithfulness: expected 1, 2 or 3 (RR App. A.2), got {self.faithfulness!r}")
+        for f in ("tm", "te", "tc"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{f}: expected a number, got {v!r}")
+            setattr(self, f, float(v))
+        if self.nli_model is not None and not isinstance(self.nli_model, (str, os.PathLike)):
+            raise TypeError(f"nli_model: expected a path or model id, got {type(self.nli_model).__name__}")
+        if isinstance(self.nli_model, os.PathLike):
+            self.nli_model = os.fspath(self.nli_model)
+        if self.nli_label_names is not None:
+            if isinstance(self.nli_label_names, str) or not all(isinstance(x, str) for x in self.nli_label_names):
+                raise TypeError(f"nli_label_names: expected a list of str, got {self.nli_label_names!r}")
+            self.nli_label_names = list(self.nli_label_names)
+        _int(self.nli_batch_size, "nli_batch_size")
+        _int(self.nli_max_length, "nli_max_length", 8)
+
+
+CONFIGS[SelfConsistencyConfig.name] = SelfConsistencyConfig
+CONFIGS[RRConfig.name] = RRConfig
 
 
 def config_to_dict(config: PipelineConfig) -> dict[str, Any]:

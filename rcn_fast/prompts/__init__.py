@@ -38,6 +38,8 @@ STAGE_FIELDS: dict[str, set[str]] = {
     "answer_with_knowledge": {"knowledge"},
     "example_generation": set(),  # its example_* templates may use {knowledge}
     "silver_explanations": {"answer_label", "answer_format"},
+    "rr_reasoning": set(),  # RR / self-consistency: sampled chain of thought
+    "rr_reasoning_yes_no": set(),  # the same for yes/no questions
 }
 _STAGE_KEYS = {"system", "user", "prefill", "acknowledge", "example_user", "example_assistant"}
 _TOP_KEYS = {"format_version", "choice_line", "list_item", "acknowledge", *STAGE_FIELDS}

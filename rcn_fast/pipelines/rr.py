@@ -1,0 +1,647 @@
+"""RR (rethinking with retrieval) and self-consistency.
+
+Both sample N chain-of-thought reasoning paths per question (one
+generation call for the whole batch, ``num_samples=N``). A path is its
+explanation (the sentences before its answer sentence) and its predicted
+choice, read by :func:`parse_answer`.
+
+* Self-consistency: majority vote of the paths' answers.
+* RR: every non-conclusion sentence of every path is checked against
+  evidence: BM25 top ``bm25_candidates`` paragraphs of the knowledge corpus,
+  reranked by encoder cosine, top paragraph kept (one BM25 call and one
+  encoder call for all sentences of the batch); an NLI model (one call for
+  all sentences) gives entailment E and contradiction C with that paragraph
+  as premise and the sentence as hypothesis; M is the cosine. A path's
+  faithfulness is the sum of a per-sentence function of (M, E, C)
+  (:func:`faithfulness_terms`, RR App. A.2); the answer with the largest
+  summed faithfulness over the paths predicting it wins (RR eq. 1).
+
+Ties: equal summed faithfulness (within 1e-9) -> more paths; still equal ->
+the lower choice index (self-consistency: more paths, then the lower choice
+index). No path with a readable answer -> the config's ``fallback``.
+
+``Prediction.choice_logprobs``: self-consistency ``log(votes_c / answered)``;
+RR ``log_softmax`` of the summed faithfulness over the choices some path
+predicts. Choices no path predicts get ``-inf``. With the ``"score"``
+fallback the values are the scoring pass's log-probabilities.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast.data import MCQuestion
+from rcn_fast.data.yes_no import is_yes_no
+from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, _tag_costs
+from rcn_fast.pipelines.config import RRConfig, SelfConsistencyConfig
+from rcn_fast.retrieval.types import Passage
+
+PYSBD_HINT = 'pip install "rcn_fast[rr]"  (pysbd)'
+TIE_TOLERANCE = 1e-9
+
+# ------------------------------------------------------------------ sentences
+_BULLET = re.compile(r"^\s*(?:[*\-\u2022+]+(?=\s|$)|\(?\d{1,3}[.)](?=\s|$)|\(\d{1,3}\))\s*")
+
+
+@functools.lru_cache(maxsize=1)
+def _segmenter() -> Any:
+    from rcn_fast._arrays import require
+
+    pysbd = require("pysbd", PYSBD_HINT)
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a generated explanation.
+
+    Lines are split first (list markers ``*``, ``-``, ``1.`` are stripped),
+    then each line is segmented with pysbd (English rules: abbreviations,
+    decimals, initials). Empty pieces are dropped.
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    list of str, stripped, in order
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected str, got {type(text).__name__}")
+    seg = _segmenter()
+    out: list[str] = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        line = _BULLET.sub("", line).strip()
+        if not line:
+            continue
+        for s in seg.segment(line):
+            s = s.strip()
+            if s:
+                out.append(s)
+    return out
+
+
+def is_conclusion(sentence: str, words: Sequence[str]) -> bool:
+    """Whether ``sentence`` opens with one of ``words`` (case-insensitive,
+    whole words; leading quotes/brackets/asterisks ignored): "Thus, ...",
+    "So the answer is B.", "No, he could not." are conclusions; "Solar
+    panels ..." is not."""
+    s = sentence.lstrip(" \t\"'*([").lower()
+    for w in words:
+        if s.startswith(w) and (len(s) == len(w) or not (s[len(w)].isalnum() or s[len(w)] == "_")):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------- answers
+@dataclass
+class ParsedAnswer:
+    """What :func:`parse_answer` read.
+
+    Attributes
+    ----------
+    index : int or None
+        The predicted choice, None when nothing readable was found.
+    rule : str
+        ``"statement-label"``, ``"statement-text"`` (an answer statement,
+        "the answer is (B)" / "answer: sunlight"), ``"final-label"``,
+        ``"final-text"`` (the final sentence alone: "B.", "(B) sunlight",
+        the one choice text it names), or ``"none"``.
+    sentence : int or None
+        Index (into the sentences) of the sentence the answer came from.
+    """
+
+    index: int | None
+    rule: str
+    sentence: int | None = None
+
+
+_IS = r"(?:is|would\s+be|should\s+be|must\s+be|will\s+be|=)"
+_STATEMENT = re.compile(
+    r"\banswer(?:\s+to\s+(?:the|this)\s+question)?(?:\s+" + _IS + r")?\s*[:=\-]?\s*"
+    r"|\b(?:correct|right|best)\s+(?:option|choice)\s+" + _IS + r"\s*:?\s*", re.I)
+_LEAD = re.compile(r"^[\s\"'*`_]*(?:(?:option|choice|label)\s+)?", re.I)
+_LABEL_PUNCT = re.compile(r"^\(\s*([A-Za-z])\s*\)|^\[([A-Za-z])\]|^([A-Z])(?:[.):](?=\s|$)|\s*$)")
+_LABEL_BARE = re.compile(r"^([A-Z])(?=[\s,;!?*\"'])")
+
+
+def _norm(s: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", s.lower()).split())
+
+
+def _label_at(rest: str, labels: Sequence[str], bare: bool) -> int | None:
+    rest = _LEAD.sub("", rest, count=1)
+    m = _LABEL_PUNCT.match(rest)
+    if m:
+        lab = next(g for g in m.groups() if g)
+        for cand in (lab, lab.upper()):
+            if cand in labels:
+                return list(labels).index(cand)
+    if bare:
+        m = _LABEL_BARE.match(rest)
+        if m and m.group(1) in labels:
+            return list(labels).index(m.group(1))
+    return None
+
+
+def _text_at(rest: str, choices: Sequence[str]) -> int | None:
+    """The choice whose text ``rest`` starts with (longest wins)."""
+    r = _norm(_LEAD.sub("", rest, count=1))
+    r = re.sub(r"^(?:the|a|an|to)\s+", "", r)
+    best, best_len = None, 0
+    for i, c in enumerate(choices):
+        n = re.sub(r"^(?:the|a|an|to)\s+", "", _norm(c))
+        if n and (r == n or r.startswith(n + " ")) and len(n) > best_len:
+            best, best_len = i, len(n)
+    return best
+
+
+def _texts_in(sentence: str, choices: Sequence[str]) -> list[int]:
+    """Choices whose text occurs in ``sentence`` (whole words), without
+    those contained in another occurring choice's text."""
+    s = f" {_norm(sentence)} "
+    hits = [i for i, c in enumerate(choices) if _norm(c) and f" {_norm(c)} " in s]
+    return [i for i in hits if not any(j != i and f" {_norm(choices[i])} " in f" {_norm(choices[j])} " for j in hits)]
+
+
+def _resolve_statement(rest: str, labels: Sequence[str], choices: Sequence[str]) -> tuple[int | None, str]:
+    i = _label_at(rest, labels, bare=False)
+    if i is not None:
+        return i, "statement-label"
+    i = _text_at(rest, choices)
+    if i is not None:
+        return i, "statement-text"
+    i = _label_at(rest, labels, bare=True)
+    if i is not None:
+        return i, "statement-label"
+    return None, "none"
+
+
+def parse_answer(sentences: Sequence[str], labels: Sequence[str], choices: Sequence[str]) -> ParsedAnswer:
+    """Read the predicted choice of a reasoning path.
+
+    Rules, in order:
+
+    1. The first sentence holding an answer statement that names a choice:
+       "answer" (or "answer to the question") optionally followed by "is",
+       "would be", ":" ..., or "the correct/right/best option/choice is",
+       then a label -- ``(B)``, ``[B]``, ``B.``, ``B)``,
+       ``B:``, ``B`` at the end, ``(b)`` -- or the text of a choice ("the
+       answer is sunlight", "the answer is no" for yes/no questions), or a
+       bare capital label followed by a space ("the answer is B because").
+       Within a sentence the last statement that resolves wins ("the answer
+       is not A; the answer is B").
+    2. Otherwise the final sentence alone: a label form at its start
+       (``"B."``, ``"(B) sunlight"``, ``"B) ..."``), else the one choice
+       text it contains (whole words; a choice text inside a longer one
+       that also occurs does not count; two or more -> ambiguous).
+    3. Otherwise no answer (``index=None``, rule ``"none"``).
+
+    A lower-case letter counts as a label only in brackets (``"(b)"``), so
+    "the answer is a pen" is not read as label A.
+
+    Parameters
+    ----------
+    sentences : sequence of str
+        The path's sentences (:func:`split_sentences`).
+    labels, choices : the question's labels and choice texts
+
+    Returns
+    -------
+    ParsedAnswer
+    """
+    labels, choices = list(labels), list(choices)
+    for si, s in enumerate(sentences):
+        found: tuple[int | None, str] = (None, "none")
+        for m in _STATEMENT.finditer(s):
+            i, rule = _resolve_statement(s[m.end():], labels, choices)
+            if i is not None:
+                found = (i, rule)
+        if found[0] is not None:
+            return ParsedAnswer(found[0], found[1], si)
+    if not sentences:
+        return ParsedAnswer(None, "none")
+    last = len(sentences) - 1
+    s = sentences[last]
+    i = _label_at(s, labels, bare=False)
+    if i is not None:
+        return ParsedAnswer(i, "final-label", last)
+    hits = _texts_in(s, choices)
+    if len(hits) == 1:
+        return ParsedAnswer(hits[0], "final-text", last)
+    return ParsedAnswer(None, "none")
+
+
+@dataclass
+class ReasoningPath:
+    """One sampled path.
+
+    Attributes
+    ----------
+    text : str
+        The generation (without the pre-fill).
+    sentences : list of str
+        Sentences up to and including the answer sentence (later text is
+        dropped: the model went on past its answer).
+    checked : list of bool
+        Per sentence: checked against evidence (not a conclusion and not
+        the answer sentence).
+    answer : ParsedAnswer
+    dropped : int
+        Sentences after the answer sentence.
+    """
+
+    text: str
+    sentences: list[str]
+    checked: list[bool]
+    answer: ParsedAnswer
+    dropped: int = 0
+    evidence: list[dict[str, Any] | None] = field(default_factory=list)
+    faithfulness: float | None = None
+
+    @property
+    def explanation(self) -> str:
+        """The sentences before the answer sentence, joined."""
+        end = self.answer.sentence if self.answer.sentence is not None else len(self.sentences)
+        return " ".join(self.sentences[:end])
+
+
+def make_path(text: str, question: MCQuestion, conclusion_words: Sequence[str]) -> ReasoningPath:
+    """Split, parse and mark the sentences of one generated path."""
+    sents = split_sentences(text)
+    ans = parse_answer(sents, question.labels, question.choices)
+    dropped = 0
+    if ans.sentence is not None:
+        dropped = len(sents) - ans.sentence - 1
+        sents = sents[: ans.sentence + 1]
+    checked = [not is_conclusion(s, conclusion_words) and i != ans.sentence for i, s in enumerate(sents)]
+    return ReasoningPath(text=text, sentences=sents, checked=checked, answer=ans, dropped=dropped)
+
+
+# ---------------------------------------------------------------- faithfulness
+def faithfulness_terms(M: Any, E: Any, C: Any, fn: int = 1, *, tm: float = 0.5, te: float = 0.6,
+                       tc: float = 0.99) -> np.ndarray:
+    """Per-sentence faithfulness terms (RR App. A.2).
+
+    Parameters
+    ----------
+    M, E, C : float arrays [n]
+        Cosine similarity of sentence and paragraph, NLI entailment and
+        contradiction probabilities.
+    fn : {1, 2, 3}
+        1: ``M*(M >= tm) + E*(M < tm) - C``
+        2: ``M + E``
+        3: ``E*(E >= te) - C*(C >= tc)``
+    tm, te, tc : float
+        Thresholds (RR: 0.5, 0.6, 0.99).
+
+    Returns
+    -------
+    float64 [n]; a path's faithfulness is their sum.
+    """
+    M, E, C = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (M, E, C))
+    if not M.shape == E.shape == C.shape:
+        raise ValueError(f"E, C: expected the shape of M {M.shape}, got {E.shape} and {C.shape}")
+    if fn == 1:
+        return np.where(M >= tm, M, 0.0) + np.where(M < tm, E, 0.0) - C
+    if fn == 2:
+        return M + E
+    if fn == 3:
+        return np.where(E >= te, E, 0.0) - np.where(C >= tc, C, 0.0)
+    raise ValueError(f"fn: expected 1, 2 or 3, got {fn!r}")
+
+
+@dataclass
+class Vote:
+    """Outcome of the inference over a question's paths.
+
+    ``votes`` int [C] (paths per choice), ``totals`` float [C] (summed
+    faithfulness; the votes for self-consistency), ``pred`` (None when no
+    path answered) and ``rule``: what decided (``"faithfulness"`` /
+    ``"majority"``, ``"votes"`` on a tie, ``"lowest_index"`` on a tie of
+    both, ``"no_answer"``).
+    """
+
+    pred: int | None
+    votes: list[int]
+    totals: list[float]
+    rule: str
+
+
+def faithful_vote(answers: Sequence[int | None], scores: Sequence[float] | None, num_choices: int) -> Vote:
+    """RR eq. 1 (``scores`` given) or a majority vote (``scores=None``).
+
+    Parameters
+    ----------
+    answers : per path, the predicted choice index or None (not counted)
+    scores : per path, its faithfulness; None = count votes
+    num_choices : int
+
+    Returns
+    -------
+    Vote
+    """
+    votes = np.zeros(num_choices, np.int64)
+    totals = np.zeros(num_choices, np.float64)
+    for j, a in enumerate(answers):
+        if a is None:
+            continue
+        if not 0 <= a < num_choices:
+            raise ValueError(f"answers: path {j} predicts choice {a}, out of range for {num_choices} choices")
+        votes[a] += 1
+        totals[a] += 1.0 if scores is None else float(scores[j])
+    live = np.flatnonzero(votes > 0)
+    if not len(live):
+        return Vote(None, votes.tolist(), totals.tolist(), "no_answer")
+    first = "majority" if scores is None else "faithfulness"
+    best = totals[live].max()
+    cand = [int(i) for i in live if abs(totals[i] - best) <= TIE_TOLERANCE * max(1.0, abs(best))]
+    if len(cand) == 1:
+        return Vote(cand[0], votes.tolist(), totals.tolist(), first)
+    top = max(votes[i] for i in cand)
+    cand2 = [i for i in cand if votes[i] == top]
+    if len(cand2) == 1:
+        return Vote(cand2[0], votes.tolist(), totals.tolist(), "votes")
+    return Vote(min(cand2), votes.tolist(), totals.tolist(), "lowest_index")
+
+
+def vote_logprobs(vote: Vote, softmax: bool) -> list[float]:
+    """``choice_logprobs`` of a vote: log-softmax of the totals
+    (``softmax=True``, RR) or ``log(votes / answered)``, over the choices
+    with at least one path; ``-inf`` elsewhere."""
+    votes = np.asarray(vote.votes)
+    live = votes > 0
+    out = np.full(len(votes), -np.inf)
+    if not live.any():
+        return out.tolist()
+    if softmax:
+        t = np.asarray(vote.totals, dtype=np.float64)[live]
+        out[live] = t - (t.max() + np.log(np.exp(t - t.max()).sum()))
+    else:
+        out[live] = np.log(votes[live] / votes.sum())
+    return [float(x) for x in out]
+
+
+# ------------------------------------------------------------------- pipelines
+class SelfConsistency(StagedPipeline):
+    """Self-consistency: ``num_paths`` sampled chains of thought per question
+    (one generation call for the whole batch), majority vote.
+
+    Examples
+    --------
+    >>> p = rcn_fast.pipelines.build("self_consistency", llm=llm, num_paths=10)   # doctest: +SKIP
+    >>> pred = p.run(question); pred.label, pred.trace[-1]["votes"]                  # doctest: +SKIP
+    ('B', [2, 7, 1, 0, 0])
+    """
+
+    name = "self_consistency"
+    config_class = SelfConsistencyConfig
+    needs_retriever = False
+    uses_retrieval = False
+
+    def stage_of(self, question: MCQuestion) -> str:
+        return "rr_reasoning_yes_no" if self.config.yes_no_prompt and is_yes_no(question) else "rr_reasoning"
+
+    # ------------------------------------------------------------ stages
+    def sample_paths(self, states: list[QuestionState]) -> int:
+        """One generation call: ``num_paths`` samples of every question's
+        reasoning chat. Fills ``state.data["paths"]``; returns the number
+        of LLM calls made (0 or 1)."""
+        c = self.config
+        chats = [self.prompts.chat(self.stage_of(st.question), st.question) for st in states]
+        if not chats:
+            return 0
+        res = self.llm.generate(chats, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+                                num_samples=c.num_paths, seed=c.seed, tags=[st.id for st in states])
+        if len(res) != len(chats):
+            raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(chats)} chats")
+        for st, chat, gens in zip(states, chats, res):
+            if len(gens) != c.num_paths:
+                raise RuntimeError(f"llm: generate returned {len(gens)} samples, expected num_samples={c.num_paths}")
+            st.generations += 1
+            st.trace.append({
+                "stage": self.stage_of(st.question), "type": "generate", "prompt": copy.deepcopy(chat),
+                "num_samples": c.num_paths, "outputs": [g.text for g in gens],
+                "finish_reasons": [g.finish_reason for g in gens],
+                "prompt_tokens": gens[0].prompt_tokens if gens else 0,
+                "generated_tokens": sum(g.generated_tokens for g in gens),
+            })
+            st.data["paths"] = [make_path(g.text, st.question, c.conclusion_words) for g in gens]
+        return 1
+
+    def check_paths(self, states: list[QuestionState]) -> None:
+        """RR's evidence step (nothing for self-consistency)."""
+
+    def decide(self, st: QuestionState) -> Vote:
+        paths: list[ReasoningPath] = st.data["paths"]
+        return faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
+
+    # ------------------------------------------------------------ driver
+    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
+        if not questions:
+            return []
+        before = _tag_costs(self.llm, [q.id for q in questions])
+        states = [QuestionState(q) for q in questions]
+        self.sample_paths(states)
+        self.check_paths(states)
+        votes = [self.decide(st) for st in states]
+        lps: list[list[float] | None] = [None] * len(states)
+        preds_idx: list[int] = [0] * len(states)
+        unanswered = [i for i, v in enumerate(votes) if v.pred is None]
+        if unanswered and self.config.fallback == "score":
+            sub = [states[i] for i in unanswered]
+            chats = [self.prompts.chat("answer", st.question) for st in sub]
+            scores = self.runner().score("answer", sub, chats)
+            for i, lp in zip(unanswered, scores):
+                lps[i] = lp
+                preds_idx[i] = int(np.argmax(np.asarray(lp, dtype=np.float64)))
+        for i, (st, v) in enumerate(zip(states, votes)):
+            nc = len(st.question.choices)
+            if v.pred is not None:
+                lps[i] = vote_logprobs(v, softmax=self.uses_retrieval)
+                preds_idx[i] = v.pred
+            elif lps[i] is None:  # fallback "first"
+                lps[i] = [-math.log(nc)] * nc
+                preds_idx[i] = 0
+            self._trace_paths(st)
+            st.trace.append(self._vote_trace(st, v, preds_idx[i]))
+        after = _tag_costs(self.llm, [q.id for q in questions])
+        out = []
+        for st, lp, pred in zip(states, lps, preds_idx):
+            q = st.question
+            b, a = before[q.id], after[q.id]
+            cost = QuestionCost(
+                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
+                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
+            )
+            paths: list[ReasoningPath] = st.data["paths"]
+            knowledge = []
+            for p in paths:
+                if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
+                    knowledge.append(p.explanation)
+            out.append(Prediction(
+                question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=list(lp or []),
+                knowledge=knowledge, passages=list(st.passages), trace=st.trace, cost=cost, answer=q.answer,
+            ))
+        return out
+
+    def _trace_paths(self, st: QuestionState) -> None:
+        q = st.question
+        for j, p in enumerate(st.data["paths"]):
+            sents = []
+            for k, (s, chk) in enumerate(zip(p.sentences, p.checked)):
+                item: dict[str, Any] = {"text": s, "checked": chk, "answer_sentence": k == p.answer.sentence}
+                if p.evidence and p.evidence[k] is not None:
+                    item.update(p.evidence[k])
+                sents.append(item)
+            entry: dict[str, Any] = {
+                "stage": "paths", "type": "path", "sample": j, "text": p.text, "sentences": sents,
+                "dropped_after_answer": p.dropped, "answer": p.answer.index,
+                "label": None if p.answer.index is None else q.labels[p.answer.index], "parse_rule": p.answer.rule,
+            }
+            if self.uses_retrieval:
+                entry["faithfulness"] = p.faithfulness
+            st.trace.append(entry)
+
+    def _vote_trace(self, st: QuestionState, v: Vote, pred: int) -> dict[str, Any]:
+        paths: list[ReasoningPath] = st.data["paths"]
+        entry: dict[str, Any] = {
+            "stage": "inference", "type": "vote", "method": "faithfulness" if self.uses_retrieval else "majority",
+            "answers": [p.answer.index for p in paths], "votes": v.votes, "totals": v.totals, "rule": v.rule,
+            "pred": pred, "fallback": None if v.pred is not None else self.config.fallback,
+        }
+        if self.uses_retrieval:
+            entry["faithfulness"] = [p.faithfulness for p in paths]
+            sc = faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
+            entry["majority_pred"] = sc.pred  # self-consistency on the same paths
+        return entry
+
+
+class RR(SelfConsistency):
+    """Rethinking with retrieval: self-consistency paths re-weighted by
+    their faithfulness to retrieved evidence (see the module docstring).
+
+    Parameters
+    ----------
+    llm : LLM
+    config : RRConfig, optional
+    retriever : BM25Reranker, rcn_fast Retriever or InMemoryRetriever
+        The knowledge corpus. A ``Retriever`` over a corpus store uses the
+        store's BM25 index (built once, saved in ``<store>/bm25/``) and its
+        stored embeddings; an ``InMemoryRetriever`` a BM25 index of its
+        texts; its encoder reranks.
+    prompts : optional
+    nli : NLILike, path or model id, optional
+        The NLI model (default: ``config.nli_model``). E.g.
+        ``rcn_fast.nli.NLIModel.from_pretrained("cross-encoder/nli-deberta-v3-base")``.
+
+    Examples
+    --------
+    >>> from rcn_fast.nli import NLIModel                                              # doctest: +SKIP
+    >>> p = rcn_fast.pipelines.build("rr", llm=llm, retriever=Retriever.load("corpus/"),
+    ...                              nli=NLIModel.from_pretrained("cross-encoder/nli-deberta-v3-base"))
+    >>> p.run(question).trace[-1]["faithfulness"]                                        # doctest: +SKIP
+    [0.93, -0.41, 1.2, ...]
+    """
+
+    name = "rr"
+    config_class = RRConfig
+    needs_retriever = True
+    uses_retrieval = True
+    component_args = ("nli",)
+
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
+                 nli: Any = None) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        from rcn_fast.nli import NLIModel, load_nli
+        from rcn_fast.retrieval.bm25 import BM25Reranker
+
+        c = self.config
+        self.evidence = BM25Reranker.from_retriever(retriever, candidates=c.bm25_candidates)
+        if nli is None:
+            if c.nli_model is None:
+                raise TypeError("nli: the 'rr' pipeline needs an NLI model: pass nli=NLIModel.from_pretrained(...) "
+                                "(e.g. 'cross-encoder/nli-deberta-v3-base') or set nli_model=<path or id>")
+            nli = NLIModel.from_pretrained(c.nli_model, label_names=c.nli_label_names, batch_size=c.nli_batch_size,
+                                           max_length=c.nli_max_length)
+        self.nli = load_nli(nli)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["nli"] = getattr(self.nli, "identity", type(self.nli).__name__)
+        d["bm25"] = repr(self.evidence.bm25)
+        return d
+
+    def check_paths(self, states: list[QuestionState]) -> None:
+        """All checked sentences of the batch (deduplicated): one BM25 +
+        rerank call, one NLI call; then each path's faithfulness."""
+        c = self.config
+        uniq: dict[str, int] = {}
+        for st in states:
+            for p in st.data["paths"]:
+                for s, chk in zip(p.sentences, p.checked):
+                    if chk and s not in uniq:
+                        uniq[s] = len(uniq)
+        sentences = list(uniq)
+        found, cands = self.evidence.retrieve_with_candidates(sentences, k=1) if sentences else ([], [])
+        pairs = [(i, res[0]) for i, res in enumerate(found) if res]
+        nli = self.nli.predict([ps.text for _, ps in pairs], [sentences[i] for i, _ in pairs]) if pairs else None
+        ev: list[dict[str, Any]] = []
+        for i, s in enumerate(sentences):
+            ev.append({"passage": None, "candidates": cands[i] if cands else [], "similarity": 0.0,
+                       "entailment": 0.0, "contradiction": 0.0, "nli_probs": None})
+        for row, (i, ps) in enumerate(pairs):
+            ev[i].update({
+                "passage": {"id": ps.id, "text": ps.text, "bm25": ps.meta.get("bm25"),
+                            "bm25_rank": ps.meta.get("bm25_rank"), "cosine": ps.score},
+                "similarity": float(ps.score), "entailment": float(nli.entailment[row]),
+                "contradiction": float(nli.contradiction[row]),
+                "nli_probs": dict(zip(nli.labels, (float(x) for x in nli.probs[row]))),
+            })
+        M = np.array([e["similarity"] for e in ev])
+        E = np.array([e["entailment"] for e in ev])
+        C = np.array([e["contradiction"] for e in ev])
+        terms = faithfulness_terms(M, E, C, c.faithfulness, tm=c.tm, te=c.te, tc=c.tc) if ev else np.zeros(0)
+        # a sentence without any BM25 match has no evidence: its term is 0
+        has = np.array([e["passage"] is not None for e in ev], dtype=bool)
+        terms = np.where(has, terms, 0.0) if ev else terms
+        for st in states:
+            seen: set[str] = set()
+            for p in st.data["paths"]:
+                p.evidence = []
+                total = 0.0
+                for s, chk in zip(p.sentences, p.checked):
+                    if not chk:
+                        p.evidence.append(None)
+                        continue
+                    i = uniq[s]
+                    e = dict(ev[i], term=float(terms[i]))
+                    p.evidence.append(e)
+                    total += float(terms[i])
+                    if e["passage"] is not None and e["passage"]["id"] not in seen:
+                        seen.add(e["passage"]["id"])
+                        pe = e["passage"]
+                        st.passages.append(Passage(id=pe["id"], text=pe["text"], score=float(pe["cosine"]),
+                                                   meta={"bm25": pe["bm25"], "cosine": pe["cosine"]}))
+                p.faithfulness = total
+            st.trace.append({"stage": "evidence", "type": "retrieve",
+                             "sentences": sum(sum(p.checked) for p in st.data["paths"]),
+                             "passages": [x.id for x in st.passages]})
+
+    def decide(self, st: QuestionState) -> Vote:
+        paths: list[ReasoningPath] = st.data["paths"]
+        return faithful_vote([p.answer.index for p in paths], [p.faithfulness or 0.0 for p in paths],
+                             len(st.question.choices))
+
+
+__all__ = [
+    "RR", "SelfConsistency", "split_sentences", "is_conclusion", "parse_answer", "ParsedAnswer", "ReasoningPath",
+    "make_path", "faithfulness_terms", "faithful_vote", "vote_logprobs", "Vote",
+]

@@ -1,0 +1,375 @@
+"""RR and self-consistency: answer parsing, sentence handling, the
+faithfulness functions against hand-computed values, the vote, stage flow
+and call counts with a scripted LLM and a keyword NLI double, the yes/no
+loader, and end to end with tiny random models and (slow) SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("pysbd")
+pytest.importorskip("bm25s")
+
+from rcn_fast.data import DataFormatError, MCQuestion, is_yes_no, load_yes_no_questions, yes_no_question  # noqa: E402
+from rcn_fast.pipelines import CONFIGS, RRConfig, SelfConsistencyConfig, build, load_config  # noqa: E402
+from rcn_fast.pipelines import InMemoryRetriever  # noqa: E402
+from rcn_fast.pipelines.config import CONCLUSION_WORDS  # noqa: E402
+from rcn_fast.pipelines.rr import (  # noqa: E402
+    faithful_vote,
+    faithfulness_terms,
+    is_conclusion,
+    make_path,
+    parse_answer,
+    split_sentences,
+    vote_logprobs,
+)
+from tests.pipelines.doubles import FACTS, HashEncoder  # noqa: E402
+from tests.pipelines.rr_doubles import KeywordNLI, PathsLLM  # noqa: E402
+
+Q3 = MCQuestion("q3", "What do plants need to grow?", ["sunlight", "darkness", "salt water"], answer=0)
+
+
+# ----------------------------------------------------------------- sentences
+def test_split_sentences():
+    text = "Dr. Smith grew 2.5 kg of beans. Plants need light!\n* Water helps too\n\n2. So the answer is A."
+    assert split_sentences(text) == ["Dr. Smith grew 2.5 kg of beans.", "Plants need light!", "Water helps too",
+                                     "So the answer is A."]
+    assert split_sentences("") == [] and split_sentences(" \n\n ") == []
+    with pytest.raises(TypeError, match="text:"):
+        split_sentences(None)
+
+
+@pytest.mark.parametrize("sentence,expected", [
+    ("Thus, plants need light.", True), ("therefore it is A", True), ("So the answer is (B).", True),
+    ("No, he did not.", True), ("Yes.", True), ("\"Hence\" it follows", True), ("The answer is B.", True),
+    ("Solar panels need light.", False), ("Nothing grows in the dark.", False), ("Yesterday it rained.", False),
+    ("Sometimes plants wilt.", False), ("Answering needs care.", False),
+])
+def test_conclusion_sentences(sentence, expected):
+    assert is_conclusion(sentence, CONCLUSION_WORDS) is expected
+
+
+# ------------------------------------------------------------------- parsing
+@pytest.mark.parametrize("text,index,rule", [
+    ("Plants make food from light. So the answer is (A).", 0, "statement-label"),
+    ("Light matters. The answer is B.", 1, "statement-label"),
+    ("Light matters. Answer: C", 2, "statement-label"),
+    ("the answer is [b]", 1, "statement-label"),
+    ("I pick (c) here. The correct option is (c).", 2, "statement-label"),
+    ("The answer to the question is B because light.", 1, "statement-label"),
+    ("The answer is: salt water, since plants drink.", 2, "statement-text"),
+    ("So the answer is Sunlight.", 0, "statement-text"),
+    ("The answer is not A; the answer is B.", 1, "statement-label"),
+    ("Plants need sunlight.\nB.", 1, "final-label"),
+    ("Growth needs energy.\n(C) salt water", 2, "final-label"),
+    ("Energy comes from the sun. I would go with sunlight.", 0, "final-text"),
+    ("It could be sunlight or darkness.", None, "none"),
+    ("the answer is a pen", None, "none"),
+    ("Option A is wrong. Plants need energy.", None, "none"),
+    ("", None, "none"),
+])
+def test_parse_answer(text, index, rule):
+    got = parse_answer(split_sentences(text), Q3.labels, Q3.choices)
+    assert (got.index, got.rule) == (index, rule)
+
+
+def test_parse_answer_yes_no_and_first_statement():
+    yn = yes_no_question("y", "Did Aristotle use a laptop?", False)
+    assert parse_answer(["Aristotle died in 322 BC.", "So the answer is no."], yn.labels, yn.choices).index == 1
+    assert parse_answer(["Yes, he did."], yn.labels, yn.choices).index == 0
+    assert parse_answer(["The answer is (A)."], yn.labels, yn.choices).index == 0
+    # the first answer statement counts; what follows it is dropped from the path
+    p = make_path("Plants need water. Answer: C. Question: what next? The answer is B.", Q3, CONCLUSION_WORDS)
+    assert p.answer.index == 2 and p.dropped == 1 and len(p.sentences) == 2
+    assert p.checked == [True, False] and p.explanation == "Plants need water."
+    p = make_path("Plants make food with light. Thus they need light. So the answer is A.", Q3, CONCLUSION_WORDS)
+    assert p.checked == [True, False, False] and p.answer.sentence == 2
+
+
+# -------------------------------------------------------------- faithfulness
+M = [0.8, 0.3, 0.5]
+E = [0.7, 0.65, 0.2]
+C = [0.1, 0.995, 0.99]
+
+
+def test_faithfulness_functions_hand_computed():
+    # (1) M*(M>=.5) + E*(M<.5) - C: 0.8 - 0.1 | 0.65 - 0.995 | 0.5 - 0.99 (M == Tm counts as >=)
+    np.testing.assert_allclose(faithfulness_terms(M, E, C, 1), [0.7, -0.345, -0.49])
+    # (2) M + E
+    np.testing.assert_allclose(faithfulness_terms(M, E, C, 2), [1.5, 0.95, 0.7])
+    # (3) E*(E>=.6) - C*(C>=.99): 0.7 - 0 | 0.65 - 0.995 | 0 - 0.99 (C == Tc counts)
+    np.testing.assert_allclose(faithfulness_terms(M, E, C, 3), [0.7, -0.345, -0.99])
+    assert faithfulness_terms(M, E, C, 1).sum() == pytest.approx(-0.135)
+    # thresholds are parameters
+    np.testing.assert_allclose(faithfulness_terms(M, E, C, 1, tm=0.9), [0.6, -0.345, -0.79])
+    np.testing.assert_allclose(faithfulness_terms(M, E, C, 3, te=0.68, tc=0.999), [0.7, 0.0, 0.0])
+    assert faithfulness_terms([], [], [], 1).shape == (0,)
+    with pytest.raises(ValueError, match="fn:"):
+        faithfulness_terms(M, E, C, 4)
+    with pytest.raises(ValueError, match="E, C"):
+        faithfulness_terms(M, E[:2], C, 1)
+
+
+def test_vote_rules():
+    v = faithful_vote([0, 1, 1, None], [2.0, 0.5, 0.7], 3)
+    assert (v.pred, v.votes, v.rule) == (0, [1, 2, 0], "faithfulness")
+    assert v.totals == pytest.approx([2.0, 1.2, 0.0])
+    # equal sums: more paths wins; equal again: the lower index
+    v = faithful_vote([0, 1, 1], [1.0, 0.25, 0.75], 3)
+    assert (v.pred, v.rule) == (1, "votes")
+    v = faithful_vote([2, 1], [0.3, 0.3], 3)
+    assert (v.pred, v.rule) == (1, "lowest_index")
+    # negative sums: the largest (least negative) among predicted answers, never an unpredicted one
+    v = faithful_vote([1, 2], [-1.0, -0.2], 3)
+    assert (v.pred, v.rule) == (2, "faithfulness")
+    v = faithful_vote([None, None], [1.0, 2.0], 2)
+    assert (v.pred, v.rule) == (None, "no_answer")
+    v = faithful_vote([2, 0, 2, 0, 1], None, 3)
+    assert (v.pred, v.rule, v.votes) == (0, "lowest_index", [2, 1, 2])  # majority tie
+    with pytest.raises(ValueError, match="answers:"):
+        faithful_vote([3], None, 3)
+    lp = vote_logprobs(faithful_vote([0, 0, 1], None, 3), softmax=False)
+    assert lp[0] == pytest.approx(math.log(2 / 3)) and lp[1] == pytest.approx(math.log(1 / 3)) and lp[2] == -math.inf
+    lp = vote_logprobs(faithful_vote([0, 1], [1.0, -1.0], 3), softmax=True)
+    assert lp[0] == pytest.approx(-math.log1p(math.exp(-2.0))) and lp[2] == -math.inf
+
+
+# ------------------------------------------------------------------- configs
+def test_configs(tmp_path):
+    assert CONFIGS["rr"] is RRConfig and CONFIGS["self_consistency"] is SelfConsistencyConfig
+    c = RRConfig(num_paths=5, faithfulness=3, nli_label_names=["entailment", "neutral", "contradiction"])
+    assert (c.temperature, c.tm, c.te, c.tc, c.bm25_candidates) == (0.7, 0.5, 0.6, 0.99, 10)
+    for fmt in ("yaml", "json"):
+        f = tmp_path / f"c.{fmt}"
+        f.write_text(c.to_yaml() if fmt == "yaml" else c.to_json())
+        assert load_config(f) == c
+    assert SelfConsistencyConfig().num_paths == 10
+    for bad, exc in [(dict(faithfulness=4), ValueError), (dict(temperature=0.0), ValueError),
+                     (dict(fallback="vote"), ValueError), (dict(num_paths=0), ValueError),
+                     (dict(conclusion_words="so"), TypeError), (dict(tm="high"), ValueError),
+                     (dict(nli_model=3), TypeError)]:
+        with pytest.raises(exc):
+            RRConfig(**bad)
+    assert RRConfig(num_paths=1, temperature=0.0).temperature == 0.0  # one greedy path is allowed
+
+
+# ------------------------------------------------------ scripted stage flow
+class CountingEncoder(HashEncoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def encode_queries(self, texts, batch_size=None):
+        self.calls.append(("queries", len(texts)))
+        return super().encode_queries(texts)
+
+    def encode_passages(self, texts, batch_size=None):
+        self.calls.append(("passages", len(texts)))
+        return super().encode_passages(texts)
+
+
+SCRIPT = {
+    # RR and self-consistency disagree: two contradicted paths say B, one entailed path says A
+    "What do plants need to grow?": [
+        "Plants need sunlight to make food TRUE. So the answer is A.",
+        "Plants grow in darkness FALSE. Thus darkness. So the answer is B.",
+        "Seeds grow into plants in the dark FALSE. The answer is (B).",
+    ],
+    "What attracts iron?": ["A magnet attracts iron objects TRUE. So the answer is A."],
+    "Which is cold? PICK=B": ["I cannot tell.", "Hmm."],
+    "Did the moon make its own light?": [
+        "The moon reflects light from the sun TRUE. So the answer is no.",
+        "The moon shines FALSE. So the answer is yes.",
+    ],
+}
+
+QS = [
+    Q3,
+    MCQuestion("q-iron", "What attracts iron?", ["a magnet", "wood"], answer=0),
+    MCQuestion("q-cold", "Which is cold? PICK=B", ["fire", "ice", "sun"], answer=1),
+    yes_no_question("q-moon", "Did the moon make its own light?", False),
+]
+
+
+@pytest.fixture
+def parts():
+    enc = CountingEncoder()
+    retriever = InMemoryRetriever(enc, FACTS, ids=[f"fact-{i}" for i in range(len(FACTS))])
+    enc.calls.clear()
+    return PathsLLM(SCRIPT), retriever, enc, KeywordNLI()
+
+
+def test_rr_stage_flow_and_call_counts(parts):
+    llm, retriever, enc, nli = parts
+    p = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=3, seed=0)
+    preds = p.run_batch(QS)
+    # one sampled generation call for every path of every question, one scoring pass (fallback) for q-cold
+    assert llm.calls == [("generate", 4, 3, 0.7, 0), ("score", 1, 1, 0.0, 0)]
+    # one encoder call (queries; passage embeddings come from the retriever), one BM25 call, one NLI call
+    assert enc.calls == [("queries", len(nli.pairs))] and p.evidence.bm25_calls == 1
+    assert len(nli.calls) == 1
+    # distinct checked sentences only (the script repeats paths across samples)
+    assert len({h for _, h in nli.pairs}) == len(nli.pairs) == 6
+
+    by = {x.question_id: x for x in preds}
+    plants = by["q3"]
+    assert plants.label == "A"  # 0.9 for A vs -0.995 * 2 for B (function 3)
+    vote = plants.trace[-1]
+    assert vote["stage"] == "inference" and vote["majority_pred"] == 1 and vote["rule"] == "faithfulness"
+    assert vote["votes"] == [1, 2, 0] and vote["totals"] == pytest.approx([0.9, -1.99, 0.0], abs=1e-6)
+    assert plants.choice_logprobs[2] == -math.inf
+    assert plants.choice_logprobs[0] == pytest.approx(-math.log1p(math.exp(-2.89)), abs=1e-6)
+    paths = [t for t in plants.trace if t["type"] == "path"]
+    assert [t["sample"] for t in paths] == [0, 1, 2] and [t["label"] for t in paths] == ["A", "B", "B"]
+    s0 = paths[0]["sentences"][0]
+    assert s0["checked"] and s0["entailment"] == pytest.approx(0.9) and s0["passage"]["id"].startswith("fact-")
+    assert len(s0["candidates"]) <= 10 and s0["nli_probs"]["entailment"] == pytest.approx(0.9)
+    assert [s["checked"] for s in paths[1]["sentences"]] == [True, False, False]
+    assert paths[1]["faithfulness"] == pytest.approx(-0.995)
+    gen = plants.trace[0]
+    assert gen["type"] == "generate" and gen["num_samples"] == 3 and len(gen["outputs"]) == 3
+    assert gen["stage"] == "rr_reasoning"
+    assert plants.cost.llm_calls == 1 and plants.cost.generations == 1 and plants.cost.scoring_passes == 0
+    assert plants.cost.generated_tokens == gen["generated_tokens"] > 0
+    assert plants.knowledge == ["Plants need sunlight to make food TRUE."]
+    assert plants.passages and all(x.id.startswith("fact-") for x in plants.passages)
+
+    cold = by["q-cold"]  # no path answered: one scoring pass with the answer prompt
+    assert cold.label == "B" and cold.trace[-1]["fallback"] == "score" and cold.cost.scoring_passes == 1
+    assert cold.cost.llm_calls == 2 and all(x <= 0 for x in cold.choice_logprobs)
+
+    moon = by["q-moon"]
+    assert moon.trace[0]["stage"] == "rr_reasoning_yes_no" and moon.label == "B" and moon.correct
+    assert "Options:" not in moon.trace[0]["prompt"][-2]["content"]
+    for x in preds:
+        json.dumps(x.to_dict())
+        assert x.pred == int(np.argmax(x.choice_logprobs))
+
+
+def test_faithfulness_function_is_selectable(parts):
+    llm, retriever, _, nli = parts
+    totals = {}
+    for fn in (1, 2, 3):
+        pred = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=fn).run(Q3)
+        for path in (t for t in pred.trace if t["type"] == "path"):
+            ev = [s for s in path["sentences"] if s["checked"]]
+            want = faithfulness_terms([s["similarity"] for s in ev], [s["entailment"] for s in ev],
+                                      [s["contradiction"] for s in ev], fn).sum()
+            assert path["faithfulness"] == pytest.approx(want)
+            assert all(s["term"] == pytest.approx(faithfulness_terms([s["similarity"]], [s["entailment"]],
+                                                                     [s["contradiction"]], fn)[0]) for s in ev)
+        totals[fn] = pred.trace[-1]["totals"]
+    assert totals[1] != totals[2] != totals[3]
+
+
+def test_self_consistency(parts):
+    llm, *_ = parts
+    p = build("self_consistency", llm=llm, num_paths=3, seed=0)
+    preds = p.run_batch(QS)
+    assert llm.calls == [("generate", 4, 3, 0.7, 0), ("score", 1, 1, 0.0, 0)]
+    by = {x.question_id: x for x in preds}
+    assert by["q3"].label == "B" and by["q3"].trace[-1]["votes"] == [1, 2, 0]
+    assert by["q3"].choice_logprobs == pytest.approx([math.log(1 / 3), math.log(2 / 3), -math.inf])
+    assert by["q3"].passages == [] and "faithfulness" not in by["q3"].trace[-1]
+    # the moon: one path says no, one yes, the third sample repeats the first -> no
+    assert by["q-moon"].label == "B" and by["q-moon"].trace[-1]["votes"] == [1, 2]
+    # the seed rotates the scripted samples: the vote follows
+    llm2 = PathsLLM(SCRIPT)
+    q = build("self_consistency", llm=llm2, num_paths=3, seed=1).run(Q3)
+    assert llm2.calls[0][4] == 1 and q.trace[-1]["votes"] == [1, 2, 0]
+    q = build("self_consistency", llm=PathsLLM(SCRIPT), num_paths=2, seed=1).run(Q3)
+    assert q.trace[-1]["votes"] == [0, 2, 0]
+
+
+def test_fallback_first_and_batching(parts):
+    llm, retriever, _, nli = parts
+    p = build("self_consistency", llm=llm, num_paths=2, fallback="first", batch_size=2)
+    preds = p.run_batch(QS)
+    assert [c[0] for c in llm.calls] == ["generate", "generate"]  # two batches of two, no scoring pass
+    cold = preds[2]
+    assert cold.pred == 0 and cold.choice_logprobs == pytest.approx([-math.log(3)] * 3)
+    assert cold.trace[-1]["fallback"] == "first"
+
+
+def test_rr_needs_nli_and_retriever(parts):
+    llm, retriever, *_ = parts
+    with pytest.raises(TypeError, match="nli:"):
+        build("rr", llm=llm, retriever=retriever)
+    with pytest.raises(TypeError, match="retriever:"):
+        build("rr", llm=llm, nli=KeywordNLI())
+    with pytest.raises(TypeError, match="retriever:"):
+        build("rr", llm=llm, retriever=object(), nli=KeywordNLI())
+    with pytest.raises(ValueError, match="config:"):
+        build("self_consistency", llm=llm, nli=KeywordNLI())  # not a setting of self-consistency
+
+
+def test_rr_sentences_without_evidence(parts):
+    llm = PathsLLM({Q3.question: ["Zzzq qqqx wwwz. So the answer is C."]})
+    _, retriever, _, nli = parts
+    pred = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=1, temperature=0.0).run(Q3)
+    s = next(t for t in pred.trace if t["type"] == "path")["sentences"][0]
+    assert s["passage"] is None and s["candidates"] == [] and s["term"] == 0.0
+    assert nli.calls == [] and pred.label == "C"
+
+
+# ------------------------------------------------------------ yes/no loader
+def test_yes_no_records(tmp_path):
+    q = yes_no_question(7, "Is ice cold?", True, {"facts": ["ice is frozen water"]})
+    assert (q.id, q.choices, q.labels, q.answer, q.answer_label) == ("7", ["yes", "no"], ["A", "B"], 0, "A")
+    assert q.meta == {"facts": ["ice is frozen water"], "yes_no": True} and is_yes_no(q)
+    assert yes_no_question("x", "Is fire cold?", False).answer == 1
+    assert yes_no_question("x", "Is fire cold?", None).answer is None
+    assert is_yes_no(MCQuestion("m", "Really?", ["No", "Yes"])) and not is_yes_no(Q3)
+    with pytest.raises(TypeError, match="answer:"):
+        yes_no_question("x", "Q?", "yes")
+
+    f = tmp_path / "strategyqa-dev.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"qid": "a1", "question": "Did Aristotle use a laptop?", "answer": False, "facts": ["died 322 BC"]},
+        {"id": "a2", "question": "Is the sun a star?", "answer": "yes"},
+        {"question": "Can fish fly?", "answer": 0},
+    ]) + "\n\n")
+    qs = load_yes_no_questions(f)
+    assert [x.id for x in qs] == ["a1", "a2", "strategyqa-dev-3"] and [x.answer for x in qs] == [1, 0, 1]
+    assert qs[0].meta["facts"] == ["died 322 BC"]
+    assert load_yes_no_questions(tmp_path, split="dev", limit=1)[0].id == "a1"
+    g = tmp_path / "custom.jsonl"
+    g.write_text(json.dumps({"key": "k", "q": "Is ice cold?", "label": True}) + "\n")
+    assert load_yes_no_questions(g, id_field="key", question_field="q", answer_field="label")[0].answer == 0
+
+
+@pytest.mark.parametrize("line,msg", [
+    ("{not json", "not valid JSON"),
+    ('{"qid": "b", "answer": true}', "missing question"),
+    ('{"qid": "b", "question": "Q?", "answer": "maybe"}', "must be true or false"),
+    ('["a list"]', "expected a JSON object"),
+])
+def test_yes_no_malformed_lines(tmp_path, line, msg):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps({"qid": "a", "question": "Fine?", "answer": True}) + "\n" + line + "\n")
+    with pytest.raises(DataFormatError, match=rf"bad\.jsonl:2: .*{msg}"):
+        load_yes_no_questions(f)
+
+
+def test_yes_no_hugging_face_dataset_dir(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"qid": f"s{i}", "term": "x", "question": f"Is {i} even?", "answer": i % 2 == 0} for i in range(4)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:1]),
+                          "test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "sqa"))
+    qs = load_yes_no_questions(str(tmp_path / "sqa"), limit=3)  # default split: test
+    assert [x.id for x in qs] == ["s0", "s1", "s2"] and [x.answer for x in qs] == [0, 1, 0]
+    assert qs[0].meta["term"] == "x"
+    assert len(load_yes_no_questions(str(tmp_path / "sqa"), split="train")) == 1
+    with pytest.raises(ValueError, match="split:"):
+        load_yes_no_questions(str(tmp_path / "sqa"), split="validation")
+    with pytest.raises(FileNotFoundError):
+        load_yes_no_questions(tmp_path / "missing.jsonl")
