@@ -150,10 +150,12 @@ def test_non_contiguous_inputs(rng):
     assert_valid_topn(s, i, tq.numpy(), big[100:300, :64], 5, 1e-5)
 
 
-def test_thread_count_does_not_change_results(rng, monkeypatch):
-    c = rng.standard_normal((5000, 96)).astype(np.float16)
-    for Q in (1, 3, 40):
-        q = rng.standard_normal((Q, 96)).astype(np.float32)
+@pytest.mark.parametrize("N,d,Qs", [(5000, 96, (1, 3, 40)), (60_001, 64, (1, 7))])
+def test_thread_count_does_not_change_results(rng, monkeypatch, N, d, Qs):
+    # the second corpus is scanned in dozens of chunks shared by the threads
+    c = rng.standard_normal((N, d)).astype(np.float16)
+    for Q in Qs:
+        q = rng.standard_normal((Q, d)).astype(np.float32)
         monkeypatch.setenv("RCN_FAST_NUM_THREADS", "1")
         a = rcn_fast.topn(q, c, 50)
         monkeypatch.setenv("RCN_FAST_NUM_THREADS", "2")

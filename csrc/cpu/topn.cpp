@@ -1,6 +1,7 @@
 #include "cpu/topn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <vector>
 
@@ -98,6 +99,12 @@ void topn_cpu(const TopnProblem& p, int num_threads) {
   };
   std::vector<ThreadState> st(static_cast<size_t>(threads));
   const auto scan = active_simd() == SimdLevel::AVX2 ? &avx2::topn_scan : &generic::topn_scan;
+  // About kChunksPerThread chunks per thread, whole blocks of the GEMM path.
+  constexpr int64_t kChunksPerThread = 16;
+  int64_t chunk = threads == 1 ? N : (N + threads * kChunksPerThread - 1) / (threads * kChunksPerThread);
+  chunk = std::max<int64_t>(chunk, 8 * kTopnBlockRows);
+  chunk = (chunk + kTopnBlockRows - 1) / kTopnBlockRows * kTopnBlockRows;
+  std::atomic<int64_t> next_row{0};
 
   run_threads(threads, [&](int t) {
     ThreadState& s = st[size_t(t)];
@@ -115,10 +122,18 @@ void topn_cpu(const TopnProblem& p, int num_threads) {
     a.corpus = p.corpus;
     a.dtype = int(p.corpus_dtype);
     a.row_stride = p.corpus_stride;
-    split_range(N, threads, t, a.row_begin, a.row_end);
     a.work = s.work.data();
     a.col = &s.col;
-    scan(a);
+    // Threads take chunks of rows from a shared counter, so a thread that
+    // the OS pauses (a busy machine) does not hold the others up; the
+    // result does not depend on which thread scanned which chunk.
+    for (;;) {
+      const int64_t b = next_row.fetch_add(chunk);
+      if (b >= N) break;
+      a.row_begin = b;
+      a.row_end = std::min(N, b + chunk);
+      scan(a);
+    }
   });
 
   // Merge the threads' buffers per query.
