@@ -8,6 +8,10 @@ ablations) and ZEBRA, run stage by stage over whole batches.
 * Configs: :class:`VanillaConfig`, :class:`SingleRetrievalConfig`,
   :class:`ReConnectConfig` (+ :data:`ABLATIONS`), :class:`ZebraConfig`;
   JSON/YAML via ``to_json`` / ``to_yaml`` / :func:`load_config`.
+* ActiveRAG (:class:`ActiveRAG`, ``agent=``) and its RAG baselines
+  (``rag_vanilla``, ``chain_of_note``, ``self_refine``, ``self_rerank``,
+  ``cot``, ``guideline``): multiple choice, or open domain with
+  :class:`~rcn_fast.data.OpenQuestion` -> :class:`OpenPrediction`.
 
 Examples
 --------
@@ -41,7 +45,19 @@ from rcn_fast.pipelines.config import (
     config_to_dict,
     load_config,
 )
+from rcn_fast.pipelines.activerag import ActiveRAG
+from rcn_fast.pipelines.config import (
+    ActiveRAGConfig,
+    ChainOfNoteConfig,
+    CoTConfig,
+    GuidelineConfig,
+    RAGVanillaConfig,
+    SelfRefineConfig,
+    SelfRerankConfig,
+)
 from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
+from rcn_fast.pipelines.rag import OpenPrediction, RAGPipeline, agent_results, extract_answer
+from rcn_fast.pipelines.rag_baselines import CoT, ChainOfNote, Guideline, RAGVanilla, SelfRefine, SelfRerank
 from rcn_fast.pipelines.reconnect import ReConnect
 from rcn_fast.pipelines.rr import RR, SelfConsistency
 from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
@@ -52,6 +68,13 @@ PIPELINES: dict[str, type[StagedPipeline]] = {
     "single_retrieval": SingleRetrieval,
     "reconnect": ReConnect,
     "zebra": Zebra,
+    "activerag": ActiveRAG,
+    "rag_vanilla": RAGVanilla,
+    "chain_of_note": ChainOfNote,
+    "self_refine": SelfRefine,
+    "self_rerank": SelfRerank,
+    "cot": CoT,
+    "guideline": Guideline,
     "rr": RR,
     "self_consistency": SelfConsistency,
 }
@@ -63,7 +86,13 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
 
     Parameters
     ----------
-    name : {"vanilla", "single_retrieval", "reconnect", "zebra"}
+    name : str
+        "vanilla", "single_retrieval", "reconnect", "zebra", "activerag",
+        "rag_vanilla", "chain_of_note", "self_refine", "self_rerank", "cot",
+        "guideline", ... (any key of :data:`PIPELINES`).
+        ActiveRAG and its baselines also answer
+        open-domain questions (``run_batch`` of OpenQuestion ->
+        :class:`OpenPrediction`); ``activerag`` takes ``agent=``.
     llm : LLM
         Any object implementing :class:`rcn_fast.llm.LLM` (see ``load_llm``).
     retriever : optional
@@ -114,6 +143,9 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
 
 
 __all__ = [
+    "ActiveRAG", "RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "RAGPipeline",
+    "OpenPrediction", "agent_results", "extract_answer", "ActiveRAGConfig", "RAGVanillaConfig", "ChainOfNoteConfig",
+    "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig",
     "build", "PIPELINES", "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
     "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",

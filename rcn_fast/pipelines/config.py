@@ -411,3 +411,214 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     if not isinstance(d, dict):
         raise ValueError(f"path: {path} does not hold a mapping")
     return config_from_dict(d)
+
+
+# ------------------------------------------------ ActiveRAG and its RAG baselines
+ACTIVERAG_AGENTS = ("associate", "anchoring", "logician", "cognition")
+
+
+@dataclass
+class RAGConfig(PipelineConfig):
+    """Settings shared by ActiveRAG and its RAG baselines (not a pipeline itself).
+
+    Attributes
+    ----------
+    top_k : int
+        Passages retrieved per question (ActiveRAG paper: 5, also 10).
+    query : {"question", "question_choices"}
+        Retrieval query of a multiple-choice question: its text, or text
+        followed by its options (open-domain questions use their text).
+    passage_format : str
+        How each passage is written into a prompt's ``{passages}`` list;
+        placeholders ``{index}`` (1-based; Self-Rerank's labels refer to it)
+        and ``{text}``.
+    answer_extraction : {"final", "full"}
+        Open-domain mode: the answer of a generation is the text after its
+        last ``Answer:`` marker up to the end of that line (the first
+        non-empty line when there is no marker) with ``"final"``, or the
+        whole generation with ``"full"`` (the paper matched gold aliases
+        against the model's output).
+    """
+
+    name: ClassVar[str] = ""
+    top_k: int = 5
+    query: str = "question"
+    passage_format: str = "Passage {index}: {text}"
+    answer_extraction: str = "final"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.top_k, "top_k")
+        if self.query not in ("question", "question_choices"):
+            raise ValueError(f"query: expected 'question' or 'question_choices', got {self.query!r}")
+        if not isinstance(self.passage_format, str):
+            raise TypeError(f"passage_format: expected a string, got {type(self.passage_format).__name__}")
+        try:
+            self.passage_format.format(index=1, text="x")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"passage_format: only {{index}} and {{text}} may be used ({exc!r})") from None
+        if self.answer_extraction not in ("final", "full"):
+            raise ValueError(f"answer_extraction: expected 'final' or 'full', got {self.answer_extraction!r}")
+
+    @property
+    def generations_per_question(self) -> int:
+        """Generations one multiple-choice question costs (open-domain mode
+        may add the answer generation, see :meth:`open_generations_per_question`)."""
+        return 0
+
+    @property
+    def open_generations_per_question(self) -> int:
+        """Generations one open-domain question costs."""
+        return self.generations_per_question
+
+    @property
+    def scoring_passes_per_question(self) -> int:
+        """Scoring passes of one multiple-choice question (none in open-domain mode)."""
+        return 1
+
+
+@dataclass
+class ActiveRAGConfig(RAGConfig):
+    """ActiveRAG: knowledge construction agents + cognitive nexus.
+
+    Attributes
+    ----------
+    agent : {"associate", "anchoring", "logician", "cognition", "all"}
+        The knowledge construction agent(s) to run (paper's main result:
+        associate). ``"all"`` runs the four and combines them (see
+        :class:`rcn_fast.pipelines.activerag.ActiveRAG`).
+    """
+
+    name: ClassVar[str] = "activerag"
+    agent: str = "associate"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.agent not in (*ACTIVERAG_AGENTS, "all"):
+            raise ValueError(f"agent: expected one of {[*ACTIVERAG_AGENTS, 'all']}, got {self.agent!r}")
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return ACTIVERAG_AGENTS if self.agent == "all" else (self.agent,)
+
+    @property
+    def generations_per_question(self) -> int:
+        """1 chain of thought + per agent 1 construction and 1 nexus."""
+        return 1 + 2 * len(self.agents)
+
+    @property
+    def scoring_passes_per_question(self) -> int:
+        """One answer-scoring pass per agent's nexus output."""
+        return len(self.agents)
+
+
+@dataclass
+class RAGVanillaConfig(RAGConfig):
+    """Vanilla RAG: the passages, then the question (multiple choice: one
+    scoring pass; open domain: one answer generation)."""
+
+    name: ClassVar[str] = "rag_vanilla"
+
+    @property
+    def open_generations_per_question(self) -> int:
+        return 1
+
+
+@dataclass
+class ChainOfNoteConfig(RAGConfig):
+    """Chain-of-Note: one generation writes reading notes on the passages and
+    then the answer."""
+
+    name: ClassVar[str] = "chain_of_note"
+
+    @property
+    def generations_per_question(self) -> int:
+        return 1
+
+
+@dataclass
+class SelfRefineConfig(RAGConfig):
+    """Self-Refine: summarise the passages (one generation), then answer with
+    the summary in place of the passages."""
+
+    name: ClassVar[str] = "self_refine"
+
+    @property
+    def generations_per_question(self) -> int:
+        return 1
+
+    @property
+    def open_generations_per_question(self) -> int:
+        return 2
+
+
+@dataclass
+class SelfRerankConfig(RAGConfig):
+    """Self-Rerank: label each passage useful/useless and relevant/irrelevant
+    (one generation), keep the useful ones, then answer with them.
+
+    Attributes
+    ----------
+    unparsed : {"all", "none"}
+        Passages kept when the labelling output names no passage at all
+        (the model ignored the format): all of them, or none. When some
+        passages are labelled, exactly the ones labelled useful are kept
+        (possibly none).
+    """
+
+    name: ClassVar[str] = "self_rerank"
+    unparsed: str = "all"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.unparsed not in ("all", "none"):
+            raise ValueError(f"unparsed: expected 'all' or 'none', got {self.unparsed!r}")
+
+    @property
+    def generations_per_question(self) -> int:
+        return 1
+
+    @property
+    def open_generations_per_question(self) -> int:
+        return 2
+
+
+@dataclass
+class CoTConfig(RAGConfig):
+    """Chain of thought: one reasoning generation, then the answer.
+
+    Attributes
+    ----------
+    use_passages : bool
+        False (the paper's prompt-learning baseline): no retrieval. True:
+        retrieve ``top_k`` passages and show them above the question
+        (the paper's "CoT w. passage" ablation).
+    """
+
+    name: ClassVar[str] = "cot"
+    use_passages: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _bool(self.use_passages, "use_passages")
+
+    @property
+    def generations_per_question(self) -> int:
+        return 1
+
+
+@dataclass
+class GuidelineConfig(RAGConfig):
+    """Guideline: a chain of thought and a step-by-step guiding analysis (no
+    final answer), then one generation that merges and checks them and
+    answers. No retrieval."""
+
+    name: ClassVar[str] = "guideline"
+
+    @property
+    def generations_per_question(self) -> int:
+        return 3
+
+
+CONFIGS.update({c.name: c for c in (ActiveRAGConfig, RAGVanillaConfig, ChainOfNoteConfig, SelfRefineConfig,
+                                    SelfRerankConfig, CoTConfig, GuidelineConfig)})

@@ -40,6 +40,25 @@ STAGE_FIELDS: dict[str, set[str]] = {
     "silver_explanations": {"answer_label", "answer_format"},
     "rr_reasoning": set(),  # RR / self-consistency: sampled chain of thought
     "rr_reasoning_yes_no": set(),  # the same for yes/no questions
+    # ActiveRAG and its RAG baselines (multiple choice and open domain)
+    "rag_cot": set(),
+    "rag_cot_passages": {"passages"},
+    "activerag_associate": {"passages"},
+    "activerag_anchoring": {"passages"},
+    "activerag_logician": {"passages"},
+    "activerag_cognition": {"passages"},
+    "activerag_nexus_associate": {"reasoning", "knowledge"},
+    "activerag_nexus_anchoring": {"reasoning", "knowledge"},
+    "activerag_nexus_logician": {"reasoning", "knowledge"},
+    "activerag_nexus_cognition": {"reasoning", "knowledge"},
+    "rag_chain_of_note": {"passages"},
+    "rag_summarize": {"passages"},
+    "rag_rerank": {"passages"},
+    "rag_guideline": set(),
+    "rag_guideline_merge": {"analysis", "reasoning"},
+    "rag_answer": {"passages"},
+    "rag_answer_reasoning": {"reasoning"},
+    "rag_answer_open": {"passages"},
 }
 _STAGE_KEYS = {"system", "user", "prefill", "acknowledge", "example_user", "example_assistant"}
 _TOP_KEYS = {"format_version", "choice_line", "list_item", "acknowledge", *STAGE_FIELDS}

@@ -1,0 +1,201 @@
+"""ActiveRAG's baselines as pipelines: vanilla RAG, Chain-of-Note,
+Self-Refine, Self-Rerank, chain of thought and Guideline.
+
+All of them run for multiple-choice questions (final scoring pass, like
+every rcn_fast pipeline) and for open-domain questions (the answer is
+generated); see :mod:`rcn_fast.pipelines.rag`. Every stage is one LLM call
+for the whole batch.
+
+Generations (G) and scoring passes (S) per question:
+
+==============  ==============================================  =========  =========
+pipeline        stages                                          MC         open
+==============  ==============================================  =========  =========
+rag_vanilla     retrieval, answer                               0 G + 1 S  1 G
+chain_of_note   retrieval, notes + answer                       1 G + 1 S  1 G
+self_refine     retrieval, summary, answer from the summary     1 G + 1 S  2 G
+self_rerank     retrieval, labels, answer from useful passages  1 G + 1 S  2 G
+cot             chain of thought                                1 G + 1 S  1 G
+guideline       chain of thought, guiding analysis, merge       3 G + 1 S  3 G
+==============  ==============================================  =========  =========
+"""
+
+from __future__ import annotations
+
+import re
+
+from rcn_fast.pipelines.base import QuestionState, StageRunner
+from rcn_fast.pipelines.config import (
+    ChainOfNoteConfig,
+    CoTConfig,
+    GuidelineConfig,
+    RAGVanillaConfig,
+    SelfRefineConfig,
+    SelfRerankConfig,
+)
+from rcn_fast.pipelines.rag import RAGPipeline
+
+
+class RAGVanilla(RAGPipeline):
+    """Vanilla RAG: the top ``top_k`` passages, then the question
+    (``rag_answer`` scoring pass; open domain: ``rag_answer_open`` generation)."""
+
+    name = "rag_vanilla"
+    config_class = RAGVanillaConfig
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        self.retrieve(states)
+        for st in states:
+            st.data["final"] = ("passages", [p.text for p in st.passages])
+
+
+class ChainOfNote(RAGPipeline):
+    """Chain-of-Note: one generation writes reading notes on the passages,
+    judges their relevance, and answers (``rag_chain_of_note``)."""
+
+    name = "chain_of_note"
+    config_class = ChainOfNoteConfig
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        self.retrieve(states)
+        rows = [[(None, self.chat("rag_chain_of_note", st, passages=self.passages_text([p.text for p in st.passages])))]
+                for st in states]
+        outs = self.generate_rows("rag_chain_of_note", states, runner, rows)
+        for st, o in zip(states, outs):
+            st.data["final"] = ("reasoning", [("chain_of_note", o[0])])
+
+
+class SelfRefine(RAGPipeline):
+    """Self-Refine: a query-focused summary of the passages
+    (``rag_summarize``), then the vanilla-RAG answer with the summary in
+    place of the passages."""
+
+    name = "self_refine"
+    config_class = SelfRefineConfig
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        self.retrieve(states)
+        rows = [[(None, self.chat("rag_summarize", st, passages=self.passages_text([p.text for p in st.passages])))]
+                for st in states]
+        outs = self.generate_rows("rag_summarize", states, runner, rows)
+        for st, o in zip(states, outs):
+            summary = o[0].strip()
+            st.data["final"] = ("passages", [summary] if summary else [])
+
+
+_RERANK_INDEX = re.compile(r"passage\s*(?:no\.?|number|#)?\s*[:=]?\s*\[?(\d{1,3})\b", re.I)
+_RERANK_LEAD = re.compile(r"^\s*(?:[*\-\u2022]\s*)?\(?\[?(\d{1,3})\s*[.):\]]")
+_RERANK_TAG = re.compile(r"\b(useless|not\s+useful|unuseful|useful)\b", re.I)
+
+
+def parse_rerank(text: str, n: int) -> dict[int, bool]:
+    """Usefulness labels out of a Self-Rerank generation.
+
+    Each line that names a passage (``passage: 3``, ``Passage 3``, or a
+    leading ``3.`` / ``3)`` / ``[3]``) opens that passage; the first
+    usefulness tag (``useful``, or ``useless`` / ``not useful``) on that
+    line or the lines that follow it, before the next passage, labels it.
+    Only the first label of a passage counts; numbers outside 1..n are
+    ignored.
+
+    Parameters
+    ----------
+    text : str
+        The generation, with its pre-fill in front (``"1. passage: "``).
+    n : int
+        Number of passages shown.
+
+    Returns
+    -------
+    dict : 1-based passage number -> True (useful) / False (useless), for
+    the passages that got a label.
+    """
+    out: dict[int, bool] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        m = _RERANK_INDEX.search(line) or _RERANK_LEAD.match(line)
+        rest = line
+        if m:
+            idx = int(m.group(1))
+            current = idx if 1 <= idx <= n else None
+            rest = line[m.end():]
+        if current is None or current in out:
+            continue
+        t = _RERANK_TAG.search(rest)
+        if t:
+            out[current] = t.group(1).lower() == "useful"
+    return out
+
+
+class SelfRerank(RAGPipeline):
+    """Self-Rerank: the model labels every passage useful/useless and
+    relevant/irrelevant (``rag_rerank``, parsed by :func:`parse_rerank`);
+    the useful ones go to the vanilla-RAG answer. When the output labels no
+    passage at all, ``config.unparsed`` decides (all passages, or none)."""
+
+    name = "self_rerank"
+    config_class = SelfRerankConfig
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        self.retrieve(states)
+        rows = [[(None, self.chat("rag_rerank", st, passages=self.passages_text([p.text for p in st.passages])))]
+                for st in states]
+        outs = self.generate_rows("rag_rerank", states, runner, rows)
+        prefill = self.prompts.stage("rag_rerank").get("prefill", "")
+        for st, o in zip(states, outs):
+            labels = parse_rerank(prefill + o[0], len(st.passages))
+            if labels:
+                keep = [i for i in range(len(st.passages)) if labels.get(i + 1)]
+            else:
+                keep = list(range(len(st.passages))) if self.config.unparsed == "all" else []
+            st.trace[-1]["labels"] = {str(k): v for k, v in sorted(labels.items())}
+            st.trace[-1]["kept"] = [st.passages[i].id for i in keep]
+            st.data["final"] = ("passages", [st.passages[i].text for i in keep])
+
+
+class CoT(RAGPipeline):
+    """Chain of thought: one reasoning generation (``rag_cot``; with
+    ``use_passages`` the passages come first, ``rag_cot_passages``)."""
+
+    name = "cot"
+    config_class = CoTConfig
+
+    def uses_retrieval(self) -> bool:
+        return self.config.use_passages
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        if self.config.use_passages:
+            self.retrieve(states)
+            rows = [[(None, self.chat("rag_cot_passages", st,
+                                      passages=self.passages_text([p.text for p in st.passages])))] for st in states]
+        else:
+            rows = [[(None, self.chat("rag_cot", st))] for st in states]
+        outs = self.generate_rows("rag_cot", states, runner, rows)
+        for st, o in zip(states, outs):
+            st.data["final"] = ("reasoning", [("cot", o[0])])
+
+
+class Guideline(RAGPipeline):
+    """Guideline: a chain of thought (``rag_cot``) and a teacher's
+    step-by-step analysis without the answer (``rag_guideline``), then one
+    generation that merges and checks both and answers
+    (``rag_guideline_merge``). No retrieval."""
+
+    name = "guideline"
+    config_class = GuidelineConfig
+
+    def uses_retrieval(self) -> bool:
+        return False
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        cots = self.generate_rows("rag_cot", states, runner, [[(None, self.chat("rag_cot", st))] for st in states])
+        guides = self.generate_rows("rag_guideline", states, runner,
+                                    [[(None, self.chat("rag_guideline", st))] for st in states])
+        rows = [[(None, self.chat("rag_guideline_merge", st, analysis=g[0].strip(), reasoning=c[0].strip()))]
+                for st, c, g in zip(states, cots, guides)]
+        outs = self.generate_rows("rag_guideline_merge", states, runner, rows)
+        for st, o in zip(states, outs):
+            st.data["final"] = ("reasoning", [("guideline", o[0])])
+
+
+__all__ = ["RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "parse_rerank"]
