@@ -46,6 +46,9 @@ the agents asked for, so one agent costs 3 generations; ``agent="all"`` is
 the paper's 9. Multiple choice adds one scoring pass per reported agent
 (a single forward pass, no generation), which the paper, generating free
 answers, has no use for.
+
+Decoding is greedy by default, as in every rcn_fast pipeline; the paper
+sampled gpt-3.5-turbo at temperature 0.2 (``temperature=0.2`` follows it).
 """
 
 from __future__ import annotations

@@ -248,6 +248,18 @@ class RAGPipeline(StagedPipeline):
     def uses_retrieval(self) -> bool:
         return True
 
+    def describe(self) -> dict[str, Any]:
+        """What produced the predictions, with the LLM calls one question
+        costs under these settings (``calls_per_question``)."""
+        d = super().describe()
+        c = self.config
+        d["calls_per_question"] = {
+            "multiple_choice": {"generations": c.generations_per_question,
+                                "scoring_passes": c.scoring_passes_per_question},
+            "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0},
+        }
+        return d
+
     # ------------------------------------------------------------ public API
     def run(self, question: Any) -> Any:
         """The prediction for one question (:class:`Prediction` for an
