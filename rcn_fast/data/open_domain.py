@@ -338,7 +338,7 @@ def load_open_hf(name: str, config: str | None = None, split: str | None = None,
             f"path_or_name: no built-in field map for dataset {name!r}; pass fields=OpenFieldMap(...) "
             f"(known: {sorted(OPEN_FIELD_MAPS)})"
         )
-    datasets = require("datasets", 'pip install datasets  (or pip install "rcn_fast[eval]")')
+    datasets = require("datasets", 'pip install "rcn_fast[data]"  (or pip install datasets)')
     split = split or fmap.split
     if Path(name).is_dir():
         ds = datasets.load_from_disk(name)
