@@ -332,6 +332,33 @@ def test_thread_count_does_not_matter():
         assert (lp == outs[0][1]).all()
 
 
+def test_thread_count_does_not_matter_many_chunks():
+    """Enough work for several threads: chunks of whole questions (2-3
+    threads) and chunks that split a question's subsets (8 threads)."""
+    rng = np.random.default_rng(14)
+    B, n, d, N, K = 40, 100, 64, 9, 5
+    q, c = _data(rng, B, n, d)
+    keys = np.arange(B, dtype=np.int64) * 7 + 1
+    outs = [
+        _run_native(q, c, N, K, 0.5, 2, keys, None, first_relevance=True, num_threads=t)
+        for t in (1, 2, 3, 8)
+    ]
+    for ids, lp in outs[1:]:
+        assert (ids == outs[0][0]).all()
+        assert (lp == outs[0][1]).all()
+
+
+def test_lowest_failing_question_is_reported_with_threads():
+    rng = np.random.default_rng(15)
+    q, c = _data(rng, 40, 100, 64)
+    c[31, 5, 0] = np.nan
+    c[6, 9, 1] = np.inf
+    for t in (1, 2, 8):
+        with pytest.raises(ValueError, match=r"cand_emb: question 6, candidate 9"):
+            _run_native(q, c, 9, 5, 1.0, 0, np.arange(40, dtype=np.int64), None,
+                        first_relevance=False, num_threads=t)
+
+
 # ------------------------------------------------------------------ edge cases
 
 

@@ -1,6 +1,7 @@
-// CPU launcher of the subset sampler. The flat range of (question, subset)
-// pairs is split evenly over threads. A thread walks its pairs question by
-// question and runs that question's subsets in lockstep, one step at a time:
+// CPU launcher of the subset sampler. Threads take chunks of the flat range
+// of (question, subset) pairs from a shared counter. A thread walks its
+// pairs question by question and runs that question's subsets in lockstep,
+// one step at a time:
 //
 //   prepare question b: its candidates as float32 rows (f16/bf16 converted
 //                       once); rel_j = dot(e_q, e_j) now if the first draw
@@ -22,6 +23,7 @@
 #include "cpu/sampling.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -239,24 +241,36 @@ SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads) {
   const Kernels kern = pick_kernels();
   std::vector<SamplingResult> errs(size_t(threads), ok);
 
+  // Threads take chunks of (question, subset) items from a shared counter
+  // (whole questions when there are enough), so a thread the OS pauses does
+  // not hold the others up. Chunks are handed out in increasing order and a
+  // thread stops at its first error, so the lowest failing question is
+  // among the threads' first errors.
+  int64_t chunk = threads == 1 ? items : std::max<int64_t>(1, items / (int64_t(threads) * 16));
+  if (chunk > N) chunk = chunk / N * N;
+  std::atomic<int64_t> next_item{0};
   run_threads(threads, [&](int t) {
-    int64_t i0, i1;
-    split_range(items, threads, t, i0, i1);
     Worker wk(p, kern, group);
     SamplingResult& err = errs[size_t(t)];
-    int64_t i = i0;
-    while (i < i1) {
-      const int64_t b = i / N;
-      const int64_t s_end = std::min<int64_t>(N, i % N + (i1 - i));
-      if (!wk.prepare(b, err)) return;
-      for (int64_t s = i % N; s < s_end; s += group)
-        if (!wk.run_group(b, s, std::min<int64_t>(s_end, s + group), err)) return;
-      i += s_end - i % N;
+    for (;;) {
+      const int64_t i0 = next_item.fetch_add(chunk);
+      if (i0 >= items) return;
+      const int64_t i1 = std::min(items, i0 + chunk);
+      int64_t i = i0;
+      while (i < i1) {
+        const int64_t b = i / N;
+        const int64_t s_end = std::min<int64_t>(N, i % N + (i1 - i));
+        if (!wk.prepare(b, err)) return;
+        for (int64_t s = i % N; s < s_end; s += group)
+          if (!wk.run_group(b, s, std::min<int64_t>(s_end, s + group), err)) return;
+        i += s_end - i % N;
+      }
     }
   });
+  const SamplingResult* first = nullptr;
   for (const SamplingResult& e : errs)
-    if (e.status != SamplingStatus::Ok) return e;
-  return ok;
+    if (e.status != SamplingStatus::Ok && (first == nullptr || e.question < first->question)) first = &e;
+  return first ? *first : ok;
 }
 
 }  // namespace rcn_fast
