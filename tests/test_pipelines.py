@@ -385,7 +385,7 @@ def test_bad_settings_name_the_argument(retriever, bad, match):
 
 def test_build_errors(retriever):
     with pytest.raises(ValueError, match="name"):
-        build("rr", llm=ScriptedLLM())
+        build("no_such_pipeline", llm=ScriptedLLM())
     with pytest.raises(TypeError, match="llm"):
         build("vanilla", llm="not a model")
     with pytest.raises(TypeError, match="retriever"):
