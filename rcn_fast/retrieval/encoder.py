@@ -155,8 +155,15 @@ def resolve_model_dir(model: str) -> Path:
     """A local directory holding ``config.json`` for ``model``.
 
     Accepts a directory, an installed model package (its ``model/`` folder or
-    ``get_model_path()``), or a Hugging Face id present in the local cache.
+    ``get_model_path()``; by distribution or module name, optionally written
+    ``"package:<name>"`` as :func:`rcn_fast.llm.load_llm` spells it), or a
+    Hugging Face id present in the local cache.
     """
+    model = str(model)
+    if model.startswith("package:"):
+        model = model[len("package:"):]
+        if not model.replace("-", "_").isidentifier():
+            raise ValueError(f"model: 'package:' must be followed by a package name, got {model!r}")
     p = Path(model).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
