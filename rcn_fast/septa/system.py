@@ -1,0 +1,404 @@
+"""The SEPTA work directory: the offline steps (align, build-db, train) and
+the loaded system that scores questions.
+
+Layout of a SEPTA directory (what ``checkpoint=`` points at)::
+
+    septa.json           manifest: graph source, encoder, every setting
+    graph/               the knowledge graph (KnowledgeGraph.save)
+    node_features.npy    frozen text embeddings of the node names (text features)
+    align_data.npz       alignment pairs: sampled subgraphs + text embeddings
+    align_state.pt       alignment training state (resume)
+    align.pt             the aligned graph encoder + text projection
+    db/                  the subgraph vector database (SubgraphDB)
+    features_*.npz       predictor inputs of a question file (cache)
+    predictor_state.pt   predictor training state (resume)
+    predictor.pt         the trained predictor
+    metrics.json         alignment recall@1 and predictor accuracy
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast.data import MCQuestion
+from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
+from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, train_alignment
+from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
+from rcn_fast.septa.predictor import (
+    PredictorConfig,
+    QuestionFeatures,
+    SeptaPredictor,
+    accuracy,
+    train_predictor,
+)
+from rcn_fast.septa.query import QueryEnhancer
+from rcn_fast.septa.vectordb import SubgraphDB
+
+logger = logging.getLogger("rcn_fast.septa")
+_FORMAT = "rcn_fast.septa/1"
+MANIFEST = "septa.json"
+
+
+@dataclass
+class SamplerConfig:
+    """BFS sampling of the subgraphs (eq. 1) for alignment pairs and the database.
+
+    Attributes
+    ----------
+    p, max_depth, max_nodes, max_edges, seed : see :func:`rcn_fast.kg.bfs_subgraphs`
+    """
+
+    p: float = 0.5
+    max_depth: int = 2
+    max_nodes: int = 12
+    max_edges: int = 24
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SamplerConfig":
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"config: unknown sampler settings {sorted(unknown)}")
+        return cls(**d)
+
+    def sample(self, graph: KnowledgeGraph, centres: Any) -> Subgraphs:
+        return bfs_subgraphs(graph, centres, p=self.p, max_depth=self.max_depth, max_nodes=self.max_nodes,
+                             max_edges=self.max_edges, seed=self.seed)
+
+
+# ------------------------------------------------------------------ helpers
+def _encoder_record(encoder: Any) -> dict[str, Any]:
+    cfg = getattr(encoder, "config", None)
+    rec: dict[str, Any] = {"describe": encoder.describe() if hasattr(encoder, "describe") else {}}
+    if cfg is not None and hasattr(cfg, "to_dict"):
+        rec["config"] = cfg.to_dict()
+    return rec
+
+
+def load_encoder(record: dict[str, Any]) -> Any:
+    """The rcn_fast Encoder a manifest's ``encoder`` record describes."""
+    from rcn_fast.retrieval.encoder import Encoder
+
+    if "config" not in record:
+        raise ValueError("encoder: this SEPTA directory was built with a custom encoder object; pass encoder=")
+    return Encoder.from_config(record["config"])
+
+
+def encode(encoder: Any, texts: Sequence[str], side: str = "passage", progress: bool = False) -> np.ndarray:
+    """float32 [n, d] from ``encoder.encode_passages`` / ``encode_queries``."""
+    fn = encoder.encode_passages if side == "passage" else encoder.encode_queries
+    texts = list(texts)
+    try:
+        out = fn(texts, show_progress=progress) if progress else fn(texts)
+    except TypeError:
+        out = fn(texts)
+    return np.asarray(out, dtype=np.float32)
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    d = Path(directory)
+    f = d / MANIFEST
+    if not f.is_file():
+        raise FileNotFoundError(f"checkpoint: {d} has no {MANIFEST} (run `python -m rcn_fast.septa align` first)")
+    m = json.loads(f.read_text())
+    if m.get("format") != _FORMAT:
+        raise ValueError(f"checkpoint: {f} holds format {m.get('format')!r}, expected {_FORMAT!r}")
+    return m
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
+    d = Path(directory)
+    tmp = d / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, d / MANIFEST)
+
+
+def _update_metrics(directory: Path, **kv: Any) -> None:
+    f = directory / "metrics.json"
+    m = json.loads(f.read_text()) if f.is_file() else {}
+    m.update(kv)
+    f.write_text(json.dumps(m, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------ step 1: align
+def prepare_alignment(directory: str | os.PathLike[str], graph: KnowledgeGraph | str, encoder: Any, *,
+                      num_pairs: int = 64000, eval_pairs: int = 2000, sampler: SamplerConfig | None = None,
+                      gnn: GNNConfig | None = None, seed: int = 0, progress: bool = False) -> dict[str, Any]:
+    """Save the graph and node features and build the alignment pairs
+    (skipped when already done with the same settings).
+
+    Parameters
+    ----------
+    directory : path (created)
+    graph : KnowledgeGraph or a :func:`rcn_fast.kg.load_graph` spec
+    encoder : frozen text encoder
+    num_pairs, eval_pairs : int
+        Training and held-out subgraph-text pairs (random distinct centres).
+    sampler, gnn : settings
+    seed : int
+        Choice of centres.
+
+    Returns
+    -------
+    the manifest
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    sampler = sampler or SamplerConfig()
+    gnn = gnn or GNNConfig()
+    spec = graph if isinstance(graph, str) else graph.source
+    want = {"format": _FORMAT, "graph": spec, "encoder": _encoder_record(encoder), "sampler": sampler.to_dict(),
+            "gnn": gnn.to_dict(), "pairs": {"num_pairs": num_pairs, "eval_pairs": eval_pairs, "seed": seed}}
+    if (d / MANIFEST).is_file() and (d / "align_data.npz").is_file():
+        have = read_manifest(d)
+        same = all(have.get(k) == want[k] for k in ("graph", "sampler", "gnn", "pairs")) and \
+            have["encoder"].get("describe") == want["encoder"]["describe"]
+        if same:
+            logger.info("alignment data already in %s", d)
+            return have
+        raise ValueError(f"directory: {d} holds a SEPTA build with other settings; use a new directory")
+    g = load_graph(graph) if isinstance(graph, str) else graph
+    g.save(d / "graph")
+    if gnn.node_features == "text":
+        nf = encode(encoder, g.node_names, progress=progress)
+        np.save(d / "node_features.npy", nf.astype(np.float16))
+    total = min(num_pairs + eval_pairs, g.num_nodes)
+    rng = np.random.default_rng(seed)
+    # centres with at least one edge: an isolated node makes an empty text
+    cand = np.nonzero(g.degree() > 0)[0]
+    centres = rng.permutation(cand)[:total]
+    if len(centres) < 4:
+        raise ValueError(f"graph: only {len(centres)} nodes have edges; need at least 4 for alignment pairs")
+    sg = sampler.sample(g, centres)
+    texts = [subgraph_text(g, sg.edge_ids(i)) for i in range(len(sg))]
+    temb = encode(encoder, texts, progress=progress)
+    n_eval = min(eval_pairs, len(centres) // 4)
+    np.savez(d / "align_data.npz", text_emb=temb, n_eval=n_eval, **{f"sg_{k}": v for k, v in asdict(sg).items()})
+    want["text_dim"] = int(temb.shape[1])
+    want["num_nodes"], want["num_relations"] = g.num_nodes, g.num_relations
+    write_manifest(d, want)
+    return want
+
+
+def _load_align_data(d: Path) -> tuple[Subgraphs, np.ndarray, int]:
+    z = np.load(d / "align_data.npz")
+    sg = Subgraphs(**{k[3:]: z[k] for k in z.files if k.startswith("sg_")})
+    return sg, z["text_emb"], int(z["n_eval"])
+
+
+def node_features(d: Path, manifest: dict[str, Any]) -> np.ndarray | None:
+    if manifest["gnn"]["node_features"] != "text":
+        return None
+    return np.load(d / "node_features.npy", mmap_mode="r")
+
+
+def run_alignment(directory: str | os.PathLike[str], config: AlignConfig | None = None, *,
+                  progress: bool = False, on_step: Any = None) -> dict[str, Any]:
+    """Train the alignment (resuming from ``align_state.pt``), save
+    ``align.pt``, and record held-out graph-to-text recall@1 before and after."""
+    d = Path(directory)
+    config = config or AlignConfig()
+    m = read_manifest(d)
+    g = KnowledgeGraph.load(d / "graph")
+    sg, temb, n_eval = _load_align_data(d)
+    ev, tr = np.arange(n_eval), np.arange(n_eval, len(sg))
+    t_tr = SubgraphTable.from_subgraphs(sg.select(tr), g)
+    t_ev = SubgraphTable.from_subgraphs(sg.select(ev), g)
+    model = AlignModel(GNNConfig.from_dict(m["gnn"]), m["text_dim"], config.dim, g.num_relations, g.num_nodes,
+                       node_features(d, m), seed=config.seed)
+    before = recall_at_k(*model.embed_all(t_ev, temb[ev])) if n_eval >= 2 else None
+    hist = train_alignment(model, t_tr, temb[tr], config, checkpoint=d / "align_state.pt", progress=progress,
+                           on_step=on_step)
+    after = recall_at_k(*model.embed_all(t_ev, temb[ev])) if n_eval >= 2 else None
+    model.save(d / "align.pt")
+    m["align"] = config.to_dict()
+    write_manifest(d, m)
+    res = {"recall@1_untrained": before, "recall@1": after, "eval_pairs": int(n_eval),
+           "first_loss": hist[0]["loss"] if hist else None, "last_loss": hist[-1]["loss"] if hist else None,
+           "steps": len(hist)}
+    _update_metrics(d, alignment=res)
+    return res
+
+
+# ------------------------------------------------------------------ step 2: database
+def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, centres: Any = None,
+                   limit: int | None = None, batch_size: int = 4096, dtype: str = "float32",
+                   progress: bool = False) -> SubgraphDB:
+    """Sample a subgraph around every node (or ``centres`` / the first
+    ``limit`` nodes with edges), embed both sides with the aligned model and
+    store eq. 9 vectors in ``db/``."""
+    d = Path(directory)
+    m = read_manifest(d)
+    if not (d / "align.pt").is_file():
+        raise FileNotFoundError(f"directory: {d} has no align.pt (run `python -m rcn_fast.septa align` first)")
+    g = KnowledgeGraph.load(d / "graph")
+    enc = encoder if encoder is not None else load_encoder(m["encoder"])
+    model = AlignModel.load(d / "align.pt", node_features(d, m))
+    sampler = SamplerConfig.from_dict(m["sampler"])
+    if centres is None:
+        centres = np.nonzero(g.degree() > 0)[0]
+        if limit is not None:
+            centres = centres[:limit]
+    centres = np.asarray(centres, dtype=np.int64)
+    es, hs, texts = [], [], []
+    it = range(0, len(centres), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="build-db", unit="chunk")
+    for s in it:
+        c = centres[s:s + batch_size]
+        sg = sampler.sample(g, c)
+        tx = [subgraph_text(g, sg.edge_ids(i)) for i in range(len(sg))]
+        e, h = model.embed_all(SubgraphTable.from_subgraphs(sg, g), encode(enc, tx))
+        es.append(e)
+        hs.append(h)
+        texts += tx
+    db = SubgraphDB.from_embeddings(np.concatenate(es), np.concatenate(hs), centres, texts, dtype=dtype)
+    db.save(d / "db")
+    m["db"] = {"count": len(db), "dtype": dtype}
+    write_manifest(d, m)
+    return db
+
+
+# ------------------------------------------------------------------ the loaded system
+class SeptaSystem:
+    """A built SEPTA directory, loaded: scores questions.
+
+    Parameters
+    ----------
+    directory : path
+    encoder : text encoder, optional
+        Default: the one recorded in the manifest.
+    predictor_config : PredictorConfig, optional
+        Default: the one recorded (after ``train``) or the defaults.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], encoder: Any = None,
+                 predictor_config: PredictorConfig | None = None, load_predictor: bool = True) -> None:
+        torch = _torch()
+        self.directory = d = Path(directory)
+        self.manifest = m = read_manifest(d)
+        if not (d / "db" / "db.json").is_file():
+            raise FileNotFoundError(f"checkpoint: {d} has no subgraph database (run `python -m rcn_fast.septa "
+                                    f"build-db` first)")
+        self.graph = KnowledgeGraph.load(d / "graph")
+        self.encoder = encoder if encoder is not None else load_encoder(m["encoder"])
+        self.align = AlignModel.load(d / "align.pt", node_features(d, m))
+        self.db = SubgraphDB.load(d / "db")
+        self.config = predictor_config or PredictorConfig.from_dict(m.get("predictor", {}))
+        self.enhancer = QueryEnhancer(self.graph, self.encoder, num_triples=self.config.num_triples)
+        self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
+                                        lam=self.config.lam, dropout=self.config.dropout)
+        if load_predictor:
+            f = d / "predictor.pt"
+            if not f.is_file():
+                raise FileNotFoundError(f"checkpoint: {d} has no predictor.pt (run `python -m rcn_fast.septa "
+                                        f"train` first)")
+            ck = torch.load(f, map_location="cpu", weights_only=False)
+            self.config = PredictorConfig.from_dict(ck["config"])
+            self.enhancer.num_triples = self.config.num_triples
+            self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
+                                            lam=self.config.lam, dropout=self.config.dropout)
+            self.predictor.load_state_dict(ck["state"])
+        self.predictor.eval()
+
+    def features(self, questions: Sequence[MCQuestion], progress: bool = False,
+                 batch_size: int = 64) -> tuple[QuestionFeatures, list[list[Any]]]:
+        """Predictor inputs for ``questions`` and, per question, the enhanced
+        queries of its choices (texts, linked nodes, triples)."""
+        torch = _torch()
+        k, C = self.config.top_k, max((len(q.choices) for q in questions), default=1)
+        Q, d, dt = len(questions), self.align.dim, self.manifest["text_dim"]
+        t = np.zeros((Q, C, d), np.float32)
+        v = np.zeros((Q, C, dt), np.float32)
+        ids = np.full((Q, C, k), -1, np.int64)
+        scores = np.zeros((Q, C, k), np.float32)
+        mask = np.zeros((Q, C), bool)
+        answers = np.array([-1 if q.answer is None else q.answer for q in questions], dtype=np.int64)
+        enhanced: list[list[Any]] = []
+        it = range(0, Q, batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(it, desc="features", unit="batch")
+        for s in it:
+            qs = questions[s:s + batch_size]
+            pairs = [(q.question, c) for q in qs for c in q.choices]
+            enh = self.enhancer.enhance(pairs)
+            tv = encode(self.encoder, [e.text for e in enh])
+            vv = encode(self.encoder, [e.base for e in enh])
+            with torch.no_grad():
+                tt = self.align.text_embed(tv).numpy()
+            sc, ii = self.db.search(tt, k)
+            j = 0
+            for qi, q in enumerate(qs):
+                row = s + qi
+                n = len(q.choices)
+                t[row, :n], v[row, :n] = tt[j:j + n], vv[j:j + n]
+                ids[row, :n], scores[row, :n] = ii[j:j + n], sc[j:j + n]
+                mask[row, :n] = True
+                enhanced.append(enh[j:j + n])
+                j += n
+        G = self.db.get(ids)
+        return QuestionFeatures(t, G, ids, scores, v, mask, answers), enhanced
+
+    def score(self, feats: QuestionFeatures) -> np.ndarray:
+        """Predictor scores float32 [Q, C] (-inf on padded choices)."""
+        torch = _torch()
+        self.predictor.eval()
+        with torch.no_grad():
+            return self.predictor(**feats.tensors(slice(None))).numpy()
+
+
+def _features_cached(system: SeptaSystem, questions: list[MCQuestion], name: str,
+                     progress: bool) -> QuestionFeatures:
+    h = hashlib.sha256(json.dumps([q.to_dict() for q in questions], sort_keys=True).encode())
+    h.update(json.dumps({"k": system.config.top_k, "triples": system.config.num_triples,
+                         "db": system.manifest.get("db")}, sort_keys=True).encode())
+    f = system.directory / f"features_{name}_{h.hexdigest()[:12]}.npz"
+    if f.is_file():
+        return QuestionFeatures.load(f)
+    feats, _ = system.features(questions, progress=progress)
+    feats.save(f)
+    return feats
+
+
+def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MCQuestion],
+                 dev_questions: Sequence[MCQuestion] | None = None, config: PredictorConfig | None = None, *,
+                 encoder: Any = None, progress: bool = False, on_epoch: Any = None) -> dict[str, Any]:
+    """Train the predictor on ``train_questions`` (resuming from
+    ``predictor_state.pt``), keep the best dev epoch, save ``predictor.pt``."""
+    torch = _torch()
+    d = Path(directory)
+    config = config or PredictorConfig()
+    system = SeptaSystem(d, encoder=encoder, predictor_config=config, load_predictor=False)
+    torch.manual_seed(config.seed)
+    system.predictor = SeptaPredictor(system.align.dim, system.manifest["text_dim"], heads=config.heads,
+                                      lam=config.lam, dropout=config.dropout)
+    train = _features_cached(system, list(train_questions), "train", progress)
+    dev = _features_cached(system, list(dev_questions), "dev", progress) if dev_questions else None
+    hist = train_predictor(system.predictor, train, config, dev=dev, checkpoint=d / "predictor_state.pt",
+                           progress=progress, on_epoch=on_epoch)
+    tmp = d / "predictor.pt.tmp"
+    torch.save({"config": config.to_dict(), "state": system.predictor.state_dict()}, tmp)
+    os.replace(tmp, d / "predictor.pt")
+    m = read_manifest(d)
+    m["predictor"] = config.to_dict()
+    write_manifest(d, m)
+    res = {"epochs": len(hist), "history": hist, "train_acc": accuracy(system.predictor, train),
+           "dev_acc": accuracy(system.predictor, dev) if dev is not None else None,
+           "train_questions": len(train), "dev_questions": len(dev) if dev is not None else 0}
+    _update_metrics(d, predictor=res)
+    return res
