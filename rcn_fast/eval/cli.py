@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
     a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
+    a("--threads", type=int, metavar="N", help="torch threads of the local models (default: one per core)")
     a("--strict", action="store_true", default=None, help="stop at the first failing question")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
@@ -81,6 +82,7 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         "pipelines": ns.pipelines, "tasks": ns.tasks, "model": ns.model, "encoder": ns.encoder,
         "corpus": ns.corpus, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
         "output_path": ns.output_path, "log_samples": ns.log_samples, "device": ns.device, "strict": ns.strict,
+        "threads": ns.threads,
     }
     for k, v in flags.items():
         if v is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,10 @@ class EvalConfig:
     log_samples : bool
         Write ``samples_<task>_<pipeline>.jsonl``.
     device : {"cpu", "cuda", "auto"}
+    threads : int or None
+        torch intra-op threads of the local models (None: torch's default,
+        one per core). On a CPU shared with other work, 1 is often faster
+        for generation.
     strict : bool
         Stop at the first failing question instead of reporting it.
     progress : bool
@@ -89,6 +93,7 @@ class EvalConfig:
     output_path: str = DEFAULT_OUTPUT
     log_samples: bool = False
     device: str = "cpu"
+    threads: int | None = None
     strict: bool = False
     progress: bool = True
     plot: bool = True
@@ -129,15 +134,21 @@ class EvalConfig:
         self.seeds = list(self.seeds)
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise EvalError(f"batch_size: expected a positive integer, got {self.batch_size!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise EvalError(f"threads: expected a positive integer, got {self.threads!r}")
         self.output_path = os.fspath(self.output_path)
         if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
             raise EvalError(f"device: expected cpu, cuda (cuda:N) or auto, got {self.device!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """Plain data (an LLM object given as ``model`` is recorded by its identity)."""
+        import copy
+
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         if not isinstance(self.model, str):
             d["model"] = getattr(self.model, "identity", type(self.model).__name__)
-        return d
+        return copy.deepcopy(d)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EvalConfig":

@@ -598,6 +598,10 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
                 and (cfg.corpus or task_corpus(u.task)) is not None and not _is_store(cfg.corpus or task_corpus(u.task)))
             for u in todo)
         _check_model_packages(default_llm, default_encoder)
+    if cfg.threads is not None and todo and importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     comps = Components(cfg, out, llm=llm if llm is not None else (None if isinstance(cfg.model, str) else cfg.model),
                        encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
     done_units = len(units) - len(todo)

@@ -145,6 +145,10 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
     data = dict(data)
     data.pop("metrics", None)
     data["pipeline_args"] = {str(k): dict(v) for k, v in pa.items()}
+    for settings in data["pipeline_args"].values():  # package-relative prompt files (the demo's)
+        pr = settings.get("prompts")
+        if isinstance(pr, str) and not Path(pr).is_absolute() and (PACKAGE_DIR / pr).is_file():
+            settings["prompts"] = str(PACKAGE_DIR / pr)
     data["dataset_kwargs"] = dict(data.get("dataset_kwargs") or {})
     if data.get("config") is not None:
         data["config"] = str(data["config"])
