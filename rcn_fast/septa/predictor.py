@@ -7,7 +7,11 @@ top-k retrieved subgraph vectors ``G`` (multi-head, eq. 10) giving ``r_i``;
 (1 - lambda) p~_i`` (eq. 13); softmax over the choices, cross-entropy.
 
 rcn_fast keeps the text encoder frozen here too, so ``t``, ``G`` and ``v``
-are computed once per question and only the predictor trains (RAdam).
+are computed once per question and only the predictor trains (RAdam). The
+frozen features are z-scored per dimension with training-set statistics
+before the heads (stored as buffers; a reparametrisation of the same
+linear model that makes it trainable when a frozen encoder embeds the
+choices of a question almost alike).
 """
 
 from __future__ import annotations
@@ -120,9 +124,31 @@ def _predictor_class() -> Any:
             self.w1 = nn.Linear(dim, 1)
             self.w2 = nn.Linear(text_dim, 1)
             self.drop = nn.Dropout(dropout)
+            # feature standardisation (identity until set_feature_stats): the
+            # encoder is frozen, so its embeddings' offset and scale are fixed;
+            # z-scoring them conditions the linear heads (a reparametrisation)
+            for name, width in (("t", dim), ("g", dim), ("v", text_dim)):
+                self.register_buffer(f"{name}_mean", torch.zeros(width))
+                self.register_buffer(f"{name}_std", torch.ones(width))
+
+        @torch.no_grad()
+        def set_feature_stats(self, t, G, v, G_mask=None, choice_mask=None) -> None:
+            """Per-dimension mean/std of the training features (float tensors as
+            in :meth:`forward`); padded choices and slots are ignored."""
+            cm = choice_mask if choice_mask is not None else torch.ones(t.shape[:-1], dtype=torch.bool)
+            gm = G_mask if G_mask is not None else torch.ones(G.shape[:-1], dtype=torch.bool)
+            gm = gm & cm.unsqueeze(-1)
+            for name, x, m in (("t", t, cm), ("g", G, gm), ("v", v, cm)):
+                rows = x[m].double()
+                if rows.shape[0] < 2:
+                    continue
+                getattr(self, f"{name}_mean").copy_(rows.mean(0))
+                getattr(self, f"{name}_std").copy_(rows.std(0).clamp_min(1e-6))
 
         def attend(self, t, G, G_mask=None):
             """Eq. 10: ``r`` [..., d] and attention weights [..., H, k]."""
+            t = (t - self.t_mean) / self.t_std
+            G = (G - self.g_mean) / self.g_std
             *lead, k, d = G.shape
             H = self.heads
             q = self.wq(t).view(*lead, H, 1, d)
@@ -139,6 +165,8 @@ def _predictor_class() -> Any:
         def forward(self, t, G, v, G_mask=None, choice_mask=None):
             """Scores ``p`` [B, C] (eq. 13); padded choices get -inf."""
             r, _ = self.attend(t, G, G_mask)
+            t = (t - self.t_mean) / self.t_std
+            v = (v - self.v_mean) / self.v_std
             p_hat = self.w1(self.drop(t + r)).squeeze(-1)
             p_tilde = self.w2(self.drop(v)).squeeze(-1)
             p = self.lam * p_hat + (1 - self.lam) * p_tilde
@@ -250,6 +278,8 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
         torch.set_rng_state(st["torch_rng"])
         epoch, history, best, best_state, stale = st["epoch"], st["history"], st["best"], st["best_state"], st["stale"]
         logger.info("predictor: resumed from %s after epoch %d", ck, epoch)
+    else:
+        model.set_feature_stats(**train.tensors(slice(None)))
     torch.manual_seed(config.seed + epoch)
     n = len(train)
     bs = min(config.batch_size, n)
