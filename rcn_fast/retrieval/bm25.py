@@ -17,8 +17,9 @@ Command line (build and save the index of a store ahead of time)::
 Scoring follows ``bm25s`` with ``method="lucene"`` (the default):
 ``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))`` and
 ``tf(t, d) = f / (f + k1 * (1 - b + b * |d| / avgdl))`` (``f``: count of
-``t`` in ``d``); score = sum of ``idf * tf`` over the query's tokens. Tokens: lower-cased ``\\b\\w\\w+\\b`` words (one-letter words are
-dropped) minus English stop words, no stemming. Passages that share no
+``t`` in ``d``); score = sum of ``idf * tf`` over the query's tokens.
+Tokens: lower-cased ``\\b\\w\\w+\\b`` words (one-letter words are dropped)
+minus English stop words, no stemming. Passages that share no
 token with a query are never returned (results are padded with score
 ``-inf`` and row ``-1``).
 """
@@ -271,7 +272,8 @@ class BM25Index:
             raise ValueError(f"path: {path} holds format {m.get('format')!r}, expected {FORMAT!r}")
         if texts is None:
             if not m.get("texts"):
-                raise ValueError(f"texts: the index at {path} was saved without its passages; pass texts= (or the store)")
+                raise ValueError(f"texts: the index at {path} was saved without its passages; "
+                                 "pass texts= (or the store)")
             texts_l, ids_l = [], []
             with open(path / m["texts"], encoding="utf-8") as f:
                 for rec in map(json.loads, f):
@@ -451,7 +453,8 @@ class BM25Reranker:
         """
         return self.retrieve_with_candidates(queries, k)[0]
 
-    def retrieve_with_candidates(self, queries: Sequence[str], k: int = 1) -> tuple[list[list[Passage]], list[list[str]]]:
+    def retrieve_with_candidates(self, queries: Sequence[str],
+                                 k: int = 1) -> tuple[list[list[Passage]], list[list[str]]]:
         """:meth:`retrieve`, plus each query's BM25 candidate ids in BM25 order."""
         queries = _check_queries(queries)
         k = _check_k(k)

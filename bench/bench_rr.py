@@ -1,0 +1,130 @@
+"""RR benchmarks (pytest-benchmark): batched vs one question at a time.
+
+    python -m pytest bench/bench_rr.py --benchmark-only -s --benchmark-columns=mean,rounds
+
+* ``rr evidence``: a scripted LLM (tests/pipelines/rr_doubles.PathsLLM)
+  returns fixed reasoning paths built from real science sentences, so the
+  time is RR's own work: sentence splitting and parsing, BM25 (bm25s) over
+  the corpus, encoder reranking (all-MiniLM-L6-v2 when installed, else a
+  tiny BERT), NLI (a tiny random BertForSequenceClassification) and the
+  vote. Batched = one BM25, one encoder and one NLI call for all sentences
+  of all questions; one at a time = the same calls per question. The
+  predictions must be identical and the log-probabilities equal within
+  1e-5 (asserted; batch padding moves float32 rounding).
+* ``rr tiny-llama``: the same with a tiny random-weight Llama sampling the
+  paths (one generation call with num_samples=N for the batch vs one per
+  question). Sampled paths depend on the batch (the backend seeds once per
+  batch), so only the speed is compared.
+
+Knobs: RCN_BENCH_RR_QUESTIONS (default 32), RCN_BENCH_RR_PATHS (default 5),
+RCN_BENCH_THREADS (torch threads, default 2). The machine is shared:
+compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("bm25s")
+pytest.importorskip("pysbd")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from rcn_fast import MCQuestion  # noqa: E402
+from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
+from tests.pipelines.rr_doubles import PathsLLM, make_tiny_nli  # noqa: E402
+from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
+
+N_Q = int(os.environ.get("RCN_BENCH_RR_QUESTIONS", "32"))
+N_PATHS = int(os.environ.get("RCN_BENCH_RR_PATHS", "5"))
+THREADS = int(os.environ.get("RCN_BENCH_THREADS", "2"))
+RESULTS: dict[str, list] = {}
+
+
+def _h(s: str) -> int:
+    return int.from_bytes(hashlib.sha256(s.encode()).digest()[:8], "little")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.set_num_threads(THREADS)
+    from rcn_fast.nli import NLIModel
+    from rcn_fast.retrieval import Encoder
+
+    d = minilm_dir()
+    if d is not None:
+        enc, enc_name = Encoder.from_pretrained(d, query_prefix="", passage_prefix=""), "minilm"
+    else:
+        enc, enc_name = Encoder.from_pretrained(make_tiny_bert(tmp_path_factory.mktemp("bert") / "b")), "tiny-bert"
+    facts = real_sentences(1500)
+    retriever = InMemoryRetriever(enc, facts, ids=[f"fact-{i}" for i in range(len(facts))])
+    nli = NLIModel.from_pretrained(make_tiny_nli(tmp_path_factory.mktemp("nli") / "n"), max_length=128,
+                                   device="cpu", batch_size=64)
+    qs = [MCQuestion(f"q{i}", f"Which statement about nature is right ({i})?", ["first", "second", "third", "fourth"])
+          for i in range(N_Q)]
+
+    def script(question: str) -> list[str]:
+        h = _h(question)
+        out = []
+        for j in range(N_PATHS):
+            a, b = facts[(h + 7 * j) % len(facts)], facts[(h // 3 + 11 * j) % len(facts)]
+            out.append(f"{a} {b} So the answer is {'ABCD'[(h + j) % 4]}.")
+        return out
+
+    return retriever, nli, qs, script, enc_name
+
+
+def _key(preds) -> list:
+    return [(p.question_id, p.pred, p.choice_logprobs) for p in preds]
+
+
+def _same(a: list, b: list) -> bool:
+    """Same predictions; log-probabilities equal up to float32 rounding (the
+    encoder and NLI batches pad differently, which moves the last bits)."""
+    import numpy as np
+
+    return all(x[:2] == y[:2] and np.allclose(x[2], y[2], atol=1e-5, rtol=0) for x, y in zip(a, b)) \
+        and len(a) == len(b)
+
+
+@pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
+def test_rr_evidence_questions_per_second(benchmark, record, setup, mode):
+    retriever, nli, qs, script, enc_name = setup
+    pipe = build("rr", llm=PathsLLM(script), retriever=retriever, nli=nli, num_paths=N_PATHS)
+    pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))  # not timed
+    fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
+    benchmark.group = f"rr evidence (scripted LLM, {enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths"
+    preds = benchmark.pedantic(fn, rounds=3, warmup_rounds=0, iterations=1)
+    RESULTS[mode] = _key(preds)
+    benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)
+    benchmark.extra_info["sentences"] = sum(sum(s["checked"] for s in t["sentences"]) for p in preds
+                                            for t in p.trace if t["type"] == "path")
+    record(benchmark.group, mode, benchmark)
+    if len(RESULTS) == 2:
+        same = _same(RESULTS["batched"], RESULTS["one_at_a_time"])
+        print(f"\nidentical predictions (log-probs within 1e-5) batched vs one at a time: {same}")
+        assert same
+
+
+@pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
+def test_rr_tiny_llama_questions_per_second(benchmark, record, setup, mode, tmp_path_factory):
+    from rcn_fast.llm import load_llm
+    from tests.pipelines.tiny import make_tiny_llama
+
+    retriever, nli, qs, _, enc_name = setup
+    llm = load_llm(make_tiny_llama(tmp_path_factory.mktemp("llama") / "m"), batch_size=len(qs))
+    pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24)
+    pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))
+    fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
+    benchmark.group = f"rr tiny-llama ({enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths, 24 tokens"
+    preds = benchmark.pedantic(fn, rounds=1, warmup_rounds=0, iterations=1)
+    assert len(preds) == len(qs)
+    benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)
+    record(benchmark.group, mode, benchmark)
