@@ -23,7 +23,15 @@ index). No path with a readable answer -> the config's ``fallback``.
 ``Prediction.choice_logprobs``: self-consistency ``log(votes_c / answered)``;
 RR ``log_softmax`` of the summed faithfulness over the choices some path
 predicts. Choices no path predicts get ``-inf``. With the ``"score"``
-fallback the values are the scoring pass's log-probabilities.
+fallback the values are the scoring pass's log-probabilities. Tied choices
+have equal ``choice_logprobs``; ``pred`` then follows the tie rules above
+(so on a tie it need not be the first argmax). The RR vote's trace also
+holds ``majority_pred``: self-consistency on the same paths.
+
+Sampling is seeded (``config.seed``); a backend that seeds once per batch
+(the local Hugging Face one) gives paths that depend on the batch, so RR's
+batched and one-question-at-a-time runs agree only with deterministic or
+cached generations.
 """
 
 from __future__ import annotations
