@@ -491,3 +491,29 @@ def test_config_validation():
                                                                                        "single_retrieval"])
     assert got == {"vanilla": {}, "reconnect": {"top_n": 3, "tau": 0.5}, "single_retrieval": {"top_n": 3}}
     assert EvalConfig.from_dict(EvalConfig(limit=3).to_dict()) == EvalConfig(limit=3)
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    import rcn_fast.eval.runner as runner
+
+    def interrupted(cfg, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "evaluate", interrupted)
+    code, err = _run_cli(["--output-path", str(tmp_path / "o")], capsys)
+    assert code == 130 and "Run the same command again to resume" in err and str(tmp_path / "o") in err
+
+
+def test_registry_tasks_read_local_copies(shared_data):
+    """``--tasks name=PATH``: a packaged task over a local CommonsenseQA-layout file."""
+    from rcn_fast.eval import load_task_questions, resolve_task
+
+    for name, folder, n_choices in (("csqa", "csqa", 5), ("arc-easy", "arc-easy", None), ("obqa", "obqa", 4),
+                                    ("qasc", "qasc", 8)):
+        files = sorted((shared_data / folder).glob("*dev.jsonl"))
+        spec = resolve_task(f"{name}={files[0]}")
+        assert spec.name == name and spec.local == str(files[0].resolve())
+        qs = load_task_questions(spec, limit=20)
+        assert len(qs) == 20 and all(q.answer is not None for q in qs)
+        if n_choices:
+            assert all(len(q.choices) == n_choices for q in qs)
