@@ -143,12 +143,21 @@ class RunState:
     corpora: dict[str, str] = field(default_factory=dict)
 
 
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
 def _sha_file(path: Path) -> str:
+    """sha256 of a file, memoised on (path, size, mtime): a large corpus is hashed once per process."""
+    st = Path(path).stat()
+    memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if memo_key in _SHA_MEMO:
+        return _SHA_MEMO[memo_key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+    _SHA_MEMO[memo_key] = h.hexdigest()
+    return _SHA_MEMO[memo_key]
 
 
 def _corpus_key(corpus: str | None) -> Any:
@@ -463,14 +472,15 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
 
     registry = pipeline_registry()
     cls = registry[unit.pipeline]
-    llm = comps.llm()
     corpus = cfg.corpus or task_corpus(unit.task)
+    # retrieval first: an encoder or corpus that cannot load fails before the (slower) LLM loads
     if unit.pipeline == "zebra":
         retriever = comps.kb_retriever()
     elif may_use_retriever(cls) and corpus is not None:
         retriever = comps.retriever(corpus)
     else:
         retriever = None
+    llm = comps.llm()
     try:
         pipe = build(unit.pipeline, llm=llm, retriever=retriever, **unit.settings)
     except (TypeError, ValueError) as exc:
