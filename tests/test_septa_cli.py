@@ -5,6 +5,7 @@ pipeline built by name from the resulting directory."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -66,7 +67,7 @@ def tiny_bert(tmp_path_factory):
     return make_tiny_bert(tmp_path_factory.mktemp("bert") / "bert", extra_words=words)
 
 
-def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert):
+def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, capsys, caplog):
     kg = tmp_path / "kg.tsv"
     kg.write_text("".join(f"{h}\t{r}\t{t}\n" for h, r, t in TRIPLES))
     d = tmp_path / "septa"
@@ -92,23 +93,24 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert):
     assert f"resumed from {state} at step {done_before} of 300" in r.stderr
     res = json.loads(r.stdout)
     assert res["steps"] == 300 and res["last_loss"] < res["first_loss"]
-    # build-db, train, then the pipeline by name
-    r = _cli("build-db", "--dir", str(d))
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["subgraphs"] > 20
+    # build-db and train in this process (the same CLI code, no interpreter start-up)
+    from rcn_fast.septa.__main__ import main
+
+    assert main(["build-db", "--dir", str(d), "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["subgraphs"] > 20
     qf = tmp_path / "train.jsonl"
     _write_questions(qf, QUESTIONS)
-    r = _cli("train", "--dir", str(d), "--train", str(qf), "--dev", str(qf), "--epochs", "3", "--top-k", "3",
-             "--batch-size", "2", "--num-triples", "3")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    train = ["train", "--dir", str(d), "--train", str(qf), "--dev", str(qf), "--epochs", "3", "--top-k", "3",
+             "--batch-size", "2", "--num-triples", "3", "--quiet"]
+    assert main(train) == 0
+    out = json.loads(capsys.readouterr().out)
     assert out["epochs"] == 3 and out["train_questions"] == 6
     metrics = json.loads((d / "metrics.json").read_text())
     assert set(metrics) == {"alignment", "predictor"}
     # a second train run with the same settings resumes after the last epoch
-    r = _cli("train", "--dir", str(d), "--train", str(qf), "--dev", str(qf), "--epochs", "3", "--top-k", "3",
-             "--batch-size", "2", "--num-triples", "3")
-    assert r.returncode == 0 and "resumed" in r.stderr
+    caplog.set_level(logging.INFO, logger="rcn_fast.septa")
+    assert main(train) == 0
+    assert "predictor: resumed" in caplog.text
 
     from rcn_fast import pipelines
 
@@ -135,5 +137,5 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert):
         pipelines.build("septa", llm=None)
     with pytest.raises(FileNotFoundError, match="septa.json"):
         pipelines.build("septa", llm=None, checkpoint=str(tmp_path))
-    r = _cli("build-db", "--dir", str(tmp_path / "nothing"))
-    assert r.returncode == 2 and "septa.json" in r.stderr
+    assert main(["build-db", "--dir", str(tmp_path / "nothing"), "--quiet"]) == 2
+    assert "septa.json" in capsys.readouterr().err
