@@ -155,6 +155,9 @@ def test_bad_arguments_and_roundtrip(tmp_path):
         bfs_subgraphs(g, [0.5])
     with pytest.raises(TypeError, match="graph"):
         bfs_subgraphs("g", [0])
+    for backend in BACKENDS:
+        empty = bfs_subgraphs(g, np.zeros(0, dtype=np.int64), backend=backend)
+        assert len(empty) == 0 and empty.node_ptr.tolist() == [0] and empty.nodes.dtype == np.int64
     sg = bfs_subgraphs(g, [0, 4, 8], p=1.0, max_depth=1, backend="reference")
     sg.save(tmp_path / "s.npz")
     back = Subgraphs.load(tmp_path / "s.npz")
@@ -163,3 +166,19 @@ def test_bad_arguments_and_roundtrip(tmp_path):
     assert np.array_equal(sel.node_ids(0), sg.node_ids(2)) and np.array_equal(sel.edge_ids(1), sg.edge_ids(0))
     src, dst, rel = sg.local_edges(1, g)
     assert len(src) == len(sg.edge_ids(1)) and src.max() < len(sg.node_ids(1))
+
+
+def test_auto_falls_back_to_reference_with_a_reason(monkeypatch, caplog):
+    import rcn_fast.kg.sampler as S
+
+    g = grid(4, 4)
+    want = bfs_subgraphs(g, [5, 6], p=0.5, seed=2, backend="reference")
+    monkeypatch.setattr(S, "_numba_kernel", lambda: None)
+    monkeypatch.setattr(S, "_NUMBA_ERROR", "numba is not installed (test); install it with: x")
+    with caplog.at_level("WARNING", logger="rcn_fast.kg"):
+        got = bfs_subgraphs(g, [5, 6], p=0.5, seed=2)
+    assert "reference sampler" in caplog.text and "numba is not installed" in caplog.text
+    assert all(np.array_equal(getattr(want, f), getattr(got, f)) for f in FIELDS)
+    with pytest.raises(ImportError, match="rcn_fast"):
+        monkeypatch.setattr(S, "_NUMBA_ERROR", 'numba is not installed; pip install "rcn_fast[septa]"')
+        bfs_subgraphs(g, [5], backend="numba")

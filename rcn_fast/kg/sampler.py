@@ -324,7 +324,7 @@ def bfs_subgraphs(graph: KnowledgeGraph, centres: Sequence[int] | np.ndarray | N
     if backend not in ("auto", "numba", "reference"):
         raise ValueError(f"backend: expected 'auto', 'numba' or 'reference', got {backend!r}")
     args = (graph, c, float(p), int(max_depth), int(max_nodes), int(max_edges), int(seed))
-    if backend == "reference":
+    if backend == "reference" or len(c) == 0:
         return _sample_reference(*args)
     kernel = _numba_kernel()
     if kernel is None:
