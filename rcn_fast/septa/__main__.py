@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    threads = os.environ.get("RCN_FAST_NUM_THREADS")
+    if threads:  # torch threads too (oversubscribed OpenMP workers spin and slow everything down)
+        import torch
+
+        torch.set_num_threads(max(1, int(threads)))
     progress = not args.quiet
     try:
         if args.cmd == "align":
