@@ -517,3 +517,17 @@ def test_registry_tasks_read_local_copies(shared_data):
         assert len(qs) == 20 and all(q.answer is not None for q in qs)
         if n_choices:
             assert all(len(q.choices) == n_choices for q in qs)
+
+
+def test_thread_choice_follows_the_load(monkeypatch):
+    from rcn_fast.eval.runner import choose_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert choose_threads(None) == (None, "")  # quiet machine: torch's default
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    n, why = choose_threads(None)
+    assert n == 3 and "load average 5.0 on 8 cores" in why  # only the idle cores
+    monkeypatch.setattr(os, "getloadavg", lambda: (12.0, 12.0, 12.0))
+    assert choose_threads(None)[0] == 1
+    assert choose_threads(4) == (4, "")  # --threads wins

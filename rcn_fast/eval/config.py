@@ -67,9 +67,11 @@ class EvalConfig:
         Write ``samples_<task>_<pipeline>.jsonl``.
     device : {"cpu", "cuda", "auto"}
     threads : int or None
-        torch intra-op threads of the local models (None: torch's default,
-        one per core). On a CPU shared with other work, 1 is often faster
-        for generation.
+        torch intra-op threads of the local models. None: torch's default
+        (one per core), unless other work already keeps cores busy when
+        the run starts (1-minute load average): then only the idle cores,
+        at least 1 -- small-model generation slows down several times when
+        its threads compete with other processes.
     strict : bool
         Stop at the first failing question instead of reporting it.
     progress : bool

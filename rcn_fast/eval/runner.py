@@ -581,8 +581,6 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         Unknown task or pipeline, missing corpus or KB, a model or encoder
         that cannot load, malformed question files (with line numbers).
     """
-    from rcn_fast.eval import reports
-
     if config is None:
         cfg = EvalConfig()
     elif isinstance(config, dict):
@@ -608,10 +606,31 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
                 and (cfg.corpus or task_corpus(u.task)) is not None and not _is_store(cfg.corpus or task_corpus(u.task)))
             for u in todo)
         _check_model_packages(default_llm, default_encoder)
-    if cfg.threads is not None and todo and importlib.util.find_spec("torch") is not None:
-        import torch
+    prev_threads = None
+    if todo and cfg.device in ("cpu", "auto") and importlib.util.find_spec("torch") is not None:
+        n, why = choose_threads(cfg.threads)
+        if n is not None:
+            import torch
 
-        torch.set_num_threads(cfg.threads)
+            prev_threads = torch.get_num_threads()
+            torch.set_num_threads(n)
+            if why:
+                log(f"using {n} torch thread(s): {why}; set --threads to choose")
+    try:
+        return _run(cfg, out, specs, questions, units, todo, started, llm=llm, encoder=encoder, retriever=retriever,
+                    kb_retriever=kb_retriever, print_table=print_table, on_batch=on_batch)
+    finally:
+        if prev_threads is not None:
+            import torch
+
+            torch.set_num_threads(prev_threads)
+
+
+def _run(cfg: EvalConfig, out: Path, specs: list[TaskSpec], questions: dict[str, list[Any]], units: list[Unit],
+         todo: list[Unit], started: float, *, llm: Any, encoder: Any, retriever: Any, kb_retriever: Any,
+         print_table: bool, on_batch: Callable[[Unit, int], None] | None) -> dict[str, Any]:
+    from rcn_fast.eval import reports
+
     comps = Components(cfg, out, llm=llm if llm is not None else (None if isinstance(cfg.model, str) else cfg.model),
                        encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
     done_units = len(units) - len(todo)
@@ -629,6 +648,29 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     state = RunState(config=cfg, out=out, units=units, tasks=specs, questions=questions, llm=comps._llm,
                      llm_identity=getattr(comps._llm, "identity", None), started=started, corpora=comps.corpora)
     return reports.write_reports(state, print_table=print_table)
+
+
+def choose_threads(requested: int | None) -> tuple[int | None, str]:
+    """torch threads for a CPU run: ``requested``, or fewer than the default
+    when other work already keeps the cores busy (see :class:`EvalConfig`).
+
+    Returns
+    -------
+    (threads or None for torch's default, the reason when chosen here)
+    """
+    if requested is not None:
+        return requested, ""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform
+        return None, ""
+    if load < 0.5:
+        return None, ""
+    idle = max(1, min(cpus, int(cpus - load + 0.5)))
+    if idle >= cpus:
+        return None, ""
+    return idle, f"other work keeps the CPU busy (load average {load:.1f} on {cpus} cores)"
 
 
 def _is_store(corpus: str | None) -> bool:
