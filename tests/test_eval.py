@@ -531,3 +531,17 @@ def test_thread_choice_follows_the_load(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (12.0, 12.0, 12.0))
     assert choose_threads(None)[0] == 1
     assert choose_threads(4) == (4, "")  # --threads wins
+
+
+def test_corpus_store_with_its_own_encoder(files, tiny_hf, tiny_encoder):
+    """A store built with `python -m rcn_fast.corpus build`: the retriever loads the encoder its manifest names."""
+    from rcn_fast.retrieval import BuildConfig, build_corpus
+
+    store = files["out"].parent / "store"
+    build_corpus(BuildConfig(input=str(files["corpus"]), out=str(store)), tiny_encoder, show_progress=False)
+    doc = evaluate(_cfg(files, pipelines=["single_retrieval"], corpus=str(store), encoder=None, log_samples=True),
+                   llm=tiny_hf, print_table=False)
+    assert doc["results"]["mini"]["single_retrieval"]["n"] == 6
+    assert doc["corpora"] == {str(store): str(store)}
+    lines = [json.loads(x) for x in (files["out"] / "samples_mini_single_retrieval.jsonl").read_text().splitlines()]
+    assert all(len(x["passages"]) == 2 and x["passages"][0]["id"].startswith("fact-") for x in lines)
