@@ -91,3 +91,47 @@ def test_torch_categorical_loop(benchmark, record, data, dtype):
     assert ids.shape == (B, N, K)
     _extra(benchmark)
     record(benchmark.group, "torch_loop", benchmark)
+
+
+# ---- GPU (skipped without a usable CUDA build and device) ----------------
+@pytest.fixture(scope="module")
+def gpu_data(data):
+    torch = pytest.importorskip("torch")
+    from rcn_fast import _native
+
+    if _native.cuda_module()[0] is None or not torch.cuda.is_available():
+        pytest.skip(f"no usable GPU: {_native.cuda_module()[1]}")
+    q, cs = data
+    return torch.from_numpy(q).cuda(), {dt: torch.from_numpy(c).cuda() for dt, c in cs.items()}
+
+
+def _run_cuda(benchmark, backend, q, c):
+    import torch
+
+    def call():
+        ids = sample_subsets(q, c, N, K, tau=TAU, seed=1, backend=backend)
+        torch.cuda.synchronize()
+        return ids
+
+    return benchmark.pedantic(call, rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda(benchmark, record, gpu_data, dtype):
+    q, cs = gpu_data
+    benchmark.group = f"sample_subsets GPU B={B} n={n} d={D} K={K} N={N} {dtype}"
+    ids = _run_cuda(benchmark, "cuda", q, cs[dtype])
+    assert ids.shape == (B, N, K) and int(ids.min()) >= 0
+    _extra(benchmark)
+    record(benchmark.group, "cuda", benchmark)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_torch_cuda_vectorised(benchmark, record, gpu_data, dtype):
+    """The vectorised algorithm in torch ops on the GPU (rcn_fast's torch backend)."""
+    q, cs = gpu_data
+    benchmark.group = f"sample_subsets GPU B={B} n={n} d={D} K={K} N={N} {dtype}"
+    ids = _run_cuda(benchmark, "torch", q, cs[dtype])
+    assert ids.shape == (B, N, K)
+    _extra(benchmark)
+    record(benchmark.group, "torch_cuda", benchmark)

@@ -130,3 +130,74 @@ def test_faiss(benchmark, record, corpora, queries, Q, dtype):
     _run(benchmark, index.search, q, K)
     _extra(benchmark, Q, c)
     record(benchmark.group, "faiss", benchmark)
+
+
+# ---- GPU (skipped without a usable CUDA build and device) ----------------
+def _cuda_or_skip():
+    torch = pytest.importorskip("torch")
+    from rcn_fast import _native
+
+    if _native.cuda_module()[0] is None or not torch.cuda.is_available():
+        pytest.skip(f"no usable GPU: {_native.cuda_module()[1]}")
+    return torch
+
+
+@pytest.fixture(scope="module")
+def gpu_corpora(corpora):
+    torch = _cuda_or_skip()
+    return {dt: torch.from_numpy(c).cuda() for dt, c in corpora.items()}
+
+
+def torch_cuda_peer(q, c, k, chunk=1 << 18):
+    """What a user writes on a GPU: (q @ chunk.T) in the corpus dtype, topk
+    per chunk, merged with topk (float32 scores)."""
+    import torch
+
+    best_s = torch.empty((q.shape[0], 0), device=q.device)
+    best_i = torch.empty((q.shape[0], 0), dtype=torch.int64, device=q.device)
+    qq = q.to(c.dtype)
+    for s0 in range(0, c.shape[0], chunk):
+        block = c[s0 : s0 + chunk]
+        s = torch.cat([best_s, (qq @ block.T).float()], 1)
+        ids = torch.cat([best_i, torch.arange(s0, s0 + block.shape[0], device=q.device).expand(q.shape[0], -1)], 1)
+        top = torch.topk(s, k, dim=1)
+        best_s, best_i = top.values, ids.gather(1, top.indices)
+    return best_s, best_i
+
+
+def _run_cuda(benchmark, fn, *args):
+    import torch
+
+    def call():
+        out = fn(*args)
+        torch.cuda.synchronize()
+        return out
+
+    return benchmark.pedantic(call, rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_cuda(benchmark, record, gpu_corpora, queries, Q, dtype):
+    import torch
+
+    c, q = gpu_corpora[dtype], torch.from_numpy(queries[Q]).cuda()
+    benchmark.group = f"topn GPU N={N} Q={Q} {dtype}"
+    s, _ = _run_cuda(benchmark, rcn_fast.topn, q, c, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "cuda", benchmark)
+    ps, _ = torch_cuda_peer(q[:1], c, K)
+    torch.testing.assert_close(s[:1], ps, rtol=1e-2 if dtype == "float16" else 1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_torch_cuda(benchmark, record, gpu_corpora, queries, Q, dtype):
+    import torch
+
+    c, q = gpu_corpora[dtype], torch.from_numpy(queries[Q]).cuda()
+    benchmark.group = f"topn GPU N={N} Q={Q} {dtype}"
+    with torch.inference_mode():
+        _run_cuda(benchmark, torch_cuda_peer, q, c, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "torch_cuda", benchmark)
