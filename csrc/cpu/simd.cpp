@@ -2,15 +2,51 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define RCN_X86_CPUID 1
+#include <cpuid.h>
+#endif
 
 namespace rcn_fast {
 namespace {
 
+// x86 features from CPUID (and XGETBV for the OS's save of the wide
+// registers). __builtin_cpu_supports is not used: older clang versions do
+// not know "f16c".
+struct X86Features {
+  bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false, avx512f = false;
+};
+
+X86Features x86_features() {
+  X86Features f;
+#if RCN_X86_CPUID
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  f.sse42 = (c >> 20) & 1u;
+  bool ymm = false, zmm = false;
+  if ((c >> 27) & 1u) {  // OSXSAVE: XGETBV is available
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    ymm = (lo & 0x6u) == 0x6u;    // XMM and YMM state
+    zmm = (lo & 0xE6u) == 0xE6u;  // and opmask, ZMM state
+  }
+  f.avx = ymm && ((c >> 28) & 1u);
+  f.fma = f.avx && ((c >> 12) & 1u);
+  f.f16c = f.avx && ((c >> 29) & 1u);
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    f.avx2 = f.avx && ((b >> 5) & 1u);
+    f.avx512f = zmm && ((b >> 16) & 1u);
+  }
+#endif
+  return f;
+}
+
 bool cpu_supports_avx2() {
-#if RCN_HAVE_AVX2 && (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+#if RCN_HAVE_AVX2
+  const X86Features f = x86_features();
+  return f.avx2 && f.fma && f.f16c;
 #else
   return false;
 #endif
@@ -55,23 +91,14 @@ std::string simd_compiled() { return RCN_HAVE_AVX2 ? "generic,avx2" : "generic";
 
 std::string cpu_features() {
   std::string out;
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-  __builtin_cpu_init();
-  const char* names[] = {"sse4.2", "avx", "avx2", "fma", "f16c", "avx512f"};
-  for (const char* n : names) {
-    bool has = false;
-    if (!std::strcmp(n, "sse4.2")) has = __builtin_cpu_supports("sse4.2");
-    if (!std::strcmp(n, "avx")) has = __builtin_cpu_supports("avx");
-    if (!std::strcmp(n, "avx2")) has = __builtin_cpu_supports("avx2");
-    if (!std::strcmp(n, "fma")) has = __builtin_cpu_supports("fma");
-    if (!std::strcmp(n, "f16c")) has = __builtin_cpu_supports("f16c");
-    if (!std::strcmp(n, "avx512f")) has = __builtin_cpu_supports("avx512f");
-    if (has) {
-      if (!out.empty()) out += ' ';
-      out += n;
-    }
+  const X86Features f = x86_features();
+  const std::pair<const char*, bool> named[] = {{"sse4.2", f.sse42}, {"avx", f.avx},   {"avx2", f.avx2},
+                                                {"fma", f.fma},       {"f16c", f.f16c}, {"avx512f", f.avx512f}};
+  for (const auto& [name, has] : named) {
+    if (!has) continue;
+    if (!out.empty()) out += ' ';
+    out += name;
   }
-#endif
   return out;
 }
 

@@ -24,7 +24,10 @@ namespace {
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
+#if defined(__FLT16_MAX__)  // the compiler has _Float16 for this target (GCC >= 12, clang >= 15 on x86-64)
+#define RCN_HAVE_FLOAT16 1
 typedef _Float16 v8h __attribute__((vector_size(16)));
+#endif
 
 constexpr int MR = 6;    // corpus rows per micro-tile
 constexpr int NR = 16;   // queries per micro-tile (two 8-lane vectors)
@@ -51,10 +54,14 @@ template <DType T> inline v8f load8(const void* base, int64_t off) {
     v8f v;
     std::memcpy(&v, &f, sizeof v);
     return v;
-#else
+#elif defined(RCN_HAVE_FLOAT16)
     v8h h;
     std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
     return __builtin_convertvector(h, v8f);
+#else
+    const uint16_t* h = static_cast<const uint16_t*>(base) + off;
+    return v8f{half_to_float(h[0]), half_to_float(h[1]), half_to_float(h[2]), half_to_float(h[3]),
+               half_to_float(h[4]), half_to_float(h[5]), half_to_float(h[6]), half_to_float(h[7])};
 #endif
   } else {
     v8u16 h;
@@ -70,9 +77,13 @@ template <DType T> inline float load1(const void* base, int64_t off) {
   if constexpr (T == DType::F32) {
     return static_cast<const float*>(base)[off];
   } else if constexpr (T == DType::F16) {
+#if defined(RCN_HAVE_FLOAT16)
     _Float16 h;
     std::memcpy(&h, static_cast<const uint16_t*>(base) + off, sizeof h);
     return float(h);
+#else
+    return half_to_float(static_cast<const uint16_t*>(base)[off]);
+#endif
   } else {
     return bf16_to_float(static_cast<const uint16_t*>(base)[off]);
   }
