@@ -9,7 +9,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/dtypes.h"
 #include "cpu/isa/sampling_isa.h"
+#if defined(__FMA__)
+#include <immintrin.h>  // intrinsics are always-inline: nothing is emitted out of line
+#endif
 
 namespace rcn_fast {
 namespace RCN_ISA {
@@ -18,7 +22,10 @@ namespace {
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
+#if defined(__FLT16_MAX__)  // the compiler has _Float16 for this target (GCC >= 12, clang >= 15 on x86-64)
+#define RCN_HAVE_FLOAT16 1
 typedef _Float16 v8h __attribute__((vector_size(16)));
+#endif
 
 constexpr int RE = 3;  // candidates per tile
 
@@ -26,6 +33,25 @@ inline v8f vload(const float* p) {
   v8f v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+// acc + x * y: one rounding where the variant has FMA, two otherwise, and
+// the same in every instantiation. This file is compiled with
+// -ffp-contract=off (CMakeLists.txt), so the compiler never fuses on its own:
+// a row's dot products are bit-identical whichever tile shape computed
+// them, which keeps the sampler independent of thread count and batching.
+inline v8f madd(v8f x, v8f y, v8f acc) {
+#if defined(__FMA__)
+  return (v8f)_mm256_fmadd_ps((__m256)x, (__m256)y, (__m256)acc);
+#else
+  return acc + x * y;
+#endif
+}
+inline float madd1(float x, float y, float acc) {
+#if defined(__FMA__)
+  return __builtin_fmaf(x, y, acc);
+#else
+  return acc + x * y;
+#endif
 }
 inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
@@ -46,13 +72,13 @@ void tile(const float* const* x, const float* e, int64_t es, int64_t j0, int64_t
     for (int c = 0; c < NE; ++c) ev[c] = vload(ej[c] + k);
     for (int r = 0; r < RX; ++r) {
       const v8f xv = vload(x[r] + k);
-      for (int c = 0; c < NE; ++c) acc[r][c] += xv * ev[c];
+      for (int c = 0; c < NE; ++c) acc[r][c] = madd(xv, ev[c], acc[r][c]);
     }
   }
   for (int r = 0; r < RX; ++r)
     for (int c = 0; c < NE; ++c) {
       float s = hsum(acc[r][c]);
-      for (int64_t kk = k; kk < d; ++kk) s += x[r][kk] * ej[c][kk];
+      for (int64_t kk = k; kk < d; ++kk) s = madd1(x[r][kk], ej[c][kk], s);
       out[r][j0 + c] = s;
     }
 }
@@ -83,6 +109,7 @@ void sampling_convert(const SamplingConvertArgs& a) {
     float* dst = a.dst + j * a.d;
     int64_t k = 0;
     if (a.dtype == 1) {  // float16; else bfloat16
+#if defined(RCN_HAVE_FLOAT16)
       for (; k + 8 <= a.d; k += 8) {
         v8h h;
         std::memcpy(&h, src + k, sizeof h);
@@ -94,6 +121,9 @@ void sampling_convert(const SamplingConvertArgs& a) {
         std::memcpy(&h, src + k, sizeof h);
         dst[k] = float(h);
       }
+#else
+      for (; k < a.d; ++k) dst[k] = half_to_float(src[k]);
+#endif
     } else {
       for (; k + 8 <= a.d; k += 8) {
         v8u16 h;

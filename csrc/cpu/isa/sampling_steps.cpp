@@ -1,6 +1,9 @@
 // The CPU's draws: the shared per-step logic of common/subset_sampler.h run
 // with a one-lane group, compiled once per SIMD variant (RCN_ISA) with the
-// kernel flags, so its branch-free passes (logits, exp, sums) vectorise.
+// kernel flags, so its branch-free passes (logits, exp, sums) vectorise,
+// and with -ffp-contract=off (CMakeLists.txt): a logit is computed with the
+// same roundings in the vectorised pass and in the scalar recomputation of
+// the chosen one, in every inlined copy.
 // All of subset_sampler.h is RCN_HD (static inline on the host) and the
 // group lives in an anonymous namespace: nothing here can be merged with
 // another variant at link time (see cpu/isa/topn_isa.h).
