@@ -97,6 +97,29 @@ def test_verify_detects_corruption(built, tmp_path):
         CorpusStore.open(d, verify=True)
 
 
+def test_open_checks_file_sizes(built, tmp_path):
+    """Without verify=, open compares every file's size with the manifest:
+    a truncated, swapped or missing file is a clear error naming it."""
+    import shutil
+
+    d = shutil.copytree(built.path, tmp_path / "truncated")
+    with open(d / "texts.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 1)
+    with pytest.raises(ValueError, match=r"texts\.bin \(\d+ bytes, the manifest records \d+"):
+        CorpusStore.open(d)
+    d = shutil.copytree(built.path, tmp_path / "swapped")  # texts and ids of different sizes
+    os.replace(d / "texts.bin", d / "tmp")
+    os.replace(d / "ids.bin", d / "texts.bin")
+    os.replace(d / "tmp", d / "ids.bin")
+    with pytest.raises(ValueError, match="texts.bin.*ids.bin"):
+        CorpusStore.open(d)
+    d = shutil.copytree(built.path, tmp_path / "missing")
+    (d / "id_table.npy").unlink()
+    with pytest.raises(ValueError, match=r"id_table\.npy \(missing\)"):
+        CorpusStore.open(d)
+    assert len(CorpusStore.open(built.path)) == 120
+
+
 def test_id_table_against_dict(rng):
     """The vectorised open-addressing table finds every key (reference: dict)."""
     ids = [f"k{i}" for i in rng.permutation(5000)]

@@ -125,6 +125,58 @@ def test_onnx_export_is_cached_and_provider_logged(tiny, onnx_cache, tiny_onnx, 
     assert again.onnx_path == path and path.stat().st_mtime_ns == before
     assert not any("exporting" in r.message for r in caplog.records)
     assert any("runs on CPUExecutionProvider" in r.message for r in caplog.records)
+    assert getattr(again.session, "_enable_fallback", False) is False  # no run-time retry on another provider
+    if again.node_providers is not None:  # onnxruntime reports per-node assignment
+        total = sum(sum(ops.values()) for ops in again.node_providers.values())
+        assert set(again.node_providers) == {"CPUExecutionProvider"} and again.node_providers[
+            "CPUExecutionProvider"]["MatMul"] >= 2 * 6  # 2 layers x (q, k, v, out, 2 FFN)
+        assert any(f"runs on CPUExecutionProvider ({total} of {total} nodes)" in r.message for r in caplog.records)
+        assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+
+
+class _Node:
+    def __init__(self, op_type):
+        self.op_type, self.name, self.domain = op_type, op_type.lower(), ""
+
+
+class _Subgraph:
+    def __init__(self, ep, ops):
+        self.ep_name, self._nodes = ep, [_Node(o) for o in ops]
+
+    def get_nodes(self):
+        return self._nodes
+
+
+class _Session:
+    """Stands in for an onnxruntime session whose graph was split between
+    CUDA and CPU (what a partial fallback looks like)."""
+
+    def get_provider_graph_assignment_info(self):
+        return [_Subgraph("CUDAExecutionProvider", ["MatMul", "Add", "Softmax"]),
+                _Subgraph("CPUExecutionProvider", ["Shape", "Shape", "Gather"]),
+                _Subgraph("CUDAExecutionProvider", ["MatMul"]),
+                _Subgraph("CPUExecutionProvider", ["MatMul"])]
+
+
+def test_partial_fallback_is_logged(caplog):
+    from rcn_fast.retrieval.encoder import node_assignment, report_providers
+
+    a = node_assignment(_Session())
+    assert a == {"CUDAExecutionProvider": {"MatMul": 2, "Add": 1, "Softmax": 1},
+                 "CPUExecutionProvider": {"Shape": 2, "Gather": 1, "MatMul": 1}}
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        line = report_providers(a, "CUDAExecutionProvider", "enc")
+    assert line == "enc runs on CUDAExecutionProvider (4 of 8 nodes)"
+    warn = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warn) == 1
+    assert "4 of 8 nodes do not run on CUDAExecutionProvider" in warn[0]
+    assert "4 on CPUExecutionProvider (Shape x2, Gather x1, MatMul x1)" in warn[0]
+    assert "compute ops (MatMul)" in warn[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        report_providers({"CUDAExecutionProvider": {"MatMul": 3}}, "CUDAExecutionProvider", "enc")
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert node_assignment(object()) is None  # an onnxruntime without the API
 
 
 def test_onnx_int8_within_tolerance(tiny, onnx_cache, tiny_torch, texts):
@@ -183,6 +235,56 @@ def test_config_roundtrip_and_model_settings_file(tiny, tmp_path):
     assert enc.config.pooling == "cls" and enc.config.query_prefix == "Q: "
     assert enc.config.passage_prefix == "passage: "
     assert Encoder.from_pretrained(d, pooling="mean").config.pooling == "mean"
+
+
+# --------------------------------------------------------------- hub ids
+@pytest.fixture
+def fake_hub(monkeypatch, tiny):
+    """huggingface_hub.snapshot_download replaced by a recorder that
+    returns the tiny model (no network); the module's memo emptied."""
+    hub = pytest.importorskip("huggingface_hub")
+    import rcn_fast.retrieval.encoder as enc_mod
+
+    calls = []
+
+    def snapshot_download(repo_id, **kw):
+        calls.append({"repo_id": repo_id, **kw})
+        if repo_id == "owner/missing":
+            raise OSError("404 repository not found")
+        return str(tiny)
+
+    monkeypatch.setattr(hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(enc_mod, "_HUB_DIRS", {})
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    return calls, enc_mod
+
+
+def test_hub_id_downloads_unless_offline(fake_hub, tiny, monkeypatch):
+    calls, enc_mod = fake_hub
+    enc = Encoder.from_pretrained("owner/e5-like")
+    assert enc.model_dir == tiny.resolve() and enc.describe()["model"] == "owner/e5-like"
+    assert calls[0]["repo_id"] == "owner/e5-like" and calls[0]["local_files_only"] is False
+    assert "*.safetensors" in calls[0]["allow_patterns"] and "*.onnx" not in calls[0]["allow_patterns"]
+    with pytest.raises(ValueError, match="owner/missing.*downloading it from the Hugging Face hub failed"):
+        enc_mod.resolve_model_dir("owner/missing")
+    calls.clear()
+    enc_mod.resolve_model_dir("owner/a", local_files_only=True)
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    enc_mod.resolve_model_dir("owner/b")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "true")
+    enc_mod.resolve_model_dir("owner/c")
+    assert [c["local_files_only"] for c in calls] == [True, True, True]
+
+
+def test_hub_id_not_cached_while_offline_is_a_clear_error(monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="not in the local cache while downloads are off.*HF_HUB_OFFLINE"):
+        Encoder.from_pretrained("rcn-fast-tests/no-such-model-4f1c")
+    with pytest.raises(ValueError, match="Hugging Face id"):
+        Encoder.from_pretrained("not/a/hub/id/nor/a/dir")
 
 
 # ---------------------------------------------------------------- real model

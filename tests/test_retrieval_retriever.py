@@ -5,13 +5,15 @@ all-MiniLM-L6-v2."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from rcn_fast.retrieval import BuildConfig, Encoder, Passage, Retriever, build_corpus  # noqa: E402
+from rcn_fast.retrieval import BuildConfig, CorpusStore, Encoder, Passage, Retriever, build_corpus  # noqa: E402
 from tests.conftest import SHARED  # noqa: E402
 from tests.retrieval.fixtures import (  # noqa: E402,F401
     corpus_jsonl, corpus_records, one_torch_thread, tiny_model, write_jsonl,
@@ -90,19 +92,131 @@ def test_k_larger_than_corpus(retriever):
 def test_faiss_backend_matches_native(store_dir, encoder, retriever):
     pytest.importorskip("faiss")
     fr = Retriever.load(store_dir, encoder=encoder, backend="faiss")
+    assert fr.index_path is None  # exact Flat: nothing to train, not saved
     a = retriever.retrieve(QUERIES, k=5)
     b = fr.retrieve(QUERIES, k=5)
     for x, y in zip(a, b):
         np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
 
 
-def test_faiss_ivf_over_the_same_store(store_dir, encoder, retriever):
+def test_faiss_ivf_over_the_same_store(store_dir, encoder, retriever, tmp_path, caplog):
     pytest.importorskip("faiss")
-    ivf = Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="IVF4,Flat", nprobe=4)
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        ivf = Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="IVF4,Flat", nprobe=4,
+                             faiss_train_size=64, faiss_index_dir=tmp_path)
+    n = len(retriever.store)
+    assert any(f"on 64 of {n} rows" in r.message for r in caplog.records)  # trained on a sample
     a = retriever.retrieve(QUERIES, k=5)
     b = ivf.retrieve(QUERIES, k=5)  # nprobe = nlist: every list is visited, so the result is exact
     for x, y in zip(a, b):
         np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
+    assert ivf.index.ntotal == n and ivf.index_path.parent == tmp_path
+
+
+def pq_decoded(index, emb: np.ndarray) -> np.ndarray:
+    """The vectors a PQ index stores for ``emb`` (each row encoded and
+    decoded by the index itself): PQ search scores queries against these."""
+    return index.sa_decode(index.sa_encode(np.ascontiguousarray(emb, dtype=np.float32)))
+
+
+@pytest.mark.parametrize("factory", ["IVF4,PQ8x4", "PQ4x4"])
+def test_faiss_pq_index_saved_reused_and_rebuilt(store_dir, encoder, tmp_path, caplog, factory):
+    """A PQ index: its scores are inner products with its own decoded
+    vectors; it is saved in the store, memory-mapped back without training,
+    and rebuilt for another factory or a changed manifest."""
+    faiss = pytest.importorskip("faiss")
+    import shutil
+
+    d = tmp_path / "store"
+    shutil.copytree(store_dir, d)
+    k = 6
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        r1 = Retriever.load(d, encoder=encoder, backend="faiss", faiss_factory=factory, nprobe=4)
+    path = r1.index_path
+    assert path is not None and path.parent == d / "faiss" and path.is_file()
+    assert any("training faiss index" in r.message for r in caplog.records)
+    assert r1.index.sa_code_size() < 4 * r1.store.dim  # compressed, not a copy of the vectors
+    q = encoder.encode_queries(QUERIES)
+    s1, rows1 = r1.search(q, k)
+    recon = pq_decoded(r1.index, r1.store.embeddings)
+    np.testing.assert_allclose(s1, reference_topk(q, recon, k)[0], atol=1e-4)  # the score set (ties)
+    np.testing.assert_allclose(s1, np.take_along_axis(q @ recon.T, rows1, 1), atol=1e-4)  # row <-> score
+
+    stamp = path.stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        r2 = Retriever.load(d, encoder=encoder, backend="faiss", faiss_factory=factory, nprobe=4)
+    assert r2.index_path == path and path.stat().st_mtime_ns == stamp
+    assert not any("training faiss index" in r.message for r in caplog.records)
+    assert any("loaded faiss index" in r.message and "memory-mapped" in r.message for r in caplog.records)
+    s2, rows2 = r2.search(q, k)
+    np.testing.assert_array_equal(rows1, rows2)
+    np.testing.assert_allclose(s1, s2, atol=1e-6)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rcn_fast.retrieval"):
+        r3 = Retriever.load(d, encoder=encoder, backend="faiss", faiss_factory=factory.replace("x4", "x3"))
+    assert r3.index_path != path and path.is_file() and r3.index_path.is_file()
+    assert any("training faiss index" in r.message for r in caplog.records)
+
+    store = CorpusStore.open(d)
+    store.manifest["built_at"] = "another build"  # a changed manifest gets its own index
+    r4 = Retriever(encoder, store, backend="faiss", faiss_factory=factory, nprobe=4)
+    assert r4.index_path != path and r4.index_path.is_file()
+    assert not path.exists()  # the index of the earlier manifest was replaced
+    assert faiss.read_index(str(r4.index_path)).ntotal == len(store)
+
+
+def test_faiss_errors_and_exact_flat_not_saved(store_dir, encoder, tmp_path):
+    pytest.importorskip("faiss")
+    with pytest.raises(ValueError, match="faiss_factory"):
+        Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="NoSuchIndex12",
+                       faiss_index_dir=tmp_path)
+    with pytest.raises(ValueError, match="faiss_factory.*PQ8"):  # 256 centroids, 130 rows
+        Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="PQ8", faiss_index_dir=tmp_path)
+    with pytest.raises(ValueError, match="nprobe"):
+        Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_factory="IVF2,Flat", nprobe=0,
+                       faiss_index_dir=tmp_path)
+    flat = Retriever.load(store_dir, encoder=encoder, backend="faiss", faiss_index_dir=tmp_path)
+    assert flat.index_path is None and not list(tmp_path.iterdir())
+
+
+def test_faiss_reads_the_store_in_chunks(retriever):
+    from rcn_fast.retrieval.retriever import _read_rows
+
+    emb = retriever.store.embeddings
+    whole = np.asarray(emb, np.float32)
+    blocks = list(_read_rows(emb, None, 7))
+    assert [len(b) for b in blocks[:-1]] == [7] * (len(blocks) - 1) and blocks[0].flags.c_contiguous
+    np.testing.assert_array_equal(np.concatenate(blocks), whole)
+    rows = np.array([0, 3, 4, 50, len(emb) - 1])
+    np.testing.assert_array_equal(np.concatenate(list(_read_rows(emb, rows, 2))), whole[rows])
+
+
+def copy_store(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_load_checks_file_sizes_and_verify_checks_contents(store_dir, encoder, tmp_path):
+    d = copy_store(store_dir, tmp_path / "truncated")
+    with open(d / "texts.bin", "r+b") as f:
+        f.truncate((d / "texts.bin").stat().st_size - 3)
+    with pytest.raises(ValueError, match="texts.bin"):
+        Retriever.load(d, encoder=encoder)
+    # a same-size swap passes the size check; only verify= finds it
+    d = copy_store(store_dir, tmp_path / "swapped")
+    a, b = d / "text_offsets.npy", d / "id_offsets.npy"
+    os.replace(a, d / "tmp")
+    os.replace(b, a)
+    os.replace(d / "tmp", b)
+    assert Retriever.load(d, encoder=encoder).store.text(0) != Retriever.load(store_dir, encoder=encoder).store.text(0)
+    with pytest.raises(ValueError, match="text_offsets.npy.*id_offsets.npy|id_offsets.npy.*text_offsets.npy"):
+        Retriever.load(d, encoder=encoder, verify=True)
+    assert Retriever.load(store_dir, encoder=encoder, verify=True).store.text(0) == \
+        Retriever.load(store_dir, encoder=encoder).store.text(0)
 
 
 def test_import_is_light():

@@ -8,10 +8,14 @@ A store is a directory::
     texts.bin            UTF-8 texts back to back; text_offsets.npy int64 [count+1]
     ids.bin              UTF-8 ids back to back;   id_offsets.npy   int64 [count+1]
     id_table.npy         int64 open-addressing hash table id -> row (-1 = empty)
+    faiss/               trained faiss indexes, when the faiss backend built any
+                         (``<factory>-<key>.faiss``; see retriever.faiss_index)
 
 Every file is memory-mapped on open, so opening a 20M-passage store costs
 no reading; lookups by row are two offset reads, lookups by id one hash and
-(expected) one or two probes: O(1) both.
+(expected) one or two probes: O(1) both. Opening compares every data
+file's size with the manifest (a truncated or replaced file is an error
+naming it); ``verify=True`` also compares sha256 checksums.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class CorpusStore:
     def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True) -> None:
         self.path = Path(path)
         self.manifest = manifest
+        self.check_sizes()
         mode = "r" if mmap else None
         self.embeddings: np.ndarray = np.load(self.path / "embeddings.npy", mmap_mode=mode)
         self._text_off = np.load(self.path / "text_offsets.npy", mmap_mode=mode)
@@ -131,7 +136,21 @@ class CorpusStore:
         mmap : bool
             Memory-map the files (default) instead of reading them.
         verify : bool
-            Recompute the sha256 of every file against the manifest.
+            Also recompute the sha256 of every file against the manifest
+            (reads every byte: minutes for a 20M-passage store). Without
+            it, opening still compares every file's size with the
+            manifest's record (a truncated, missing or replaced file of
+            another size is an error), but a same-size replacement goes
+            unnoticed.
+
+        Raises
+        ------
+        FileNotFoundError
+            No ``manifest.json`` (not a finished store).
+        ValueError
+            Unknown format, a file missing or of the wrong size (or, with
+            ``verify``, the wrong checksum), or array shapes that disagree
+            with the manifest. The message names the files.
         """
         path = Path(path)
         mf = path / "manifest.json"
@@ -149,6 +168,28 @@ class CorpusStore:
         if verify:
             store.verify()
         return store
+
+    def check_sizes(self) -> None:
+        """Raise ValueError naming every data file that is missing or whose
+        size differs from the manifest's record (one ``stat`` per file)."""
+        files = self.manifest.get("files")
+        if not isinstance(files, dict) or not files:
+            raise ValueError(f"path: {self.path}/manifest.json records no files, so the store cannot be checked; "
+                             "rebuild it")
+        bad = []
+        for name in DATA_FILES:
+            rec = files.get(name)
+            f = self.path / name
+            if rec is None:
+                bad.append(f"{name} (not in the manifest)")
+            elif not f.is_file():
+                bad.append(f"{name} (missing)")
+            elif f.stat().st_size != int(rec["bytes"]):
+                bad.append(f"{name} ({f.stat().st_size} bytes, the manifest records {rec['bytes']}: "
+                           "truncated, still being written or replaced)")
+        if bad:
+            raise ValueError(f"path: {self.path} does not match its manifest: {', '.join(bad)}; restore the files "
+                             "or rebuild the store")
 
     def verify(self) -> None:
         """Raise ValueError naming every file whose sha256 or size differs
@@ -234,6 +275,7 @@ class CorpusStore:
             "encoder": {k: m["encoder"].get(k) for k in ("model", "backend", "quantize", "pooling", "normalize",
                                                          "query_prefix", "passage_prefix", "max_length")},
             "input": m["input"], "bytes": size, "built_at": m.get("built_at"), "shards": m.get("shards", 1),
+            "faiss_indexes": sorted(f.name for f in (self.path / "faiss").glob("*.faiss")),
         }
 
     def __repr__(self) -> str:

@@ -64,28 +64,47 @@ def minilm_dir() -> Path | None:
     return d if (d / "config.json").is_file() else None
 
 
+# leads that turn a fallback sentence into a distinct variant (the first four
+# are the historic ones: the first 200 fallback sentences never change)
+_LEADS = ("It is known that ", "Note that ", "In nature, ", "Scientists say that ", "Teachers explain that ",
+          "A textbook states that ", "Students learn that ", "Observations show that ", "Experiments show that ")
+
+
+def fallback_sentences() -> list[str]:
+    """The hand-written sentences, then distinct variants of them (400)."""
+    out = list(FALLBACK_SENTENCES)
+    for lead in _LEADS:
+        out += [lead + t[0].lower() + t[1:] for t in FALLBACK_SENTENCES]
+    return out
+
+
 def real_sentences(n: int) -> list[str]:
-    """Up to ``n`` distinct science facts from ../shared (OpenBookQA fact1),
-    else the fallback sentences above."""
+    """Up to ``n`` distinct sentences: the real science facts of ../shared
+    (OpenBookQA fact1, in file order) first, padded with the fallback
+    sentences and their variants when there are fewer than ``n`` facts (or
+    no ../shared). Exactly ``n`` unless ``n`` exceeds the facts plus the
+    400 fallback sentences."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n: expected a non-negative int, got {n!r}")
     f = SHARED / "data" / "commonsense" / "obqa" / "obqa-train.jsonl"
     out: list[str] = []
+    seen: set[str] = set()
     if f.is_file():
-        seen = set()
         with open(f) as fh:
             for line in fh:
+                if len(out) >= n:
+                    break
                 t = json.loads(line).get("fact1", "").strip()
                 if t and t not in seen:
                     seen.add(t)
                     out.append(t)
-                if len(out) >= n:
-                    break
-    if len(out) < n:
-        # without ../shared: the fallback sentences, then distinct variants of them
-        out = list(FALLBACK_SENTENCES)
-        leads = ("It is known that ", "Note that ", "In nature, ", "Scientists say that ")
-        for lead in leads:
-            out += [lead + t[0].lower() + t[1:] for t in FALLBACK_SENTENCES]
-    return out[:n]
+    for t in fallback_sentences():
+        if len(out) >= n:
+            break
+        if t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
 
 
 def make_tiny_bert(path: Path, *, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0,
