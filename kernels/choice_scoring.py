@@ -7,6 +7,11 @@ spellings (the probability mass of the label is the sum of the masses of its
 spellings); the output is the log-softmax over the labels of the row, and
 the argmax label (lowest index on ties, -1 when every label is -inf).
 
+Non-finite scores: ``-inf`` is an ordinary score (probability 0). A row
+where any present spelling scores NaN or ``+inf`` is not scored: all its
+``C`` outputs are NaN and its argmax is -1 (the same rule as the torch
+reference in rcn_fast.llm.scoring).
+
 * :func:`choice_logprobs_logits_kernel` gathers from logits ``[B, V]``.
 * :func:`choice_logprobs_hidden_kernel` computes only the needed logits:
   the dot product of the final hidden state ``[B, H]`` with the LM-head rows
@@ -27,7 +32,11 @@ import triton.language as tl
 def _combine_and_store(x, valid, offs_c, C, out_row_ptr, stride_oc, arg_ptr):
     """x: fp32 [BLOCK_C, BLOCK_S] spelling scores (-inf where not valid)."""
     neg_inf = float("-inf")
+    # a NaN or +inf among the present spellings poisons the whole row
+    bad = valid & ((x != x) | (x == float("inf")))
+    row_bad = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
     x = tl.where(valid, x, neg_inf)
+    x = tl.where(bad, neg_inf, x)
     m = tl.max(x, axis=1)
     m_safe = tl.where(m == neg_inf, 0.0, m)
     se = tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
@@ -38,9 +47,10 @@ def _combine_and_store(x, valid, offs_c, C, out_row_ptr, stride_oc, arg_ptr):
     z = tl.sum(tl.exp(lab - big_safe), axis=0)
     lse = big_safe + tl.log(tl.where(z > 0, z, 1.0))
     out = tl.where(big == neg_inf, neg_inf, lab - lse)
+    out = tl.where(row_bad, float("nan"), out)
     tl.store(out_row_ptr + offs_c * stride_oc, out, mask=offs_c < C)
     best = tl.argmax(lab, axis=0, tie_break_left=True)
-    best = tl.where(big == neg_inf, -1, best)
+    best = tl.where((big == neg_inf) | row_bad, -1, best)
     tl.store(arg_ptr, best.to(tl.int64))
 
 

@@ -7,6 +7,8 @@
   a final assistant turn in a chat is a pre-fill the model continues.
 * :func:`choice_logprobs` / :func:`choice_logprobs_from_hidden` -- the
   label-scoring op (Triton on CUDA, torch reference otherwise).
+* :mod:`rcn_fast.llm.seeded` -- seeded sampling whose draws do not depend
+  on batching (sample ``s`` depends on prompt, parameters, seed and ``s``).
 * :class:`CallCache` / :class:`CachedLLM` -- the sqlite call cache;
   :class:`Cost` / :class:`CostTracker` -- usage accounting.
 * ``python -m rcn_fast.serve --model SPEC`` -- a small OpenAI-compatible

@@ -139,6 +139,25 @@ def check_tags(tags: Sequence[str] | None, n: int) -> list[str] | None:
     return [str(t) for t in tags]
 
 
+def check_sample_ids(sample_ids: Any, n: int, greedy: bool) -> list[list[int]]:
+    """Validate per-row sample indices: ``n`` non-empty lists of distinct
+    ints >= 0 (only ``[0]`` when decoding is greedy)."""
+    if isinstance(sample_ids, (str, bytes)) or not isinstance(sample_ids, Sequence) or len(sample_ids) != n:
+        raise ValueError(f"sample_ids: expected {n} lists of sample indices (one per chat), got {sample_ids!r:.80}")
+    out: list[list[int]] = []
+    for i, row in enumerate(sample_ids):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or not row:
+            raise ValueError(f"sample_ids[{i}]: expected a non-empty list of sample indices, got {row!r:.80}")
+        if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in row):
+            raise ValueError(f"sample_ids[{i}]: expected ints >= 0, got {row!r:.80}")
+        if len(set(row)) != len(row):
+            raise ValueError(f"sample_ids[{i}]: expected distinct indices, got {row!r:.80}")
+        if greedy and list(row) != [0]:
+            raise ValueError(f"sample_ids[{i}]: greedy decoding (temperature=0) has only sample 0, got {row!r:.80}")
+        out.append([int(s) for s in row])
+    return out
+
+
 def normalise_labels(labels: Any, n: int) -> list[list[str]]:
     """``labels``: one list for every row, or one list per row -> per row."""
     if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) == 0:
@@ -174,6 +193,12 @@ class LLM(Protocol):
 
     ``identity`` names the model and every setting that changes its outputs
     (the call cache keys on it); ``cost`` accumulates usage.
+
+    Sampling: sample ``s`` of a chat should depend only on (model, prompt,
+    parameters, seed, ``s``), not on the other chats of a call or on
+    ``num_samples``; rcn_fast's backends guarantee it. A backend may also
+    offer ``generate_samples(chats, sample_ids, **params)`` to draw chosen
+    sample indices (the call cache uses it to draw only missing samples).
     """
 
     identity: str

@@ -1,11 +1,16 @@
 """The LLM call cache: sqlite (stdlib), one file per output directory.
 
-Every row of a ``generate`` or ``label_logprobs`` call is one entry, keyed by
-the SHA-256 of a canonical JSON of (model identity, call kind, parameters,
-the exact chat). Sampled generations are stored per (seed, sample index),
-so asking for more samples later reuses the ones already drawn. An
-interrupted run resumes where it stopped: only rows missing from the cache
-reach the model, and reruns are free.
+Every row of a ``label_logprobs`` call, and every sample of a row of a
+``generate`` call, is one entry, keyed by the SHA-256 of a canonical JSON of
+(model identity, call kind, parameters, the exact chat, and for samples the
+sample index). A key, once stored, always answers with its stored value:
+when some samples of a row are cached and others are not, the cached ones
+are returned as stored and only the missing sample indices are drawn (with
+the backend's ``generate_samples`` when it has one; otherwise the row's
+first ``max(missing) + 1`` samples are drawn and only the missing ones
+kept). Asking for more samples later therefore reuses the ones already
+drawn. An interrupted run resumes where it stopped: only entries missing
+from the cache reach the model, and reruns are free.
 
 Concurrency: each thread opens its own connection; the database runs in WAL
 mode with a long busy timeout and writes are ``INSERT OR IGNORE`` in short
@@ -95,8 +100,9 @@ class CallCache:
     def key(model: str, kind: str, request: Any) -> str:
         return hashlib.sha256(_canonical({"model": model, "kind": kind, "request": request}).encode()).hexdigest()
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
-        """Cached responses (decoded JSON) of the keys present."""
+    def get_many(self, keys: Sequence[str], *, count: bool = True) -> dict[str, Any]:
+        """Cached responses (decoded JSON) of the keys present; ``count``
+        adds the lookups to ``hits`` / ``misses``."""
         out: dict[str, Any] = {}
         con = self._conn()
         uniq = list(dict.fromkeys(keys))
@@ -106,8 +112,9 @@ class CallCache:
                 f"SELECT key, response FROM calls WHERE key IN ({','.join('?' * len(chunk))})", chunk
             ).fetchall()
             out.update((k, json.loads(v)) for k, v in rows)
-        self.hits += sum(1 for k in keys if k in out)
-        self.misses += sum(1 for k in keys if k not in out)
+        if count:
+            self.hits += sum(1 for k in keys if k in out)
+            self.misses += sum(1 for k in keys if k not in out)
         return out
 
     def put_many(self, items: Iterable[tuple[str, str, str, Any, Any]]) -> None:
@@ -184,30 +191,40 @@ class CachedLLM:
 
         keys = [[self.cache.key(model, "generate", req(c, s)) for s in range(params.num_samples)] for c in valid]
         found = self.cache.get_many([k for row in keys for k in row])
-        miss = [i for i, row in enumerate(keys) if not all(k in found for k in row)]
-        fresh: dict[int, list[Generation]] = {}
-        if miss:
-            res = self.llm.generate(
-                [valid[i] for i in miss], max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, num_samples=params.num_samples, seed=params.seed, stop=params.stop,
-            )
+        missing = {i: [s for s, k in enumerate(row) if k not in found] for i, row in enumerate(keys)}
+        missing = {i: ss for i, ss in missing.items() if ss}
+        fresh: dict[tuple[int, int], Generation] = {}
+        if missing:
+            rows = list(missing)
+            drawn = self._draw([valid[i] for i in rows], [missing[i] for i in rows], params)
             items = []
-            for i, gens in zip(miss, res):
-                fresh[i] = gens
-                for s, g in enumerate(gens):
+            for i, gens in zip(rows, drawn):
+                for s, g in zip(missing[i], gens):
+                    fresh[(i, s)] = g
                     items.append((keys[i][s], model, "generate", req(valid[i], s), g.to_dict()))
             self.cache.put_many(items)
+            # another writer may have stored some of these keys first: its answer wins
+            found.update(self.cache.get_many([keys[i][s] for i, s in fresh], count=False))
         out: list[list[Generation]] = []
         costs: list[Cost] = []
         for i, row in enumerate(keys):
-            if i in fresh:
-                gens, cached = fresh[i], 0
-            else:
-                gens, cached = [Generation.from_dict(found[k]) for k in row], 1
+            gens = [Generation.from_dict(found[k]) if k in found else fresh[(i, s)] for s, k in enumerate(row)]
             out.append(gens)
+            cached = 0 if i in missing else 1
             costs.append(Cost(1, gens[0].prompt_tokens, sum(g.generated_tokens for g in gens), cached))
         self.cost.record_rows(costs, tags)
         return out
+
+    def _draw(self, chats: list[Any], sample_ids: list[list[int]], params: GenerationParams) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of ``chats[b]`` from the wrapped LLM."""
+        kw = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                  seed=params.seed, stop=params.stop)
+        if hasattr(self.llm, "generate_samples"):
+            return self.llm.generate_samples(chats, sample_ids, **kw)
+        # a backend without indexed sampling: draw the first max+1 samples, keep the missing ones
+        n = max(max(ss) for ss in sample_ids) + 1
+        res = self.llm.generate(chats, num_samples=n, **kw)
+        return [[gens[s] for s in ss] for gens, ss in zip(res, sample_ids)]
 
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
         """As :meth:`LLM.label_logprobs`; cached rows skip the model."""
@@ -229,6 +246,11 @@ class CachedLLM:
                 results[i] = (vals, last[j].prompt_tokens, 0)
                 items.append((keys[i], model, "label_logprobs", reqs[i], {"logprobs": vals, "prompt_tokens": last[j].prompt_tokens}))
             self.cache.put_many(items)
+            # another writer may have stored some of these keys first: its answer wins
+            stored = self.cache.get_many([keys[i] for i in miss], count=False)
+            for i in miss:
+                if keys[i] in stored:
+                    results[i] = (stored[keys[i]]["logprobs"], stored[keys[i]]["prompt_tokens"], 0)
         costs = []
         out_rows = []
         for i, k in enumerate(keys):

@@ -12,6 +12,11 @@ final hidden state ``[B, H]`` and multiplies only the LM-head rows of the
 label tokens (:func:`rcn_fast.llm.scoring.choice_logprobs_from_hidden`);
 for other models it asks the model for the last position's logits only
 (``logits_to_keep=1``) and gathers from those ``[B, V]``.
+
+Generation: greedy decoding, or seeded sampling where each (prompt, sample)
+pair is its own row with its own random stream
+(:mod:`rcn_fast.llm.seeded`), so a sample does not depend on how rows are
+batched or on ``num_samples``.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ import numpy as np
 
 from rcn_fast import _arrays as A
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm import scoring
+from rcn_fast.llm import scoring, seeded
 from rcn_fast.llm.base import (
     Cost,
     CostTracker,
     Generation,
     GenerationParams,
+    check_sample_ids,
     check_tags,
     normalise_labels,
     pad_rows,
@@ -57,7 +63,8 @@ class HFConfig:
     dtype : ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"float32"``,
         ``"float16"`` or ``"bfloat16"``.
     device : ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
-    batch_size : rows per forward pass / generate call.
+    batch_size : rows per forward pass / generate call (in generation a row
+        is one sample of one prompt).
     attn_implementation : ``"auto"`` (flash_attention_2 when installed and on
         CUDA, else sdpa), or any value transformers accepts.
     scoring : ``"auto"``, ``"hidden"`` (label rows of the LM head only) or
@@ -149,13 +156,54 @@ class HFLLM:
     @property
     def identity(self) -> str:
         """``hf:<name>:<dtype>:<digest>``: the digest covers the model config,
-        chat template, vocabulary size, parameter count and label
-        spellings (not the weights themselves: rename ``name`` after
-        changing weights in place)."""
+        chat template, vocabulary size, label spellings and a fingerprint
+        of the weights (:meth:`weights_fingerprint`), so two models with the
+        same name but different weights (fine-tuned in memory, another
+        checkpoint in the same directory) get different cache keys.
+
+        Computed once (one pass over the weights); after changing weights
+        in place call :meth:`refresh_identity`."""
         key = (str(next(self.model.parameters()).dtype), self.config.label_spellings, self.name)
         if getattr(self, "_identity", (None, None))[0] != key:
             self._identity = (key, self._compute_identity())
         return self._identity[1]
+
+    def refresh_identity(self) -> str:
+        """Recompute :attr:`identity` (after changing the weights in place)."""
+        self._identity = (None, None)
+        return self.identity
+
+    def weights_fingerprint(self) -> str:
+        """A cheap digest of the weights: per parameter its name, shape,
+        dtype, 64 evenly spaced values (exact) and the float64 sum and sum
+        of squares of all its values (7 significant digits, so thread
+        counts and devices that round the reduction differently agree).
+        One pass over the weights, in 4M-element chunks on their device.
+
+        Returns
+        -------
+        str
+            16 hex digits.
+        """
+        torch = _torch()
+        h = hashlib.sha256()
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():  # tied weights appear once
+                t = p.detach().reshape(-1)
+                n = t.numel()
+                h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+                if n == 0 or t.device.type == "meta":
+                    continue
+                idx = torch.arange(0, n, max(1, n // 64), device=t.device)[:64]
+                h.update(t[idx].float().cpu().numpy().tobytes())
+                acc = torch.zeros(2, dtype=torch.float64, device=t.device)
+                for chunk in t.split(1 << 22):
+                    c = chunk.double()
+                    acc[0] += c.sum()
+                    acc[1] += (c * c).sum()
+                total, sq = acc.tolist()
+                h.update(f"{total:.6e}:{sq:.6e};".encode())
+        return h.hexdigest()[:16]
 
     def _compute_identity(self) -> str:
         cfg = self.model.config.to_dict() if hasattr(self.model.config, "to_dict") else {}
@@ -165,6 +213,7 @@ class HFLLM:
                 "template": getattr(self.tokenizer, "chat_template", None),
                 "vocab": len(self.tokenizer),
                 "nparams": sum(p.numel() for p in self.model.parameters()),
+                "weights": self.weights_fingerprint(),
                 "spellings": list(self.config.label_spellings),
             },
             sort_keys=True,
@@ -303,51 +352,81 @@ class HFLLM:
 
     # ---------------------------------------------------------------- generation
 
-    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams) -> list[list[Generation]]:
-        """Generate from tokenised prompts (rows in the caller's order)."""
+    def generate_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: GenerationParams,
+        sample_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[list[Generation]]:
+        """Generate from tokenised prompts (rows in the caller's order).
+
+        Parameters
+        ----------
+        prompt_ids : list (length B) of list of int
+        params : GenerationParams
+        sample_ids : list (length B) of list of int, optional
+            Which sample indices to draw per prompt; default
+            ``range(params.num_samples)`` for every prompt.
+
+        Returns
+        -------
+        list (length B) of list of Generation, one per requested sample index.
+
+        Every (prompt, sample) pair is one row of a batch; rows are sorted
+        by prompt length and cut into batches of ``batch_size``. Sampling
+        uses :class:`rcn_fast.llm.seeded.SeededSampler`, so a sample depends
+        only on (model, prompt, parameters, seed, sample index).
+        """
         torch = _torch()
         tf = A.require("transformers", HINT)
-        out: list[list[Generation]] = [[] for _ in prompt_ids]
+        if sample_ids is None:
+            sample_ids = [range(params.num_samples)] * len(prompt_ids)
+        elif len(sample_ids) != len(prompt_ids):
+            raise ValueError(f"sample_ids: expected {len(prompt_ids)} lists (one per prompt), got {len(sample_ids)}")
+        jobs = [(i, int(s)) for i, ss in enumerate(sample_ids) for s in ss]
+        results: dict[tuple[int, int], Generation] = {}
         gcfg = tf.GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=not params.greedy,
-            num_return_sequences=params.num_samples,
+            do_sample=False,  # sampling is done by SeededSampler; the argmax takes its draw
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids or None,
-            **({"temperature": params.temperature, "top_p": params.top_p, "top_k": 0} if not params.greedy else {}),
             **({"stop_strings": list(params.stop)} if params.stop else {}),
         )
         stop_ids = set(self.eos_ids) | {self.pad_id}
-        for batch in self._batches(prompt_ids):
-            ids, mask, _ = self._pad_left([prompt_ids[i] for i in batch])
+        for batch in self._batches([prompt_ids[i] for i, _ in jobs]):
+            rows = [prompt_ids[jobs[j][0]] for j in batch]
+            ids, mask, _ = self._pad_left(rows)
+            procs = None
             if not params.greedy:
-                torch.manual_seed(params.seed)
+                keys = [seeded.row_key(params.seed, jobs[j][1], rows[k]) for k, j in enumerate(batch)]
+                procs = tf.LogitsProcessorList(
+                    [seeded.SeededSampler(keys, ids.shape[1], params.temperature, params.top_p)]
+                )
             with torch.inference_mode():
                 seqs = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=gcfg,
+                    input_ids=ids, attention_mask=mask, generation_config=gcfg, logits_processor=procs,
                     **({"tokenizer": self.tokenizer} if params.stop else {}),
                 )
             new = seqs[:, ids.shape[1] :].tolist()
-            for j, i in enumerate(batch):
-                for s in range(params.num_samples):
-                    toks = new[j * params.num_samples + s]
-                    out[i].append(self._finish(toks, len(prompt_ids[i]), params, stop_ids))
-        return out
+            for k, j in enumerate(batch):
+                results[jobs[j]] = self._finish(new[k], len(rows[k]), params, stop_ids)
+        return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
 
     def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
+        """One row's new tokens -> Generation. ``generated_tokens`` counts
+        the tokens the row generated, not the batch: an end-of-turn token
+        counts, padding after a row that a stop string ended does not (the
+        pad id may also be an end-of-turn id, so the stop string decides)."""
         cut = next((k for k, t in enumerate(toks) if t in stop_ids), None)
-        if cut is not None:
-            # an end-of-turn token was generated (it counts); padding after a
-            # row stopped by a stop string was not
-            ended = toks[cut] in self.eos_ids
-            body, n_gen, reason = toks[:cut], cut + (1 if ended else 0), "stop"
-        else:
-            body, n_gen, reason = toks, len(toks), "length"
+        body = toks if cut is None else toks[:cut]
         text = self.tokenizer.decode(body, skip_special_tokens=True)
-        if params.stop:
-            hits = [p for p in (text.find(s) for s in params.stop) if p >= 0]
-            if hits:
-                text, reason = text[: min(hits)], "stop"
+        hits = [p for p in (text.find(s) for s in params.stop or ()) if p >= 0]
+        if hits:  # transformers ends a row at the token that completes a stop string
+            text, n_gen, reason = text[: min(hits)], len(body), "stop"
+        elif cut is not None:
+            n_gen, reason = cut + (1 if toks[cut] in self.eos_ids else 0), "stop"
+        else:
+            n_gen, reason = len(toks), "length"
         return Generation(text=text, prompt_tokens=n_prompt, generated_tokens=n_gen, finish_reason=reason)
 
     # ---------------------------------------------------------------- protocol
@@ -372,9 +451,10 @@ class HFLLM:
             A final assistant turn is a pre-fill (the output continues it
             and does not repeat it).
         max_new_tokens, temperature, top_p, num_samples, seed, stop
-            Decoding; temperature 0 is greedy. Sampling seeds torch's
-            generator with ``seed`` once per batch, so sampled outputs
-            depend on how rows are batched (greedy outputs do not).
+            Decoding; temperature 0 is greedy. Sample ``s`` of a chat
+            depends only on (model, prompt, parameters, ``seed``, ``s``):
+            not on the other chats of the call, ``batch_size`` or
+            ``num_samples`` (see :mod:`rcn_fast.llm.seeded`).
         tags : list of str, optional
             One per chat (e.g. question ids) for per-tag cost.
 
@@ -384,10 +464,47 @@ class HFLLM:
         """
         params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
         valid = chatlib.validate_chats(chats)
+        return self.generate_samples(
+            valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
+        )
+
+    def generate_samples(
+        self,
+        chats: Sequence[Any],
+        sample_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Draw chosen sample indices of each chat (the call cache uses this
+        to draw only the samples it lacks).
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+        sample_ids : list (length B) of non-empty lists of distinct int >= 0
+            ``sample_ids[b]`` are the sample indices to draw for chat b;
+            sample ``s`` equals sample ``s`` of :meth:`generate` with the
+            same parameters.
+        max_new_tokens, temperature, top_p, seed, stop, tags
+            As in :meth:`generate`.
+
+        Returns
+        -------
+        list (length B) of list of Generation, aligned with ``sample_ids``.
+        """
+        valid = chatlib.validate_chats(chats)
+        params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
+        sids = check_sample_ids(sample_ids, len(valid), params.greedy)
         tags = check_tags(tags, len(valid))
         if not valid:
             return []
-        res = self.generate_ids(self.encode_texts(self.render(valid)), params)
+        res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
         self.cost.record_rows(
             [Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags
         )

@@ -146,8 +146,12 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
         model = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation=attn)
     else:
         import torch
-        from transformers.initialization import no_init_weights
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        try:  # transformers >= 5.0
+            from transformers.initialization import no_init_weights
+        except ImportError:  # transformers 4.x
+            from transformers.modeling_utils import no_init_weights
 
         config = tf.AutoConfig.from_pretrained(folder, gguf_file=name)
         config._attn_implementation = attn

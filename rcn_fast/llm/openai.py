@@ -11,10 +11,18 @@ Pre-filled assistant turns
 --------------------------
 ``mode="chat"`` (default) sends the chat to ``/chat/completions``; a final
 assistant turn is sent with ``continue_final_message=true,
-add_generation_prompt=false`` (vLLM and SGLang extensions; OpenAI's own API
-does not continue assistant turns). ``mode="completions"`` renders the chat
-here with a local tokenizer (``tokenizer=`` a directory, ``.gguf`` file or
-``package:<module>``) and sends the text to ``/completions``.
+add_generation_prompt=false``. These are vLLM/SGLang extensions: OpenAI's
+own API, and any server that ignores unknown fields, would instead close the
+pre-filled turn and open a *new* assistant turn, so generations would not
+continue the pre-fill and label scores would be read at the wrong position
+-- silently. **Recommended:** ``mode="completions"`` with ``tokenizer=`` (a
+directory, ``.gguf`` file or ``package:<module>`` of the served model): the
+chat is rendered here exactly as the local backend renders it and the text
+is sent to ``/completions``, so no server extension is involved. In chat
+mode with ``tokenizer=`` set, every pre-filled request is checked: when the
+server reports more prompt tokens than the locally rendered pre-fill has
+(beyond one, for a BOS token), it opened a new turn and the call raises
+:class:`ServerError`. Without a tokenizer chat mode cannot check this.
 
 Label scoring
 -------------
@@ -27,12 +35,18 @@ backend. A label absent from the top entries scores ``-inf``; a row where
 no label appears is a ValueError naming the row (raise ``top_logprobs``).
 A server that returns no logprobs is a RuntimeError.
 
-Samples: sample ``s`` of a row is requested with ``seed + s`` (one request
-per sample), so each sample depends only on (seed, sample index).
+Samples: each sample of each row is its own request (``n=1``), sample ``s``
+with the seed :func:`rcn_fast.llm.seeded.sample_seed` ``(seed, s)`` (``seed``
+itself for sample 0, a hash for the others, so the samples of ``seed`` and
+``seed + 1`` do not overlap). A sample therefore depends only on (prompt,
+parameters, seed, sample index) wherever the server seeds per request
+(vLLM, SGLang, ``rcn_fast.llm.serve``), not on the other rows of the call
+or on ``num_samples``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import math
@@ -53,10 +67,12 @@ from rcn_fast.llm.base import (
     CostTracker,
     Generation,
     GenerationParams,
+    check_sample_ids,
     check_tags,
     normalise_labels,
     pad_rows,
 )
+from rcn_fast.llm.seeded import sample_seed
 
 
 class ServerError(RuntimeError):
@@ -128,7 +144,14 @@ class OpenAILLM:
 
     @property
     def identity(self) -> str:
-        return f"openai:{self.base_url}#{self.model}:{self.config.mode}:{','.join(self.config.label_spellings)}"
+        """``openai:<base_url>#<model>:<mode>:<spellings>:top<k>:<digest>``;
+        the digest covers ``extra_body`` (sent with every request) and the
+        ``tokenizer`` that renders chats in completions mode."""
+        extra = json.dumps({"extra_body": self.config.extra_body, "tokenizer": self.config.tokenizer},
+                           sort_keys=True, default=str)
+        digest = hashlib.sha256(extra.encode()).hexdigest()[:12]
+        return (f"openai:{self.base_url}#{self.model}:{self.config.mode}:{','.join(self.config.label_spellings)}"
+                f":top{self.config.top_logprobs}:{digest}")
 
     # ------------------------------------------------------------ transport
 
@@ -188,6 +211,26 @@ class OpenAILLM:
             body.update(continue_final_message=True, add_generation_prompt=False)
         return "/chat/completions", body
 
+    def _ask(self, chat: list[dict[str, str]], fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Send one row; in chat mode with a tokenizer, check that a
+        pre-filled turn was continued (see the module notes)."""
+        route, body = self._request(chat, fields)
+        out = self._post(route, body)
+        if route == "/chat/completions" and self.config.tokenizer and chat[-1]["role"] == "assistant":
+            got = (out.get("usage") or {}).get("prompt_tokens") if isinstance(out, dict) else None
+            if isinstance(got, int):
+                tok = self._tok()
+                special = not chatlib.has_chat_template(tok)
+                want = len(tok.encode(chatlib.render_chat(tok, chat), add_special_tokens=special))
+                if got > want + 1:
+                    raise ServerError(
+                        f"{self.base_url}{route}: the server counted {got} prompt tokens where the pre-filled chat "
+                        f"has {want}: it did not continue the final assistant turn (it ignores "
+                        f"continue_final_message) and answered in a new turn; use mode='completions' with "
+                        f"tokenizer={self.config.tokenizer!r}"
+                    )
+        return route, out
+
     def generate(
         self,
         chats: Sequence[Any],
@@ -203,17 +246,44 @@ class OpenAILLM:
         """As :meth:`rcn_fast.llm.LLM.generate` (one request per row and sample)."""
         params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
         valid = chatlib.validate_chats(chats)
+        return self.generate_samples(
+            valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
+        )
+
+    def generate_samples(
+        self,
+        chats: Sequence[Any],
+        sample_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Draw chosen sample indices of each chat, as
+        :meth:`rcn_fast.llm.hf.HFLLM.generate_samples` (sample ``s`` is
+        requested with ``sample_seed(seed, s)``).
+
+        Returns
+        -------
+        list (length B) of list of Generation, aligned with ``sample_ids``.
+        """
+        valid = chatlib.validate_chats(chats)
+        params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
+        sids = check_sample_ids(sample_ids, len(valid), params.greedy)
         tags = check_tags(tags, len(valid))
-        jobs = [(i, s) for i in range(len(valid)) for s in range(params.num_samples)]
+        jobs = [(i, s) for i in range(len(valid)) for s in sids[i]]
 
         def one(job: tuple[int, int]) -> Generation:
             i, s = job
             fields: dict[str, Any] = {"max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                                      "top_p": params.top_p, "n": 1, "seed": params.seed + s}
+                                      "top_p": params.top_p, "n": 1, "seed": sample_seed(params.seed, s)}
             if params.stop:
                 fields["stop"] = params.stop
-            route, body = self._request(valid[i], fields)
-            out = self._post(route, body)
+            route, out = self._ask(valid[i], fields)
             try:
                 choice = out["choices"][0]
                 text = choice["message"]["content"] if route == "/chat/completions" else choice["text"]
@@ -244,8 +314,7 @@ class OpenAILLM:
                 fields = {"max_tokens": 1, "temperature": 0.0, "logprobs": k}
             else:
                 fields = {"max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": k}
-            route, body = self._request(valid[i], fields)
-            out = self._post(route, body)
+            route, out = self._ask(valid[i], fields)
             top = _top_logprobs(out, route)
             if top is None:
                 raise RuntimeError(

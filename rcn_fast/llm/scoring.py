@@ -29,7 +29,17 @@ bare and with a leading space, plus the vocabulary pieces ``"A"``, ``"ĠA"``,
 
 The result is the log-softmax over the labels of each row (float32) and the
 argmax (int64, lowest label index on ties, ``-1`` when every label of the
-row scores ``-inf``). NaN inputs propagate.
+row scores ``-inf``).
+
+Non-finite scores
+-----------------
+``-inf`` is an ordinary score (probability 0). NaN and ``+inf`` are not: a
+row where any *present* spelling scores NaN or ``+inf`` (a NaN logit, a NaN
+in the hidden state or in a label's LM-head row, an fp16 overflow) is not
+scored -- every one of its ``C`` log-probabilities is NaN (padded labels
+included) and its argmax is ``-1``. Other rows are unaffected, and scores of
+absent spellings (``-1`` ids) are never read. Both backends follow this
+rule.
 """
 
 from __future__ import annotations
@@ -55,13 +65,16 @@ def combine_reference(scores: Any, valid: Any) -> tuple[Any, Any]:
     """Spelling scores ``float32 [B, C, S]`` (only ``valid`` entries count)
     -> (log-probabilities ``float32 [B, C]``, argmax ``int64 [B]``)."""
     torch = _torch()
-    x = scores.float().masked_fill(~valid, float("-inf"))
+    x = scores.float()
+    bad = ((torch.isnan(x) | torch.isposinf(x)) & valid).flatten(1).any(dim=1)  # [B]
+    x = x.masked_fill(~valid | bad[:, None, None], float("-inf"))
     lab = torch.logsumexp(x, dim=2)  # all -inf -> -inf
     lse = torch.logsumexp(lab, dim=1, keepdim=True)
     dead = torch.isneginf(lse)
     out = torch.where(dead, torch.full_like(lab, float("-inf")), lab - lse)
     arg = torch.argmax(lab, dim=1)  # first maximum on ties
     arg = torch.where(dead[:, 0], torch.full_like(arg, -1), arg)
+    out = out.masked_fill(bad[:, None], float("nan"))
     return out, arg
 
 
@@ -150,9 +163,17 @@ def choice_logprobs(logits: Any, label_ids: Any, *, backend: str | None = None) 
     Returns
     -------
     logprobs : float32 [B, C]
-        Log-softmax over the labels of each row; ``-inf`` for absent labels.
+        Log-softmax over the labels of each row; ``-inf`` for absent labels;
+        all NaN for a row with a NaN or ``+inf`` spelling score (module notes).
     argmax : int64 [B]
-        Best label (lowest index on ties; ``-1`` if no label is scored).
+        Best label (lowest index on ties; ``-1`` if no label is scored or
+        the row is NaN).
+
+    Notes
+    -----
+    The Triton kernel holds a row's ``next_pow2(C) x next_pow2(S)`` label
+    tile in registers and takes tiles up to ``MAX_TILE_LOGITS`` (4096);
+    larger cases are dispatched to torch.
 
     Examples
     --------
@@ -205,6 +226,10 @@ def choice_logprobs_from_hidden(
     Dot products accumulate in float32, so bf16/fp16 results can differ
     from a model's own bf16 logits by the rounding of those logits. Only
     valid for plain linear LM heads (no logit soft-capping or scaling).
+    NaN/``+inf`` rows follow the rule of the module notes. The Triton
+    kernel takes label tiles ``next_pow2(C) x next_pow2(S)`` up to
+    ``MAX_TILE_HIDDEN`` (256, times an H block of 4096 // tile >= 16 fp32
+    values); larger cases are dispatched to torch.
     """
     hidden = _check_float(hidden, "hidden", "[B, H]")
     weight = _check_float(weight, "weight", "[V, H]")
@@ -315,7 +340,19 @@ def pack_label_ids(per_row: Sequence[Sequence[Sequence[int]]]) -> Any:
 # ------------------------------------------------------------ backends
 
 
-def _check_triton(ctx: Mapping[str, Any]) -> str | None:
+# Largest label tile (next_pow2(C) * next_pow2(S)) each kernel takes. One
+# program holds the whole tile in registers: the logits kernel a
+# [BLOCK_C, BLOCK_S] tile of fp32 scores and int64 ids (4096 entries: 32 of
+# each per thread at 4 warps); the hidden kernel also a
+# [BLOCK_C, BLOCK_S, BLOCK_H] fp32 tile of LM-head values with
+# BLOCK_H = 4096 // tile >= 16, so its tile is capped at 256 (<= 4096 fp32
+# values per H step). Larger cases (hundreds of labels or spellings) go to
+# torch.
+MAX_TILE_LOGITS = 4096
+MAX_TILE_HIDDEN = 256
+
+
+def _check_triton_common(ctx: Mapping[str, Any]) -> str | None:
     if not A.optional_available("triton"):
         return f"triton is not installed ({_TRITON_HINT})"
     if ctx.get("device", "cpu") != "cuda":
@@ -323,10 +360,26 @@ def _check_triton(ctx: Mapping[str, Any]) -> str | None:
             return f"inputs are on {ctx.get('device', 'cpu')}; the Triton kernels need CUDA tensors (or TRITON_INTERPRET=1)"
         if not ctx.get("forced"):
             return f"inputs are on {ctx.get('device', 'cpu')}; the Triton interpreter runs only when asked for by name"
-    C, S = ctx.get("C", 1), ctx.get("S", 1)
-    if C > 1024 or S > 64:
-        return f"C={C}, S={S} exceed the kernel's limits (C <= 1024, S <= 64)"
     return None
+
+
+def _tile_reason(ctx: Mapping[str, Any], limit: int, kernel: str) -> str | None:
+    C, S = int(ctx.get("C", 1)), int(ctx.get("S", 1))
+    tile = _next_pow2(C) * _next_pow2(S)
+    if tile > limit:
+        return (
+            f"C={C} labels x S={S} spellings pad to a {tile}-entry tile; the {kernel} kernel "
+            f"takes at most {limit} (next_pow2(C) * next_pow2(S))"
+        )
+    return None
+
+
+def _check_triton_logits(ctx: Mapping[str, Any]) -> str | None:
+    return _check_triton_common(ctx) or _tile_reason(ctx, MAX_TILE_LOGITS, "logits")
+
+
+def _check_triton_hidden(ctx: Mapping[str, Any]) -> str | None:
+    return _check_triton_common(ctx) or _tile_reason(ctx, MAX_TILE_HIDDEN, "hidden-state")
 
 
 def _kernels() -> Any:
@@ -343,6 +396,8 @@ def _run_triton_logits(logits: Any, label_ids: Any) -> tuple[Any, Any]:
     torch = _torch()
     K = _kernels()
     B, C, S = label_ids.shape
+    if _next_pow2(C) * _next_pow2(S) > MAX_TILE_LOGITS:  # the dispatch never sends these here
+        raise ValueError(f"label_ids: C={C}, S={S} exceed the logits kernel's tile ({MAX_TILE_LOGITS})")
     out = torch.empty((B, C), dtype=torch.float32, device=logits.device)
     arg = torch.empty((B,), dtype=torch.int64, device=logits.device)
     if B == 0:
@@ -367,7 +422,9 @@ def _run_triton_hidden(hidden: Any, weight: Any, label_ids: Any, bias: Any = Non
     if B == 0:
         return out, arg
     cs = _next_pow2(C) * _next_pow2(S)
-    block_h = max(16, min(_next_pow2(H), 4096 // cs if cs <= 256 else 16))
+    if cs > MAX_TILE_HIDDEN:  # the dispatch never sends these here
+        raise ValueError(f"label_ids: C={C}, S={S} exceed the hidden kernel's tile ({cs} > {MAX_TILE_HIDDEN})")
+    block_h = max(16, min(_next_pow2(H), 4096 // cs))
     K.choice_logprobs_hidden_kernel[(B,)](
         hidden, hidden.stride(0), hidden.stride(1),
         weight, weight.stride(0), weight.stride(1),
@@ -389,7 +446,7 @@ CHOICE_LOGPROBS = _dispatch.register(
     _dispatch.Op(
         "choice_logprobs",
         [
-            _dispatch.Backend("triton", _check_triton, _run_triton_logits, "fused gather + logsumexp + log-softmax (Triton)"),
+            _dispatch.Backend("triton", _check_triton_logits, _run_triton_logits, "fused gather + logsumexp + log-softmax (Triton)"),
             _dispatch.Backend("torch", _check_torch, choice_logprobs_reference, "plain torch reference"),
         ],
     )
@@ -399,7 +456,7 @@ CHOICE_LOGPROBS_HIDDEN = _dispatch.register(
     _dispatch.Op(
         "choice_logprobs_hidden",
         [
-            _dispatch.Backend("triton", _check_triton, _run_triton_hidden, "label rows of the LM head only (Triton)"),
+            _dispatch.Backend("triton", _check_triton_hidden, _run_triton_hidden, "label rows of the LM head only (Triton)"),
             _dispatch.Backend("torch", _check_torch, choice_logprobs_hidden_reference, "plain torch reference"),
         ],
     )
@@ -414,4 +471,6 @@ __all__ = [
     "pack_label_ids",
     "CHOICE_LOGPROBS",
     "CHOICE_LOGPROBS_HIDDEN",
+    "MAX_TILE_LOGITS",
+    "MAX_TILE_HIDDEN",
 ]

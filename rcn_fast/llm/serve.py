@@ -16,10 +16,18 @@ answered in threads but the model runs under a lock) and is meant for
 tests, demos and small jobs; to scale, run vLLM or SGLang and point
 ``load_llm("openai:<url>#<model>")`` at them.
 
-``faults`` (constructor only) makes the next requests fail on purpose --
-``"500"``, ``"503"``, ``"429"`` (an HTTP error) or ``"drop"`` (the
-connection is closed without an answer) -- so clients' retries can be
-tested.
+Test switches (constructor only):
+
+* ``faults``: the next requests misbehave on purpose, one fault each, in
+  order -- ``"500"``, ``"503"``, ``"429"`` (an HTTP error), ``"drop"`` (the
+  connection is closed without an answer), ``"slow:SECONDS"`` (the answer
+  comes after SECONDS, past a client's timeout) or ``"no-logprobs"`` (a
+  normal answer without its ``logprobs`` fields) -- so clients' retries and
+  errors can be tested.
+* ``extensions=False``: ignore ``continue_final_message`` /
+  ``add_generation_prompt``, as a server without these vLLM/SGLang
+  extensions (OpenAI's API) does: a pre-filled assistant turn is closed and
+  a new assistant turn is opened after it.
 """
 
 from __future__ import annotations
@@ -49,13 +57,25 @@ class OpenAIServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, llm: HFLLM, host: str = "127.0.0.1", port: int = 0, *, model_name: str = "local", faults: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        llm: HFLLM,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        model_name: str = "local",
+        faults: list[str] | None = None,
+        extensions: bool = True,
+    ) -> None:
         if not isinstance(llm, HFLLM):
             raise TypeError(f"llm: expected an HFLLM (the local backend), got {type(llm).__name__}")
+        for f in faults or []:
+            _check_fault(f)
         super().__init__((host, port), _Handler)
         self.llm = llm
         self.model_name = model_name
         self.faults = list(faults or [])
+        self.extensions = bool(extensions)
         self.requests_seen = 0
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
@@ -85,14 +105,15 @@ class OpenAIServer(ThreadingHTTPServer):
         except (TypeError, ValueError) as exc:
             raise APIError(400, str(exc).replace("messages[0]", "messages")) from None
         tok = self.llm.tokenizer
-        cont = bool(body.get("continue_final_message", False))
+        cont = bool(body.get("continue_final_message", False)) and self.extensions
         if cont and chat[-1]["role"] != "assistant":
             raise APIError(400, "continue_final_message needs a final assistant message")
         if cont or not chatlib.has_chat_template(tok):
             text = chatlib.render_chat(tok, chat, system_role=self.llm.system_role)
         else:
             folded = chat if self.llm.system_role else chatlib.fold_system(chat)
-            text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+            gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
+            text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=gen_prompt)
         ids = self.llm.encode_texts([text])[0]
         choices, usage = self._complete(ids, body, chat=True)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -171,20 +192,30 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
+            self.close_connection = True
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self._send(status, {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}}, headers)
 
     def _fault(self) -> bool:
+        """Apply the next injected fault; True when the request is answered
+        (or dropped) by it. ``slow:S`` sleeps and lets the request go on;
+        ``no-logprobs`` is applied to the answer by :meth:`do_POST`."""
         fault = self.server.next_fault()
-        if fault is None:
+        self._strip_logprobs = fault == "no-logprobs"
+        if fault is None or fault == "no-logprobs":
+            return False
+        if fault.startswith("slow:"):
+            time.sleep(float(fault[len("slow:") :]))
             return False
         if fault == "drop":
             self.close_connection = True
@@ -230,7 +261,23 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # an internal error is a 500 with its message
             self._error(500, f"{type(exc).__name__}: {exc}")
             return
+        if self._strip_logprobs:
+            for c in out.get("choices", []):
+                c.pop("logprobs", None)
         self._send(200, out)
+
+
+def _check_fault(fault: str) -> None:
+    ok = fault in ("drop", "no-logprobs") or (fault.isdigit() and int(fault) >= 400)
+    if fault.startswith("slow:"):
+        try:
+            ok = float(fault[len("slow:") :]) >= 0
+        except ValueError:
+            ok = False
+    if not ok:
+        raise ValueError(
+            f"faults: expected an HTTP status >= 400, 'drop', 'slow:SECONDS' or 'no-logprobs', got {fault!r}"
+        )
 
 
 def make_server(llm: HFLLM, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> OpenAIServer:

@@ -26,7 +26,17 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring
-from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, check_tags, normalise_labels, pad_rows
+from rcn_fast.llm.base import (
+    Cost,
+    CostTracker,
+    Generation,
+    GenerationParams,
+    check_sample_ids,
+    check_tags,
+    normalise_labels,
+    pad_rows,
+)
+from rcn_fast.llm.seeded import sample_seed
 
 HINT = "pip install vllm (needs a CUDA GPU; it installs its own torch build)"
 
@@ -86,17 +96,49 @@ class VLLMEngine:
         """As :meth:`rcn_fast.llm.LLM.generate`."""
         params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
         valid = chatlib.validate_chats(chats)
+        return self.generate_samples(
+            valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
+        )
+
+    def generate_samples(
+        self,
+        chats: Sequence[Any],
+        sample_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Draw chosen sample indices of each chat: one vLLM request per
+        sample (``n=1``) seeded with ``sample_seed(seed, s)``, so a sample
+        does not depend on the other requests or on ``num_samples``.
+
+        Returns
+        -------
+        list (length B) of list of Generation, aligned with ``sample_ids``.
+        """
+        valid = chatlib.validate_chats(chats)
+        params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
+        sids = check_sample_ids(sample_ids, len(valid), params.greedy)
         tags = check_tags(tags, len(valid))
         ids = self._prompts(valid)
-        sp = self._vllm.SamplingParams(
-            n=params.num_samples, temperature=params.temperature, top_p=params.top_p,
-            max_tokens=params.max_new_tokens, seed=None if params.greedy else params.seed, stop=params.stop,
-        )
-        outs = self.engine.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
-        res = [
-            [Generation(o.text, len(p), len(o.token_ids), "length" if o.finish_reason == "length" else "stop") for o in out.outputs]
-            for p, out in zip(ids, outs)
+        jobs = [(i, s) for i in range(len(valid)) for s in sids[i]]
+        sps = [
+            self._vllm.SamplingParams(
+                n=1, temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+                seed=None if params.greedy else sample_seed(params.seed, s), stop=params.stop,
+            )
+            for _, s in jobs
         ]
+        outs = self.engine.generate([{"prompt_token_ids": ids[i]} for i, _ in jobs], sps, use_tqdm=False)
+        res: list[list[Generation]] = [[] for _ in valid]
+        for (i, _), out in zip(jobs, outs):
+            o = out.outputs[0]
+            res[i].append(Generation(o.text, len(ids[i]), len(o.token_ids), "length" if o.finish_reason == "length" else "stop"))
         self.cost.record_rows([Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags)
         return res
 

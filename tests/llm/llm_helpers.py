@@ -144,3 +144,25 @@ def write_llama_gguf(model, tok, path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def cache_writer(path: str, writer: int, n_keys: int, barrier, out_path: str) -> None:
+    """One process of the concurrent-writers test: after the barrier, write
+    ``n_keys`` entries (its own value for each, starting at another key than
+    the other writers) and read each back at once; the values it saw go to
+    ``out_path`` as JSON."""
+    import json
+
+    from rcn_fast.llm.cache import CallCache
+
+    cache = CallCache(path)
+    barrier.wait(timeout=120)
+    seen = {}
+    for j in range(n_keys):
+        i = (j + 7 * writer) % n_keys
+        key = CallCache.key("m", "k", {"i": i})
+        cache.put_many([(key, "m", "k", {"i": i}, {"v": i, "writer": writer})])
+        seen[i] = cache.get_many([key])[key]
+    cache.close()
+    with open(out_path, "w") as f:
+        json.dump(seen, f)

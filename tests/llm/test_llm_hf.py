@@ -140,6 +140,105 @@ def test_sampling_is_seeded(tiny_llm):
         tiny_llm.generate(chats, num_samples=2)
 
 
+def test_sampling_does_not_depend_on_batching(tiny_llm):
+    """A sample depends on (prompt, parameters, seed, sample index) only:
+    not on the other rows, batch size, position in the batch or num_samples."""
+    from rcn_fast.llm.hf import HFConfig
+
+    chats = [mcq_chat(q, prefill="") for q in QUESTIONS]
+    kw = dict(max_new_tokens=6, temperature=1.3, top_p=0.95, seed=11)
+    texts = lambda rows: [[g.text for g in r] for r in rows]  # noqa: E731
+    alone = [tiny_llm.generate([c], num_samples=3, **kw)[0] for c in chats]
+    for bs in (2, 4, 16):
+        other = HFLLM(tiny_llm.model, tiny_llm.tokenizer, config=HFConfig(batch_size=bs))
+        batched = other.generate(chats, num_samples=3, **kw)
+        assert texts(batched) == texts(alone), bs
+        assert [[g.to_dict() for g in r] for r in batched] == [[g.to_dict() for g in r] for r in alone]
+    # token counts too, when stop strings end rows at different steps of a batch
+    stops = {**kw, "stop": ["e", "o"]}
+    alone_s = [tiny_llm.generate([c], num_samples=3, **stops)[0] for c in chats]
+    assert tiny_llm.generate(chats, num_samples=3, **stops) == alone_s
+    assert any(g.finish_reason == "stop" for r in alone_s for g in r)
+    # another order and other neighbours
+    rev = tiny_llm.generate(chats[::-1] + [mcq_chat("An unrelated question?", prefill="")], num_samples=3, **kw)
+    assert texts(rev[:5][::-1]) == texts(alone)
+    # the first samples of num_samples=n are those of num_samples=k
+    two = tiny_llm.generate(chats, num_samples=2, **kw)
+    assert texts(two) == [t[:2] for t in texts(alone)]
+    picked = tiny_llm.generate_samples(chats[:2], [[2, 0], [1]], **kw)
+    assert texts(picked) == [[alone[0][2].text, alone[0][0].text], [alone[1][1].text]]
+    # not degenerate: samples of one prompt differ, and so do seeds
+    assert any(len(set(t)) > 1 for t in texts(alone))
+    other_seed = tiny_llm.generate(chats, num_samples=3, **{**kw, "seed": 12})
+    assert texts(other_seed) != texts(alone)
+    with pytest.raises(ValueError, match="sample_ids\\[0\\]: expected distinct"):
+        tiny_llm.generate_samples(chats[:1], [[1, 1]], **kw)
+    with pytest.raises(ValueError, match="greedy decoding"):
+        tiny_llm.generate_samples(chats[:1], [[1]], max_new_tokens=2)
+
+
+def test_token_counts_do_not_depend_on_padding(tiny_llm):
+    """A row a stop string ended counts its own tokens, whether the batch
+    went on (padding after it, and the pad id is also an end-of-turn id
+    here) or not; a generated end-of-turn token counts."""
+    from rcn_fast.llm.base import GenerationParams
+
+    tok, pad = tiny_llm.tokenizer, tiny_llm.pad_id
+    assert pad in tiny_llm.eos_ids
+    with_e = next(i for i in range(len(tok)) if "e" in tok.decode([i]) and i not in tiny_llm.eos_ids)
+    plain = next(i for i in range(len(tok)) if tok.decode([i]).isalpha() and "e" not in tok.decode([i]))
+    stop_ids = set(tiny_llm.eos_ids) | {pad}
+    p = GenerationParams(max_new_tokens=4, stop=["e"])
+    a = tiny_llm._finish([plain, with_e, pad, pad], 5, p, stop_ids)
+    b = tiny_llm._finish([plain, with_e], 5, p, stop_ids)
+    assert a == b and a.generated_tokens == 2 and a.finish_reason == "stop" and "e" not in a.text
+    eos = tiny_llm._finish([plain, tok.eos_token_id, pad, pad], 5, GenerationParams(max_new_tokens=4), stop_ids)
+    assert eos.generated_tokens == 2 and eos.text == tok.decode([plain]) and eos.finish_reason == "stop"
+    full = tiny_llm._finish([plain] * 4, 5, GenerationParams(max_new_tokens=4), stop_ids)
+    assert full.generated_tokens == 4 and full.finish_reason == "length"
+
+
+@pytest.mark.parametrize("mode", ["hidden", "logits"])
+@pytest.mark.parametrize("dtype,ulps", [("bfloat16", 10), ("float16", 16)])
+def test_half_precision_close_to_float32(tiny_llama_dir, dtype, ulps, mode):
+    """bf16/fp16 on CPU: label log-probs within a few units of the dtype's
+    rounding (2**-8 for bf16, 2**-11 for fp16) of float32. An error in a
+    log-probability is the relative error of the probability."""
+    chats = [mcq_chat(q) for q in QUESTIONS]
+    labels = list("ABCD")
+    ref = load_llm(tiny_llama_dir, device="cpu", dtype="float32", scoring=mode).label_logprobs(chats, labels)
+    llm = load_llm(tiny_llama_dir, device="cpu", dtype=dtype, scoring=mode)
+    assert next(llm.model.parameters()).dtype == getattr(torch, dtype)
+    assert f":{dtype}:" in llm.identity
+    got = llm.label_logprobs(chats, labels)
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    eps = {"bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+    err = np.abs(got - ref).max()
+    assert err <= ulps * eps, err
+    # far below the differences between questions, so a mixed-up row would fail
+    assert np.ptp(ref, axis=0).min() > 10 * ulps * eps
+    np.testing.assert_allclose(np.exp(got).sum(1), 1.0, rtol=1e-5)
+    g = llm.generate(chats[:2], max_new_tokens=3)
+    assert all(1 <= r[0].generated_tokens <= 3 for r in g)
+
+
+def test_identity_covers_the_weights(tiny_llama_dir):
+    import transformers as tf
+
+    tok = build_tokenizer()
+    a = tf.AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    b = tf.AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    la, lb = load_llm((a, tok)), load_llm((b, tok))
+    assert la.name == lb.name and la.identity == lb.identity
+    with torch.no_grad():  # one row of one matrix: another model, same name
+        b.model.layers[1].mlp.down_proj.weight[7].mul_(1.01)
+    lc = load_llm((b, tok))
+    assert lc.identity != la.identity
+    # an in-place change is seen after refresh_identity()
+    before = lb.identity
+    assert lb.refresh_identity() == lc.identity != before
+
+
 def test_cost_accounting_per_tag(tiny_dir):
     llm = load_llm(tiny_dir)
     chats = [mcq_chat(q) for q in QUESTIONS[:3]]

@@ -16,6 +16,7 @@ from llm_helpers import mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
 from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM, ServerError  # noqa: E402
+from rcn_fast.llm.seeded import sample_seed  # noqa: E402
 from rcn_fast.llm.serve import make_server  # noqa: E402
 
 QS = ["Where is a plate kept? A. cupboard B. floor C. oven", "2 + 2? A. 4 B. 5", "Colour? A. blue B. dog C. red D. car"]
@@ -76,6 +77,80 @@ def test_retries_on_server_errors_and_dropped_connections(server, tiny_llm):
     assert llm.retries == 5 and server.faults == []
     np.testing.assert_array_equal(faulty, clean)
     assert gens[0][0] == gens_clean[0][0]
+
+
+def test_retries_after_a_response_slower_than_the_timeout(server):
+    chats = [mcq_chat(q) for q in QS[:2]]
+    clean = client(server, concurrency=1).label_logprobs(chats, LABELS[:2])
+    gens_clean = client(server, concurrency=1).generate(chats[:1], max_new_tokens=3)
+    server.faults = ["slow:2.5", "slow:2.5"]
+    llm = client(server, concurrency=1, timeout=0.75)
+    try:
+        faulty = llm.label_logprobs(chats, LABELS[:2])
+        gens = llm.generate(chats[:1], max_new_tokens=3)
+    finally:
+        server.faults = []
+    assert llm.retries == 2
+    np.testing.assert_array_equal(faulty, clean)
+    assert gens[0][0] == gens_clean[0][0]
+
+
+def test_server_without_logprobs_is_a_runtime_error(server):
+    server.faults = ["no-logprobs"]
+    try:
+        with pytest.raises(RuntimeError, match="returned no next-token logprobs"):
+            client(server, max_retries=0).label_logprobs([mcq_chat(QS[0])], LABELS[0])
+    finally:
+        server.faults = []
+
+
+def test_chat_prefill_ignored_by_the_server_is_detected(tiny_llm, tiny_llama_dir):
+    """A server without continue_final_message opens a new assistant turn:
+    with a tokenizer, chat mode notices; completions mode is unaffected."""
+    srv = make_server(tiny_llm, "127.0.0.1", 0, model_name="tiny", extensions=False)
+    srv.start()
+    try:
+        chats = [mcq_chat(q) for q in QS]
+        with pytest.raises(ServerError, match="did not continue the final assistant turn"):
+            client(srv, tokenizer=str(tiny_llama_dir)).label_logprobs(chats, LABELS)
+        with pytest.raises(ServerError, match="mode='completions'"):
+            client(srv, tokenizer=str(tiny_llama_dir)).generate(chats[:1], max_new_tokens=2)
+        # without a tokenizer chat mode cannot tell: it silently scores another position
+        silent = client(srv).label_logprobs(chats, LABELS)
+        local = tiny_llm.label_logprobs(chats, LABELS)
+        assert not np.allclose(silent, local, atol=1e-3)
+        done = client(srv, mode="completions", tokenizer=str(tiny_llama_dir)).label_logprobs(chats, LABELS)
+        np.testing.assert_allclose(done, local, rtol=1e-4, atol=1e-4)
+        # a chat without a pre-fill is not checked (nothing to continue)
+        client(srv, tokenizer=str(tiny_llama_dir)).generate([[{"role": "user", "content": QS[0]}]], max_new_tokens=2)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_samples_are_per_row_and_per_index(server):
+    llm = client(server, concurrency=3)
+    chats = [mcq_chat(q, prefill="") for q in QS]
+    kw = dict(max_new_tokens=5, temperature=1.3, seed=21)
+    texts = lambda rows: [[g.text for g in r] for r in rows]  # noqa: E731
+    three = texts(llm.generate(chats, num_samples=3, **kw))
+    assert texts(llm.generate(chats[2:], num_samples=2, **kw)) == [t[:2] for t in three[2:]]
+    assert texts(llm.generate_samples(chats[:1], [[2]], **kw)) == [[three[0][2]]]
+    assert any(len(set(t)) > 1 for t in three)
+    # sample 1 of seed 21 is not sample 0 of seed 22 (seed + s would make them equal)
+    assert sample_seed(21, 1) != 22
+    next_seed = texts(llm.generate(chats, **{**kw, "seed": 22}))
+    assert [t[0] for t in next_seed] != [t[1] for t in three]
+
+
+def test_identity_names_what_changes_results(server, tiny_llama_dir):
+    base = client(server).identity
+    assert client(server).identity == base
+    assert client(server, top_logprobs=5).identity != base
+    assert client(server, extra_body={"repetition_penalty": 1.2}).identity != base
+    assert client(server, tokenizer=str(tiny_llama_dir)).identity != base
+    assert client(server, mode="completions", tokenizer=str(tiny_llama_dir)).identity != base
+    assert client(server, timeout=5.0).identity == base  # transport settings do not
 
 
 def test_gives_up_with_a_clear_error(server):

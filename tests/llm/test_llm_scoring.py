@@ -179,6 +179,96 @@ def test_triton_edge_cases_ties_neg_inf_and_padding():
     assert_same(choice_logprobs(logits, ids, backend="triton"), choice_logprobs(logits, ids, backend="torch"), 1e-6)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+def test_nan_and_pos_inf_rows_are_not_scored(backend):
+    """One rule for both backends: a NaN or +inf among a row's present
+    spellings makes the whole row NaN with argmax -1; absent spellings and
+    other rows are unaffected; -inf is an ordinary score."""
+    logits = torch.tensor(
+        [
+            [0.0, NAN, 1.0, 0.5],  # NaN in label 1
+            [0.0, INF, 1.0, 0.5],  # +inf in label 1
+            [NAN, 2.0, 1.0, 0.5],  # NaN only under an absent (-1) spelling's clamp target: row is fine
+            [0.0, 1.0, -INF, 0.5],  # -inf: an ordinary score
+            [0.3, 0.2, 0.1, NAN],  # NaN in the second spelling of label 2
+        ],
+        device=DEVICE,
+    )
+    ids = torch.tensor(
+        [
+            [[0, -1], [1, -1], [2, -1]],
+            [[0, -1], [1, -1], [2, -1]],
+            [[1, -1], [2, -1], [-1, -1]],
+            [[0, -1], [1, -1], [2, 3]],
+            [[0, -1], [1, -1], [2, 3]],
+        ],
+        device=DEVICE,
+    )
+    lp, arg = choice_logprobs(logits, ids, backend=backend)
+    lp, arg = lp.cpu(), arg.cpu()
+    assert torch.isnan(lp[[0, 1, 4]]).all()
+    assert not torch.isnan(lp[[2, 3]]).any()
+    assert arg.tolist() == [-1, -1, 0, 1, -1]
+    assert torch.isneginf(lp[2, 2])
+    clean = logits.cpu().nan_to_num(nan=-1e9)
+    ref = numpy_reference(clean.double().numpy(), ids.cpu().numpy())
+    np.testing.assert_allclose(lp[[2, 3]].numpy(), ref[[2, 3]], rtol=1e-6, atol=1e-6)
+
+    # the hidden path: NaN in a hidden state, in a label's LM-head row, and in an unused row
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(3, 8, generator=gen)
+    weight = torch.randn(6, 8, generator=gen)
+    hidden[0, 5] = NAN
+    weight[4, 2] = NAN  # a label token of row 1 only
+    weight[5, 0] = NAN  # nobody's label
+    hids = torch.tensor([[[0], [1]], [[4], [2]], [[1], [3]]])
+    hidden, weight, hids = hidden.to(DEVICE), weight.to(DEVICE), hids.to(DEVICE)
+    hl, ha = choice_logprobs_from_hidden(hidden, weight, hids, backend=backend)
+    hl, ha = hl.cpu(), ha.cpu()
+    assert torch.isnan(hl[:2]).all() and ha[:2].tolist() == [-1, -1]
+    ref_lp, ref_arg = choice_logprobs_hidden_reference(hidden, weight, hids)
+    torch.testing.assert_close(hl[2], ref_lp[2].cpu(), rtol=1e-5, atol=1e-5)
+    assert ha[2] == ref_arg[2].cpu() and ref_arg[:2].tolist() == [-1, -1]
+
+
+def test_label_tile_caps_send_large_cases_to_torch():
+    from rcn_fast.llm.scoring import CHOICE_LOGPROBS_HIDDEN, MAX_TILE_HIDDEN, MAX_TILE_LOGITS
+
+    ctx = {"device": "cuda", "forced": False}
+    # hidden kernel: next_pow2(C) * next_pow2(S) <= 256
+    big = {**ctx, "C": 40, "S": 5}  # 64 * 8 = 512
+    reasons = dict(CHOICE_LOGPROBS_HIDDEN.report(big))
+    if HAS_TRITON:
+        assert "512-entry tile" in reasons["triton"] and f"at most {MAX_TILE_HIDDEN}" in reasons["triton"]
+    assert reasons["torch"] is None
+    assert CHOICE_LOGPROBS_HIDDEN.select(big).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="tile"):
+        CHOICE_LOGPROBS_HIDDEN.select(big, "triton")
+    ok = {**ctx, "C": 32, "S": 8}  # exactly 256
+    why = dict(CHOICE_LOGPROBS_HIDDEN.report(ok))["triton"]
+    assert why is None or "tile" not in why
+    # logits kernel: <= 4096
+    assert "tile" not in (dict(CHOICE_LOGPROBS.report(big))["triton"] or "")
+    huge = {**ctx, "C": 1024, "S": 8}  # 1024 * 8 = 8192
+    if HAS_TRITON:
+        assert f"at most {MAX_TILE_LOGITS}" in dict(CHOICE_LOGPROBS.report(huge))["triton"]
+    assert CHOICE_LOGPROBS.select(huge).name == "torch"
+
+
+@needs_triton
+def test_triton_hidden_at_the_tile_cap():
+    gen = torch.Generator().manual_seed(11)
+    B, C, S, H, V = 2, 32, 8, 40, 300
+    hidden = torch.randn(B, H, generator=gen).to(DEVICE)
+    weight = (torch.randn(V, H, generator=gen) / H**0.5).to(DEVICE)
+    ids = make_ids(B, C, S, V, gen).to(DEVICE)
+    assert_same(choice_logprobs_from_hidden(hidden, weight, ids, backend="triton"),
+                choice_logprobs_hidden_reference(hidden, weight, ids), (1e-4, 1e-4))
+
+
 def test_dispatch_and_argument_errors(monkeypatch):
     logits = torch.randn(2, 10)
     ids = torch.tensor([[0, 1], [2, 3]])  # [B, C]: one spelling per label
