@@ -12,9 +12,11 @@
   predictions must be identical and the log-probabilities equal within
   1e-5 (asserted; batch padding moves float32 rounding).
 * ``rr tiny-llama``: the same with a tiny random-weight Llama sampling the
-  paths (one generation call with num_samples=N for the batch vs one per
-  question). Sampled paths depend on the batch (the backend seeds once per
-  batch), so only the speed is compared.
+  paths few-shot (one generation call with num_samples=N for the batch vs
+  one per question). With the local backend a sampled path depends only on
+  (seed, prompt, sample index), not on the batch, so the two modes must
+  sample the same paths and give the same predictions (asserted, as
+  above).
 
 Knobs: RCN_BENCH_RR_QUESTIONS (default 32), RCN_BENCH_RR_PATHS (default 5),
 RCN_BENCH_THREADS (torch threads, default 2). The machine is shared:
@@ -46,6 +48,7 @@ N_Q = int(os.environ.get("RCN_BENCH_RR_QUESTIONS", "32"))
 N_PATHS = int(os.environ.get("RCN_BENCH_RR_PATHS", "5"))
 THREADS = int(os.environ.get("RCN_BENCH_THREADS", "2"))
 RESULTS: dict[str, list] = {}
+TINY: dict[str, list] = {}  # tiny-llama mode -> (question id, pred, log-probs, sampled paths)
 
 
 def _h(s: str) -> int:
@@ -119,12 +122,22 @@ def test_rr_tiny_llama_questions_per_second(benchmark, record, setup, mode, tmp_
     from tests.pipelines.tiny import make_tiny_llama
 
     retriever, nli, qs, _, enc_name = setup
-    llm = load_llm(make_tiny_llama(tmp_path_factory.mktemp("llama") / "m"), batch_size=len(qs))
+    if "dir" not in TINY:  # both modes sample with the same model
+        TINY["dir"] = make_tiny_llama(tmp_path_factory.mktemp("llama") / "m")
+    llm = load_llm(TINY["dir"], batch_size=len(qs))
     pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24)
     pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))
     fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
     benchmark.group = f"rr tiny-llama ({enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths, 24 tokens"
     preds = benchmark.pedantic(fn, rounds=1, warmup_rounds=0, iterations=1)
     assert len(preds) == len(qs)
-    benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)
+    if benchmark.stats is not None:
+        benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)
     record(benchmark.group, mode, benchmark)
+    TINY[mode] = [(*k, p.trace[0]["outputs"]) for k, p in zip(_key(preds), preds)]
+    if "batched" in TINY and "one_at_a_time" in TINY:
+        a, b = TINY["batched"], TINY["one_at_a_time"]
+        same_paths = [x[3] for x in a] == [y[3] for y in b]
+        same = same_paths and _same([x[:3] for x in a], [y[:3] for y in b])
+        print(f"\nsame sampled paths and predictions batched vs one at a time: {same}")
+        assert same

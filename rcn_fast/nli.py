@@ -121,7 +121,11 @@ class NLIModel:
     batch_size : int
         Pairs per forward pass (pairs are sorted by length first).
     max_length : int
-        Token limit of a pair; longer pairs lose premise tokens first.
+        Token limit of a pair. A longer pair loses premise tokens only
+        (``truncation="only_first"``): the hypothesis -- RR's sentence
+        under test -- is kept whole. A pair whose hypothesis alone does not
+        fit (with the special tokens and one premise token) is truncated
+        longest-first instead, so it is still scored.
     device : str, optional
         Default: CUDA when available, else CPU.
 
@@ -217,19 +221,33 @@ class NLIModel:
         probs = np.zeros((n, L), np.float32)
         if n:
             self.calls += 1
-            order = sorted(range(n), key=lambda i: -(len(premises[i]) + len(hypotheses[i])))
+            # premise-only truncation for every pair whose hypothesis fits; the others longest-first.
+            # Each group is batched on its own, so a pair's strategy never depends on its batch.
+            long_h = self._hypothesis_too_long(hypotheses)
             with torch.inference_mode():
-                for s in range(0, n, self.batch_size):
-                    idx = order[s : s + self.batch_size]
-                    enc = self.tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx], padding=True,
-                                         truncation="longest_first", max_length=self.max_length,
-                                         return_tensors="pt")
-                    enc = {k: v.to(self.device) for k, v in enc.items()}
-                    logits = self.model(**enc).logits.float()
-                    probs[idx] = torch.softmax(logits, dim=-1).cpu().numpy()
+                for strategy, group in (("only_first", [i for i in range(n) if not long_h[i]]),
+                                        ("longest_first", [i for i in range(n) if long_h[i]])):
+                    order = sorted(group, key=lambda i: -(len(premises[i]) + len(hypotheses[i])))
+                    for s in range(0, len(order), self.batch_size):
+                        idx = order[s : s + self.batch_size]
+                        enc = self.tokenizer([premises[i] for i in idx], [hypotheses[i] for i in idx],
+                                             padding=True, truncation=strategy, max_length=self.max_length,
+                                             return_tensors="pt")
+                        enc = {k: v.to(self.device) for k, v in enc.items()}
+                        logits = self.model(**enc).logits.float()
+                        probs[idx] = torch.softmax(logits, dim=-1).cpu().numpy()
         return NLIScores(entailment=probs[:, self.entailment_index].copy(),
                          contradiction=probs[:, self.contradiction_index].copy(), probs=probs,
                          labels=list(self.labels))
+
+    def _hypothesis_too_long(self, hypotheses: list[str]) -> list[bool]:
+        """Per hypothesis: True when it cannot stay whole within
+        ``max_length`` (its tokens + the pair's special tokens + one
+        premise token exceed it)."""
+        special = self.tokenizer.num_special_tokens_to_add(pair=True)
+        budget = self.max_length - special - 1
+        lens = [len(x) for x in self.tokenizer(hypotheses, add_special_tokens=False)["input_ids"]]
+        return [k > budget for k in lens]
 
     def __repr__(self) -> str:
         return (f"NLIModel({self.name!r}, labels={self.labels}, entailment={self.entailment_index}, "

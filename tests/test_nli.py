@@ -70,6 +70,43 @@ def test_loads_and_matches_the_reference(nli_dir):
     assert load_nli(str(nli_dir)).labels == nli.labels and load_nli(nli) is nli
 
 
+def _probs_of(model_dir, enc) -> np.ndarray:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    with torch.no_grad():
+        return torch.softmax(model(**enc).logits, -1).numpy()
+
+
+def test_long_pairs_lose_premise_tokens_only(nli_dir):
+    """RR's hypothesis (the sentence under test) is kept whole: a pair over
+    max_length is cut in the premise (only_first), not longest-first; a
+    hypothesis too long to keep whole falls back to longest-first."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(nli_dir))
+    premise = " ".join(PREMISES)  # ~40 tokens
+    hyp = "Plants use light and fish have gills and ice melts."  # ~12 tokens
+    max_len = 20
+    nli = NLIModel.from_pretrained(nli_dir, max_length=max_len, batch_size=4, device="cpu")
+    got = nli.predict([premise, PREMISES[0]], [hyp, HYPOTHESES[0]]).probs
+    only = tok([premise], [hyp], truncation="only_first", max_length=max_len, return_tensors="pt")
+    longest = tok([premise], [hyp], truncation="longest_first", max_length=max_len, return_tensors="pt")
+    n_hyp = len(tok(hyp, add_special_tokens=False)["input_ids"])
+    ids = only["input_ids"][0].tolist()
+    assert len(ids) == max_len and ids[-n_hyp - 1 : -1] == tok(hyp, add_special_tokens=False)["input_ids"]
+    assert only["input_ids"].tolist() != longest["input_ids"].tolist()  # the two strategies do differ here
+    np.testing.assert_allclose(got[0], _probs_of(nli_dir, only)[0], atol=2e-5)
+    assert np.abs(got[0] - _probs_of(nli_dir, longest)[0]).max() > 1e-4
+    np.testing.assert_allclose(got[1], reference_probs(nli_dir, PREMISES[:1], HYPOTHESES[:1])[0], atol=2e-5)
+    # a hypothesis longer than max_length alone: scored longest-first, no error; its batch-mates unaffected
+    long_h = " ".join(HYPOTHESES * 3)
+    got2 = nli.predict([PREMISES[0], premise], [long_h, hyp]).probs
+    ref = tok([PREMISES[0]], [long_h], truncation="longest_first", max_length=max_len, return_tensors="pt")
+    np.testing.assert_allclose(got2[0], _probs_of(nli_dir, ref)[0], atol=2e-5)
+    np.testing.assert_allclose(got2[1], got[0], atol=2e-5)
+
+
 def test_label_mapping_from_config():
     def cfg(id2label, label2id=None):
         return SimpleNamespace(num_labels=len(id2label), id2label=id2label, label2id=label2id or {})

@@ -177,6 +177,15 @@ def test_reconnect_without_explanation_retrieval(retriever):
     assert llm.calls == [("generate", 3), ("generate", 1), ("score", 1)]
 
 
+def test_reconnect_max_queries(retriever):
+    q = _questions()[1]
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, max_queries=1).run(q)
+    exps = _gen_entries(p, "query_expansion")[0]["parsed"]
+    assert len(exps) == 1 and p.trace[1]["queries"] == [*exps, q.question]
+    default = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run(q)
+    assert len(_gen_entries(default, "query_expansion")[0]["parsed"]) > 1  # the cap did cut
+
+
 def test_reconnect_without_knowledge_connection(retriever):
     llm = ScriptedLLM()
     p = build("reconnect", llm=llm, retriever=retriever, ablation="w/o KC").run(_questions()[1])
@@ -201,14 +210,20 @@ def test_reconnect_without_extraction_aggregates_the_passages(retriever):
     assert p.cost.generations == 2
 
 
-def test_reconnect_without_aggregation_answers_with_all_extractions(retriever):
-    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation=["w/o KA"]).run(_questions()[0])
-    assert "knowledge_aggregation" not in _stages(p)
-    items = []
-    for e in _gen_entries(p, "knowledge_extraction"):
-        items += [x for x in e["parsed"] if x not in items]
-    assert p.knowledge == items
-    assert p.cost.generations == 4
+def test_reconnect_without_aggregation_answers_with_the_n_extractions(retriever):
+    """w/o KA: the N extraction outputs are the N items of the knowledge
+    list (each output's explanations joined), as the answering step sees them."""
+    for n in (3, 5):
+        p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation=["w/o KA"],
+                  num_subsets=n).run(_questions()[0])
+        assert "knowledge_aggregation" not in _stages(p)
+        ext = _gen_entries(p, "knowledge_extraction")
+        assert len(ext) == n and all(len(e["parsed"]) >= 1 for e in ext)
+        assert any(len(e["parsed"]) >= 2 for e in ext)  # items really are whole extractions, not bullets
+        assert p.knowledge == [" ".join(e["parsed"]) for e in ext]
+        ans = p.trace[-1]["prompt"][2]["content"]
+        assert ans.endswith("Explanations:\n" + "\n".join(f"* {t}" for t in p.knowledge))
+        assert p.cost.generations == 1 + n
 
 
 def test_reconnect_without_extraction_and_aggregation_answers_with_passages(retriever):
@@ -261,12 +276,44 @@ def test_relevance_subsets_follow_the_seed(retriever):
     assert [_subsets(p) for p in a] != [_subsets(p) for p in c]
 
 
-def test_sampler_input_normalized_matches_stored_for_unit_vectors(retriever):
-    """HashEncoder vectors are unit length, so normalising changes nothing."""
+class ScaledHashEncoder(HashEncoder):
+    """HashEncoder vectors times a per-text factor in [1, 9]: norms differ,
+    so normalising changes the sampler's scores."""
+
+    def _enc(self, texts):
+        v = super()._enc(texts)
+        return v * np.array([[1.0 + question_key(t) % 9] for t in texts], np.float32).reshape(-1, 1)
+
+
+def test_sampler_input_setting_is_used():
+    """The subsets equal a direct sampler call on the stored (un-normalised)
+    vectors with sampler_input="stored" and on L2-normalised ones with
+    "normalized"; the two differ, so ignoring the setting fails."""
+    from rcn_fast.sampling import sample
+
+    r = InMemoryRetriever(ScaledHashEncoder(), FACTS, ids=[f"f{i:02d}" for i in range(len(FACTS))])
+    assert np.ptp(np.linalg.norm(r.embeddings, axis=1)) > 1.0
     qs = _questions()
-    a = build("reconnect", llm=ScriptedLLM(), retriever=retriever, sampler_input="normalized").run_batch(qs)
-    b = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run_batch(qs)
-    assert [_subsets(p) for p in a] == [_subsets(p) for p in b]
+    cfg = dict(subset_size=3, num_subsets=3, tau=1.0, seed=5)
+    got = {mode: build("reconnect", llm=ScriptedLLM(), retriever=r, sampler_input=mode, **cfg).run_batch(qs)
+           for mode in ("stored", "normalized")}
+    differ = 0
+    for i, q in enumerate(qs):
+        pool = got["stored"][i].passages
+        assert [x.id for x in pool] == [x.id for x in got["normalized"][i].passages]
+        qv = r.embed_queries([q.question])[None, 0]
+        cand = r.passage_embeddings(pool)[None]
+        want = {}
+        for mode, (qq, cc) in {"stored": (qv, cand),
+                               "normalized": (qv / np.linalg.norm(qv, axis=-1, keepdims=True),
+                                              cand / np.linalg.norm(cand, axis=-1, keepdims=True))}.items():
+            ids = np.asarray(sample("relevance", qq.astype(np.float32), cc.astype(np.float32), 3, 3, seed=5,
+                                    keys=np.array([question_key(q.id)], np.int64), valid=np.array([len(pool)]),
+                                    tau=1.0))
+            want[mode] = [[pool[j].id for j in row if j >= 0] for row in ids[0]]
+            assert _subsets(got[mode][i]) == want[mode], (q.id, mode)
+        differ += want["stored"] != want["normalized"]
+    assert differ >= 2  # the setting matters for these vectors
 
 
 def test_question_key_is_stable():
@@ -376,7 +423,8 @@ def test_configs_round_trip_through_json_and_yaml(tmp_path, retriever):
     (dict(num_subsets=0), "num_subsets"), (dict(tau=0), "tau"), (dict(sampling="greedy"), "sampling"),
     (dict(top_n=True), "top_n"), (dict(knowledge_extraction="no"), "knowledge_extraction"),
     (dict(sampler_input="raw"), "sampler_input"), (dict(not_a_setting=1), "not_a_setting"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=0), "max_new_tokens"), (dict(max_queries=-1), "max_queries"),
+    (dict(max_queries=0), r"max_queries: .*got 0; to retrieve with the question only, set explanation_retrieval=False"),
 ])
 def test_bad_settings_name_the_argument(retriever, bad, match):
     with pytest.raises((ValueError, TypeError), match=match):

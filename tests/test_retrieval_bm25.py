@@ -118,6 +118,73 @@ def test_save_load_roundtrip(tmp_path):
         BM25Index.load(tmp_path / "nothing")
 
 
+class _FakeStemmer:
+    """Stands in for PyStemmer (not installed here): strips a final "s"."""
+
+    def __init__(self, lang):
+        if lang != "english":
+            raise KeyError(lang)
+
+    def stemWord(self, w):
+        return w[:-1] if len(w) > 3 and w.endswith("s") else w
+
+    def stemWords(self, words):
+        return [self.stemWord(w) for w in words]
+
+
+@pytest.fixture
+def fake_pystemmer(monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("Stemmer")
+    mod.Stemmer = _FakeStemmer
+    mod.algorithms = lambda: ["english"]
+    monkeypatch.setitem(sys.modules, "Stemmer", mod)
+    return mod
+
+
+def test_stemmer_setting(fake_pystemmer, tmp_path):
+    texts = ["magnets attract iron", "plants need light", "dogs bark loudly"]
+    plain, stemmed = BM25Index(texts), BM25Index(texts, stemmer="english")
+    # "magnet" matches "magnets" only when both are stemmed
+    assert plain.search(["magnet"], 1)[1].tolist() == [[-1]]
+    assert stemmed.search(["magnet"], 1)[1].tolist() == [[0]] and stemmed.search(["plant"], 1)[1].tolist() == [[1]]
+    assert stemmed.settings()["stemmer"] == "english" and plain.settings()["stemmer"] is None
+    assert "stemmer='english'" in repr(stemmed)
+    stemmed.save(tmp_path / "s")  # the stemmer is part of the saved settings; queries are stemmed after load
+    again = BM25Index.load(tmp_path / "s")
+    assert again.settings() == stemmed.settings() and again.search(["magnet"], 1)[1].tolist() == [[0]]
+    with pytest.raises(ValueError, match="stemmer: PyStemmer has no 'klingon'"):
+        BM25Index(texts, stemmer="klingon")
+    with pytest.raises(TypeError, match="stemmer:"):
+        BM25Index(texts, stemmer=3)
+
+
+def test_real_porter_stemmer(tmp_path):
+    """The paper's Pyserini-style setting with the real PyStemmer (in the
+    [rr], [eval] and [dev] extras): inflections meet only when stemmed."""
+    pytest.importorskip("Stemmer", reason="PyStemmer is not installed (pip install PyStemmer)")
+    texts = ["a river flows into the ocean", "running water erodes rocks slowly", "birds migrate south"]
+    plain = BM25Index(texts, k1=0.9, b=0.4)
+    stemmed = BM25Index(texts, k1=0.9, b=0.4, stemmer="porter")
+    assert plain.search(["runs erode"], 1)[1].tolist() == [[-1]]
+    assert stemmed.search(["runs erode"], 1)[1].tolist() == [[1]]
+    assert stemmed.search(["migrating bird"], 1)[1].tolist() == [[2]]
+    stemmed.save(tmp_path / "porter")
+    again = BM25Index.load(tmp_path / "porter")
+    assert again.settings()["stemmer"] == "porter" and again.search(["runs erode"], 1)[1].tolist() == [[1]]
+
+
+def test_stemmer_needs_pystemmer(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "Stemmer", None)  # import fails
+    with pytest.raises(ImportError, match="pip install PyStemmer"):
+        BM25Index(["cats sit"], stemmer="english")
+    BM25Index(["cats sit"])  # no stemming needs nothing
+
+
 @pytest.fixture
 def store(tmp_path):
     from rcn_fast.retrieval import BuildConfig, CorpusStore, build_corpus
@@ -145,6 +212,20 @@ def test_index_kept_inside_a_store(store, monkeypatch, capsys):
     BM25Index.for_store(store, k1=0.9, save=False)
     assert built
     monkeypatch.undo()
+    # the saved settings are the index's key: each change rebuilds and is recorded
+    manifest = saved / "rcn_fast_bm25.json"
+    assert json.loads(manifest.read_text())["settings"] == {"k1": 1.5, "b": 0.75, "method": "lucene",
+                                                            "stopwords": "english", "stemmer": None}
+    paper = BM25Index.for_store(store, k1=0.9, b=0.4)
+    assert json.loads(manifest.read_text())["settings"]["k1"] == 0.9 and paper.settings()["b"] == 0.4
+    built.clear()
+    monkeypatch.setattr("bm25s.BM25.index", lambda *a, **k: built.append(1))
+    assert BM25Index.for_store(store, k1=0.9, b=0.4).settings() == paper.settings() and not built
+    BM25Index.for_store(store, k1=0.9, b=0.4, method="bm25+", save=False)
+    assert built
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match="unknown BM25 setting"):
+        BM25Index.for_store(store, k=3)
     store.verify()  # the extra folder does not disturb the store's checksums
     assert main([str(store.path)]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == len(FACTS)

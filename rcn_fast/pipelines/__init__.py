@@ -1,17 +1,33 @@
-"""Multiple-choice pipelines: vanilla, single retrieval, ReConnect (with its
-ablations) and ZEBRA, run stage by stage over whole batches.
+"""Multiple-choice pipelines, run stage by stage over whole batches.
+
+Every name :func:`build` accepts (the keys of :data:`PIPELINES`):
+
+* ``"vanilla"`` -- answer scoring with no knowledge.
+* ``"single_retrieval"`` -- top-n passages for the question as knowledge.
+* ``"reconnect"`` -- ReConnect with its ablations (:data:`ABLATIONS`).
+* ``"zebra"`` -- ZEBRA: example retrieval + few-shot knowledge generation.
+* ``"rr"`` -- rethinking with retrieval: sampled chains of thought weighed
+  by their BM25 + NLI faithfulness (:class:`RR`).
+* ``"self_consistency"`` -- the same paths, majority vote (:class:`SelfConsistency`).
+* ``"activerag"`` -- ActiveRAG's agents + cognitive nexus (``agent=``), and
+  its RAG baselines ``"rag_vanilla"``, ``"chain_of_note"``,
+  ``"self_refine"``, ``"self_rerank"``, ``"cot"``, ``"guideline"``:
+  multiple choice, or open domain with :class:`~rcn_fast.data.OpenQuestion`
+  -> :class:`OpenPrediction`.
+* ``"septa"`` -- SEPTA: a trained predictor over retrieved knowledge-graph
+  subgraph vectors (:mod:`rcn_fast.septa`; no LLM).
+
+API:
 
 * :func:`build` -- ``build(name, *, llm, retriever=None, **config) -> Pipeline``.
 * :class:`Pipeline` -- ``run_batch(questions) -> list[Prediction]``, ``run(question)``.
 * :class:`Prediction` -- pred, label, choice log-probs, knowledge, passages,
   trace, cost.
 * Configs: :class:`VanillaConfig`, :class:`SingleRetrievalConfig`,
-  :class:`ReConnectConfig` (+ :data:`ABLATIONS`), :class:`ZebraConfig`;
+  :class:`ReConnectConfig` (+ :data:`ABLATIONS`), :class:`ZebraConfig`,
+  :class:`RRConfig`, :class:`SelfConsistencyConfig`,
+  :class:`ActiveRAGConfig` and one per RAG baseline, :class:`SeptaConfig`;
   JSON/YAML via ``to_json`` / ``to_yaml`` / :func:`load_config`.
-* ActiveRAG (:class:`ActiveRAG`, ``agent=``) and its RAG baselines
-  (``rag_vanilla``, ``chain_of_note``, ``self_refine``, ``self_rerank``,
-  ``cot``, ``guideline``): multiple choice, or open domain with
-  :class:`~rcn_fast.data.OpenQuestion` -> :class:`OpenPrediction`.
 
 Examples
 --------
@@ -90,18 +106,22 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
     Parameters
     ----------
     name : str
-        "vanilla", "single_retrieval", "reconnect", "zebra", "activerag",
+        A key of :data:`PIPELINES`: "vanilla", "single_retrieval",
+        "reconnect", "zebra", "rr", "self_consistency", "activerag",
         "rag_vanilla", "chain_of_note", "self_refine", "self_rerank", "cot",
-        "guideline", ... (any key of :data:`PIPELINES`).
-        ActiveRAG and its baselines also answer
+        "guideline", "septa". ActiveRAG and its baselines also answer
         open-domain questions (``run_batch`` of OpenQuestion ->
         :class:`OpenPrediction`); ``activerag`` takes ``agent=``.
     llm : LLM
-        Any object implementing :class:`rcn_fast.llm.LLM` (see ``load_llm``).
+        Any object implementing :class:`rcn_fast.llm.LLM` (see ``load_llm``);
+        ``septa`` uses none (pass None).
     retriever : optional
-        ``single_retrieval`` / ``reconnect``: a passage retriever (an rcn_fast
-        ``Retriever``, :class:`InMemoryRetriever`, ...); ``zebra``: an
-        :class:`rcn_fast.kb.ExampleRetriever`.
+        ``single_retrieval`` / ``reconnect`` / ``rr`` / ``activerag`` and the
+        RAG baselines that retrieve: a passage retriever (an rcn_fast
+        ``Retriever``, :class:`InMemoryRetriever`, ...; ``rr`` builds its
+        BM25 index over the same corpus); ``zebra``: an
+        :class:`rcn_fast.kb.ExampleRetriever`; ``vanilla``,
+        ``self_consistency``: none.
     config : config dataclass or dict, optional
         Full settings; ``**settings`` override its fields.
     prompts : path, mapping or PromptSet, optional

@@ -149,7 +149,11 @@ class ReConnectConfig(PipelineConfig):
     mmr_lambda : float
         Relevance weight of the ``"mmr"`` strategy.
     max_queries : int or None
-        Explanation lines kept as queries; None = the number of choices.
+        Explanation lines kept as queries (>= 1); None = the number of
+        choices. To retrieve with the question alone (no query-expansion
+        generation at all) set ``explanation_retrieval=False`` ("w/o ER");
+        0 is refused rather than paying for a generation whose output
+        would be thrown away.
     query : {"question", "question_choices"}
         The text of the question query Q.
     explanation_retrieval : bool
@@ -162,8 +166,9 @@ class ReConnectConfig(PipelineConfig):
         False = "w/o KE": no extraction; aggregate directly from the
         sampled passages (their union, in draw order).
     knowledge_aggregation : bool
-        False = "w/o KA": no aggregation; answer with the explanations of
-        all extractions as a list.
+        False = "w/o KA": no aggregation; answer with the N extraction
+        outputs as an N-item list (one item per extraction, its
+        explanations joined; empty extractions left out).
     """
 
     name: ClassVar[str] = "reconnect"
@@ -187,7 +192,10 @@ class ReConnectConfig(PipelineConfig):
         _int(self.top_n, "top_n")
         _int(self.num_subsets, "num_subsets")
         _int(self.subset_size, "subset_size")
-        _int(self.max_queries, "max_queries", 0, allow_none=True)
+        if self.max_queries == 0 and not isinstance(self.max_queries, bool):
+            raise ValueError("max_queries: expected an int >= 1 or None, got 0; to retrieve with the question "
+                             "only, set explanation_retrieval=False (the 'w/o ER' ablation)")
+        _int(self.max_queries, "max_queries", 1, allow_none=True)
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not self.tau > 0:
             raise ValueError(f"tau: expected a number > 0, got {self.tau!r}")
         self.tau = float(self.tau)
@@ -275,6 +283,7 @@ CONFIGS: dict[str, type[PipelineConfig]] = {
 CONCLUSION_WORDS = ["thus", "therefore", "so", "yes", "no", "hence", "consequently", "in conclusion", "the answer",
                     "answer"]
 FAITHFULNESS_FUNCTIONS = (1, 2, 3)
+BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")  # rcn_fast.retrieval.bm25.METHODS
 
 
 @dataclass
@@ -300,6 +309,13 @@ class SelfConsistencyConfig(PipelineConfig):
     conclusion_words : list of str
         Sentence openings (case-insensitive, whole words) that mark
         conclusion sentences; they are not checked against evidence.
+    num_examples : int or None
+        Few-shot chain-of-thought examples shown before the question (RR
+        samples its paths few-shot): the first ``num_examples`` of the
+        prompt stage's ``examples`` list (``rr_reasoning`` /
+        ``rr_reasoning_yes_no``; the defaults have 4 each, in rcn_fast's
+        own words; a prompt file may replace them). 0 = zero-shot; None =
+        all of them. More than the stage holds is an error.
     """
 
     name: ClassVar[str] = "self_consistency"
@@ -308,10 +324,12 @@ class SelfConsistencyConfig(PipelineConfig):
     yes_no_prompt: bool = True
     fallback: str = "score"
     conclusion_words: list = field(default_factory=lambda: list(CONCLUSION_WORDS))
+    num_examples: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _int(self.num_paths, "num_paths")
+        _int(self.num_examples, "num_examples", 0, allow_none=True)
         if self.num_paths > 1 and self.temperature == 0:
             raise ValueError("temperature: sampling several paths needs temperature > 0 (num_paths > 1)")
         _bool(self.yes_no_prompt, "yes_no_prompt")
@@ -334,6 +352,22 @@ class RRConfig(SelfConsistencyConfig):
     bm25_candidates : int
         BM25 paragraphs per sentence, reranked by encoder cosine; the top
         one is kept (paper: 10).
+    bm25_k1, bm25_b : float
+        BM25 parameters. Defaults 1.5 and 0.75 (the ``bm25s`` defaults,
+        also those of ``python -m rcn_fast.retrieval.bm25``, so an index
+        built ahead with that command is reused). The paper retrieved with
+        Pyserini's BM25, whose defaults are k1 = 0.9, b = 0.4 (with Porter
+        stemming): set ``bm25_k1=0.9, bm25_b=0.4`` to follow it.
+    bm25_method : {"lucene", "robertson", "atire", "bm25l", "bm25+"}
+        The ``bm25s`` scoring variant (default ``"lucene"``, Lucene's /
+        Pyserini's formula).
+    bm25_stemmer : str or None
+        None (default): no stemming. A Snowball language name (e.g.
+        ``"english"``): stem passages and queries with PyStemmer
+        (``pip install PyStemmer``).
+        The four BM25 settings are recorded in a saved index's manifest
+        (``<store>/bm25/``) and compared on load: changing one rebuilds
+        the index.
     faithfulness : {1, 2, 3}
         The faithfulness function of RR's App. A.2, summed over a path's
         non-conclusion sentences s (M: cosine of s and its paragraph, E/C:
@@ -350,11 +384,19 @@ class RRConfig(SelfConsistencyConfig):
     nli_label_names : list of str or None
         Output names of an NLI model whose config has generic labels.
     nli_batch_size, nli_max_length : int
-        NLI forward-pass batch size and pair token limit.
+        NLI forward-pass batch size and pair token limit (the premise
+        paragraph is truncated, the sentence kept whole). These three
+        apply whenever the NLI model is loaded from a path or id
+        (``nli_model``, or ``nli="<path or id>"``); an NLI object passed
+        as ``nli=`` keeps its own.
     """
 
     name: ClassVar[str] = "rr"
     bm25_candidates: int = 10
+    bm25_k1: float = 1.5
+    bm25_b: float = 0.75
+    bm25_method: str = "lucene"
+    bm25_stemmer: str | None = None
     faithfulness: int = 1
     tm: float = 0.5
     te: float = 0.6
@@ -367,6 +409,16 @@ class RRConfig(SelfConsistencyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _int(self.bm25_candidates, "bm25_candidates")
+        for f in ("bm25_k1", "bm25_b"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"{f}: expected a number >= 0, got {v!r}")
+            setattr(self, f, float(v))
+        if self.bm25_method not in BM25_METHODS:
+            raise ValueError(f"bm25_method: expected one of {list(BM25_METHODS)}, got {self.bm25_method!r}")
+        if self.bm25_stemmer is not None and (not isinstance(self.bm25_stemmer, str) or not self.bm25_stemmer.strip()):
+            raise TypeError(f"bm25_stemmer: expected a language name (e.g. 'english') or None, got "
+                            f"{self.bm25_stemmer!r}")
         if self.faithfulness not in FAITHFULNESS_FUNCTIONS or isinstance(self.faithfulness, bool):
             raise ValueError(f"faithfulness: expected 1, 2 or 3 (RR App. A.2), got {self.faithfulness!r}")
         for f in ("tm", "te", "tc"):

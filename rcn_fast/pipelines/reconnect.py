@@ -14,7 +14,9 @@ Stages, each run for the whole batch at once:
 6. ``answer`` (one scoring pass per question) with the final explanation.
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
-pass. The ablations switch stages off (see :class:`ReConnectConfig`).
+pass. The ablations switch stages off (see :class:`ReConnectConfig`);
+without aggregation ("w/o KA") the answering step gets the N extraction
+outputs as an N-item list.
 """
 
 from __future__ import annotations
@@ -100,10 +102,8 @@ class ReConnect(StagedPipeline):
             self._aggregate(states, runner)
         else:
             for st in states:
-                if c.knowledge_extraction:
-                    st.knowledge = _dedup([e for exps in st.data["extractions"] for e in exps])
-                else:
-                    st.knowledge = self._union_texts(st)
+                # w/o KA: one list item per extraction output (w/o KE too: the sampled passages)
+                st.knowledge = self._extraction_items(st) if c.knowledge_extraction else self._union_texts(st)
 
     def _query_expansion(self, states: list[QuestionState], runner: StageRunner) -> None:
         c = self.config
@@ -193,6 +193,12 @@ class ReConnect(StagedPipeline):
             for entry, parsed in zip(st.trace[-n:], exts):
                 entry["parsed"] = parsed
 
+    @staticmethod
+    def _extraction_items(st: QuestionState) -> list[str]:
+        """The N extraction outputs as N items (each one's explanations
+        joined by spaces; empty outputs left out)."""
+        return [x for x in (" ".join(exps) for exps in st.data["extractions"]) if x]
+
     def _union_texts(self, st: QuestionState) -> list[str]:
         return _dedup([p.text for sub in st.data["subsets"] for p in sub])
 
@@ -201,8 +207,7 @@ class ReConnect(StagedPipeline):
         chats = []
         for st in states:
             if self.config.knowledge_extraction:
-                items = [" ".join(exps) for exps in st.data["extractions"]]
-                items = [x for x in items if x]
+                items = self._extraction_items(st)
             else:
                 items = self._union_texts(st)
             chats.append([P.chat("knowledge_aggregation", st.question, explanations=P.format_list(items))])

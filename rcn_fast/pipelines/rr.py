@@ -1,9 +1,12 @@
 """RR (rethinking with retrieval) and self-consistency.
 
 Both sample N chain-of-thought reasoning paths per question (one
-generation call for the whole batch, ``num_samples=N``). A path is its
-explanation (the sentences before its answer sentence) and its predicted
-choice, read by :func:`parse_answer`.
+generation call for the whole batch, ``num_samples=N``), few-shot: the
+prompt shows ``num_examples`` worked examples (user/assistant turns of the
+``rr_reasoning`` / ``rr_reasoning_yes_no`` stage; 0 = zero-shot). A path
+is its explanation (the sentences before its answer sentence) and its
+predicted choice, read by :func:`parse_answer` from the path's final
+answer statement.
 
 * Self-consistency: majority vote of the paths' answers.
 * RR: every non-conclusion sentence of every path is checked against
@@ -28,10 +31,12 @@ have equal ``choice_logprobs``; ``pred`` then follows the tie rules above
 (so on a tie it need not be the first argmax). The RR vote's trace also
 holds ``majority_pred``: self-consistency on the same paths.
 
-Sampling is seeded (``config.seed``); a backend that seeds once per batch
-(the local Hugging Face one) gives paths that depend on the batch, so RR's
-batched and one-question-at-a-time runs agree only with deterministic or
-cached generations.
+Sampling is seeded (``config.seed``). With the local Hugging Face backend a
+sampled path depends only on (seed, prompt, sample index), not on the
+other questions of the batch, so a question gets the same paths -- and the
+same prediction -- alone or inside any batch. A backend without that
+guarantee (a remote server's sampler) gives batch-dependent paths unless
+its generations are cached.
 """
 
 from __future__ import annotations
@@ -131,10 +136,16 @@ class ParsedAnswer:
     sentence: int | None = None
 
 
-_IS = r"(?:is|would\s+be|should\s+be|must\s+be|will\s+be|=)"
+_IS = (r"(?:is|(?:would|should|must|will)(?:\s+(?:most\s+likely|probably|likely|clearly|then|therefore))?\s+be"
+       r"|=)")
+# words that may sit between "answer" and "is": "the best answer here is B"
+_FILLER = (r"(?:\s+(?:here|then|therefore|thus|overall|in\s+this\s+case|for\s+this\s+question"
+           r"|to\s+(?:the|this)\s+question))?")
+# adverbs after "is": "the answer is clearly B", "would most likely be (C)"
+_ADVERB = r"(?:\s+(?:clearly|probably|likely|most\s+likely|definitely|therefore|thus|then))?"
 _STATEMENT = re.compile(
-    r"\banswer(?:\s+to\s+(?:the|this)\s+question)?(?:\s+" + _IS + r")?\s*[:=\-]?\s*"
-    r"|\b(?:correct|right|best)\s+(?:option|choice)\s+" + _IS + r"\s*:?\s*", re.I)
+    r"\banswer" + _FILLER + r"(?:\s+" + _IS + _ADVERB + r")?\s*[:=\-]?\s*"
+    r"|\b(?:correct|right|best)\s+(?:option|choice)" + _FILLER + r"\s+" + _IS + _ADVERB + r"\s*:?\s*", re.I)
 _LEAD = re.compile(r"^[\s\"'*`_]*(?:(?:option|choice|label)\s+)?", re.I)
 _LABEL_PUNCT = re.compile(r"^\(\s*([A-Za-z])\s*\)|^\[([A-Za-z])\]|^([A-Z])(?:[.):](?=\s|$)|\s*$)")
 _LABEL_BARE = re.compile(r"^([A-Z])(?=[\s,;!?*\"'])")
@@ -192,25 +203,45 @@ def _resolve_statement(rest: str, labels: Sequence[str], choices: Sequence[str])
     return None, "none"
 
 
+def _statement_in(sentence: str, labels: Sequence[str], choices: Sequence[str]) -> tuple[int | None, str]:
+    """The last answer statement of ``sentence`` that names a choice."""
+    found: tuple[int | None, str] = (None, "none")
+    for m in _STATEMENT.finditer(sentence):
+        i, rule = _resolve_statement(sentence[m.end():], labels, choices)
+        if i is not None:
+            found = (i, rule)
+    return found
+
+
 def parse_answer(sentences: Sequence[str], labels: Sequence[str], choices: Sequence[str]) -> ParsedAnswer:
-    """Read the predicted choice of a reasoning path.
+    """Read the predicted choice of a reasoning path: its final answer
+    statement wins.
 
-    Rules, in order:
+    The sentences are scanned from the end; the first hit (that is, the
+    last answer in the path) is the answer:
 
-    1. The first sentence holding an answer statement that names a choice:
-       "answer" (or "answer to the question") optionally followed by "is",
-       "would be", ":" ..., or "the correct/right/best option/choice is",
-       then a label -- ``(B)``, ``[B]``, ``B.``, ``B)``,
-       ``B:``, ``B`` at the end, ``(b)`` -- or the text of a choice ("the
-       answer is sunlight", "the answer is no" for yes/no questions), or a
-       bare capital label followed by a space ("the answer is B because").
-       Within a sentence the last statement that resolves wins ("the answer
-       is not A; the answer is B").
-    2. Otherwise the final sentence alone: a label form at its start
-       (``"B."``, ``"(B) sunlight"``, ``"B) ..."``), else the one choice
-       text it contains (whole words; a choice text inside a longer one
-       that also occurs does not count; two or more -> ambiguous).
-    3. Otherwise no answer (``index=None``, rule ``"none"``).
+    1. An answer statement that names a choice: "answer" -- optionally
+       followed by "here", "to the question", "in this case", ... -- then
+       optionally "is", "would be", ":", "is clearly" ...; or "the
+       correct/right/best option/choice is"; then a label -- ``(B)``,
+       ``[B]``, ``B.``, ``B)``, ``B:``, ``B`` at the end, ``(b)`` -- or
+       the text of a choice ("the answer is sunlight", "the answer is no"
+       for yes/no questions), or a bare capital label followed by a space
+       ("the answer is B because"). "So the answer is (B).", "The best
+       answer here is B.", "Answer: C" all count. Within a sentence the
+       last statement that resolves wins ("the answer is not A; the
+       answer is B").
+    2. In the final sentence only, also a label form at its start
+       (``"B."``, ``"(B) sunlight"``, ``"B) ..."``).
+    3. Otherwise (no statement anywhere, no label form at the end) the
+       one choice text the final sentence contains (whole words; a choice
+       text inside a longer one that also occurs does not count; two or
+       more -> ambiguous).
+    4. Otherwise no answer (``index=None``, rule ``"none"``).
+
+    So a path that changes its mind ("The answer is A. Wait, plants need
+    light. So the answer is B.") predicts B, and a path that goes on after
+    its answer is read at its last answer statement.
 
     A lower-case letter counts as a label only in brackets (``"(b)"``), so
     "the answer is a pen" is not read as label A.
@@ -226,22 +257,18 @@ def parse_answer(sentences: Sequence[str], labels: Sequence[str], choices: Seque
     ParsedAnswer
     """
     labels, choices = list(labels), list(choices)
-    for si, s in enumerate(sentences):
-        found: tuple[int | None, str] = (None, "none")
-        for m in _STATEMENT.finditer(s):
-            i, rule = _resolve_statement(s[m.end():], labels, choices)
-            if i is not None:
-                found = (i, rule)
-        if found[0] is not None:
-            return ParsedAnswer(found[0], found[1], si)
     if not sentences:
         return ParsedAnswer(None, "none")
     last = len(sentences) - 1
-    s = sentences[last]
-    i = _label_at(s, labels, bare=False)
-    if i is not None:
-        return ParsedAnswer(i, "final-label", last)
-    hits = _texts_in(s, choices)
+    for si in range(last, -1, -1):
+        i, rule = _statement_in(sentences[si], labels, choices)
+        if i is not None:
+            return ParsedAnswer(i, rule, si)
+        if si == last:
+            i = _label_at(sentences[si], labels, bare=False)
+            if i is not None:
+                return ParsedAnswer(i, "final-label", si)
+    hits = _texts_in(sentences[last], choices)
     if len(hits) == 1:
         return ParsedAnswer(hits[0], "final-text", last)
     return ParsedAnswer(None, "none")
@@ -256,8 +283,9 @@ class ReasoningPath:
     text : str
         The generation (without the pre-fill).
     sentences : list of str
-        Sentences up to and including the answer sentence (later text is
-        dropped: the model went on past its answer).
+        Sentences up to and including the answer sentence (the path's last
+        answer statement; any text after it states no answer and is
+        dropped).
     checked : list of bool
         Per sentence: checked against evidence (not a conclusion and not
         the answer sentence).
@@ -282,7 +310,12 @@ class ReasoningPath:
 
 
 def make_path(text: str, question: MCQuestion, conclusion_words: Sequence[str]) -> ReasoningPath:
-    """Split, parse and mark the sentences of one generated path."""
+    """Split, parse and mark the sentences of one generated path.
+
+    The answer comes from the path's final answer statement
+    (:func:`parse_answer`); the sentences after it (which state no answer)
+    are dropped, those before it are kept and, unless they are
+    conclusions, checked against evidence."""
     sents = split_sentences(text)
     ans = parse_answer(sents, question.labels, question.choices)
     dropped = 0
@@ -414,16 +447,36 @@ class SelfConsistency(StagedPipeline):
     needs_retriever = False
     uses_retrieval = False
 
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        n = self.config.num_examples
+        stages = ["rr_reasoning"] + (["rr_reasoning_yes_no"] if self.config.yes_no_prompt else [])
+        #: stage -> its few-shot examples (checked here: asking for more than a stage holds is an error)
+        self.examples: dict[str, list[dict[str, Any]]] = {}
+        for stage in stages:
+            have = len(self.prompts.examples(stage))
+            if n is not None and n > have:
+                raise ValueError(f"num_examples: {n} asked, but the prompt set ({self.prompts.source}) has {have} "
+                                 f"examples for stage {stage!r}; use num_examples <= {have} (0 = zero-shot) "
+                                 "or give more in a prompt file")
+            self.examples[stage] = self.prompts.examples(stage, n)
+
     def stage_of(self, question: MCQuestion) -> str:
         return "rr_reasoning_yes_no" if self.config.yes_no_prompt and is_yes_no(question) else "rr_reasoning"
+
+    def chat_of(self, question: MCQuestion) -> list[dict[str, str]]:
+        """The reasoning chat of a question: instruction, the few-shot
+        examples as user/assistant turns, the question, the pre-fill."""
+        stage = self.stage_of(question)
+        return self.prompts.chat(stage, question, examples=self.examples[stage])
 
     # ------------------------------------------------------------ stages
     def sample_paths(self, states: list[QuestionState]) -> int:
         """One generation call: ``num_paths`` samples of every question's
-        reasoning chat. Fills ``state.data["paths"]``; returns the number
-        of LLM calls made (0 or 1)."""
+        few-shot reasoning chat (:meth:`chat_of`). Fills
+        ``state.data["paths"]``; returns the number of LLM calls made (0 or 1)."""
         c = self.config
-        chats = [self.prompts.chat(self.stage_of(st.question), st.question) for st in states]
+        chats = [self.chat_of(st.question) for st in states]
         if not chats:
             return 0
         res = self.llm.generate(chats, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
@@ -436,7 +489,8 @@ class SelfConsistency(StagedPipeline):
             st.generations += 1
             st.trace.append({
                 "stage": self.stage_of(st.question), "type": "generate", "prompt": copy.deepcopy(chat),
-                "num_samples": c.num_paths, "outputs": [g.text for g in gens],
+                "num_examples": len(self.examples[self.stage_of(st.question)]), "num_samples": c.num_paths,
+                "outputs": [g.text for g in gens],
                 "finish_reasons": [g.finish_reason for g in gens],
                 "prompt_tokens": gens[0].prompt_tokens if gens else 0,
                 "generated_tokens": sum(g.generated_tokens for g in gens),
@@ -542,13 +596,17 @@ class RR(SelfConsistency):
     config : RRConfig, optional
     retriever : BM25Reranker, rcn_fast Retriever or InMemoryRetriever
         The knowledge corpus. A ``Retriever`` over a corpus store uses the
-        store's BM25 index (built once, saved in ``<store>/bm25/``) and its
-        stored embeddings; an ``InMemoryRetriever`` a BM25 index of its
-        texts; its encoder reranks.
+        store's BM25 index (built once with the config's ``bm25_*``
+        settings, saved in ``<store>/bm25/``, rebuilt when a setting
+        changes) and its stored embeddings; an ``InMemoryRetriever`` a
+        BM25 index of its texts; its encoder reranks. A ``BM25Reranker``
+        is used as is (its index keeps its own settings).
     prompts : optional
     nli : NLILike, path or model id, optional
         The NLI model (default: ``config.nli_model``). E.g.
         ``rcn_fast.nli.NLIModel.from_pretrained("cross-encoder/nli-deberta-v3-base")``.
+        A path or id is loaded with ``nli_label_names``,
+        ``nli_batch_size`` and ``nli_max_length``.
 
     Examples
     --------
@@ -568,18 +626,25 @@ class RR(SelfConsistency):
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
                  nli: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
-        from rcn_fast.nli import NLIModel, load_nli
+        from rcn_fast.nli import load_nli
         from rcn_fast.retrieval.bm25 import BM25Reranker
 
         c = self.config
-        self.evidence = BM25Reranker.from_retriever(retriever, candidates=c.bm25_candidates)
+        self.evidence = BM25Reranker.from_retriever(retriever, candidates=c.bm25_candidates, **self.bm25_settings())
         if nli is None:
             if c.nli_model is None:
                 raise TypeError("nli: the 'rr' pipeline needs an NLI model: pass nli=NLIModel.from_pretrained(...) "
                                 "(e.g. 'cross-encoder/nli-deberta-v3-base') or set nli_model=<path or id>")
-            nli = NLIModel.from_pretrained(c.nli_model, label_names=c.nli_label_names, batch_size=c.nli_batch_size,
-                                           max_length=c.nli_max_length)
-        self.nli = load_nli(nli)
+            nli = c.nli_model
+        # a path or id is loaded with the config's NLI settings; an NLI object keeps its own
+        self.nli = load_nli(nli, label_names=c.nli_label_names, batch_size=c.nli_batch_size,
+                            max_length=c.nli_max_length)
+
+    def bm25_settings(self) -> dict[str, Any]:
+        """The config's BM25 settings as :class:`~rcn_fast.retrieval.bm25.BM25Index` arguments
+        (a ``BM25Reranker`` passed as the retriever keeps its own index)."""
+        c = self.config
+        return {"k1": c.bm25_k1, "b": c.bm25_b, "method": c.bm25_method, "stemmer": c.bm25_stemmer}
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

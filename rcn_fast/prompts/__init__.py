@@ -9,6 +9,14 @@ merges the user's YAML (or JSON) file over them, key by key.
 * :class:`PromptSet` -- renders the chat of a stage (``chat(stage, question, ...)``).
 * :func:`parse_bullets` -- explanation lists out of a generation.
 * :func:`parse_labelled` -- one explanation per option label (silver KB).
+
+Few-shot examples: a stage with ``example_user`` / ``example_assistant``
+templates renders each example as a user turn and an assistant turn before
+the question. ZEBRA's examples come from its knowledge base at run time;
+the RR stages (``rr_reasoning``, ``rr_reasoning_yes_no``) also store their
+default examples in the file, under the stage's ``examples`` key (a list of
+``{question, choices, labels, reasoning}`` mappings; :meth:`PromptSet.examples`).
+A user file that gives ``examples`` replaces the whole list (``[]`` = none).
 """
 
 from __future__ import annotations
@@ -60,7 +68,10 @@ STAGE_FIELDS: dict[str, set[str]] = {
     "rag_answer_reasoning": {"reasoning"},
     "rag_answer_open": {"passages"},
 }
-_STAGE_KEYS = {"system", "user", "prefill", "acknowledge", "example_user", "example_assistant"}
+_STAGE_KEYS = {"system", "user", "prefill", "acknowledge", "example_user", "example_assistant", "examples"}
+# placeholders of example_user / example_assistant (an example's own fields)
+_EXAMPLE_FIELDS = _COMMON | {"knowledge", "reasoning"}
+_EXAMPLE_KEYS = {"question", "choices", "labels", "reasoning", "knowledge"}
 _TOP_KEYS = {"format_version", "choice_line", "list_item", "acknowledge", *STAGE_FIELDS}
 
 
@@ -131,6 +142,42 @@ class PromptSet:
             raise KeyError(f"stage: expected one of {sorted(STAGE_FIELDS)}, got {name!r}")
         return self.data[name]
 
+    def examples(self, stage: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """The few-shot examples stored with a stage (its ``examples`` key).
+
+        Parameters
+        ----------
+        stage : str
+        limit : int, optional
+            Keep the first ``limit`` (0 = none); None = all.
+
+        Returns
+        -------
+        list of dict, each with ``question``, ``choices``, ``labels``
+        (default ``A``, ``B``, ... one per choice) and ``reasoning`` /
+        ``knowledge`` as given; ready for :meth:`chat`'s ``examples=``.
+
+        Raises
+        ------
+        ValueError
+            ``limit`` is larger than the number of stored examples.
+        """
+        stored = self.stage(stage).get("examples") or []
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValueError(f"limit: expected an int >= 0 or None, got {limit!r}")
+            if limit > len(stored):
+                raise ValueError(f"limit: {limit} examples asked for stage {stage!r}, but the prompt set "
+                                 f"({self.source}) has {len(stored)}")
+            stored = stored[:limit]
+        out = []
+        for ex in stored:
+            ex = copy.deepcopy(dict(ex))
+            ex.setdefault("choices", [])
+            ex.setdefault("labels", [chr(ord("A") + i) for i in range(len(ex["choices"]))])
+            out.append(ex)
+        return out
+
     def chat(self, stage: str, question: Any, *, examples: Sequence[Mapping[str, Any]] = (),
              **extra: Any) -> list[dict[str, str]]:
         """The chat of one stage for one question.
@@ -142,8 +189,10 @@ class PromptSet:
         question : MCQuestion-like
             Needs ``question``, ``choices`` and ``labels``.
         examples : sequence of dict, optional
-            Few-shot turns (``example_generation`` only): each a dict with
-            ``question``, ``choices``, ``labels`` and ``knowledge`` (list of str).
+            Few-shot turns, for stages with ``example_user`` /
+            ``example_assistant`` templates: each a dict with ``question``,
+            ``choices``, ``labels`` and ``knowledge`` (list of str, ZEBRA)
+            or ``reasoning`` (str, RR; see :meth:`examples`).
         **extra
             Stage placeholders, already formatted (``documents``,
             ``explanations``, ``knowledge``, ``answer_label``, ``answer_format``).
@@ -164,12 +213,14 @@ class PromptSet:
         for ex in examples:
             if "example_user" not in t:
                 raise ValueError(f"examples: stage {stage!r} has no example_user/example_assistant templates")
+            labels = ex.get("labels", [chr(ord("A") + i) for i in range(len(ex.get("choices", [])))])
             ev = {
                 "question": ex["question"],
-                "choices": self.format_choices(ex["choices"], ex["labels"]),
-                "num_choices": len(ex["labels"]),
-                "label_list": label_list(ex["labels"]),
-                "knowledge": self.format_list(ex["knowledge"]),
+                "choices": self.format_choices(ex.get("choices", []), labels),
+                "num_choices": len(labels),
+                "label_list": label_list(labels),
+                "knowledge": self.format_list(ex.get("knowledge", [])),
+                "reasoning": str(ex.get("reasoning", "")).strip(),
             }
             turns.append({"role": "user", "content": t["example_user"].format(**ev)})
             turns.append({"role": "assistant", "content": t["example_assistant"].format(**ev)})
@@ -226,11 +277,41 @@ def validate(data: Mapping[str, Any], source: str = "prompts") -> None:
             if key in t:
                 if not isinstance(t[key], str):
                     raise PromptError(f"{source}: {stage}.{key}: expected a string")
-                bad = _fields_of(t[key], f"{source}: {stage}.{key}") - (_COMMON | {"knowledge"})
+                bad = _fields_of(t[key], f"{source}: {stage}.{key}") - _EXAMPLE_FIELDS
                 if bad:
-                    raise PromptError(f"{source}: {stage}.{key}: unknown placeholder(s) {sorted(bad)}")
+                    raise PromptError(f"{source}: {stage}.{key}: unknown placeholder(s) {sorted(bad)}; "
+                                      f"allowed: {sorted(_EXAMPLE_FIELDS)}")
+        if "examples" in t:
+            _validate_examples(t["examples"], f"{source}: {stage}.examples")
+            if t["examples"] and "example_user" not in t:
+                raise PromptError(f"{source}: {stage}.examples: needs example_user and example_assistant templates")
     if not isinstance(data["example_generation"].get("example_user"), str):
         raise PromptError(f"{source}: example_generation: needs example_user and example_assistant")
+
+
+def _validate_examples(examples: Any, where: str) -> None:
+    if examples is None:
+        return
+    if not isinstance(examples, list):
+        raise PromptError(f"{where}: expected a list of examples, got {type(examples).__name__}")
+    for i, ex in enumerate(examples):
+        w = f"{where}[{i}]"
+        if not isinstance(ex, Mapping):
+            raise PromptError(f"{w}: expected a mapping, got {type(ex).__name__}")
+        unknown = set(ex) - _EXAMPLE_KEYS
+        if unknown:
+            raise PromptError(f"{w}: unknown key(s) {sorted(unknown)}; known: {sorted(_EXAMPLE_KEYS)}")
+        if not isinstance(ex.get("question"), str) or not ex["question"].strip():
+            raise PromptError(f"{w}.question: expected a non-empty string")
+        if "reasoning" in ex and not isinstance(ex["reasoning"], str):
+            raise PromptError(f"{w}.reasoning: expected a string")
+        for key in ("choices", "labels", "knowledge"):
+            if key in ex and (isinstance(ex[key], str) or not isinstance(ex[key], list)
+                              or not all(isinstance(x, str) for x in ex[key])):
+                raise PromptError(f"{w}.{key}: expected a list of strings")
+        if "labels" in ex and len(ex["labels"]) != len(ex.get("choices", [])):
+            raise PromptError(f"{w}.labels: expected one label per choice ({len(ex.get('choices', []))}), "
+                              f"got {len(ex['labels'])}")
 
 
 def default_data() -> dict[str, Any]:

@@ -19,9 +19,17 @@ Scoring follows ``bm25s`` with ``method="lucene"`` (the default):
 ``tf(t, d) = f / (f + k1 * (1 - b + b * |d| / avgdl))`` (``f``: count of
 ``t`` in ``d``); score = sum of ``idf * tf`` over the query's tokens.
 Tokens: lower-cased ``\\b\\w\\w+\\b`` words (one-letter words are dropped)
-minus English stop words, no stemming. Passages that share no
-token with a query are never returned (results are padded with score
-``-inf`` and row ``-1``).
+minus English stop words; no stemming by default (``stemmer="english"``
+stems with PyStemmer's Snowball stemmer, ``pip install PyStemmer``).
+Passages that share no token with a query are never returned (results are
+padded with score ``-inf`` and row ``-1``).
+
+Defaults k1 = 1.5, b = 0.75 are ``bm25s``'s. Pyserini / Anserini (the BM25
+of RR's paper, via DPR) use k1 = 0.9, b = 0.4 with Porter stemming; pass
+``k1=0.9, b=0.4`` (and ``stemmer="porter"`` or ``"english"`` with
+PyStemmer) to come close. The settings (``k1``, ``b``, ``method``,
+``stopwords``, ``stemmer``) are recorded in a saved index's manifest;
+:meth:`BM25Index.for_store` rebuilds the store's index when they differ.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from rcn_fast.retrieval.types import Passage
 logger = logging.getLogger("rcn_fast.retrieval")
 
 HINT = 'pip install "rcn_fast[rr]"  (bm25s)'
+STEMMER_HINT = "pip install PyStemmer"
 FORMAT = "rcn_fast.BM25Index/1"
 MANIFEST = "rcn_fast_bm25.json"
 PASSAGES = "passages.jsonl"
@@ -62,6 +71,20 @@ def texts_digest(texts: Sequence[str]) -> str:
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.hexdigest()
+
+
+def _stemmer(name: str | None) -> Any:
+    """PyStemmer's stemmer for a Snowball language name (None: no stemming)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"stemmer: expected a Snowball language name (e.g. 'english') or None, got {name!r}")
+    mod = require("Stemmer", f"{STEMMER_HINT}  (BM25 stemming, stemmer={name!r})")
+    try:
+        return mod.Stemmer(name)
+    except KeyError:
+        raise ValueError(f"stemmer: PyStemmer has no {name!r} stemmer; known: "
+                         f"{sorted(mod.algorithms()) if hasattr(mod, 'algorithms') else '?'}") from None
 
 
 def _check_k(k: Any) -> int:
@@ -97,6 +120,10 @@ class BM25Index:
         The ``bm25s`` variant (default ``"lucene"``, Pyserini's formula).
     stopwords : str or list of str or None
         Stop words dropped from passages and queries (default ``"english"``).
+    stemmer : str or None
+        Snowball language of PyStemmer's stemmer applied to passages and
+        queries (e.g. ``"english"``, ``"porter"``); None (default): no
+        stemming.
 
     Examples
     --------
@@ -106,7 +133,7 @@ class BM25Index:
     """
 
     def __init__(self, texts: Any, ids: Sequence[str] | None = None, *, k1: float = 1.5, b: float = 0.75,
-                 method: str = "lucene", stopwords: str | list[str] | None = "english",
+                 method: str = "lucene", stopwords: str | list[str] | None = "english", stemmer: str | None = None,
                  _model: Any = None, _digest: str | None = None) -> None:
         if isinstance(texts, str):
             raise TypeError("texts: expected a sequence of str or a corpus store, got a single str")
@@ -116,6 +143,8 @@ class BM25Index:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise ValueError(f"{name}: expected a number >= 0, got {v!r}")
         self.k1, self.b, self.method, self.stopwords = float(k1), float(b), method, stopwords
+        self.stemmer = stemmer
+        self._stem = _stemmer(stemmer)
         self.store = texts if hasattr(texts, "text") and hasattr(texts, "manifest") else None
         if self.store is not None:
             self._texts: list[str] | None = None
@@ -136,7 +165,7 @@ class BM25Index:
         self.digest = texts_digest(all_texts)
         self.model = bm25s.BM25(k1=self.k1, b=self.b, method=method)
         if n:
-            tokens = bm25s.tokenize(all_texts, stopwords=stopwords, show_progress=False)
+            tokens = bm25s.tokenize(all_texts, stopwords=stopwords, stemmer=self._stem, show_progress=False)
             self.model.index(tokens, show_progress=False)
 
     # ---------------------------------------------------------------- access
@@ -150,13 +179,15 @@ class BM25Index:
         return self.ids[row] if self.ids is not None else self.store.id(row)
 
     def settings(self) -> dict[str, Any]:
-        return {"k1": self.k1, "b": self.b, "method": self.method, "stopwords": self.stopwords}
+        return {"k1": self.k1, "b": self.b, "method": self.method, "stopwords": self.stopwords,
+                "stemmer": self.stemmer}
 
     # ---------------------------------------------------------------- search
     def tokenize_queries(self, queries: Sequence[str]) -> list[list[str]]:
         """The query tokens BM25 scores (same rules as the passages)."""
         bm25s = _bm25s()
-        return bm25s.tokenize(list(queries), stopwords=self.stopwords, return_ids=False, show_progress=False)
+        return bm25s.tokenize(list(queries), stopwords=self.stopwords, stemmer=self._stem, return_ids=False,
+                              show_progress=False)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` BM25 scores of every query, in one ``bm25s`` call.
@@ -294,8 +325,9 @@ class BM25Index:
             model = bm25s.BM25.load(str(path), mmap=mmap, show_progress=False)
         else:
             model = bm25s.BM25(k1=s["k1"], b=s["b"], method=s["method"])
+        # indexes saved before the stemmer setting existed were not stemmed
         return cls(texts, ids, k1=s["k1"], b=s["b"], method=s["method"], stopwords=s["stopwords"],
-                   _model=model, _digest=m["digest"])
+                   stemmer=s.get("stemmer"), _model=model, _digest=m["digest"])
 
     @classmethod
     def for_store(cls, store: Any, *, rebuild: bool = False, save: bool = True, **settings: Any) -> "BM25Index":
@@ -312,7 +344,9 @@ class BM25Index:
         store : CorpusStore or path of a store directory
         rebuild : bool
             Build again even when a saved index matches.
-        **settings : ``k1``, ``b``, ``method``, ``stopwords``
+        **settings : ``k1``, ``b``, ``method``, ``stopwords``, ``stemmer``
+            Recorded in the saved index's manifest: a saved index with
+            other settings is rebuilt (and replaces the saved one).
         """
         from rcn_fast.retrieval.store import CorpusStore
 
@@ -321,7 +355,11 @@ class BM25Index:
         if not isinstance(store, CorpusStore):
             raise TypeError(f"store: expected a CorpusStore or a store directory, got {type(store).__name__}")
         where = store.path / STORE_SUBDIR
-        want = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "english", **settings}
+        unknown = set(settings) - {"k1", "b", "method", "stopwords", "stemmer"}
+        if unknown:
+            raise TypeError(f"settings: unknown BM25 setting(s) {sorted(unknown)}; known: k1, b, method, stopwords, "
+                            "stemmer")
+        want = {"k1": 1.5, "b": 0.75, "method": "lucene", "stopwords": "english", "stemmer": None, **settings}
         if not rebuild and (where / MANIFEST).is_file():
             try:
                 idx = cls.load(where, store)
@@ -341,7 +379,8 @@ class BM25Index:
 
     def __repr__(self) -> str:
         src = f"store={str(self.store.path)!r}" if self.store is not None else "in memory"
-        return f"BM25Index({self.count} passages, {src}, method={self.method!r}, k1={self.k1}, b={self.b})"
+        return (f"BM25Index({self.count} passages, {src}, method={self.method!r}, k1={self.k1}, b={self.b}, "
+                f"stemmer={self.stemmer!r})")
 
 
 def _store_texts_sha(store: Any) -> str | None:
@@ -500,11 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k1", type=float, default=1.5)
     p.add_argument("--b", type=float, default=0.75)
     p.add_argument("--method", choices=list(METHODS), default="lucene")
+    p.add_argument("--stemmer", default=None,
+                   help="Snowball language for PyStemmer (e.g. english); default: no stemming")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        idx = BM25Index.for_store(args.store, rebuild=args.rebuild, k1=args.k1, b=args.b, method=args.method)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+        idx = BM25Index.for_store(args.store, rebuild=args.rebuild, k1=args.k1, b=args.b, method=args.method,
+                                  stemmer=args.stemmer)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({"path": str(Path(args.store) / STORE_SUBDIR), "count": len(idx), **idx.settings()}))
