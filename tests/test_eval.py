@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -243,6 +244,20 @@ def test_rerun_makes_no_model_call(files, tiny_hf, tiny_encoder):
     assert more.rows == 2 and doc4["results"]["mini"]["vanilla"]["n"] == 8
 
 
+def test_progress_bar_per_stage(files, tiny_hf, tiny_encoder, capsys):
+    """One bar per pipeline stage: questions through it, questions/s and an ETA."""
+    evaluate(_cfg(files, pipelines=["reconnect"], progress=True), llm=tiny_hf, encoder=tiny_encoder,
+             print_table=False)
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    main_bar = [ln for ln in lines if ln.startswith("mini | reconnect | seed 0:")]
+    assert main_bar and "6/6" in main_bar[-1]
+    for stage in ("query_expansion", "knowledge_extraction", "knowledge_aggregation", "answer"):
+        bar = [ln for ln in lines if ln.strip().startswith(f"{stage}:")]
+        assert bar, f"no bar for stage {stage}"
+        assert "6/6" in bar[-1] and re.search(r"[\d.]+(q/s|s/q)", bar[-1]) and "s/q in stage" in bar[-1], bar[-1]
+        assert any(re.search(r"\d+/6 \[[0-9:]+<[0-9:]+", ln) for ln in bar), bar  # elapsed<ETA
+
+
 def test_changed_settings_do_not_reuse_answers(files, tiny_hf, tiny_encoder):
     evaluate(_cfg(files, pipelines=["reconnect"]), llm=tiny_hf, encoder=tiny_encoder, print_table=False)
     other = CountingLLM(tiny_hf)
@@ -360,10 +375,28 @@ def test_hf_task_mappings(tmp_path, name, rows, check):
 
 
 # ------------------------------------------------------------------ bad input
+_TRACE_LINE = re.compile(r'^\s*(Traceback \(most recent call last\)|File ".*", line \d+)', re.M)
+
+
 def _run_cli(args, capsys):
-    code = main(args)
+    """Run the command in-process as a user would. An exception escaping
+    ``main`` is what prints a traceback in a shell: it fails the test with
+    its own message. A usage error (status 2) must print exactly one
+    ``rcn_fast.eval: error:`` message, after anything else, and no
+    traceback lines (e.g. from a logged exception)."""
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"main({args}) raised {type(exc).__name__}: {exc} -- a user would see a traceback")
     cap = capsys.readouterr()
-    assert "Traceback" not in cap.err
+    assert not _TRACE_LINE.search(cap.err), cap.err
+    if code == 2:
+        starts = [i for i, ln in enumerate(cap.err.splitlines()) if ln.startswith("rcn_fast.eval: error: ")]
+        assert len(starts) == 1, f"expected one error message, got:\n{cap.err}"
+        after = cap.err.splitlines()[starts[0] + 1:]
+        assert all(ln.startswith("    ") or not ln.strip() for ln in after), cap.err  # only its indented lines
     return code, cap.err
 
 
@@ -417,6 +450,12 @@ def test_bad_inputs_clear_messages(tmp_path, tiny_llama_dir, tiny_bert_dir, caps
 
     code, err = _run_cli(["--tasks", str(q), "--pipelines", "zebra", *model, *out], capsys)
     assert code == 2 and "--kb FILE" in err
+
+    # a SEPTA checkpoint that does not exist: found while planning, before any model loads
+    code, err = _run_cli(["--tasks", str(q), "--pipelines", "septa", "--pipeline-args",
+                          f"septa.checkpoint={tmp_path / 'nonexistent'}", *out], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"pipeline 'septa': checkpoint: {tmp_path / 'nonexistent'} does not exist" in err and "septa.json" in err
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text("tasks: [demo]\nlimit: [\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,59 @@ def test_textualisation():
     assert subgraph_text(g, []) == ""
     for rel, tpl in RELATION_TEMPLATES.items():
         assert "{h}" in tpl and "{t}" in tpl, rel
+
+
+WORDNET_FIXTURE = Path(__file__).parent / "septa" / "wordnet"
+
+
+def test_wordnet_fixture_is_in_the_database_format():
+    """The fixture follows the data.* layout: licence lines start with two
+    spaces, every synset line starts with its own byte offset."""
+    for f in sorted(WORDNET_FIXTURE.glob("data.*")):
+        at, synsets = 0, 0
+        for line in f.read_bytes().splitlines(keepends=True):
+            if not line.startswith(b"  "):
+                assert int(line[:8]) == at, (f.name, line[:40])
+                synsets += 1
+            at += len(line)
+        assert synsets >= 1, f.name
+
+
+def test_wordnet_parser_on_a_fixture_in_the_real_format():
+    """The WordNet loader on a small database in the real data.* format
+    (licence header, hex word counts, lex ids, pointers with source/target
+    fields, verb frames, adjective satellites and markers), so the parser
+    runs without wordnet-base installed."""
+    assert wordnet_available(WORDNET_FIXTURE)
+    g = load_wordnet(WORDNET_FIXTURE)
+    assert g.source == f"wordnet:{WORDNET_FIXTURE}"
+    assert g.num_nodes == 18 and len(set(g.node_keys)) == 18
+    # the same offset in two files is two synsets (keys carry the part of speech)
+    assert {"n:00000325", "v:00000325", "a:00000325", "r:00000325"} <= set(g.node_keys)
+    name = dict(zip(g.node_keys, g.node_names))
+    assert name["n:00000775"] == "dog"  # first lemma of dog, domestic_dog, Canis_familiaris
+    assert name["n:00001306"] == "laika"  # lower-cased
+    assert name["a:00000412"] == "scorching"  # satellite (s) keyed as a; "(p)" marker dropped
+    assert name["v:00000437"] == "make noise"  # underscores become spaces
+    triples = {g.triple(e) for e in range(g.num_edges)}
+    assert triples == {
+        ("animal", "hypernym", "entity"), ("canine", "hypernym", "animal"),
+        ("domestic animal", "hypernym", "animal"), ("dog", "hypernym", "canine"),
+        ("dog", "hypernym", "domestic animal"), ("cat", "hypernym", "animal"),
+        ("dog", "member_holonym", "pack"), ("tail", "part_holonym", "dog"), ("tail", "part_holonym", "cat"),
+        ("laika", "instance_hypernym", "dog"), ("bark", "hypernym", "make noise"),
+        ("eat", "entailment", "chew"), ("quickly", "pertainym", "quick"),
+        # symmetric pointers are listed on both synsets and kept once
+        ("dog", "derivation", "bark"), ("hot", "antonym", "cold"), ("hot", "similar_to", "scorching"),
+    }
+    # inverse pointers (~ hyponym, %p/%m meronyms, ~i instance) are dropped
+    assert not {"hyponym", "part_meronym", "member_meronym"} & set(g.relation_names)
+    # one part of speech: pointers into the others are dropped
+    nouns = load_wordnet(WORDNET_FIXTURE, pos=("noun",))
+    assert nouns.num_nodes == 9 and all(k.startswith("n:") for k in nouns.node_keys)
+    assert ("dog", "derivation", "bark") not in {nouns.triple(e) for e in range(nouns.num_edges)}
+    assert load_graph(f"wordnet:{WORDNET_FIXTURE}").num_edges == g.num_edges
+    assert "dog is a kind of canine" in subgraph_text(g, g.incident_edges([g.node_keys.index("n:00000775")]))
 
 
 @pytest.mark.skipif(not wordnet_available(), reason="WordNet files not in /usr/share/wordnet "

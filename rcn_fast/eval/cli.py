@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
     a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
-    a("--threads", type=int, metavar="N", help="torch threads of the local models (default: one per core)")
+    a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
+      "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")
     a("--strict", action="store_true", default=None, help="stop at the first failing question")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
@@ -112,8 +113,12 @@ def _list_pipelines() -> None:
 
     for name, cls in sorted(pipeline_registry().items()):
         kinds = "multiple choice" + (" + open domain" if is_open_capable(cls) else "")
-        needs = " (needs --corpus)" if getattr(cls, "needs_retriever", False) and name != "zebra" else (
-            " (needs --kb)" if name == "zebra" else "")
+        note = getattr(cls, "usage_note", None)
+        if note:
+            needs = f" ({note})"
+        else:
+            needs = " (needs --corpus)" if getattr(cls, "needs_retriever", False) and name != "zebra" else (
+                " (needs --kb)" if name == "zebra" else "")
         print(f"{name:18s} {kinds}{needs}")
 
 

