@@ -244,6 +244,7 @@ class StagedPipeline:
     name = ""
     config_class: type = object
     needs_retriever = False
+    needs_llm = True  # the eval command loads a model only for pipelines that need one
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         from rcn_fast.llm.base import LLM
