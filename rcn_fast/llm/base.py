@@ -158,6 +158,22 @@ def check_sample_ids(sample_ids: Any, n: int, greedy: bool) -> list[list[int]]:
     return out
 
 
+def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: int, temperature: float,
+                        top_p: float, num_samples: int, seed: int, stop: Sequence[str] | None,
+                        tags: Sequence[str] | None) -> list[list[Generation]]:
+    """``LLM.generate`` for a backend with ``generate_samples``: samples
+    ``0 .. num_samples - 1`` of every chat (checks the parameters and the
+    chats first)."""
+    from rcn_fast.llm import chat as chatlib
+
+    params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
+    valid = chatlib.validate_chats(chats)
+    return backend.generate_samples(
+        valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
+    )
+
+
 def normalise_labels(labels: Any, n: int) -> list[list[str]]:
     """``labels``: one list for every row, or one list per row -> per row."""
     if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) == 0:

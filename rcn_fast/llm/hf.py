@@ -38,6 +38,7 @@ from rcn_fast.llm.base import (
     GenerationParams,
     check_sample_ids,
     check_tags,
+    generate_by_samples,
     normalise_labels,
     pad_rows,
 )
@@ -462,12 +463,8 @@ class HFLLM:
         -------
         list (length B) of list (length num_samples) of Generation
         """
-        params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
-        valid = chatlib.validate_chats(chats)
-        return self.generate_samples(
-            valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
-        )
+        return generate_by_samples(self, chats, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                   num_samples=num_samples, seed=seed, stop=stop, tags=tags)
 
     def generate_samples(
         self,
