@@ -165,11 +165,9 @@ def _sha_file(path: Path) -> str:
     memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     if memo_key in _SHA_MEMO:
         return _SHA_MEMO[memo_key]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    _SHA_MEMO[memo_key] = h.hexdigest()
+    from rcn_fast.retrieval.store import sha256_file
+
+    _SHA_MEMO[memo_key] = sha256_file(path)
     return _SHA_MEMO[memo_key]
 
 

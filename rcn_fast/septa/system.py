@@ -182,11 +182,9 @@ def _file_digest(path: Path) -> str:
         if st.st_size > _HASH_LIMIT:
             _FP_MEMO[key] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
         else:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            _FP_MEMO[key] = h.hexdigest()
+            from rcn_fast.retrieval.store import sha256_file
+
+            _FP_MEMO[key] = sha256_file(path)
     return _FP_MEMO[key]
 
 
