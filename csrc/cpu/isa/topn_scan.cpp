@@ -98,43 +98,43 @@ inline void offer(TopnCollector* c, int64_t q, float s, int64_t id) {
   if (++n == c->cap) topn_compact(c, q);
 }
 
-// ---- few queries: stream the rows once, R rows x NQ queries at a time ----
-template <DType T, int NQ, int R>
-void gemv_rows(const TopnScanArgs& a, int64_t r, const float* q0) {
+// ---- few queries: stream each row once, in order, for all NQ queries ----
+// One row at a time keeps a single sequential stream per thread (the
+// hardware prefetcher's best case; interleaving several rows measured 1.6x
+// slower on a float16 corpus). S accumulators per query split k so that
+// NQ * S independent FMA chains hide the FMA latency.
+template <DType T, int NQ>
+void gemv_row(const TopnScanArgs& a, int64_t r) {
+  constexpr int S = NQ == 1 ? 4 : 2;
   const int64_t d = a.d;
-  const void* rows[R];
-  for (int i = 0; i < R; ++i) {
-    const int64_t off = (r + i) * a.row_stride;
-    rows[i] = static_cast<const char*>(a.corpus) +
-              off * (T == DType::F32 ? 4 : 2);
-  }
-  v8f acc[R][NQ];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NQ; ++j) acc[i][j] = v8f{};
+  const float* q0 = a.qrows;
+  const void* row = static_cast<const char*>(a.corpus) + r * a.row_stride * (T == DType::F32 ? 4 : 2);
+  v8f acc[NQ][S];
+  for (int j = 0; j < NQ; ++j)
+    for (int u = 0; u < S; ++u) acc[j][u] = v8f{};
   int64_t k = 0;
-  for (; k + 8 <= d; k += 8) {
-    v8f x[R];
-    for (int i = 0; i < R; ++i) x[i] = load8<T>(rows[i], k);
-    for (int j = 0; j < NQ; ++j) {
-      const v8f y = vload(q0 + j * d + k);
-      for (int i = 0; i < R; ++i) acc[i][j] += x[i] * y;
+  for (; k + 8 * S <= d; k += 8 * S) {
+    for (int u = 0; u < S; ++u) {
+      const v8f x = load8<T>(row, k + 8 * u);
+      for (int j = 0; j < NQ; ++j) acc[j][u] += x * vload(q0 + j * d + k + 8 * u);
     }
   }
-  for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < NQ; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t kk = k; kk < d; ++kk) s += load1<T>(rows[i], kk) * q0[j * d + kk];
-      offer(a.col, j, s, r + i);
-    }
+  for (; k + 8 <= d; k += 8) {
+    const v8f x = load8<T>(row, k);
+    for (int j = 0; j < NQ; ++j) acc[j][0] += x * vload(q0 + j * d + k);
+  }
+  for (int j = 0; j < NQ; ++j) {
+    v8f t = acc[j][0];
+    for (int u = 1; u < S; ++u) t += acc[j][u];
+    float s = hsum(t);
+    for (int64_t kk = k; kk < d; ++kk) s += load1<T>(row, kk) * q0[j * d + kk];
+    offer(a.col, j, s, r);
   }
 }
 
 template <DType T, int NQ>
 void gemv_scan(const TopnScanArgs& a) {
-  constexpr int R = NQ <= 2 ? 4 : 2;
-  int64_t r = a.row_begin;
-  for (; r + R <= a.row_end; r += R) gemv_rows<T, NQ, R>(a, r, a.qrows);
-  for (; r < a.row_end; ++r) gemv_rows<T, NQ, 1>(a, r, a.qrows);
+  for (int64_t r = a.row_begin; r < a.row_end; ++r) gemv_row<T, NQ>(a, r);
 }
 
 // ---- many queries: register-tiled micro-kernel, MR rows x NR queries ----
