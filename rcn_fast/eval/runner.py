@@ -397,14 +397,15 @@ class StageBars:
     def stage_done(self, stage: str, ids: Any) -> None:
         """``ids`` went through ``stage`` (a question counts once per stage)."""
         now = time.perf_counter()
-        bar = self._bar(str(stage))
-        seen = self.seen[str(stage)]
+        stage = str(stage)
+        bar = self._bar(stage)
+        seen = self.seen[stage]
         new = [i for i in dict.fromkeys(ids) if i not in seen]
-        self.busy[str(stage)] += now - self._mark
+        self.busy[stage] += now - self._mark
         self._mark = now
         if new:
             seen.update(new)
-            bar.set_postfix_str(f"{self.busy[str(stage)] / len(seen):.3g} s/q in stage", refresh=False)
+            bar.set_postfix_str(f"{self.busy[stage] / len(seen):.3g} s/q in stage", refresh=False)
             bar.update(len(new))
 
     def update(self, n: int) -> None:
@@ -426,17 +427,17 @@ class _StageRunnerProxy:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
-    def generate(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
+    def _reported(self, call: Callable[..., Any], stage: str, states: Any, *a: Any, **k: Any) -> Any:
         self._bars.stage_start(stage)
-        out = self._runner.generate(stage, states, *a, **k)
+        out = call(stage, states, *a, **k)
         self._bars.stage_done(stage, [getattr(st, "id", i) for i, st in enumerate(states)])
         return out
 
+    def generate(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
+        return self._reported(self._runner.generate, stage, states, *a, **k)
+
     def score(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
-        self._bars.stage_start(stage)
-        out = self._runner.score(stage, states, *a, **k)
-        self._bars.stage_done(stage, [getattr(st, "id", i) for i, st in enumerate(states)])
-        return out
+        return self._reported(self._runner.score, stage, states, *a, **k)
 
 
 # -------------------------------------------------------------------- records

@@ -158,6 +158,25 @@ def check_sample_ids(sample_ids: Any, n: int, greedy: bool) -> list[list[int]]:
     return out
 
 
+def sample_request(chats: Sequence[Any], sample_ids: Any, *, max_new_tokens: int, temperature: float,
+                   top_p: float, seed: int, stop: Sequence[str] | None,
+                   tags: Sequence[str] | None) -> tuple[list[Any], GenerationParams, list[list[int]], list[str] | None]:
+    """The checked inputs of a backend's ``generate_samples``: the valid
+    chats, the decoding parameters, the sample indices per chat and the
+    tags."""
+    from rcn_fast.llm import chat as chatlib
+
+    valid = chatlib.validate_chats(chats)
+    params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
+    return valid, params, check_sample_ids(sample_ids, len(valid), params.greedy), check_tags(tags, len(valid))
+
+
+def sample_costs(rows: Sequence[Sequence[Generation]]) -> list[Cost]:
+    """Cost of each chat's samples: one call, its prompt counted once, the
+    generated tokens of all its samples."""
+    return [Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in rows]
+
+
 def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: int, temperature: float,
                         top_p: float, num_samples: int, seed: int, stop: Sequence[str] | None,
                         tags: Sequence[str] | None) -> list[list[Generation]]:

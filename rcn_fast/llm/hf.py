@@ -36,11 +36,12 @@ from rcn_fast.llm.base import (
     CostTracker,
     Generation,
     GenerationParams,
-    check_sample_ids,
     check_tags,
     generate_by_samples,
     normalise_labels,
     pad_rows,
+    sample_costs,
+    sample_request,
 )
 
 HINT = "pip install 'rcn_fast[llm]'"
@@ -495,16 +496,13 @@ class HFLLM:
         -------
         list (length B) of list of Generation, aligned with ``sample_ids``.
         """
-        valid = chatlib.validate_chats(chats)
-        params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
-        sids = check_sample_ids(sample_ids, len(valid), params.greedy)
-        tags = check_tags(tags, len(valid))
+        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
+                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                                                   tags=tags)
         if not valid:
             return []
         res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
-        self.cost.record_rows(
-            [Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags
-        )
+        self.cost.record_rows(sample_costs(res), tags)
         return res
 
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:

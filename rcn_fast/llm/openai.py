@@ -66,12 +66,12 @@ from rcn_fast.llm.base import (
     Cost,
     CostTracker,
     Generation,
-    GenerationParams,
-    check_sample_ids,
     check_tags,
     generate_by_samples,
     normalise_labels,
     pad_rows,
+    sample_costs,
+    sample_request,
 )
 from rcn_fast.llm.seeded import sample_seed
 
@@ -268,10 +268,9 @@ class OpenAILLM:
         -------
         list (length B) of list of Generation, aligned with ``sample_ids``.
         """
-        valid = chatlib.validate_chats(chats)
-        params = GenerationParams(max_new_tokens, temperature, top_p, 1, seed, list(stop) if stop else None)
-        sids = check_sample_ids(sample_ids, len(valid), params.greedy)
-        tags = check_tags(tags, len(valid))
+        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
+                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                                                   tags=tags)
         jobs = [(i, s) for i in range(len(valid)) for s in sids[i]]
 
         def one(job: tuple[int, int]) -> Generation:
@@ -295,7 +294,7 @@ class OpenAILLM:
         res: list[list[Generation]] = [[] for _ in valid]
         for (i, _), g in zip(jobs, flat):
             res[i].append(g)
-        self.cost.record_rows([Cost(1, r[0].prompt_tokens, sum(g.generated_tokens for g in r)) for r in res], tags)
+        self.cost.record_rows(sample_costs(res), tags)
         return res
 
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
