@@ -10,6 +10,7 @@ GFLOP/s. Run:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -183,7 +184,7 @@ def test_cuda(benchmark, record, gpu_corpora, queries, Q, dtype):
 
     c, q = gpu_corpora[dtype], torch.from_numpy(queries[Q]).cuda()
     benchmark.group = f"topn GPU N={N} Q={Q} {dtype}"
-    s, _ = _run_cuda(benchmark, rcn_fast.topn, q, c, K)
+    s, _ = _run_cuda(benchmark, functools.partial(rcn_fast.topn, backend="cuda"), q, c, K)
     _extra(benchmark, Q, c)
     record(benchmark.group, "cuda", benchmark)
     ps, _ = torch_cuda_peer(q[:1], c, K)
@@ -201,3 +202,18 @@ def test_torch_cuda(benchmark, record, gpu_corpora, queries, Q, dtype):
         _run_cuda(benchmark, torch_cuda_peer, q, c, K)
     _extra(benchmark, Q, c)
     record(benchmark.group, "torch_cuda", benchmark)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", QS)
+def test_dispatched_cuda_tensors(benchmark, record, gpu_corpora, queries, Q, dtype):
+    """What ``rcn_fast.topn`` runs for CUDA tensors by default (the measured
+    crossovers in rcn_fast/_crossovers.py pick the backend)."""
+    import torch
+
+    c, q = gpu_corpora[dtype], torch.from_numpy(queries[Q]).cuda()
+    benchmark.group = f"topn GPU N={N} Q={Q} {dtype}"
+    with torch.inference_mode():
+        _run_cuda(benchmark, rcn_fast.topn, q, c, K)
+    _extra(benchmark, Q, c)
+    record(benchmark.group, "dispatched", benchmark)

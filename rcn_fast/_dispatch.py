@@ -15,6 +15,12 @@ Overrides, strongest first:
 
 A forced backend that cannot serve the inputs is an error, never a silent
 fallback.
+
+A backend may also be able to serve a call but be known to be slower than a
+later one for it (``Backend.slower``, e.g. the measured GPU crossovers in
+:mod:`rcn_fast._crossovers`): automatic selection then passes it over (the
+reason shows in :meth:`Op.report` and ``python -m rcn_fast.info``), unless no
+later backend can serve the call; forcing it still runs it.
 """
 
 from __future__ import annotations
@@ -37,12 +43,21 @@ class Backend:
     ``check(ctx)`` returns ``None`` when it can serve a call described by
     ``ctx`` (a dict the op builds: device, array library, dtypes, sizes ...)
     or a short reason why not. ``run(**kwargs)`` computes the result.
+    ``slower(ctx)``, optional, returns a reason when the backend can serve
+    ``ctx`` but is known to be slower than a later backend (automatic
+    selection skips it then), else ``None``.
     """
 
     name: str
     check: Callable[[Mapping[str, Any]], str | None]
     run: Callable[..., Any]
     description: str = ""
+    slower: Callable[[Mapping[str, Any]], str | None] | None = None
+
+    def skip_reason(self, ctx: Mapping[str, Any]) -> str | None:
+        """``slower(ctx)`` prefixed for reports, or None."""
+        why = self.slower(ctx) if self.slower is not None else None
+        return None if why is None else f"can serve, but skipped: {why}"
 
 
 @dataclass
@@ -80,13 +95,20 @@ class Op:
                 f"expected one of {self.names()}"
             )
         tried: list[str] = []
+        passed_over: Backend | None = None
         for b in self.backends:
             if forced is not None and b.name != forced:
                 continue
             why = b.check(ctx)
+            if why is None and forced is None:
+                why = b.skip_reason(ctx)
+                if why is not None:
+                    passed_over = passed_over or b
             if why is None:
                 return b
             tried.append(f"  {b.name}: {why}")
+        if passed_over is not None:  # nothing faster can serve: the slower one will do
+            return passed_over
         what = f"backend {forced!r} cannot" if forced else "no backend can"
         raise BackendUnavailableError(
             f"{self.name}: {what} serve this call ({_describe(ctx)}):\n" + "\n".join(tried)
@@ -96,8 +118,13 @@ class Op:
         return self.select(ctx, backend).run(**kwargs)
 
     def report(self, ctx: Mapping[str, Any]) -> list[tuple[str, str | None]]:
-        """Every backend with its reason (None = can serve ``ctx``)."""
-        return [(b.name, b.check(ctx)) for b in self.backends]
+        """Every backend with its reason (None = can serve ``ctx`` and is not
+        known to be slower than a later backend that can)."""
+        out = []
+        for b in self.backends:
+            why = b.check(ctx)
+            out.append((b.name, why if why is not None else b.skip_reason(ctx)))
+        return out
 
 
 def _describe(ctx: Mapping[str, Any]) -> str:

@@ -37,13 +37,15 @@ def build_info() -> dict[str, Any]:
     load error),
     ``cuda`` (compiled?, usable?, devices, reason), ``packages`` (optional
     package -> importable), ``backends`` (op -> the backend chosen for
-    float32 CPU numpy inputs and for CUDA torch inputs, with every other
-    backend's reason).
+    float32 CPU numpy inputs and for CUDA torch inputs of several dtypes and
+    sizes, with every other backend's reason; for CUDA inputs also
+    ``on_a_gpu``: the choice the measured crossovers make where a GPU is
+    usable, see :mod:`rcn_fast._crossovers`).
     """
     import importlib.util
 
     import rcn_fast
-    from rcn_fast import _dispatch, _native
+    from rcn_fast import _crossovers, _dispatch, _native
 
     info: dict[str, Any] = {
         "version": rcn_fast.__version__,
@@ -75,23 +77,39 @@ def build_info() -> dict[str, Any]:
         entry: dict[str, Any] = {}
         for label, ctx in _contexts(name).items():
             report = op.report(ctx)
-            chosen = next((b for b, r in report if r is None), None)
-            forced = op.requested(None)
-            if forced is not None:
-                chosen = forced if dict(report).get(forced, "unknown") is None else None
-            entry[label] = {"uses": chosen, "why_not_others": {b: r for b, r in report if r}}
+            try:
+                chosen: str | None = op.select(ctx).name
+            except (_dispatch.BackendUnavailableError, ValueError):
+                chosen = None
+            entry[label] = {"uses": chosen,
+                            "why_not_others": {b: r for b, r in report if r and b != chosen}}
+            if ctx["device"] == "cuda" and name in _crossovers.SIZE_KEY:
+                # what a usable GPU would run, from the measured crossovers
+                why = _crossovers.cuda_slower_reason(name, ctx)
+                entry[label]["on_a_gpu"] = ("torch: " + why) if why else "cuda: measured at least as fast as torch"
         backends[name] = entry
     info["backends"] = backends
     return info
 
 
 def _contexts(op: str) -> dict[str, dict[str, Any]]:
+    """Typical inputs per op: CPU numpy float32, and CUDA torch tensors at the
+    sizes and dtypes where the GPU choice differs (see rcn_fast._crossovers)."""
     base = {"dtype": "float32", "Q": 32, "N": 100_000, "d": 768, "k": 10,
             "B": 32, "n": 100, "num_subsets": 3, "subset_size": 5}
-    return {
-        "cpu (numpy float32)": {**base, "library": "numpy", "device": "cpu"},
-        "cuda (torch float32)": {**base, "library": "torch", "device": "cuda"},
-    }
+    out = {"cpu (numpy float32)": {**base, "library": "numpy", "device": "cpu"}}
+    if op == "topn":
+        for dt in ("float32", "float16"):
+            for q in (1, 32, 512):
+                out[f"cuda (torch {dt}, Q={q})"] = {**base, "dtype": dt, "Q": q, "library": "torch",
+                                                     "device": "cuda"}
+    elif op == "sample_subsets":
+        for dt in ("float32", "float16", "bfloat16"):
+            out[f"cuda (torch {dt}, B=1000)"] = {**base, "dtype": dt, "B": 1000, "library": "torch",
+                                                  "device": "cuda"}
+    else:
+        out["cuda (torch float32)"] = {**base, "library": "torch", "device": "cuda"}
+    return out
 
 
 def format_info(info: dict[str, Any]) -> str:
@@ -116,9 +134,11 @@ def format_info(info: dict[str, Any]) -> str:
     lines.append("backends:")
     for op, entry in info["backends"].items():
         for label, e in entry.items():
-            lines.append(f"  {op:<16} {label:<22} -> {e['uses'] or 'none'}")
+            lines.append(f"  {op:<16} {label:<28} -> {e['uses'] or 'none'}")
             for b, r in e["why_not_others"].items():
-                lines.append(f"  {'':<16} {'':<22}    {b}: {r}")
+                lines.append(f"  {'':<16} {'':<28}    {b}: {r}")
+            if "on_a_gpu" in e:
+                lines.append(f"  {'':<16} {'':<28}    with a usable GPU -> {e['on_a_gpu']}")
     return "\n".join(lines)
 
 

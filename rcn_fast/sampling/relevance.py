@@ -5,6 +5,9 @@ Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
 any device of a torch tensor), ``numpy`` (the reference,
 :mod:`rcn_fast.sampling.reference`, CPU). Pick one with ``backend=`` or
 ``RCN_FAST_BACKEND`` (e.g. ``RCN_FAST_BACKEND=sample_subsets=numpy``).
+For CUDA tensors the ``cuda`` kernel is picked only for the dtypes where it
+was measured at least as fast as the torch backend on the same GPU
+(:mod:`rcn_fast._crossovers`); elsewhere torch serves.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _dispatch, _native
+from rcn_fast import _crossovers, _dispatch, _native
 from rcn_fast.sampling.reference import sample_subsets_reference
 
 FIRST_MODES = ("uniform", "relevance")
@@ -345,7 +348,8 @@ SAMPLE_SUBSETS = _dispatch.register(
     _dispatch.Op(
         "sample_subsets",
         [
-            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset"),
+            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset",
+                              slower=lambda ctx: _crossovers.cuda_slower_reason("sample_subsets", ctx)),
             _dispatch.Backend("native", _check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
             _dispatch.Backend("torch", _check_torch, _run_torch, "torch ops on the inputs' device"),
             _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),

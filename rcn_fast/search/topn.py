@@ -3,7 +3,9 @@
 Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
 ``native`` (rcn_fast._C, CPU arrays), ``torch`` (blocked ``torch.mm`` +
 ``topk``, any device), ``numpy`` (the reference, CPU). Pick one with
-``backend=`` or the ``RCN_FAST_BACKEND`` environment variable.
+``backend=`` or the ``RCN_FAST_BACKEND`` environment variable. For CUDA
+tensors the ``cuda`` kernel is picked only where it was measured at least as
+fast as torch (:mod:`rcn_fast._crossovers`); elsewhere torch serves.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _dispatch, _native
+from rcn_fast import _crossovers, _dispatch, _native
 from rcn_fast.search.reference import select_topn, topn_reference
 
 
@@ -153,11 +155,26 @@ def _check_torch(ctx: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _run_torch(queries: Any, corpus: Any, k: int, chunk: int = 1 << 16) -> tuple[Any, Any]:
+# score-matrix bytes per corpus chunk of the torch backend on a GPU (few,
+# large matmuls; on the CPU the native backend serves and chunks stay small)
+_TORCH_GPU_CHUNK_BYTES = 1 << 28
+
+
+def _torch_chunk(n_queries: int, device_type: str) -> int:
+    """Corpus rows per chunk of the torch backend: 65,536 on the CPU; on a
+    GPU as many as keep the float32 [Q, chunk] scores within 256 MiB."""
+    if device_type == "cpu":
+        return 1 << 16
+    return max(1 << 16, _TORCH_GPU_CHUNK_BYTES // (4 * max(1, n_queries)))
+
+
+def _run_torch(queries: Any, corpus: Any, k: int, chunk: int | None = None) -> tuple[Any, Any]:
     import torch
 
     q = queries.float()
     n = corpus.shape[0]
+    if chunk is None:
+        chunk = _torch_chunk(q.shape[0], q.device.type)
     best_s = torch.empty((q.shape[0], 0), dtype=torch.float32, device=q.device)
     best_i = torch.empty((q.shape[0], 0), dtype=torch.int64, device=q.device)
     for start in range(0, n, chunk):
@@ -203,7 +220,8 @@ TOPN = _dispatch.register(
     _dispatch.Op(
         "topn",
         [
-            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)"),
+            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)",
+                              slower=lambda ctx: _crossovers.cuda_slower_reason("topn", ctx)),
             _dispatch.Backend("native", _check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
             _dispatch.Backend("torch", _check_torch, _run_torch, "blocked torch.mm + topk"),
             _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
