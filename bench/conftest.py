@@ -7,7 +7,11 @@ Run: ``python -m pytest bench/ --benchmark-only`` (see README for sizes).
 
 from __future__ import annotations
 
+import datetime
+import json
+import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +30,45 @@ def record():
             _RESULTS[group][impl] = stats.stats.mean
 
     return _record
+
+
+GPU_RESULTS = Path(__file__).with_name("gpu_results")
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no torch or no driver: nothing to record
+        return None
+
+
+def write_gpu_results(results: dict[str, dict[str, float]], folder: Path = GPU_RESULTS) -> Path | None:
+    """Write the GPU groups (names containing " GPU ") of a run to
+    ``bench/gpu_results/<device>.json``: mean milliseconds per group and
+    implementation, merged into what earlier runs on that device recorded.
+    README's GPU table is printed from these files by
+    ``python bench/gpu_table.py``."""
+    groups = {g: {impl: round(t * 1e3, 3) for impl, t in impls.items()} for g, impls in results.items()
+              if " GPU " in f" {g} "}
+    name = _gpu_name() if groups else None
+    if not groups or name is None:
+        return None
+    import rcn_fast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".json")
+    old = json.loads(path.read_text()) if path.exists() else {"groups": {}}
+    old["groups"].update(groups)
+    old.update({"device": name, "updated": datetime.date.today().isoformat(), "unit": "ms (mean)",
+                "rcn_fast": rcn_fast.__version__})
+    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def pytest_sessionfinish(session):  # pragma: no cover - needs a GPU
+    write_gpu_results(_RESULTS)
 
 
 def pytest_terminal_summary(terminalreporter):  # pragma: no cover - reporting only

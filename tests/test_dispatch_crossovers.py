@@ -7,10 +7,12 @@ decides. ``select`` never runs a kernel.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,3 +144,48 @@ def test_info_says_what_a_gpu_would_run():
     if not info["cuda"]["gpu_usable"]:
         assert topn["cuda (torch float32, Q=32)"]["uses"] == "torch"
     assert rcn_fast.__version__
+
+
+# ------------------------------------------- bench/gpu_results <-> the table
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load_bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"_rcn_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_crossover_table_matches_the_recorded_gpu_results():
+    """Every row of rcn_fast/_crossovers.py is a figure recorded under
+    bench/gpu_results (so README's table and the dispatcher cannot drift)."""
+    recorded = {}
+    for path in (BENCH / "gpu_results").glob("*.json"):
+        data = json.loads(path.read_text())
+        recorded[data["device"]] = data["groups"]
+    assert recorded, "bench/gpu_results has no recorded GPU run"
+    for m in _crossovers.MEASUREMENTS:
+        groups = recorded[m.device]
+        key = f" Q={m.size} {m.dtype}" if m.op == "topn" else f" B={m.size} "
+        hits = [impls for g, impls in groups.items()
+                if g.startswith(m.op) and key in g + " " and g.endswith(m.dtype)]
+        assert len(hits) == 1, (m, list(groups))
+        assert hits[0]["cuda"] == m.cuda_ms and hits[0]["torch_cuda"] == m.torch_ms
+
+
+def test_gpu_results_recorder_and_table(tmp_path, monkeypatch):
+    conftest = _load_bench_module("conftest")
+    results = {"topn GPU N=10 Q=1 float32": {"cuda": 0.002, "torch_cuda": 0.001},
+               "topn N=10 Q=1 float32": {"native": 0.5}}
+    monkeypatch.setattr(conftest, "_gpu_name", lambda: None)
+    assert conftest.write_gpu_results(results, tmp_path) is None  # no GPU: nothing written
+    monkeypatch.setattr(conftest, "_gpu_name", lambda: "Test GPU 9000")
+    path = conftest.write_gpu_results(results, tmp_path)
+    assert path.name == "test-gpu-9000.json"
+    data = json.loads(path.read_text())
+    assert data["groups"] == {"topn GPU N=10 Q=1 float32": {"cuda": 2.0, "torch_cuda": 1.0}}
+    conftest.write_gpu_results({"topn GPU N=10 Q=32 float32": {"cuda": 0.003}}, tmp_path)
+    assert len(json.loads(path.read_text())["groups"]) == 2  # merged with the earlier run
+    table = _load_bench_module("gpu_table").tables(tmp_path)
+    assert "| topn GPU N=10 Q=1 float32 | 2 | 1 | x0.50 |" in table
