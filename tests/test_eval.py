@@ -299,8 +299,6 @@ def test_yes_no_and_open_domain_tasks(tmp_path, tiny_hf):
     doc = evaluate(EvalConfig(pipelines=["vanilla"], tasks=[str(yn)], model="x", output_path=str(tmp_path / "o1"),
                               progress=False), llm=tiny_hf, print_table=False)
     assert doc["configs"]["yn"]["kind"] == "yes_no" and doc["results"]["yn"]["vanilla"]["n"] == 4
-    if "cot" not in __import__("rcn_fast.pipelines", fromlist=["PIPELINES"]).PIPELINES:
-        pytest.skip("no open-domain pipeline registered yet")
     doc = evaluate(EvalConfig(pipelines=["cot"], tasks=[str(od)], model="x", output_path=str(tmp_path / "o2"),
                               pipeline_args={"max_new_tokens": 3}, progress=False, log_samples=True), llm=tiny_hf,
                    print_table=False)

@@ -32,8 +32,12 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 # logits path: gathers are exact, so every dtype is compared at fp32 precision
 TOL_LOGITS = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
-# hidden path: fp32 accumulation in a different order than einsum
-TOL_HIDDEN = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1e-2, 1e-2)}
+# hidden path: the inputs are already rounded to their dtype and both the
+# kernel and the reference accumulate in fp32, so only the summation order
+# differs: measured at most 1e-6 for every dtype (TRITON_INTERPRET=1, H <= 96).
+# A kernel that accumulated in the input dtype errs by ~4e-4 (fp16) and
+# ~6e-3 (bf16) on the same inputs, so these bounds catch it.
+TOL_HIDDEN = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-5, 2e-5), torch.bfloat16: (2e-5, 2e-5)}
 
 
 def numpy_reference(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
