@@ -102,13 +102,28 @@ def test_single_retrieval_query_with_choices(retriever):
 
 
 # ---------------------------------------------------------------- ReConnect
+def _repeats(pred: Prediction) -> bool:
+    """Whether two of a question's subsets hold the same passages (its
+    extractions are then decoded with nucleus sampling, one call per subset)."""
+    subs = [frozenset(s) for s in next(t for t in pred.trace if t["stage"] == "sampling")["subsets"]]
+    return len(set(subs)) < len(subs)
+
+
+def _expected_calls(preds: list[Prediction], n: int = 3) -> list[tuple[str, int]]:
+    """The batched LLM calls of one chunk with default settings: one per
+    stage, except that the extractions of questions whose subsets repeat
+    go in one sampled call per subset index."""
+    B, R = len(preds), sum(_repeats(p) for p in preds)
+    ext = ([("generate", n * (B - R))] if R < B else []) + [("generate", R)] * (n if R else 0)
+    return [("generate", B), *ext, ("generate", B), ("score", B)]
+
+
 def test_reconnect_default_costs_five_generations_and_one_scoring_pass(retriever):
     llm = ScriptedLLM()
     qs = _questions()
     preds = build("reconnect", llm=llm, retriever=retriever).run_batch(qs)
-    B = len(qs)
-    # one batched LLM call per stage
-    assert llm.calls == [("generate", B), ("generate", 3 * B), ("generate", B), ("score", B)]
+    # one batched LLM call per stage (+ the sampled calls of repeating subsets)
+    assert llm.calls == _expected_calls(preds)
     for q, p in zip(qs, preds):
         assert _stages(p) == ["query_expansion", "retrieval", "sampling"] + ["knowledge_extraction"] * 3 + [
             "knowledge_aggregation", "answer"]
@@ -165,7 +180,8 @@ def test_reconnect_cost_per_question_for_n_subsets(retriever, N):
     for p in preds:
         assert p.cost.generations == N + 2 and p.cost.scoring_passes == 1 and p.cost.llm_calls == N + 3
         assert len(_gen_entries(p, "knowledge_extraction")) == N
-    assert llm.calls[1] == ("generate", 3 * N)
+    ext_rows = sum(rows for kind, rows in llm.calls[1:-2] if kind == "generate")
+    assert ext_rows == 3 * N
 
 
 def test_reconnect_without_explanation_retrieval(retriever):
@@ -173,7 +189,10 @@ def test_reconnect_without_explanation_retrieval(retriever):
     p = build("reconnect", llm=llm, retriever=retriever, ablation="w/o ER").run(_questions()[0])
     assert "query_expansion" not in _stages(p)
     assert p.trace[0]["queries"] == ["What do plants need to grow?"]
-    assert p.cost.generations == 4 and p.cost.llm_calls == 5
+    # the question retrieves top_n * (choices + 1) = 5 * 4 passages: a pool as large as with ER
+    assert p.trace[0]["top_n"] == 20 and len(p.trace[0]["results"][0]) == 20
+    assert len(p.passages) == 20 and not _repeats(p)
+    assert p.cost.generations == 4 and p.cost.llm_calls == 5 == ReConnectConfig(**ABLATIONS["w/o ER"]).llm_calls_per_question
     assert llm.calls == [("generate", 3), ("generate", 1), ("score", 1)]
 
 
@@ -187,27 +206,27 @@ def test_reconnect_max_queries(retriever):
 
 
 def test_reconnect_without_knowledge_connection(retriever):
+    """w/o KC (= w/o KE, KA, Tables 3 and 7): no sampling, extraction or
+    aggregation; the answer reads every pooled passage (2 LLM calls)."""
     llm = ScriptedLLM()
     p = build("reconnect", llm=llm, retriever=retriever, ablation="w/o KC").run(_questions()[1])
-    assert "sampling" not in _stages(p)
-    exts = _gen_entries(p, "knowledge_extraction")
-    assert len(exts) == 1
-    # all pooled passages go to the single extraction
-    assert exts[0]["parsed"] == [f"from: {x.text}" for x in p.passages]
-    assert len(p.passages) > 5
-    assert p.cost.generations == 3
+    assert _stages(p) == ["query_expansion", "retrieval", "answer"]
+    assert len(p.passages) > 5 and p.knowledge == [x.text for x in p.passages]
+    assert p.cost.generations == 1 and p.cost.llm_calls == 2 == ReConnectConfig(**ABLATIONS["w/o KC"]).llm_calls_per_question
+    assert llm.calls == [("generate", 1), ("score", 1)]
 
 
 def test_reconnect_without_extraction_aggregates_the_passages(retriever):
+    """w/o KE: no sampling, no extraction; one aggregation over every pooled
+    passage (3 LLM calls)."""
     p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation="wo_ke").run(_questions()[0])
-    assert "knowledge_extraction" not in _stages(p)
-    by_id = {x.id: x.text for x in p.passages}
-    union = []
-    for s in p.trace[2]["subsets"]:
-        union += [by_id[i] for i in s if by_id[i] not in union]
+    assert _stages(p) == ["query_expansion", "retrieval", "knowledge_aggregation", "answer"]
+    pool = [x.text for x in p.passages]
+    assert len(pool) > 5
     agg = _gen_entries(p, "knowledge_aggregation")[0]
-    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {t}" for t in union))
-    assert p.cost.generations == 2
+    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {t}" for t in pool)
+                                                  + "\n\n")
+    assert p.cost.generations == 2 and p.cost.llm_calls == 3 == ReConnectConfig(**ABLATIONS["w/o KE"]).llm_calls_per_question
 
 
 def test_reconnect_without_aggregation_answers_with_the_n_extractions(retriever):
@@ -227,17 +246,19 @@ def test_reconnect_without_aggregation_answers_with_the_n_extractions(retriever)
 
 
 def test_reconnect_without_extraction_and_aggregation_answers_with_passages(retriever):
-    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever,
-              ablation=["w/o KE", "w/o KA"]).run(_questions()[0])
-    by_id = {x.id: x.text for x in p.passages}
-    union = []
-    for s in p.trace[2]["subsets"]:
-        union += [by_id[i] for i in s if by_id[i] not in union]
-    assert p.knowledge == union and p.cost.generations == 1
+    """w/o KE, KA is w/o KC: the answer reads every pooled passage."""
+    for abl in (["w/o KE", "w/o KA"], "w/o KE, KA"):
+        pipe = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation=abl)
+        kc_pipe = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation="w/o KC")
+        p, kc = pipe.run(_questions()[0]), kc_pipe.run(_questions()[0])
+        assert _stages(p) == ["query_expansion", "retrieval", "answer"]
+        assert p.knowledge == [x.text for x in p.passages] and p.cost.generations == 1
+        assert pipe.config == kc_pipe.config and pipe.config.knowledge_connection is False
+        assert p.to_dict() == kc.to_dict()
 
 
 def test_ablation_names():
-    assert set(ABLATIONS) == {"w/o ER", "w/o KC", "w/o KE", "w/o KA"}
+    assert set(ABLATIONS) == {"w/o ER", "w/o KC", "w/o ER, KC", "w/o KE", "w/o KA", "w/o KE, KA"}
     with pytest.raises(ValueError, match="ablation"):
         build("reconnect", llm=ScriptedLLM(), retriever=InMemoryRetriever(HashEncoder(), FACTS), ablation="w/o X")
     with pytest.raises(ValueError, match="ablation"):
@@ -294,7 +315,7 @@ def test_sampler_input_setting_is_used():
     r = InMemoryRetriever(ScaledHashEncoder(), FACTS, ids=[f"f{i:02d}" for i in range(len(FACTS))])
     assert np.ptp(np.linalg.norm(r.embeddings, axis=1)) > 1.0
     qs = _questions()
-    cfg = dict(subset_size=3, num_subsets=3, tau=1.0, seed=5)
+    cfg = dict(subset_size=3, num_subsets=3, tau=1.0, score_scale=1.0, seed=5)
     got = {mode: build("reconnect", llm=ScriptedLLM(), retriever=r, sampler_input=mode, **cfg).run_batch(qs)
            for mode in ("stored", "normalized")}
     differ = 0
@@ -345,13 +366,16 @@ def test_predictions_do_not_depend_on_the_batch(retriever, name):
         _same(a, b)
         _same(a, c)
         _same(a, d)
-    per_stage = {"vanilla": 1, "single_retrieval": 1, "reconnect": 4}[name]
-    assert len(llm.calls) == per_stage * 3  # batches of 2, 2, 1
+    if name == "reconnect":  # one call per stage and batch (+ sampled calls of repeating subsets)
+        assert llm.calls == [c for s in (0, 2, 4) for c in _expected_calls(batched[s : s + 2])]
+    else:
+        assert len(llm.calls) == 3  # batches of 2, 2, 1
 
 
 def test_generation_settings_reach_the_llm(retriever):
     llm = ScriptedLLM()
-    build("reconnect", llm=llm, retriever=retriever, max_new_tokens=7, seed=3).run(_questions()[0])
+    build("reconnect", llm=llm, retriever=retriever, max_new_tokens=7, seed=3,
+          repeat_decoding="greedy").run(_questions()[0])
     assert all(k == dict(max_new_tokens=7, temperature=0.0, seed=3) for k in llm.gen_kwargs)
 
 

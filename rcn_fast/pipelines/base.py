@@ -166,7 +166,8 @@ class StageRunner:
         self.llm_calls = 0  # batched LLM calls made by this runner (one per stage)
 
     def generate(self, stage: str, states: Sequence[QuestionState],
-                 chats: Sequence[Sequence[list[dict[str, str]]]]) -> list[list[str]]:
+                 chats: Sequence[Sequence[list[dict[str, str]]]], *,
+                 decoding: dict[str, Any] | None = None) -> list[list[str]]:
         """Generate for every chat of every question in one LLM call.
 
         Parameters
@@ -175,11 +176,21 @@ class StageRunner:
             Stage name (recorded in the trace).
         states : the batch's question states, length B
         chats : per question, a list of chats (may be empty)
+        decoding : dict, optional
+            Overrides of the run's decoding for this call (keys among
+            ``temperature``, ``top_p``, ``seed``); recorded in each trace
+            entry as ``decoding``.
 
         Returns
         -------
         per question, the generated texts in the order of its chats
         """
+        kwargs = dict(self.gen_kwargs)
+        if decoding:
+            unknown = set(decoding) - {"temperature", "top_p", "seed"}
+            if unknown:
+                raise ValueError(f"decoding: unknown key(s) {sorted(unknown)}; expected temperature, top_p, seed")
+            kwargs.update(decoding)
         flat, tags, owner = [], [], []
         for i, (st, cs) in enumerate(zip(states, chats)):
             for c in cs:
@@ -189,7 +200,7 @@ class StageRunner:
         out: list[list[str]] = [[] for _ in states]
         if not flat:
             return out
-        res = self.llm.generate(flat, tags=tags, **self.gen_kwargs)
+        res = self.llm.generate(flat, tags=tags, **kwargs)
         self.llm_calls += 1
         if len(res) != len(flat):
             raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(flat)} chats")
@@ -202,6 +213,8 @@ class StageRunner:
                 "finish_reason": g.finish_reason, "prompt_tokens": g.prompt_tokens,
                 "generated_tokens": g.generated_tokens,
             })
+            if decoding:
+                states[i].trace[-1]["decoding"] = dict(decoding)
         return out
 
     def score(self, stage: str, states: Sequence[QuestionState],

@@ -128,24 +128,53 @@ class SingleRetrievalConfig(PipelineConfig):
 class ReConnectConfig(PipelineConfig):
     """ReConnect (explanation-guided retrieval + knowledge connection).
 
+    Every default follows the paper (or, where the paper is silent, its
+    reference code); docs/FIDELITY.md lists each step with its setting.
+
     Attributes
     ----------
     top_n : int
-        Passages retrieved per query (paper: n = 5).
+        Passages retrieved per query (paper: n = 5). Without explanation
+        retrieval ("w/o ER") the question query retrieves
+        ``top_n * (k + 1)`` passages, k the explanation cap
+        (``max_queries``, default the number of choices), so the pool is as
+        large as with ER (the reference code does the same).
     num_subsets : int
         N, document subsets per question (paper: 3); one extraction each.
     subset_size : int
         K, documents per subset (paper: 5).
     tau : float
-        Softmax temperature of the relevance sampler (paper: 1.0).
+        Softmax temperature of the relevance sampler, as in the paper's
+        grid {1.0, 1.5, 2.0} (default 1.0). The sampler draws from
+        ``softmax(score_scale * s / tau)``.
+    score_scale : float
+        Factor on the sampler's scores s = e.e_j + e_q.e_j (and on the
+        relevance of the first draw with ``first="relevance"``), i.e. the
+        native sampler runs with ``tau / score_scale``. The paper's
+        reference code sampled on the retriever's raw pooled vectors (a
+        LayerNorm output, squared norms of the order of the width, 768),
+        so at tau = 1 each step after the uniform first document was close
+        to an argmax. With ``sampler_input="normalized"`` (default) the
+        scores are cosines, which span well under one nat: ``score_scale =
+        32`` restores a concentrated draw while the paper's tau grid still
+        changes it (all-MiniLM-L6-v2, OpenBookQA facts, pool of 12: the
+        second document lands in the 3 best-scoring candidates 98%, 94%
+        and 89% of the time at tau = 1, 1.5, 2; uniform drawing: 27%;
+        score_scale = 1: 34%). ``score_scale = 768`` (the width of an
+        E5-base retriever) mimics the reference exactly (an argmax at
+        every tau of the grid). The old, nearly uniform behaviour is
+        ``sampler_input="stored", score_scale=1.0`` over a store of
+        normalised vectors. Strategies other than ``"relevance"`` do not
+        depend on the scale.
     sampling : {"relevance", "random", "topk", "mmr", "cluster"}
         Subset strategy (ReConnect's Table 3).
     first : {"uniform", "relevance"}
-        How the relevance sampler draws the first document of a subset.
-    sampler_input : {"stored", "normalized"}
-        Embeddings the sampler sees: as the retriever stores them, or
-        L2-normalised (then a tau near 0.05 behaves like raw E5 vectors
-        with tau = 1; see METHODS.md).
+        How the relevance sampler draws the first document of a subset
+        (paper and reference code: uniformly).
+    sampler_input : {"normalized", "stored"}
+        Embeddings the sampler sees: L2-normalised (default, so
+        ``score_scale`` has the same meaning for every encoder and store),
+        or as the retriever stores them.
     mmr_lambda : float
         Relevance weight of the ``"mmr"`` strategy.
     max_queries : int or None
@@ -156,19 +185,43 @@ class ReConnectConfig(PipelineConfig):
         would be thrown away.
     query : {"question", "question_choices"}
         The text of the question query Q.
+    repeat_decoding : {"nucleus", "greedy"}
+        Decoding of the extractions of a question whose N subsets are not
+        all distinct (always with ``sampling="topk"`` or ``"mmr"``; with
+        any strategy when the pool holds at most K documents). ``"nucleus"``
+        (default, as the reference code does for top-K): every extraction
+        of that question is sampled with ``repeat_temperature`` and
+        ``repeat_top_p``, extraction i with its own seed (``seed`` for
+        i = 0, a hash of ``(seed, i)`` otherwise; the draw also depends on
+        the prompt, so on the question and the subset): the N
+        extractions differ and do not depend on batching. ``"greedy"``:
+        the run's decoding for every extraction (identical subsets then
+        give N identical extractions). Questions whose subsets are all
+        distinct always use the run's decoding.
+    repeat_top_p : float
+        Nucleus mass of those extractions (reference code: 0.7).
+    repeat_temperature : float
+        Their sampling temperature (> 0; reference code: 1.0, the
+        transformers default).
     explanation_retrieval : bool
-        False = ablation "w/o ER": retrieve with the question only (no
-        query-expansion generation).
+        False = ablation "w/o ER": retrieve with the question only, no
+        query-expansion generation, ``top_n * (k + 1)`` passages.
     knowledge_connection : bool
-        False = "w/o KC": no subsets; all pooled passages go to one
-        extraction.
+        False = "w/o KC": no sampling, extraction or aggregation; the
+        answering step gets every pooled passage (the paper's Tables 3 and
+        7 give identical numbers for "w/o KC" and "w/o KE, KA": it is the
+        same setting). Setting it False also sets ``knowledge_extraction``
+        and ``knowledge_aggregation`` False, so the recorded config says
+        what ran.
     knowledge_extraction : bool
-        False = "w/o KE": no extraction; aggregate directly from the
-        sampled passages (their union, in draw order).
+        False = "w/o KE": no sampling and no extraction; aggregate
+        directly from every pooled passage.
     knowledge_aggregation : bool
         False = "w/o KA": no aggregation; answer with the N extraction
         outputs as an N-item list (one item per extraction, its
         explanations joined; empty extractions left out).
+        ``knowledge_extraction`` and ``knowledge_aggregation`` both False
+        is "w/o KE, KA" = "w/o KC".
     """
 
     name: ClassVar[str] = "reconnect"
@@ -176,12 +229,16 @@ class ReConnectConfig(PipelineConfig):
     num_subsets: int = 3
     subset_size: int = 5
     tau: float = 1.0
+    score_scale: float = 32.0
     sampling: str = "relevance"
     first: str = "uniform"
-    sampler_input: str = "stored"
+    sampler_input: str = "normalized"
     mmr_lambda: float = 0.5
     max_queries: int | None = None
     query: str = "question"
+    repeat_decoding: str = "nucleus"
+    repeat_top_p: float = 0.7
+    repeat_temperature: float = 1.0
     explanation_retrieval: bool = True
     knowledge_connection: bool = True
     knowledge_extraction: bool = True
@@ -196,37 +253,79 @@ class ReConnectConfig(PipelineConfig):
             raise ValueError("max_queries: expected an int >= 1 or None, got 0; to retrieve with the question "
                              "only, set explanation_retrieval=False (the 'w/o ER' ablation)")
         _int(self.max_queries, "max_queries", 1, allow_none=True)
-        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not self.tau > 0:
-            raise ValueError(f"tau: expected a number > 0, got {self.tau!r}")
-        self.tau = float(self.tau)
+        for f in ("tau", "score_scale", "repeat_temperature"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
+            setattr(self, f, float(v))
+        if isinstance(self.repeat_top_p, bool) or not isinstance(self.repeat_top_p, (int, float)) \
+                or not 0 < self.repeat_top_p <= 1:
+            raise ValueError(f"repeat_top_p: expected a number in (0, 1], got {self.repeat_top_p!r}")
+        self.repeat_top_p = float(self.repeat_top_p)
+        if self.repeat_decoding not in ("nucleus", "greedy"):
+            raise ValueError(f"repeat_decoding: expected 'nucleus' or 'greedy', got {self.repeat_decoding!r}")
         if self.sampling not in SAMPLING_STRATEGIES:
             raise ValueError(f"sampling: expected one of {list(SAMPLING_STRATEGIES)}, got {self.sampling!r}")
         if self.first not in ("uniform", "relevance"):
             raise ValueError(f"first: expected 'uniform' or 'relevance', got {self.first!r}")
         if self.sampler_input not in ("stored", "normalized"):
-            raise ValueError(f"sampler_input: expected 'stored' or 'normalized', got {self.sampler_input!r}")
+            raise ValueError(f"sampler_input: expected 'normalized' or 'stored', got {self.sampler_input!r}")
         if not isinstance(self.mmr_lambda, (int, float)) or not 0 <= self.mmr_lambda <= 1:
             raise ValueError(f"mmr_lambda: expected a number in [0, 1], got {self.mmr_lambda!r}")
         if self.query not in ("question", "question_choices"):
             raise ValueError(f"query: expected 'question' or 'question_choices', got {self.query!r}")
         for f in ("explanation_retrieval", "knowledge_connection", "knowledge_extraction", "knowledge_aggregation"):
             _bool(getattr(self, f), f)
+        if not self.knowledge_connection:  # "w/o KC" is "w/o KE, KA" (Tables 3 and 7)
+            self.knowledge_extraction = self.knowledge_aggregation = False
+        elif not (self.knowledge_extraction or self.knowledge_aggregation):
+            self.knowledge_connection = False
+
+    @property
+    def sampler_tau(self) -> float:
+        """The temperature the sampler runs with: ``tau / score_scale``."""
+        return self.tau / self.score_scale
+
+    @property
+    def samples_subsets(self) -> bool:
+        """Whether subsets are drawn (knowledge connection with extraction)."""
+        return self.knowledge_connection and self.knowledge_extraction
+
+    def pool_queries(self, num_choices: int) -> int:
+        """k + 1: the queries of explanation retrieval for a question with
+        ``num_choices`` options (k explanations + the question). Without
+        ER the question query retrieves ``top_n`` times this many passages."""
+        k = self.max_queries if self.max_queries is not None else num_choices
+        return k + 1
 
     @property
     def generations_per_question(self) -> int:
-        """LLM generations one question costs under these settings."""
+        """LLM generations one question costs under these settings (1 for
+        query expansion, N extractions, 1 aggregation, each when on)."""
         n = int(self.explanation_retrieval)
-        if self.knowledge_extraction:
-            n += self.num_subsets if self.knowledge_connection else 1
-        return n + int(self.knowledge_aggregation)
+        if self.samples_subsets:
+            n += self.num_subsets
+        return n + int(self.knowledge_connection and self.knowledge_aggregation)
+
+    @property
+    def llm_calls_per_question(self) -> int:
+        """Generations plus the one answer-scoring pass (the paper's
+        Table 9 counts 6 for N = 3)."""
+        return self.generations_per_question + 1
 
 
-# Named ablations of ReConnect's Table 2 -> the settings they switch off.
+# Named ablations of ReConnect's Tables 3 and 7 -> the settings they switch
+# off. "w/o KC" and "w/o KE, KA" are one setting (the tables report
+# identical numbers for them). Sampling rows of Table 3 ("w/ Random", ...)
+# are ``sampling=`` values, not ablations.
 ABLATIONS: dict[str, dict[str, Any]] = {
     "w/o ER": {"explanation_retrieval": False},
-    "w/o KC": {"knowledge_connection": False},
+    "w/o KC": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
+    "w/o ER, KC": {"explanation_retrieval": False, "knowledge_connection": False, "knowledge_extraction": False,
+                   "knowledge_aggregation": False},
     "w/o KE": {"knowledge_extraction": False},
     "w/o KA": {"knowledge_aggregation": False},
+    "w/o KE, KA": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
 }
 
 
@@ -350,8 +449,21 @@ class RRConfig(SelfConsistencyConfig):
     Attributes
     ----------
     bm25_candidates : int
-        BM25 paragraphs per sentence, reranked by encoder cosine; the top
-        one is kept (paper: 10).
+        BM25 paragraphs per sentence, reranked by the similarity model's
+        cosine; the top one is kept (paper: 10).
+    similarity_model : str
+        The sentence-similarity model that reranks the BM25 candidates and
+        gives M of the faithfulness functions (RR sec. 4.2, App. A.2: MPNet).
+        Default ``"sentence-transformers/all-mpnet-base-v2"`` (a hub id:
+        downloaded on first use, or from the local cache when
+        ``HF_HUB_OFFLINE=1``), or a local directory / installed package,
+        loaded with mean pooling, L2 normalisation and no prefixes unless
+        the model directory has its own ``rcn_fast_encoder.json``.
+        ``"retriever"``: the retriever's own encoder and stored embeddings
+        (not the paper: an E5-like retriever puts M above ``tm`` for
+        almost every sentence, so function 1 never uses entailment). An
+        encoder object passed as ``similarity=`` overrides this setting;
+        the model used is recorded in ``describe()["similarity"]``.
     bm25_k1, bm25_b : float
         BM25 parameters. Defaults 1.5 and 0.75 (the ``bm25s`` defaults,
         also those of ``python -m rcn_fast.retrieval.bm25``, so an index
@@ -370,7 +482,8 @@ class RRConfig(SelfConsistencyConfig):
         the index.
     faithfulness : {1, 2, 3}
         The faithfulness function of RR's App. A.2, summed over a path's
-        non-conclusion sentences s (M: cosine of s and its paragraph, E/C:
+        non-conclusion sentences s (M: cosine of s and its paragraph by
+        ``similarity_model``, E/C:
         NLI entailment/contradiction with the paragraph as premise):
         1: ``M*(M >= tm) + E*(M < tm) - C``; 2: ``M + E``;
         3: ``E*(E >= te) - C*(C >= tc)``.
@@ -393,6 +506,7 @@ class RRConfig(SelfConsistencyConfig):
 
     name: ClassVar[str] = "rr"
     bm25_candidates: int = 10
+    similarity_model: str = "sentence-transformers/all-mpnet-base-v2"
     bm25_k1: float = 1.5
     bm25_b: float = 0.75
     bm25_method: str = "lucene"
@@ -436,6 +550,12 @@ class RRConfig(SelfConsistencyConfig):
             self.nli_label_names = list(self.nli_label_names)
         _int(self.nli_batch_size, "nli_batch_size")
         _int(self.nli_max_length, "nli_max_length", 8)
+        if isinstance(self.similarity_model, os.PathLike):
+            self.similarity_model = os.fspath(self.similarity_model)
+        if not isinstance(self.similarity_model, str) or not self.similarity_model.strip():
+            raise TypeError("similarity_model: expected a model path or id (paper: "
+                            "'sentence-transformers/all-mpnet-base-v2') or 'retriever', got "
+                            f"{self.similarity_model!r}")
 
 
 CONFIGS[SelfConsistencyConfig.name] = SelfConsistencyConfig

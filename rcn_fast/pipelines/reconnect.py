@@ -14,9 +14,25 @@ Stages, each run for the whole batch at once:
 6. ``answer`` (one scoring pass per question) with the final explanation.
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
-pass. The ablations switch stages off (see :class:`ReConnectConfig`);
-without aggregation ("w/o KA") the answering step gets the N extraction
-outputs as an N-item list.
+pass (6 LLM calls, the paper's Table 9). The ablations of the paper's
+Tables 3 and 7 (see :data:`~rcn_fast.pipelines.config.ABLATIONS`), per
+question with N = 3:
+
+=============  ==========================================================  =====
+setting        what runs                                                   calls
+=============  ==========================================================  =====
+full           expansion, retrieval, sampling, N extractions, aggregation  6
+w/o ER         question-only retrieval of ``top_n * (k + 1)``, the rest    5
+w/o KC         answer with the pooled passages of explanation retrieval    2
+w/o KE         aggregate directly from the pooled passages                 3
+w/o KA         answer with the N extractions as a list                     5
+w/o ER, KC     question-only retrieval, answer with those passages         1
+=============  ==========================================================  =====
+
+("w/o KE, KA" is "w/o KC".) When a question's N subsets are not all
+distinct (top-K and MMR always; any strategy when the pool holds at most K
+passages) its extractions are decoded with nucleus sampling, one seed per
+subset (``repeat_decoding``), so they differ.
 """
 
 from __future__ import annotations
@@ -31,16 +47,6 @@ from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings,
 from rcn_fast.pipelines.simple import question_query
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
-
-
-def _dedup(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
-    for x in items:
-        if x and x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -78,7 +84,7 @@ class ReConnect(StagedPipeline):
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
         self.source = as_embedding_retriever(retriever)
         c = self.config
-        if c.knowledge_connection and c.sampling != "random" and not has_embeddings(self.source):
+        if c.samples_subsets and c.sampling != "random" and not has_embeddings(self.source):
             raise TypeError(
                 f"retriever: sampling={c.sampling!r} needs embeddings, but {type(retriever).__name__} offers "
                 "neither an encoder nor the EmbeddingRetriever methods; use sampling='random' or an "
@@ -90,20 +96,20 @@ class ReConnect(StagedPipeline):
         c = self.config
         self._query_expansion(states, runner)
         qemb = self._retrieve(states)
-        if c.knowledge_connection:
-            subsets = self._sample(states, qemb)
-        else:
-            subsets = [[st.passages] for st in states]
-        for st, subs in zip(states, subsets):
-            st.data["subsets"] = subs
+        if not c.knowledge_connection:
+            # w/o KC (= w/o KE, KA): answer with every pooled passage
+            for st in states:
+                st.knowledge = [p.text for p in st.passages]
+            return
         if c.knowledge_extraction:
+            for st, subs in zip(states, self._sample(states, qemb)):
+                st.data["subsets"] = subs
             self._extract(states, runner)
         if c.knowledge_aggregation:
             self._aggregate(states, runner)
-        else:
+        else:  # w/o KA: one list item per extraction output
             for st in states:
-                # w/o KA: one list item per extraction output (w/o KE too: the sampled passages)
-                st.knowledge = self._extraction_items(st) if c.knowledge_extraction else self._union_texts(st)
+                st.knowledge = self._extraction_items(st)
 
     def _query_expansion(self, states: list[QuestionState], runner: StageRunner) -> None:
         c = self.config
@@ -121,7 +127,13 @@ class ReConnect(StagedPipeline):
 
     def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
         """One batched retrieval for every query of every question; returns
-        the question-query embeddings [B, d] (None without embeddings)."""
+        the question-query embeddings [B, d] (None without embeddings).
+
+        With explanation retrieval each query gets ``top_n`` passages; without
+        it the question query gets ``top_n * (k + 1)`` (k the explanation
+        cap), so the pool is as large as with ER. One retrieval serves the
+        whole batch: it asks for the largest count and each question keeps
+        its own prefix of the ranked list."""
         c = self.config
         flat: list[str] = []
         spans = []
@@ -129,20 +141,25 @@ class ReConnect(StagedPipeline):
             qs = [*st.data["explanations"], question_query(st.question, c.query)]
             spans.append((len(flat), len(flat) + len(qs)))
             flat.extend(qs)
-        results, emb = retrieve_batch(self.source, flat, c.top_n)
+        if c.explanation_retrieval:
+            counts = [c.top_n] * len(states)
+        else:
+            counts = [c.top_n * c.pool_queries(len(st.question.choices)) for st in states]
+        results, emb = retrieve_batch(self.source, flat, max(counts, default=c.top_n))
         qemb = None if emb is None else np.stack([emb[e - 1] for _, e in spans])
-        for st, (s, e) in zip(states, spans):
+        for st, (s, e), k in zip(states, spans, counts):
+            res_q = [list(r[:k]) for r in results[s:e]]
             seen: set[str] = set()
             pool: list[Passage] = []
-            for res in results[s:e]:
+            for res in res_q:
                 for p in res:
                     if p.text not in seen:
                         seen.add(p.text)
                         pool.append(p)
             st.passages = pool
             st.trace.append({
-                "stage": "retrieval", "type": "retrieve", "queries": flat[s:e],
-                "results": [[p.id for p in res] for res in results[s:e]], "pool": [p.id for p in pool],
+                "stage": "retrieval", "type": "retrieve", "queries": flat[s:e], "top_n": k,
+                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in pool],
             })
         return qemb
 
@@ -173,24 +190,63 @@ class ReConnect(StagedPipeline):
                 q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
             keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
             ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_size, seed=c.seed, keys=keys,
-                         valid=counts, tau=c.tau, first=c.first, mmr_lambda=c.mmr_lambda)
+                         valid=counts, tau=c.sampler_tau, first=c.first, mmr_lambda=c.mmr_lambda)
             ids = np.asarray(ids)
             subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
         for st, subs in zip(states, subsets):
-            st.trace.append({"stage": "sampling", "type": "sample", "strategy": c.sampling,
-                             "subsets": [[p.id for p in s] for s in subs]})
+            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling,
+                     "subsets": [[p.id for p in s] for s in subs]}
+            if c.sampling == "relevance":
+                entry.update(tau=c.tau, score_scale=c.score_scale, sampler_tau=c.sampler_tau)
+            st.trace.append(entry)
         return subsets
 
+    @staticmethod
+    def _subsets_repeat(subsets: list[list[Passage]]) -> bool:
+        """Whether two of a question's subsets hold the same documents."""
+        keys = [frozenset(p.text for p in s) for s in subsets]
+        return len(set(keys)) < len(keys)
+
+    def repeat_decoding(self, subset: int) -> dict[str, Any]:
+        """Decoding of extraction ``subset`` of a question whose subsets
+        repeat: nucleus sampling with its own seed (``seed`` for subset 0, a
+        hash of ``(seed, subset)`` otherwise; the draw also depends on the
+        prompt, i.e. on the question and the subset)."""
+        from rcn_fast.llm.seeded import sample_seed
+
+        c = self.config
+        return {"temperature": c.repeat_temperature, "top_p": c.repeat_top_p,
+                "seed": sample_seed(c.seed, subset)}
+
     def _extract(self, states: list[QuestionState], runner: StageRunner) -> None:
+        """N extractions per question. Questions whose subsets are all
+        distinct share one call with the run's decoding; with
+        ``repeat_decoding="nucleus"`` the others are decoded with nucleus
+        sampling, one call per subset index (its seed), so a question's
+        extractions differ and do not depend on the batch."""
+        c = self.config
         P = self.prompts
         chats = [[P.chat("knowledge_extraction", st.question, documents=P.format_list([p.text for p in sub]))
                   for sub in st.data["subsets"]] for st in states]
-        outs = runner.generate("knowledge_extraction", states, chats)
+        sampled = [c.repeat_decoding == "nucleus" and self._subsets_repeat(st.data["subsets"]) for st in states]
+        outs: list[list[str]] = [[] for _ in states]
+        plain = runner.generate("knowledge_extraction", states,
+                                [[] if smp else cs for smp, cs in zip(sampled, chats)])
+        for b, o in enumerate(plain):
+            outs[b].extend(o)
+        if any(sampled):
+            for i in range(c.num_subsets):
+                rows = [[cs[i]] if smp and i < len(cs) else [] for smp, cs in zip(sampled, chats)]
+                if not any(rows):
+                    continue
+                got = runner.generate("knowledge_extraction", states, rows, decoding=self.repeat_decoding(i))
+                for b, o in enumerate(got):
+                    outs[b].extend(o)
         for st, texts in zip(states, outs):
             exts = [parse_bullets(t) for t in texts]
             st.data["extractions"] = exts
-            n = len(exts)
-            for entry, parsed in zip(st.trace[-n:], exts):
+            entries = [t for t in st.trace if t["stage"] == "knowledge_extraction" and t["type"] == "generate"]
+            for entry, parsed in zip(entries, exts):
                 entry["parsed"] = parsed
 
     @staticmethod
@@ -199,17 +255,16 @@ class ReConnect(StagedPipeline):
         joined by spaces; empty outputs left out)."""
         return [x for x in (" ".join(exps) for exps in st.data["extractions"]) if x]
 
-    def _union_texts(self, st: QuestionState) -> list[str]:
-        return _dedup([p.text for sub in st.data["subsets"] for p in sub])
-
     def _aggregate(self, states: list[QuestionState], runner: StageRunner) -> None:
+        """One aggregation per question: over the N extraction outputs, or
+        without extraction ("w/o KE") over every pooled passage."""
         P = self.prompts
         chats = []
         for st in states:
             if self.config.knowledge_extraction:
                 items = self._extraction_items(st)
             else:
-                items = self._union_texts(st)
+                items = [p.text for p in st.passages]
             chats.append([P.chat("knowledge_aggregation", st.question, explanations=P.format_list(items))])
         outs = runner.generate("knowledge_aggregation", states, chats)
         for st, o in zip(states, outs):
