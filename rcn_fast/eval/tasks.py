@@ -5,48 +5,82 @@ A task file names where the questions come from and how to read them::
     name: arc-easy
     group: in-domain            # in-domain | out-of-domain | yes-no | open-domain | demo
     kind: multiple_choice       # multiple_choice | yes_no | open
-    dataset: allenai/ai2_arc    # a Hugging Face dataset id (or a save_to_disk folder)
+    dataset: allenai/ai2_arc    # a Hugging Face dataset id
     config: ARC-Easy
-    split: validation
+    split: test
+    expected_count: 2376        # questions in that split (a load that gives another count warns)
+    paper_table: ReConnect Table 1 (in-domain)
     fields: {question: question, choices: choices, answer: answerKey, id: id}   # a FieldMap
 
-or, instead of ``dataset``, ``local: demo/questions.jsonl`` (a file in the
-CommonsenseQA JSON-lines layout, relative to this package or absolute).
-Optional keys: ``question_template`` (a Python format string over the
-record's fields, e.g. WSC's pronoun question), ``choices_in_question``
-(options written inside the question as ``(A) ... (B) ...``, QuaRel),
-``shuffle_choices`` (a fixed per-question permutation, for datasets that
-store the answer first), ``dataset_kwargs`` (passed to
-``datasets.load_dataset``), ``corpus`` (a default knowledge corpus, package
-relative) and ``pipeline_args`` (per-pipeline default settings, e.g. short
-generations for the demo). ``include: other.yaml`` merges another task file
-under this one.
+The source is exactly one of
 
-Any local file can be a task (``--tasks path/to/file.jsonl``), and a
-registry task can read its data from elsewhere (``--tasks name=PATH``).
+* ``dataset`` -- a Hugging Face dataset id, read with
+  ``datasets.load_dataset(dataset, config, split=split, revision=revision,
+  **dataset_kwargs)``. ``revision: refs/convert/parquet`` reads the hub's
+  parquet conversion of a repository that only has a loading script
+  (``datasets`` >= 4 no longer runs scripts); at that revision each config
+  is a folder, so ``config`` is passed as ``data_dir``.
+* ``url`` with ``sha256`` -- a file pinned by content (e.g. the ReConnect
+  authors' evaluation files), downloaded once into the cache of
+  :mod:`rcn_fast.data.fetch`, verified, and read offline afterwards; the
+  file is in the CommonsenseQA JSON-lines layout (or the yes/no and
+  open-domain layouts for those kinds).
+* ``local`` -- a question file, relative to this package or absolute.
+
+Optional keys: ``question_template`` (a Python format string over the
+record's fields, e.g. a pronoun question), ``choices_in_question``
+(options written inside the question as ``(A) ... (B) ...``, QuaRel),
+``shuffle_choices`` (a fixed per-question permutation of the rows of a
+dataset that stores the answer first; files given as ``local``/``url`` or
+``name=FILE`` are read in their own order), ``dataset_kwargs`` (more
+``load_dataset`` arguments), ``expected_count``, ``paper_table``,
+``corpus`` (a default knowledge corpus, package relative),
+``pipeline_args`` (per-pipeline default settings, e.g. short generations
+for the demo) and ``description``. ``include: other.yaml`` merges another
+task file under this one. Yes/no and open-domain dataset tasks name their
+fields too (``{id, question, answer}`` and :class:`rcn_fast.data.OpenFieldMap`
+fields).
+
+On the command line a task is ``name`` (hyphens or underscores:
+``arc_easy``), ``name:split`` (another split), ``name=PATH`` (the task
+reading its data from PATH: a question file, a folder of ``*<split>*.jsonl``
+files, a ``save_to_disk`` folder, or a copy of the hub repository's files),
+or the path of a question file. Folders given with ``--include_path``
+add the user's own task YAMLs (their ``name`` keys; they win over packaged
+tasks of the same name).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TASKS_DIR = PACKAGE_DIR / "tasks"
 KINDS = ("multiple_choice", "yes_no", "open")
+#: The hub branch holding the parquet conversion of every dataset repository.
+PARQUET_REVISION = "refs/convert/parquet"
 _KNOWN_KEYS = {"name", "group", "kind", "dataset", "config", "split", "fields", "local", "question_template",
                "choices_in_question", "shuffle_choices", "dataset_kwargs", "corpus", "pipeline_args", "description",
-               "include", "metrics"}
+               "include", "metrics", "revision", "url", "sha256", "expected_count", "paper_table"}
+_YES_NO_FIELDS = {"id": "qid", "question": "question", "answer": "answer"}
 
 
 class TaskError(ValueError):
     """A task that cannot be resolved or read (the message says why)."""
+
+
+class TaskCountWarning(UserWarning):
+    """A task's split loaded with another number of questions than the
+    paper's set (the task's ``expected_count``)."""
 
 
 @dataclass
@@ -58,14 +92,23 @@ class TaskSpec:
     name : str
     kind : {"multiple_choice", "yes_no", "open"}
     group : str
-    dataset, config, split : Hugging Face source (``dataset`` may be a
-        ``save_to_disk`` folder).
+    dataset, config, split, revision : Hugging Face source (``dataset`` may
+        also be a local folder: see :func:`resolve_task`).
+    url, sha256 : str or None
+        A file pinned by content (used instead of ``dataset``).
     local : str or None
         A local question file (used instead of ``dataset``).
     fields : dict or None
-        :class:`rcn_fast.data.FieldMap` fields (multiple choice, Hugging Face).
+        How to read a dataset row: :class:`rcn_fast.data.FieldMap` fields
+        (multiple choice), ``{id, question, answer}`` (yes/no) or
+        :class:`rcn_fast.data.OpenFieldMap` fields (open).
     question_template, choices_in_question, shuffle_choices, dataset_kwargs :
         see the module docstring.
+    expected_count : int or None
+        Questions in ``split`` (the paper's set); None when unknown or when
+        another split was chosen.
+    paper_table : str
+        Which table of which paper the task belongs to.
     corpus : str or None
         Default knowledge corpus of the task (a file or a store folder).
     pipeline_args : dict
@@ -80,12 +123,17 @@ class TaskSpec:
     dataset: str | None = None
     config: str | None = None
     split: str | None = None
+    revision: str | None = None
+    url: str | None = None
+    sha256: str | None = None
     local: str | None = None
     fields: dict[str, Any] | None = None
     question_template: str | None = None
     choices_in_question: bool = False
     shuffle_choices: bool = False
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    expected_count: int | None = None
+    paper_table: str = ""
     corpus: str | None = None
     pipeline_args: dict[str, dict[str, Any]] = field(default_factory=dict)
     description: str = ""
@@ -101,16 +149,41 @@ class TaskSpec:
     def main_metric(self) -> str:
         return self.metrics[0]
 
+    @property
+    def where(self) -> str:
+        """The data source in words: ``hf:ID[/config]@revision``, ``url:URL``
+        or the local path."""
+        if self.url:
+            return f"url:{self.url}"
+        if self.local:
+            return self.local
+        if self.dataset and Path(self.dataset).is_dir():
+            return self.dataset
+        src = f"hf:{self.dataset}" + (f"/{self.config}" if self.config else "")
+        return src + (f"@{self.revision}" if self.revision else "")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 # --------------------------------------------------------------- registry
+def normalize_name(name: str) -> str:
+    """A task name as the registry keys it: lower case, ``_`` read as ``-``
+    (``ARC_Easy`` -> ``arc-easy``)."""
+    return name.strip().lower().replace("_", "-")
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    from rcn_fast.data.loaders import DataFormatError, read_text
+
     if path in seen:
         raise TaskError(f"task file {path}: include cycle ({' -> '.join(map(str, seen + (path,)))})")
+    if not path.is_file():
+        raise TaskError(f"task file {path} does not exist" + (f" (included from {seen[-1]})" if seen else ""))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text(path))
+    except DataFormatError as exc:
+        raise TaskError(f"task file {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -126,6 +199,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
     """Validate a task mapping (read from YAML) into a :class:`TaskSpec`."""
+    from rcn_fast.data.fetch import check_sha256
+
     unknown = set(data) - _KNOWN_KEYS
     if unknown:
         raise TaskError(f"task file {source}: unknown key(s) {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
@@ -134,10 +209,28 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
     kind = data.get("kind", "multiple_choice")
     if kind not in KINDS:
         raise TaskError(f"task file {source}: kind must be one of {list(KINDS)}, got {kind!r}")
-    if not data.get("dataset") and not data.get("local"):
-        raise TaskError(f"task file {source}: needs 'dataset' (a Hugging Face id) or 'local' (a question file)")
-    if kind == "multiple_choice" and data.get("dataset") and not isinstance(data.get("fields"), dict):
-        raise TaskError(f"task file {source}: a multiple-choice Hugging Face task needs 'fields' (a FieldMap)")
+    given = [k for k in ("dataset", "url", "local") if data.get(k)]
+    if len(given) != 1:
+        raise TaskError(f"task file {source}: needs exactly one source: 'dataset' (a Hugging Face id), 'url' "
+                        f"(with 'sha256') or 'local' (a question file); got {given or 'none'}")
+    if data.get("url") or data.get("sha256"):
+        if not data.get("url"):
+            raise TaskError(f"task file {source}: 'sha256' pins a 'url'; give the url too")
+        try:
+            data = {**data, "sha256": check_sha256(data.get("sha256"), "sha256")}
+        except ValueError as exc:
+            raise TaskError(f"task file {source}: {exc} (a 'url' must be pinned by its checksum)") from None
+    n = data.get("expected_count")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise TaskError(f"task file {source}: expected_count must be a positive integer, got {n!r}")
+    if data.get("fields") is not None and not isinstance(data["fields"], dict):
+        raise TaskError(f"task file {source}: fields must be a mapping, got {type(data['fields']).__name__}")
+    if data.get("dataset") and kind in ("multiple_choice", "open") and not isinstance(data.get("fields"), dict):
+        what = "a FieldMap" if kind == "multiple_choice" else "OpenFieldMap fields: question, answers, ..."
+        raise TaskError(f"task file {source}: a {kind} Hugging Face task needs 'fields' ({what})")
+    dk = data.get("dataset_kwargs") or {}
+    if not isinstance(dk, dict):
+        raise TaskError(f"task file {source}: dataset_kwargs must be a mapping, got {type(dk).__name__}")
     pa = data.get("pipeline_args") or {}
     if not isinstance(pa, dict) or not all(isinstance(v, dict) for v in pa.values()):
         raise TaskError(f"task file {source}: pipeline_args must map pipeline names to settings")
@@ -148,31 +241,52 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
         pr = settings.get("prompts")
         if isinstance(pr, str) and not Path(pr).is_absolute() and (PACKAGE_DIR / pr).is_file():
             settings["prompts"] = str(PACKAGE_DIR / pr)
-    data["dataset_kwargs"] = dict(data.get("dataset_kwargs") or {})
-    if data.get("config") is not None:
-        data["config"] = str(data["config"])
+    data["dataset_kwargs"] = dict(dk)
+    for k in ("config", "revision", "split"):
+        if data.get(k) is not None:
+            data[k] = str(data[k])
+    data["paper_table"] = str(data.get("paper_table") or "")
     return TaskSpec(**data, source=source)
 
 
-def available_tasks() -> list[str]:
-    """Names of the tasks shipped in package data."""
-    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+def _task_files(include_paths: Sequence[str] = ()) -> dict[str, Path]:
+    """Task name -> YAML file: the user's folders first (in order), then the package's."""
+    files: dict[str, Path] = {}
+    for d in include_paths or ():
+        folder = Path(d).expanduser()
+        if not folder.is_dir():
+            raise TaskError(f"include_path: {d} is not a folder (expected a folder of task YAML files)")
+        for f in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+            name = _read_yaml(f).get("name")
+            if isinstance(name, str) and name:  # files without a name are include fragments
+                files.setdefault(normalize_name(name), f)
+    for f in sorted(TASKS_DIR.glob("*.yaml")):
+        files.setdefault(f.stem, f)
+    return files
 
 
-def registry() -> dict[str, TaskSpec]:
-    """Every packaged task by name."""
-    return {name: get_task(name) for name in available_tasks()}
+def available_tasks(include_paths: Sequence[str] = ()) -> list[str]:
+    """Names of the packaged tasks (and those of ``include_paths`` folders)."""
+    return sorted(_task_files(include_paths))
 
 
-def get_task(name: str) -> TaskSpec:
-    """A packaged task by name (its file ``tasks/<name>.yaml``)."""
-    path = TASKS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise TaskError(f"unknown task {name!r}; available tasks: {', '.join(available_tasks())} "
+def registry(include_paths: Sequence[str] = ()) -> dict[str, TaskSpec]:
+    """Every task by name (packaged, and those of ``include_paths`` folders)."""
+    return {name: get_task(name, include_paths) for name in available_tasks(include_paths)}
+
+
+def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
+    """A task by name: a packaged ``tasks/<name>.yaml`` or a YAML file with
+    that ``name`` in one of ``include_paths``. Underscores match hyphens."""
+    files = _task_files(include_paths)
+    key = normalize_name(name)
+    path = files.get(key)
+    if path is None:
+        raise TaskError(f"unknown task {name!r}; available tasks: {', '.join(sorted(files))} "
                         f"(or a path to a question file in the CommonsenseQA JSON-lines layout)")
     spec = spec_from_dict(_read_yaml(path), str(path))
-    if spec.name != name:
-        raise TaskError(f"task file {path}: name {spec.name!r} differs from the file name {name!r}")
+    if normalize_name(spec.name) != key:
+        raise TaskError(f"task file {path}: name {spec.name!r} differs from the file name {key!r}")
     return spec
 
 
@@ -182,15 +296,16 @@ def _safe_name(text: str) -> str:
 
 def _sniff_kind(path: Path) -> str:
     """multiple_choice / yes_no / open from the first record of a JSON-lines file."""
+    from rcn_fast.data.loaders import DataFormatError, iter_lines
+
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    rec = json.loads(line)
-                    break
-            else:
-                return "multiple_choice"
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        for _, line in iter_lines(path):
+            if line.strip():
+                rec = json.loads(line)
+                break
+        else:
+            return "multiple_choice"
+    except (OSError, json.JSONDecodeError, DataFormatError):
         return "multiple_choice"  # the loader reports the problem with its line number
     if not isinstance(rec, dict):
         return "multiple_choice"
@@ -203,37 +318,67 @@ def _sniff_kind(path: Path) -> str:
     return "multiple_choice"
 
 
-def resolve_task(arg: str) -> TaskSpec:
+def _name_and_split(text: str, arg: str) -> tuple[str, str | None]:
+    name, sep, split = text.partition(":")
+    if sep and not split.strip():
+        raise TaskError(f"tasks: {arg!r}: expected NAME:SPLIT with a split after the colon")
+    return name.strip(), (split.strip() or None)
+
+
+def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[str] = ()) -> TaskSpec:
     """A ``--tasks`` entry -> TaskSpec.
 
-    * ``name`` -- a packaged task;
+    * ``name`` -- a packaged task (``arc_easy`` and ``arc-easy`` are the
+      same), or one in an ``include_paths`` folder;
+    * ``name:split`` -- the task on another split;
     * ``path/to/file.jsonl`` (or ``.json``) -- a local question file
       (CommonsenseQA layout; yes/no and open-domain records are recognised);
-    * ``name=PATH`` -- the packaged task ``name`` reading its data from
-      PATH (a local question file, a ``save_to_disk`` folder or a folder of
-      ``*<split>*.jsonl`` files).
+    * ``name=PATH`` (or ``name:split=PATH``) -- the task ``name`` reading
+      its data from PATH: a question file, a folder of ``*<split>*.jsonl``
+      files, a ``save_to_disk`` folder, or a local copy of the dataset
+      repository's files (parquet, JSON lines ...), read with the task's
+      fields and settings.
+
+    Parameters
+    ----------
+    split : str, optional
+        The split for every task that names none itself (``--split``).
+    include_paths : sequence of str
+        Folders of the user's task YAMLs (``--include_path``).
     """
     if not isinstance(arg, str) or not arg.strip():
         raise TaskError(f"tasks: expected a task name or a file path, got {arg!r}")
+    arg = arg.strip()
     if "=" in arg and not Path(arg).exists():
-        name, _, where = arg.partition("=")
-        spec = get_task(name)
+        head, _, where = arg.partition("=")
+        name, own_split = _name_and_split(head, arg)
+        spec = get_task(name, include_paths)
         p = Path(where).expanduser()
         if not p.exists():
             raise TaskError(f"task {name!r}: {where} does not exist")
         if p.is_file():
             spec.local, spec.dataset = str(p.resolve()), None
         else:
-            spec.dataset = str(p.resolve())
+            spec.dataset, spec.local = str(p.resolve()), None
+        spec.url = spec.sha256 = spec.revision = None
         spec.source = f"{spec.source} with data from {p}"
-        return spec
-    p = Path(arg).expanduser()
-    if p.suffix in (".jsonl", ".json") or p.is_file():
-        if not p.is_file():
-            raise TaskError(f"task file {arg} does not exist")
-        return TaskSpec(name=_safe_name(p.stem), kind=_sniff_kind(p), group="local", local=str(p.resolve()),
-                        source=str(p.resolve()))
-    return get_task(arg)
+    else:
+        p = Path(arg).expanduser()
+        if p.suffix in (".jsonl", ".json") or p.is_file():
+            if not p.is_file():
+                raise TaskError(f"task file {arg} does not exist")
+            return TaskSpec(name=_safe_name(p.stem), kind=_sniff_kind(p), group="local", local=str(p.resolve()),
+                            source=str(p.resolve()))
+        name, own_split = _name_and_split(arg, arg)
+        spec = get_task(name, include_paths)
+    chosen = own_split or split
+    if chosen and chosen != spec.split:
+        one_file = spec.url or (spec.local and Path(_package_path(spec.local)).is_file())
+        if one_file:
+            raise TaskError(f"task {spec.name!r} reads one file ({spec.where}), which has no split {chosen!r}; "
+                            f"give the file of that split with {spec.name}=PATH")
+        spec.split, spec.expected_count = chosen, None  # the count is the paper's split's
+    return spec
 
 
 # ------------------------------------------------------------------ loading
@@ -248,16 +393,36 @@ def task_corpus(spec: TaskSpec) -> str | None:
 
 
 _OPTION = re.compile(r"\(([A-Z])\)\s*")
+# the end of the last inline option: a sentence end followed by more text
+_TRAILER = re.compile(r"(?<=[^\s])([.?!])\s+(?=\S)")
 
 
 def split_inline_choices(text: str) -> tuple[str, list[str], list[str]]:
-    """``"stem (A) first (B) second"`` -> (stem, choices, labels)."""
+    """``"stem (A) first (B) second"`` -> (stem, choices, labels).
+
+    Text after the last option's sentence (``"... (B) ice. Why?"``) is not
+    part of that option: it is appended to the stem. A final ``.``/``?``/``!``
+    after an option is dropped.
+
+    Raises
+    ------
+    ValueError
+        Fewer than two options written as ``(A) ... (B) ...``.
+    """
     parts = _OPTION.split(text)
     if len(parts) < 5:
         raise ValueError("expected options written as '(A) ... (B) ...' inside the question")
     stem = parts[0].strip()
     labels = parts[1::2]
     choices = [c.strip() for c in parts[2::2]]
+    m = _TRAILER.search(choices[-1])
+    if m is not None:
+        trailer = choices[-1][m.end():].strip()
+        choices[-1] = choices[-1][:m.start()].strip()
+        stem = f"{stem} {trailer}".strip()
+    choices = [c[:-1].rstrip() if len(c) > 1 and c[-1] in ".?!" else c for c in choices]
+    if any(not c for c in choices):
+        raise ValueError(f"an empty option in {text!r}")
     return stem, choices, labels
 
 
@@ -273,8 +438,91 @@ def _permute(q: Any, key: str) -> Any:
     return MCQuestion(id=q.id, question=q.question, choices=choices, answer=answer, meta=q.meta)
 
 
-def _mc_from_hf(spec: TaskSpec, split: str | None, limit: int | None) -> list[Any]:
+def check_limit(limit: Any) -> int | float | None:
+    """``limit``: None, a positive int (first N questions) or a float in
+    (0, 1) (that fraction of the split, rounded up; a whole float >= 1 counts
+    as an int). Anything else raises ValueError naming ``limit``."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+        raise ValueError(f"limit: expected a positive integer or a fraction in (0, 1), got {limit!r}")
+    if isinstance(limit, float):
+        if 0.0 < limit < 1.0:
+            return limit
+        if limit >= 1.0 and limit.is_integer():
+            return int(limit)
+        raise ValueError(f"limit: expected a positive integer or a fraction in (0, 1), got {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit: expected a positive integer or a fraction in (0, 1), got {limit!r}")
+    return limit
+
+
+def _take_n(total: int, limit: int | float | None) -> int:
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        return min(total, math.ceil(total * limit))
+    return min(total, limit)
+
+
+def hub_load_args(spec: TaskSpec, split: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The ``datasets.load_dataset`` call of a hub task: ``(path, kwargs)``.
+
+    ``config`` goes in as the configuration name, except at the parquet
+    conversion revision (:data:`PARQUET_REVISION`), where each config is a
+    folder (``data_dir``); ``revision`` and ``dataset_kwargs`` are passed on.
+    """
+    kwargs: dict[str, Any] = dict(spec.dataset_kwargs)
+    kwargs["split"] = split or spec.split or "validation"
+    if spec.revision:
+        kwargs["revision"] = spec.revision
+    if spec.config is not None:
+        if spec.revision == PARQUET_REVISION:
+            kwargs.setdefault("data_dir", spec.config)
+        else:
+            kwargs["name"] = spec.config
+    return str(spec.dataset), kwargs
+
+
+def _is_saved(p: Path) -> bool:
+    return (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()
+
+
+def _split_files(folder: Path, split: str | None) -> list[Path]:
+    want = split or "dev"
+    want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want)
+    return sorted(p for p in folder.glob("*.jsonl") if want in p.stem)
+
+
+def _dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
+    """The rows of a dataset task: a ``datasets.Dataset`` and a name for messages."""
     from rcn_fast._arrays import require
+
+    datasets = require("datasets", 'pip install datasets  (or pip install "rcn_fast[eval]")')
+    p = Path(str(spec.dataset)).expanduser()
+    if p.is_dir() and _is_saved(p):  # a save_to_disk folder
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise TaskError(f"task {spec.name!r}: {p} has the splits {sorted(ds)}, not {split!r} (choose one "
+                                f"with --split or {spec.name}:SPLIT)")
+            ds = ds[split]
+        return ds, f"{p}[{split}]"
+    if p.is_dir():  # a copy of the repository's files: the hub call on the folder
+        _, kwargs = hub_load_args(spec, split)
+        kwargs.pop("revision", None)
+        cfg = kwargs.pop("name", None)
+        card = p / "README.md"
+        listed = card.is_file() and f"config_name: {cfg}" in card.read_text(encoding="utf-8", errors="replace")
+        if cfg is not None and (p / cfg).is_dir() and not listed:
+            kwargs.setdefault("data_dir", cfg)  # a config folder (the parquet conversion's layout)
+            cfg = None
+        return datasets.load_dataset(str(p), cfg, **kwargs), f"{p}[{split}]"
+    path, kwargs = hub_load_args(spec, split)
+    return datasets.load_dataset(path, **kwargs), f"{spec.name}[{split}]"
+
+
+def _convert_mc(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -> list[Any]:
     from rcn_fast.data import DataFormatError, FieldMap, MCQuestion
     from rcn_fast.data.loaders import convert_record
 
@@ -287,21 +535,8 @@ def _mc_from_hf(spec: TaskSpec, split: str | None, limit: int | None) -> list[An
         fmap = FieldMap(**f)
     except TypeError as exc:
         raise TaskError(f"task {spec.name!r}: bad fields ({exc})") from None
-    datasets = require("datasets", 'pip install datasets  (or pip install "rcn_fast[eval]")')
-    split = split or spec.split or "validation"
-    name = str(spec.dataset)
-    if Path(name).is_dir() and ((Path(name) / "dataset_info.json").exists()
-                                or (Path(name) / "dataset_dict.json").exists()):
-        ds = datasets.load_from_disk(name)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    else:
-        ds = datasets.load_dataset(name, spec.config, split=split, **spec.dataset_kwargs)
-    where = f"{spec.name}[{split}]"
     out = []
-    for row, rec in enumerate(ds):
-        if limit is not None and row >= limit:
-            break
+    for row, rec in enumerate(rows):
         rec = dict(rec)
         if spec.question_template:
             try:
@@ -312,9 +547,9 @@ def _mc_from_hf(spec: TaskSpec, split: str | None, limit: int | None) -> list[An
         else:
             fm = fmap
         if spec.choices_in_question:
+            qf = fmap.question if isinstance(fmap.question, str) else fmap.question[0]
             try:
-                stem, choices, labels = split_inline_choices(str(rec.get(fmap.question if isinstance(fmap.question, str)
-                                                                         else fmap.question[0], "")))
+                stem, choices, labels = split_inline_choices(str(rec.get(qf, "")))
             except ValueError as exc:
                 raise DataFormatError(f"{where}: row {row}: {exc}") from None
             rec["_question"], rec["_choices"], rec["_labels"] = stem, choices, labels
@@ -323,56 +558,157 @@ def _mc_from_hf(spec: TaskSpec, split: str | None, limit: int | None) -> list[An
         if fmap.id is None:
             q = MCQuestion(id=f"{spec.name}-{split}-{row}", question=q.question, choices=q.choices, labels=q.labels,
                            answer=q.answer, meta=q.meta)
-        if spec.shuffle_choices:
+        if spec.shuffle_choices:  # the dataset stores the answer first
             q = _permute(q, f"{spec.name}/{q.id}")
         out.append(q)
     return out
 
 
-def load_task_questions(spec: TaskSpec, *, limit: int | None = None, split: str | None = None) -> list[Any]:
+def _convert_yes_no(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any]:
+    from rcn_fast.data.yes_no import yes_no_record
+
+    f = {**_YES_NO_FIELDS, **(spec.fields or {})}
+    unknown = set(f) - set(_YES_NO_FIELDS)
+    if unknown:
+        raise TaskError(f"task {spec.name!r}: yes/no fields are {sorted(_YES_NO_FIELDS)}, got {sorted(unknown)}")
+    return [yes_no_record(dict(rec), f"{where} row {row}", id_field=f["id"], question_field=f["question"],
+                          answer_field=f["answer"], default_id=f"{spec.name}-{row}")
+            for row, rec in enumerate(rows)]
+
+
+def _convert_open(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any]:
+    from rcn_fast.data.open_domain import OpenFieldMap, convert_open_record
+
+    f = dict(spec.fields or {})
+    if isinstance(f.get("answers"), list):
+        f["answers"] = tuple(f["answers"])
+    try:
+        fmap = OpenFieldMap(**f)
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"task {spec.name!r}: bad fields ({exc})") from None
+    return [convert_open_record(dict(rec), fmap, row, where) for row, rec in enumerate(rows)]
+
+
+def _read_file(spec: TaskSpec, path: Path, split: str | None) -> list[Any]:
+    """Every question of a local file (or a folder of ``*<split>*.jsonl``), in file order."""
+    if spec.kind == "yes_no":
+        from rcn_fast.data.yes_no import load_yes_no_questions
+
+        return load_yes_no_questions(str(path), split=split)
+    if spec.kind == "open":
+        from rcn_fast.data.open_domain import load_open_questions
+
+        return load_open_questions(str(path), split=split)
+    from rcn_fast.data import load_questions
+
+    return load_questions(str(path), split=split)
+
+
+def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, split: str | None = None) -> list[Any]:
     """The questions of a task.
+
+    Parameters
+    ----------
+    spec : TaskSpec
+    limit : int or float, optional
+        The first ``limit`` questions, or (a float in (0, 1)) that fraction
+        of the split, rounded up.
+    split : str, optional
+        Overrides ``spec.split``.
 
     Returns
     -------
     list of :class:`~rcn_fast.data.MCQuestion` (``multiple_choice`` and
     ``yes_no`` tasks) or :class:`~rcn_fast.data.OpenQuestion` (``open``).
 
+    Warns
+    -----
+    TaskCountWarning
+        The split has another number of questions than ``spec.expected_count``.
+
     Raises
     ------
     rcn_fast.data.DataFormatError
-        A malformed record (file and line, or dataset row).
+        A malformed record (file and line, or dataset row), or bytes that are not UTF-8.
+    rcn_fast.data.fetch.FetchError
+        A pinned URL whose file cannot be had or does not match its checksum.
+    TaskError
+        A split the data does not have, or bad task fields.
     FileNotFoundError
         A local file that does not exist.
     """
+    limit = check_limit(limit)
     split = split or spec.split
-    if spec.kind == "yes_no":
-        from rcn_fast.data.yes_no import load_yes_no_questions
+    expected = spec.expected_count if split == spec.split else None
+    if spec.url or spec.local:
+        if spec.url:
+            from rcn_fast.data.fetch import fetch_pinned
 
-        src = str(_package_path(spec.local)) if spec.local else str(spec.dataset)
-        return load_yes_no_questions(src, split=split, limit=limit, config=spec.config)
-    if spec.kind == "open":
-        from rcn_fast.data.open_domain import load_open_questions
+            path = fetch_pinned(spec.url, str(spec.sha256))
+        else:
+            path = _package_path(str(spec.local))
+        qs = _read_file(spec, path, split)
+        total, where = len(qs), str(path)
+        qs = qs[:_take_n(total, limit)]
+    else:
+        p = Path(str(spec.dataset)).expanduser()
+        if p.is_dir() and not _is_saved(p) and _split_files(p, split) and _jsonl_layout_fits(spec, p, split):
+            qs = _read_file(spec, p, split)  # a folder of JSON-lines split files in rcn_fast's layouts
+            total, where = len(qs), str(_split_files(p, split)[0])
+            qs = qs[:_take_n(total, limit)]
+        else:
+            split = split or "validation"
+            ds, where = _dataset_rows(spec, split)
+            total = len(ds)
+            n = _take_n(total, limit)
+            rows = ds.select(range(n)) if n < total else ds
+            if spec.kind == "yes_no":
+                qs = _convert_yes_no(spec, rows, where)
+            elif spec.kind == "open":
+                qs = _convert_open(spec, rows, where)
+            else:
+                qs = _convert_mc(spec, rows, split, where)
+    if expected is not None and total != expected:
+        warnings.warn(TaskCountWarning(
+            f"task {spec.name!r}: {where} has {total} questions, the paper's set has {expected} "
+            f"(another file, split or version of the data?)"), stacklevel=2)
+    return qs
 
-        src = str(_package_path(spec.local)) if spec.local else str(spec.dataset)
-        return load_open_questions(src, split=split, limit=limit, config=spec.config)
-    if spec.local:
-        from rcn_fast.data import load_questions
 
-        qs = load_questions(str(_package_path(spec.local)), split=split, limit=limit)
-        return [_permute(q, f"{spec.name}/{q.id}") for q in qs] if spec.shuffle_choices else qs
-    return _mc_from_hf(spec, split, limit)
+def _jsonl_layout_fits(spec: TaskSpec, folder: Path, split: str | None) -> bool:
+    """Whether a folder's ``*<split>*.jsonl`` is in rcn_fast's own layout for
+    the task's kind (CommonsenseQA records for multiple choice) rather than
+    a copy of the dataset's raw files."""
+    return spec.kind != "multiple_choice" or _has_csqa_question(_split_files(folder, split)[0])
+
+
+def _has_csqa_question(path: Path) -> bool:
+    from rcn_fast.data.loaders import DataFormatError, iter_lines
+
+    try:
+        for _, line in iter_lines(path):
+            if line.strip():
+                rec = json.loads(line)
+                return isinstance(rec, dict) and (isinstance(rec.get("question"), dict) or "choices" in rec)
+    except (OSError, json.JSONDecodeError, DataFormatError):
+        return True  # the CommonsenseQA reader reports the problem with its line number
+    return True
 
 
 def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it)."""
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
-                                                             "pipeline_args")}
+                                                             "pipeline_args", "expected_count", "paper_table")}
+    for k in ("revision", "url", "sha256"):  # keys of tasks without them stay what they were
+        if d.get(k) is None:
+            d.pop(k, None)
+    d.pop("url", None)  # the checksum pins the content wherever it is served
     if spec.local:
         p = _package_path(spec.local)
         d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-__all__ = ["TaskSpec", "TaskError", "available_tasks", "registry", "get_task", "resolve_task",
+__all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "available_tasks", "registry", "get_task", "resolve_task",
            "load_task_questions", "task_corpus", "split_inline_choices", "spec_from_dict", "spec_key",
-           "PACKAGE_DIR", "TASKS_DIR"]
+           "hub_load_args", "check_limit", "normalize_name", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
