@@ -393,8 +393,9 @@ def task_corpus(spec: TaskSpec) -> str | None:
 
 
 _OPTION = re.compile(r"\(([A-Z])\)\s*")
-# the end of the last inline option: a sentence end followed by more text
-_TRAILER = re.compile(r"(?<=[^\s])([.?!])\s+(?=\S)")
+# the end of the last inline option: a sentence end followed by a new sentence
+_TRAILER = re.compile(r"(?<=[^\s])([.?!])\s+(?=[A-Z0-9\"'(])")
+_ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Mt|Prof|vs|etc|No)|\b[A-Z])$")
 
 
 def split_inline_choices(text: str) -> tuple[str, list[str], list[str]]:
@@ -415,7 +416,8 @@ def split_inline_choices(text: str) -> tuple[str, list[str], list[str]]:
     stem = parts[0].strip()
     labels = parts[1::2]
     choices = [c.strip() for c in parts[2::2]]
-    m = _TRAILER.search(choices[-1])
+    m = next((m for m in _TRAILER.finditer(choices[-1])
+              if m.group(1) != "." or not _ABBREVIATION.search(choices[-1][:m.start()])), None)
     if m is not None:
         trailer = choices[-1][m.end():].strip()
         choices[-1] = choices[-1][:m.start()].strip()
@@ -564,7 +566,7 @@ def _convert_mc(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -> 
     return out
 
 
-def _convert_yes_no(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any]:
+def _convert_yes_no(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -> list[Any]:
     from rcn_fast.data.yes_no import yes_no_record
 
     f = {**_YES_NO_FIELDS, **(spec.fields or {})}
@@ -572,11 +574,11 @@ def _convert_yes_no(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any
     if unknown:
         raise TaskError(f"task {spec.name!r}: yes/no fields are {sorted(_YES_NO_FIELDS)}, got {sorted(unknown)}")
     return [yes_no_record(dict(rec), f"{where} row {row}", id_field=f["id"], question_field=f["question"],
-                          answer_field=f["answer"], default_id=f"{spec.name}-{row}")
+                          answer_field=f["answer"], default_id=f"{spec.name}-{split}-{row}")
             for row, rec in enumerate(rows)]
 
 
-def _convert_open(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any]:
+def _convert_open(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -> list[Any]:
     from rcn_fast.data.open_domain import OpenFieldMap, convert_open_record
 
     f = dict(spec.fields or {})
@@ -586,7 +588,13 @@ def _convert_open(spec: TaskSpec, rows: Iterable[Any], where: str) -> list[Any]:
         fmap = OpenFieldMap(**f)
     except (TypeError, ValueError) as exc:
         raise TaskError(f"task {spec.name!r}: bad fields ({exc})") from None
-    return [convert_open_record(dict(rec), fmap, row, where) for row, rec in enumerate(rows)]
+    out = []
+    for row, rec in enumerate(rows):
+        q = convert_open_record(dict(rec), fmap, row, where)
+        if fmap.id is None:  # ids that do not depend on where the rows were read from
+            q.id = f"{spec.name}-{split}-{row}"
+        out.append(q)
+    return out
 
 
 def _read_file(spec: TaskSpec, path: Path, split: str | None) -> list[Any]:
@@ -663,9 +671,9 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
             n = _take_n(total, limit)
             rows = ds.select(range(n)) if n < total else ds
             if spec.kind == "yes_no":
-                qs = _convert_yes_no(spec, rows, where)
+                qs = _convert_yes_no(spec, rows, split, where)
             elif spec.kind == "open":
-                qs = _convert_open(spec, rows, where)
+                qs = _convert_open(spec, rows, split, where)
             else:
                 qs = _convert_mc(spec, rows, split, where)
     if expected is not None and total != expected:
