@@ -73,16 +73,28 @@ class RAGDouble(ScriptedLLM):
         self.stages: list[str] = []
 
     @staticmethod
+    def stage_turn(chat: list[dict]) -> tuple[str | None, str]:
+        """(stage, the turn holding its instruction): the last system/user
+        turn with a stage signature (a nexus that continues the agent's chat
+        carries its instruction in the last user turn)."""
+        for t in reversed(chat):
+            if t["role"] in ("system", "user"):
+                hits = [s for s, sig in SIGNATURES.items() if sig in t["content"]]
+                assert len(hits) <= 1, hits
+                if hits:
+                    return hits[0], t["content"]
+        return None, chat[0]["content"]
+
+    @staticmethod
     def rag_stage(chat: list[dict]) -> str | None:
-        hits = [s for s, sig in SIGNATURES.items() if sig in chat[0]["content"]]
-        assert len(hits) <= 1, hits
-        return hits[0] if hits else None
+        return RAGDouble.stage_turn(chat)[0]
 
     def respond(self, chat: list[dict]) -> str:
-        stage = self.rag_stage(chat)
+        stage, system = self.stage_turn(chat)
         self.stages.append(stage or "other")
-        q = _question_line(chat)
-        system = chat[0]["content"]
+        user = [t for t in chat if t["role"] == "user"][-1]["content"]
+        q = next((ln.removeprefix("Question: ").strip() for ln in user.splitlines() if ln.startswith("Question: ")),
+                 _question_line(chat))
         passages = re.findall(r"^Passage (\d+): (.*)$", system, re.M)
         if stage in ("rag_cot", "rag_cot_passages"):
             return f"step about {q}\nAnswer: cot for {q}"
@@ -136,6 +148,9 @@ FLOWS = {
                                  [("generate", 1)] * 3),
     ("activerag", "all"): ([("generate", 1), ("generate", 4), ("generate", 4), ("score", 4)],
                            [("generate", 1), ("generate", 4), ("generate", 4)]),
+    ("activerag", "note"): ([("generate", 1), ("generate", 1), ("generate", 1), ("score", 1)],
+                            [("generate", 1)] * 3),
+    ("activerag", "passage"): ([("generate", 1), ("generate", 1), ("score", 1)], [("generate", 1)] * 2),
     ("rag_vanilla", None): ([("score", 1)], [("generate", 1)]),
     ("chain_of_note", None): ([("generate", 1), ("score", 1)], [("generate", 1)]),
     ("self_refine", None): ([("generate", 1), ("score", 1)], [("generate", 1)] * 2),
@@ -147,6 +162,8 @@ STAGES = {
     ("activerag", "associate"): ["retrieval", "rag_cot", "knowledge_construction", "cognitive_nexus", "answer"],
     ("activerag", "all"): ["retrieval", "rag_cot"] + ["knowledge_construction"] * 4 + ["cognitive_nexus"] * 4
     + ["answer"] * 4 + ["combination"],
+    ("activerag", "note"): ["retrieval", "rag_cot", "knowledge_construction", "cognitive_nexus", "answer"],
+    ("activerag", "passage"): ["retrieval", "rag_cot", "cognitive_nexus", "answer"],
     ("rag_vanilla", None): ["retrieval", "answer"],
     ("chain_of_note", None): ["retrieval", "rag_chain_of_note", "answer"],
     ("self_refine", None): ["retrieval", "rag_summarize", "answer"],
@@ -211,7 +228,9 @@ def test_stage_flow_and_calls_per_question_open_domain(name, agent, retriever):
         for t in pr.trace:  # open questions: no options in any prompt, no trailing blanks
             if t["type"] == "generate":
                 user = [x for x in t["prompt"] if x["role"] == "user"][-1]["content"]
-                assert user == f"Question: {q.question}"
+                # (a nexus continuing the agent's chat has its instruction before the question)
+                assert user == f"Question: {q.question}" or (
+                    t["stage"] == "cognitive_nexus" and user.endswith(f"\n\nQuestion: {q.question}"))
 
 
 def test_activerag_prompts_carry_passages_cot_and_construction(retriever):
@@ -227,15 +246,49 @@ def test_activerag_prompts_carry_passages_cot_and_construction(retriever):
         assert f"Passage {i}: {p.text}" in system
     assert cons["prompt"][-1] == {"role": "assistant", "content": "Knowledge construction: "}
     assert cons["output"].startswith(f"associate knows {first}")
-    # nexus: the chain of thought and the construction
+    # nexus: continues the agent's own chat (the reference code): construction prompt and reply, then the
+    # nexus instruction with the chain of thought and the construction, and the question, as the next user turn
     assert RAGDouble.rag_stage(nexus["prompt"]) == "activerag_nexus_associate"
-    nsys = nexus["prompt"][0]["content"]
+    n = nexus["prompt"]
+    assert n[:2] == cons["prompt"][:2] and [t["role"] for t in n] == ["system", "user", "assistant", "user", "assistant"]
+    assert n[2]["content"] == "Knowledge construction: " + cons["output"]
+    nsys = n[3]["content"]
+    assert nsys.startswith("A language model answered the question below")
     assert cot["output"].strip() in nsys and cons["output"].strip() in nsys
-    assert "Options:" not in nsys and "A. sunlight" in nexus["prompt"][1]["content"]
+    assert "Options:" not in nsys.split("Question:")[0] and "A. sunlight" in nsys
+    assert n[-1] == {"role": "assistant", "content": "Improved reasoning: "}
     # the scoring pass reads the nexus output, and the label it points to wins
     assert RAGDouble.rag_stage(ans["prompt"]) == "rag_answer_reasoning"
     assert nexus["output"].strip() in ans["prompt"][0]["content"] and ans["labels"] == ["A", "B", "C"]
     assert pr.label == "C" and pr.knowledge == [nexus["output"]]
+    # nexus_context="fresh": a new chat with the chain of thought and the construction only
+    fresh = _build("activerag", "associate", RAGDouble(answers={"associate": "PICK=C"}), retriever,
+                   nexus_context="fresh").run(QS[0])
+    fn = fresh.trace[3]["prompt"]
+    assert [t["role"] for t in fn] == ["system", "user", "assistant"] and RAGDouble.rag_stage(fn) == \
+        "activerag_nexus_associate"
+    assert cot["output"].strip() in fn[0]["content"] and cons["output"].strip() in fn[0]["content"]
+    assert "A. sunlight" in fn[1]["content"] and fresh.label == "C"
+
+
+def test_table_3_ablations_cot_with_note_and_with_passage(retriever):
+    """ActiveRAG Table 3: "CoT w. Note" refines the passages into notes, then
+    the nexus; "CoT w. Passage" hands the raw passages to the nexus."""
+    llm = RAGDouble(answers={"note": "PICK=B", "passage": "PICK=C"})
+    pr = _build("activerag", "note", llm, retriever).run(QS[0])
+    ret, cot, notes, nexus, ans = pr.trace
+    assert RAGDouble.rag_stage(notes["prompt"]) == "activerag_note" and notes["agent"] == "note"
+    assert "Passage 1: " in notes["prompt"][0]["content"]
+    assert RAGDouble.rag_stage(nexus["prompt"]) == "activerag_nexus_note"
+    assert notes["output"].strip() in nexus["prompt"][3]["content"] and cot["output"].strip() in nexus["prompt"][3]["content"]
+    assert pr.label == "B"
+    pr = _build("activerag", "passage", llm, retriever).run(QS[0])
+    ret, cot, nexus, ans = pr.trace
+    assert RAGDouble.rag_stage(nexus["prompt"]) == "activerag_nexus_passage" and len(nexus["prompt"]) == 3
+    for i, p in enumerate(pr.passages, start=1):
+        assert f"Passage {i}: {p.text}" in nexus["prompt"][0]["content"]
+    assert cot["output"].strip() in nexus["prompt"][0]["content"] and pr.label == "C"
+    assert pr.cost.generations == 2 and pr.cost.scoring_passes == 1
 
 
 @pytest.mark.parametrize("agent", ACTIVERAG_AGENTS)
@@ -271,6 +324,11 @@ def test_all_agents_vote_in_open_domain(retriever):
     llm = RAGDouble(answers={"associate": "Light.", "anchoring": "a magnet", "logician": "the light",
                              "cognition": "A magnet"})
     pr = _build("activerag", "all", llm, retriever).run(OQS[0])
+    # the vote reads the Answer: lines; the default metric reads the winner's whole output
+    assert pr.meta["winner"] == "associate" and pr.answer_text == pr.output.strip()
+    assert pr.answer_text.startswith("associate improves [") and pr.answer_text.endswith("Answer: Light.")
+    assert pr.trace[-1]["answers"]["anchoring"] == "a magnet"
+    pr = _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[0])
     # 2-2 tie between "light" and "magnet": the group whose first member comes first (associate) wins
     assert pr.answer_text == "Light." and pr.meta["winner"] == "associate"
     assert pr.string_em is True and pr.exact_match is True
@@ -279,30 +337,37 @@ def test_all_agents_vote_in_open_domain(retriever):
     assert pr.trace[-1]["method"] == "vote"
     llm = RAGDouble(answers={"associate": "Light.", "anchoring": "a magnet", "logician": "Magnet",
                              "cognition": "sun"})
-    pr = _build("activerag", "all", llm, retriever).run(OQS[1])
+    pr = _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[1])
     assert pr.answer_text == "a magnet" and pr.meta["winner"] == "anchoring" and pr.exact_match
 
 
 def test_open_domain_answers_and_metrics(retriever):
     llm = RAGDouble(answers={"associate": "The sun's LIGHT, mostly", "note": "iron"})
-    pr = _build("activerag", "associate", llm, retriever).run(OQS[0])
+    # default: the paper's StringEM over the whole final output
+    full = _build("activerag", "associate", llm, retriever).run(OQS[0])
+    assert full.answer_text == full.output.strip() and full.output.startswith("associate improves [")
+    assert full.string_em is True and full.exact_match is False
+    # a gold alias only in the reasoning (not in the Answer: line) counts for the whole-output metric only
+    llm2 = RAGDouble(answers={"associate": "iron filings"})
+    q = OpenQuestion("o3", "What do plants need to make food?", ["step about"])
+    assert _build("activerag", "associate", llm2, retriever).run(q).string_em is True
+    assert _build("activerag", "associate", llm2, retriever, answer_extraction="final").run(q).string_em is False
+    pr = _build("activerag", "associate", llm, retriever, answer_extraction="final").run(OQS[0])
     assert pr.answer_text == "The sun's LIGHT, mostly"
     assert pr.string_em is True and pr.exact_match is False
     assert pr.output.startswith("associate improves [")
-    full = _build("activerag", "associate", llm, retriever, answer_extraction="full").run(OQS[0])
-    assert full.answer_text == full.output.strip() and full.string_em
     # vanilla RAG: the answer generation sees the passages; its first line is the answer
-    van = _build("rag_vanilla", None, RAGDouble(), retriever).run(OQS[1])
+    van = _build("rag_vanilla", None, RAGDouble(), retriever, answer_extraction="final").run(OQS[1])
     gen = van.trace[-1]
     assert RAGDouble.rag_stage(gen["prompt"]) == "rag_answer_open" and gen["prompt"][-1]["content"] == "Answer: "
     assert van.answer_text == van.passages[0].text == gen["answer"]
     # self-refine: the answer step sees the summary, not the passages
-    sr = _build("self_refine", None, RAGDouble(), retriever).run(OQS[1])
+    sr = _build("self_refine", None, RAGDouble(), retriever, answer_extraction="final").run(OQS[1])
     last = sr.trace[-1]["prompt"][0]["content"]
     assert "Passage 1: summary of 5 passages about What attracts iron?" in last and "Passage 2" not in last
     assert sr.answer_text.startswith("summary of 5 passages")
     # unlabelled questions: no metric
-    un = _build("cot", None, RAGDouble(), retriever).run(OpenQuestion("u", "Why?"))
+    un = _build("cot", None, RAGDouble(), retriever, answer_extraction="final").run(OpenQuestion("u", "Why?"))
     assert un.string_em is None and un.exact_match is None and un.answer_text == "cot for Why?"
 
 
@@ -565,7 +630,9 @@ def test_real_models_on_commonsense(smollm, tmp_path):
         assert [t["stage"] for t in pr.trace] == STAGES[("activerag", "associate")]
         cons, nexus = pr.trace[2], pr.trace[3]
         assert cons["prompt"][0]["content"].startswith(f"Facts:\nPassage 1: {pr.passages[0].text}")
-        assert nexus["prompt"][0]["content"].startswith(f"Reasoning: {pr.trace[1]['output'].strip()}")
+        # the nexus continues the construction chat: its instruction is the next user turn
+        assert nexus["prompt"][:2] == cons["prompt"][:2]
+        assert nexus["prompt"][3]["content"].startswith(f"Reasoning: {pr.trace[1]['output'].strip()}")
         assert pr.trace[4]["prompt"][0]["content"].startswith(f"Reasoning: {nexus['output'].strip()}")
 
 

@@ -13,12 +13,22 @@ Stages, each run for the whole batch at once (one LLM call per stage):
    contradict and correct the model).
 4. ``cognitive_nexus`` (1 generation per agent): the agent's construction
    and the chain of thought go back to the model, which checks and improves
-   the reasoning and answers (``activerag_nexus_<agent>``).
+   the reasoning and answers (``activerag_nexus_<agent>``). With
+   ``nexus_context="conversation"`` (default, as the reference code) the
+   nexus continues the agent's own chat: construction prompt, construction
+   reply, then the nexus instruction as the next user turn
+   (:func:`continue_chat`); ``"fresh"`` starts a new chat.
 5. Multiple choice: ``answer`` -- one scoring pass per agent over its nexus
    output (``rag_answer_reasoning``, label log-probabilities at
    ``"Answer: "``), so ActiveRAG is scored like every other pipeline.
-   Open domain: the answer is read from the nexus output
-   (:func:`~rcn_fast.pipelines.rag.extract_answer`).
+   Open domain: StringEM over the whole nexus output (the paper's metric;
+   ``answer_extraction="final"`` reads the ``Answer:`` line instead).
+
+The paper's Table 3 ablations are agents too: ``agent="note"`` ("CoT w.
+Note": reading notes on the passages, ``activerag_note``, then the nexus,
+``activerag_nexus_note``) and ``agent="passage"`` ("CoT w. Passage": the
+raw passages go to the nexus, ``activerag_nexus_passage``; no construction
+call, so 2 generations).
 
 ``agent="all"`` runs the four agents and combines them without looking at
 the gold answer: multiple choice -- the log of the *mean of the four
@@ -36,6 +46,8 @@ Cost per question (``Prediction.cost``; the trace has one entry per call):
 agent          multiple choice                       open domain
 =============  ====================================  =========================
 one agent      3 generations + 1 scoring = 4 calls   3 generations = 3 calls
+``"note"``     3 generations + 1 scoring = 4 calls   3 generations = 3 calls
+``"passage"``  2 generations + 1 scoring = 3 calls   2 generations = 2 calls
 ``"all"``      9 generations + 4 scoring = 13 calls  9 generations = 9 calls
 =============  ====================================  =========================
 
@@ -53,9 +65,52 @@ sampled gpt-3.5-turbo at temperature 0.2 (``temperature=0.2`` follows it).
 
 from __future__ import annotations
 
+import copy
+
 from rcn_fast.pipelines.base import QuestionState, StageRunner
 from rcn_fast.pipelines.config import ActiveRAGConfig
 from rcn_fast.pipelines.rag import RAGPipeline
+
+
+def continue_chat(history: list[dict[str, str]], reply: str, nxt: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A chat that continues ``history`` (answered with ``reply``) with the
+    turns of ``nxt``.
+
+    The reply completes ``history``'s pre-filled assistant turn (or is
+    appended as one). ``nxt``'s leading system turn(s) -- with any
+    acknowledgement turn after them -- become the start of its first user
+    turn (a system turn belongs at the top of a chat only); its other turns,
+    the pre-fill included, follow.
+
+    Parameters
+    ----------
+    history : list of {"role", "content"}
+        The earlier call's chat, as sent.
+    reply : str
+        Its generation (without the pre-fill).
+    nxt : list of {"role", "content"}
+        The next stage's chat as rendered on its own.
+
+    Returns
+    -------
+    list of {"role", "content"} (new dicts; the inputs are not changed)
+    """
+    turns = copy.deepcopy(list(history))
+    if turns and turns[-1]["role"] == "assistant":
+        turns[-1]["content"] = turns[-1]["content"] + reply
+    else:
+        turns.append({"role": "assistant", "content": reply})
+    rest = copy.deepcopy(list(nxt))
+    lead = []
+    while rest and rest[0]["role"] == "system":
+        lead.append(rest.pop(0)["content"])
+    while lead and rest and rest[0]["role"] == "assistant":  # an acknowledgement of the system turn
+        rest.pop(0)
+    if not rest or rest[0]["role"] != "user":
+        raise ValueError("nxt: expected a user turn after its system turn(s)")
+    if lead:
+        rest[0]["content"] = "\n\n".join([*lead, rest[0]["content"]])
+    return turns + rest
 
 
 class ActiveRAG(RAGPipeline):
@@ -83,24 +138,35 @@ class ActiveRAG(RAGPipeline):
     config_class = ActiveRAGConfig
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        agents = self.config.agents
+        c = self.config
+        agents = c.agents
         self.retrieve(states)
         cots = self.generate_rows("rag_cot", states, runner, [[(None, self.chat("rag_cot", st))] for st in states])
         for st, o in zip(states, cots):
             st.data["cot"] = o[0].strip()
+        builders = [a for a in agents if a != "passage"]  # "CoT w. Passage" has no construction call
         rows = []
         for st in states:
             passages = self.passages_text([p.text for p in st.passages])
-            rows.append([(a, self.chat(f"activerag_{a}", st, passages=passages)) for a in agents])
-        built = self.generate_rows("knowledge_construction", states, runner, rows)
-        rows = []
-        for st, outs in zip(states, built):
-            st.data["construction"] = dict(zip(agents, (o.strip() for o in outs)))
-            rows.append([(a, self.chat(f"activerag_nexus_{a}", st, reasoning=st.data["cot"],
-                                       knowledge=st.data["construction"][a])) for a in agents])
-        nexus = self.generate_rows("cognitive_nexus", states, runner, rows)
+            st.data["passages_text"] = passages
+            rows.append([(a, self.chat(f"activerag_{a}", st, passages=passages)) for a in builders])
+        built = self.generate_rows("knowledge_construction", states, runner, rows) if builders else \
+            [[] for _ in states]
+        nexus_rows = []
+        for st, r, outs in zip(states, rows, built):
+            st.data["construction"] = dict(zip(builders, (o.strip() for o in outs)))
+            row = []
+            for a in agents:
+                knowledge = st.data["passages_text"] if a == "passage" else st.data["construction"][a]
+                chat = self.chat(f"activerag_nexus_{a}", st, reasoning=st.data["cot"], knowledge=knowledge)
+                if c.nexus_context == "conversation" and a != "passage":
+                    k = builders.index(a)
+                    chat = continue_chat(r[k][1], outs[k], chat)
+                row.append((a, chat))
+            nexus_rows.append(row)
+        nexus = self.generate_rows("cognitive_nexus", states, runner, nexus_rows)
         for st, outs in zip(states, nexus):
             st.data["final"] = ("reasoning", list(zip(agents, outs)))
 
 
-__all__ = ["ActiveRAG"]
+__all__ = ["ActiveRAG", "continue_chat"]

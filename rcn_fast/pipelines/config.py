@@ -587,6 +587,8 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
 
 # ------------------------------------------------ ActiveRAG and its RAG baselines
 ACTIVERAG_AGENTS = ("associate", "anchoring", "logician", "cognition")
+# ActiveRAG Table 3 ablations: "CoT w. Note", "CoT w. Passage"
+ACTIVERAG_ABLATIONS = ("note", "passage")
 
 
 @dataclass
@@ -604,19 +606,22 @@ class RAGConfig(PipelineConfig):
         How each passage is written into a prompt's ``{passages}`` list;
         placeholders ``{index}`` (1-based; Self-Rerank's labels refer to it)
         and ``{text}``.
-    answer_extraction : {"final", "full"}
-        Open-domain mode: the answer of a generation is the text after its
-        last ``Answer:`` marker up to the end of that line (the first
-        non-empty line when there is no marker) with ``"final"``, or the
-        whole generation with ``"full"`` (the paper matched gold aliases
-        against the model's output).
+    answer_extraction : {"full", "final"}
+        Open-domain mode: what StringEM and exact match are computed on.
+        ``"full"`` (default, the paper's metric: its code tests the gold
+        aliases against the whole final output) -- the whole generation;
+        ``"final"`` -- the text after its last ``Answer:`` marker up to the
+        end of that line (the first non-empty line when there is no
+        marker). ActiveRAG ``agent="all"`` votes on the ``"final"`` answers
+        either way (whole outputs rarely agree word for word) and reports
+        the winner's text in this mode.
     """
 
     name: ClassVar[str] = ""
     top_k: int = 5
     query: str = "question"
     passage_format: str = "Passage {index}: {text}"
-    answer_extraction: str = "final"
+    answer_extraction: str = "full"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -655,19 +660,35 @@ class ActiveRAGConfig(RAGConfig):
 
     Attributes
     ----------
-    agent : {"associate", "anchoring", "logician", "cognition", "all"}
+    agent : {"associate", "anchoring", "logician", "cognition", "all", "note", "passage"}
         The knowledge construction agent(s) to run (paper's main result:
         associate). ``"all"`` runs the four and combines them (see
-        :class:`rcn_fast.pipelines.activerag.ActiveRAG`).
+        :class:`rcn_fast.pipelines.activerag.ActiveRAG`). The ablations of
+        the paper's Table 3: ``"note"`` ("CoT w. Note": the passages refined
+        into reading notes, then the cognitive nexus with the chain of
+        thought) and ``"passage"`` ("CoT w. Passage": the raw passages go to
+        the cognitive nexus; no construction call).
+    nexus_context : {"conversation", "fresh"}
+        ``"conversation"`` (default, the reference code): the cognitive
+        nexus continues the agent's own chat -- its construction prompt and
+        reply stay in context and the nexus instruction (which also quotes
+        the construction, as the paper's Table 7 prompts do) comes as the
+        next user turn. ``"fresh"``: the nexus is a new chat with the chain
+        of thought and the construction only (fewer prompt tokens). The
+        ``"passage"`` ablation has no construction chat: always fresh.
     """
 
     name: ClassVar[str] = "activerag"
     agent: str = "associate"
+    nexus_context: str = "conversation"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.agent not in (*ACTIVERAG_AGENTS, "all"):
-            raise ValueError(f"agent: expected one of {[*ACTIVERAG_AGENTS, 'all']}, got {self.agent!r}")
+        allowed = [*ACTIVERAG_AGENTS, "all", *ACTIVERAG_ABLATIONS]
+        if self.agent not in allowed:
+            raise ValueError(f"agent: expected one of {allowed}, got {self.agent!r}")
+        if self.nexus_context not in ("conversation", "fresh"):
+            raise ValueError(f"nexus_context: expected 'conversation' or 'fresh', got {self.nexus_context!r}")
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -675,8 +696,9 @@ class ActiveRAGConfig(RAGConfig):
 
     @property
     def generations_per_question(self) -> int:
-        """1 chain of thought + per agent 1 construction and 1 nexus."""
-        return 1 + 2 * len(self.agents)
+        """1 chain of thought + per agent 1 construction (none for
+        ``"passage"``) and 1 nexus."""
+        return 1 + sum(1 if a == "passage" else 2 for a in self.agents)
 
     @property
     def scoring_passes_per_question(self) -> int:
@@ -763,8 +785,11 @@ class CoTConfig(RAGConfig):
     ----------
     use_passages : bool
         False (the paper's prompt-learning baseline): no retrieval. True:
-        retrieve ``top_k`` passages and show them above the question
-        (the paper's "CoT w. passage" ablation).
+        retrieve ``top_k`` passages and show them above the question in
+        the one chain-of-thought call (rcn_fast's own variant; the paper's
+        "CoT w. Passage" row of Table 3 passes the passages to a cognitive
+        nexus after the chain of thought: ``activerag`` with
+        ``agent="passage"``).
     """
 
     name: ClassVar[str] = "cot"

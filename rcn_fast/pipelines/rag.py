@@ -17,10 +17,14 @@ Then, by the kind of questions given to ``run_batch``:
   are combined by :func:`combine_choice_logprobs`. Result: :class:`Prediction`.
 * open domain (:class:`~rcn_fast.data.OpenQuestion`): the answer is
   generated. ``"passages"`` items get one answer generation
-  (``rag_answer_open``); ``"reasoning"`` items already hold their answer,
-  read with :func:`extract_answer`; several items are combined by
-  :func:`vote_answers`. Result: :class:`OpenPrediction`, scored with
-  StringEM (:func:`rcn_fast.data.string_em`) beside exact match.
+  (``rag_answer_open``); ``"reasoning"`` items already hold their answer.
+  The answer text is the whole generation by default (the config's
+  ``answer_extraction="full"``: the ActiveRAG paper's StringEM tests the
+  gold aliases against the whole output) or its ``Answer:`` line
+  (``"final"``), see :func:`extract_answer`; several items are combined by
+  :func:`vote_answers` over their ``Answer:`` lines. Result:
+  :class:`OpenPrediction`, scored with StringEM
+  (:func:`rcn_fast.data.string_em`) beside exact match.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ class OpenPrediction:
     ----------
     question_id : str
     answer_text : str
-        The answer (read from the generation with the config's
-        ``answer_extraction``; the combination's for ActiveRAG ``"all"``).
+        The answer (the generation, whole or its ``Answer:`` line by the
+        config's ``answer_extraction``; the vote winner's for ActiveRAG
+        ``"all"``).
     answers : list of str
         The gold aliases of the question.
     string_em : bool or None
@@ -428,13 +433,15 @@ class RAGPipeline(StagedPipeline):
             if len(items) == 1:
                 res.append((answers[0], items[0][1], {}))
                 continue
-            win = vote_answers(answers)
+            # the vote compares the short "Answer:" lines (whole outputs rarely agree word for word)
+            short = [extract_answer(t, "final") for _, t in items]
+            win = vote_answers(short)
             q = st.question
             agents = {name: {"answer_text": a, "string_em": string_em(a, q.answers) if q.answers else None,
                              "exact_match": exact_match(a, q.answers) if q.answers else None}
                       for (name, _), a in zip(items, answers)}
             st.trace.append({"stage": "combination", "type": "combine", "method": "vote",
-                             "answers": {name: a for (name, _), a in zip(items, answers)},
+                             "answers": {name: a for (name, _), a in zip(items, short)},
                              "winner": items[win][0], "answer": answers[win]})
             res.append((answers[win], items[win][1], {"agents": agents, "winner": items[win][0]}))
         return res
