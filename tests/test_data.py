@@ -115,3 +115,46 @@ def test_hugging_face_dataset_by_field_map(tmp_path):
     assert qs[0].id == "a" and qs[0].answer == 1
     with pytest.raises(ValueError, match="no built-in field map"):
         load_questions(str(tmp_path / "csqa_local"))
+
+
+def test_hub_loaders_pass_dataset_kwargs(monkeypatch):
+    """Every loader's hub call gets the caller's ``dataset_kwargs`` (e.g. the
+    parquet-conversion revision a script-only repository needs)."""
+    datasets = pytest.importorskip("datasets")
+    from rcn_fast.data import load_open_questions, load_yes_no_questions
+
+    calls = []
+
+    def fake(path, name=None, **kwargs):
+        calls.append((path, name, kwargs))
+        rows = {"tau/commonsense_qa": {"id": "a", "question": "Where?", "answerKey": "A",
+                                       "choices": {"label": ["A", "B"], "text": ["here", "there"]}},
+                "nq_open": {"question": "who?", "answer": ["me"]},
+                "ChilleD/StrategyQA": {"qid": "s", "question": "Is it?", "answer": True}}[path]
+        ds = datasets.Dataset.from_list([rows])
+        return ds if "split" in kwargs else datasets.DatasetDict({"test": ds})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    kw = {"revision": "refs/convert/parquet", "data_dir": "default"}
+    assert load_questions("tau/commonsense_qa", dataset_kwargs=kw)[0].answer == 0
+    assert load_open_questions("nq_open", dataset_kwargs=kw)[0].answers == ["me"]
+    assert load_yes_no_questions("ChilleD/StrategyQA", dataset_kwargs=kw)[0].answer == 0
+    assert [c[2]["revision"] for c in calls] == ["refs/convert/parquet"] * 3
+    assert all(c[2]["data_dir"] == "default" for c in calls)
+
+
+def test_non_utf8_local_files_name_file_and_line(tmp_path):
+    from rcn_fast.data.loaders import read_text
+
+    f = tmp_path / "q.jsonl"
+    good = json.dumps(RECORD).encode()
+    f.write_bytes(good + b"\n" + good + b"\n" + good.replace(b"tree", b"tr\xc3e") + b"\n")
+    with pytest.raises(DataFormatError, match=rf"{f}:3: not UTF-8 text \(byte\(s\) c3 at column \d+\)"):
+        read_jsonl(f)
+    arr = tmp_path / "arr.json"
+    arr.write_bytes(b"[\n" + good + b",\n" + good.replace(b"tree", b"\xfftree") + b"\n]\n")
+    with pytest.raises(DataFormatError, match=rf"{arr}:3: not UTF-8"):
+        read_jsonl(arr)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + good + b"\n")
+    assert read_jsonl(bom)[0].id == "q1" and not read_text(bom).startswith("\ufeff")

@@ -657,3 +657,13 @@ def test_non_utf8_files_name_the_file_and_line(tmp_path, capsys):
         pipe = ["--pipelines", "cot"] if loader == "open" else []
         code, _, err = _cli(["--tasks", str(f), *out, *pipe], capsys)
         assert code == 2 and f"{f}:2: not UTF-8 text (byte(s) ff" in err
+
+
+def test_cli_prints_a_count_mismatch_as_one_warning_line(tmp_path, capsys):
+    short = _authors_file(tmp_path / "numersense-dev.jsonl", 199, 12, kind="numersense")
+    code, _, err = _cli(["--tasks", f"numersense={short}", "--pipelines", "vanilla", "--model",
+                         str(tmp_path / "no-model"), "--output-path", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 2 and "model: cannot load" in err
+    warned = [ln for ln in err.splitlines() if ln.startswith("rcn_fast.eval: warning: ")]
+    assert len(warned) == 1 and "has 199 questions, the paper's set has 200" in warned[0]
+    assert "TaskCountWarning" not in err

@@ -264,7 +264,8 @@ HF_FIELD_MAPS: dict[str, FieldMap] = {
 
 
 def load_hf(name: str, config: str | None = None, split: str | None = None,
-            fmap: FieldMap | None = None, limit: int | None = None) -> list[MCQuestion]:
+            fmap: FieldMap | None = None, limit: int | None = None,
+            dataset_kwargs: dict[str, Any] | None = None) -> list[MCQuestion]:
     """Questions of a Hugging Face dataset (``datasets`` is imported lazily).
 
     Parameters
@@ -274,6 +275,10 @@ def load_hf(name: str, config: str | None = None, split: str | None = None,
     config : dataset configuration (e.g. ``"ARC-Easy"``).
     split : default ``"validation"``.
     fmap : field map; default the built-in one for ``name``.
+    dataset_kwargs : more ``datasets.load_dataset`` arguments, e.g.
+        ``{"revision": "refs/convert/parquet", "data_dir": "plain_text"}`` for
+        a repository that only has a loading script (``datasets`` >= 4 does
+        not run them; the hub's parquet conversion keeps each config in a folder).
     """
     from rcn_fast._arrays import require
 
@@ -290,7 +295,7 @@ def load_hf(name: str, config: str | None = None, split: str | None = None,
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
     else:
-        ds = datasets.load_dataset(name, config, split=split)
+        ds = datasets.load_dataset(name, config, split=split, **(dataset_kwargs or {}))
     out = []
     for row, rec in enumerate(_take(ds, limit)):
         out.append(convert_record(rec, fmap, row, f"{name}[{split}]"))
@@ -307,7 +312,7 @@ def _take(it: Iterable[Any], limit: int | None) -> Iterator[Any]:
 # ---------------------------------------------------------------- entry point
 def load_questions(path_or_name: str | os.PathLike[str], split: str | None = None,
                    limit: int | None = None, *, config: str | None = None,
-                   fields: FieldMap | None = None) -> list[MCQuestion]:
+                   fields: FieldMap | None = None, dataset_kwargs: dict[str, Any] | None = None) -> list[MCQuestion]:
     """Load multiple-choice questions from a local file or a Hugging Face dataset.
 
     Parameters
@@ -323,6 +328,8 @@ def load_questions(path_or_name: str | os.PathLike[str], split: str | None = Non
     limit : int, optional
         Keep the first ``limit`` questions.
     config, fields : Hugging Face dataset configuration and field map.
+    dataset_kwargs : dict, optional
+        More ``datasets.load_dataset`` arguments (``revision``, ``data_dir`` ...).
 
     Returns
     -------
@@ -346,4 +353,4 @@ def load_questions(path_or_name: str | os.PathLike[str], split: str | None = Non
         name, config = name.split(":", 1)
     if name.endswith((".jsonl", ".json")):
         raise FileNotFoundError(f"path_or_name: {name} does not exist")
-    return load_hf(name, config=config, split=split, fmap=fields, limit=limit)
+    return load_hf(name, config=config, split=split, fmap=fields, limit=limit, dataset_kwargs=dataset_kwargs)

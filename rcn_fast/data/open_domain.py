@@ -314,7 +314,8 @@ def convert_open_record(rec: dict[str, Any], fmap: OpenFieldMap, row: int, where
 
 
 def load_open_hf(name: str, config: str | None = None, split: str | None = None,
-                 fmap: OpenFieldMap | None = None, limit: int | None = None) -> list[OpenQuestion]:
+                 fmap: OpenFieldMap | None = None, limit: int | None = None,
+                 dataset_kwargs: dict[str, Any] | None = None) -> list[OpenQuestion]:
     """Open-domain questions of a Hugging Face dataset (``datasets`` is imported lazily).
 
     Parameters
@@ -326,6 +327,7 @@ def load_open_hf(name: str, config: str | None = None, split: str | None = None,
         and WebQuestions).
     fmap : field map; default the built-in one for ``name``.
     limit : keep the first ``limit`` rows.
+    dataset_kwargs : more ``datasets.load_dataset`` arguments (``revision``, ``data_dir`` ...).
     """
     from rcn_fast._arrays import require
 
@@ -342,7 +344,7 @@ def load_open_hf(name: str, config: str | None = None, split: str | None = None,
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
     else:
-        ds = datasets.load_dataset(name, config or fmap.config, split=split)
+        ds = datasets.load_dataset(name, config or fmap.config, split=split, **(dataset_kwargs or {}))
     out = []
     for row, rec in enumerate(_take(ds, limit)):
         out.append(convert_open_record(rec, fmap, row, f"{name}[{split}]"))
@@ -358,7 +360,8 @@ def _take(it: Iterable[Any], limit: int | None) -> Iterable[Any]:
 
 def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None = None,
                         limit: int | None = None, *, config: str | None = None,
-                        fields: OpenFieldMap | None = None) -> list[OpenQuestion]:
+                        fields: OpenFieldMap | None = None,
+                        dataset_kwargs: dict[str, Any] | None = None) -> list[OpenQuestion]:
     """Load open-domain questions from a local file or a Hugging Face dataset.
 
     Parameters
@@ -375,6 +378,8 @@ def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None 
     limit : int, optional
         Keep the first ``limit`` questions.
     config, fields : Hugging Face dataset configuration and field map.
+    dataset_kwargs : dict, optional
+        More ``datasets.load_dataset`` arguments (``revision``, ``data_dir`` ...).
 
     Returns
     -------
@@ -406,7 +411,7 @@ def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None 
         raise FileNotFoundError(f"path_or_name: {name} does not exist")
     if ":" in name and config is None and not path.exists():
         name, config = name.split(":", 1)
-    return load_open_hf(name, config=config, split=split, fmap=fields, limit=limit)
+    return load_open_hf(name, config=config, split=split, fmap=fields, limit=limit, dataset_kwargs=dataset_kwargs)
 
 
 __all__ = [

@@ -102,7 +102,8 @@ def yes_no_record(rec: Any, where: str, id_field: str, question_field: str, answ
 
 def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | None = None, limit: int | None = None,
                           *, config: str | None = None, id_field: str = "qid", question_field: str = "question",
-                          answer_field: str = "answer") -> list[MCQuestion]:
+                          answer_field: str = "answer",
+                          dataset_kwargs: dict[str, Any] | None = None) -> list[MCQuestion]:
     """Load yes/no questions from a JSON-lines file or a Hugging Face dataset.
 
     Parameters
@@ -122,6 +123,8 @@ def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | Non
     id_field, question_field, answer_field : str
         Field names (defaults ``qid`` (``id`` also read), ``question``,
         ``answer``). Answers may be booleans, 0/1 or "yes"/"no"/"true"/"false".
+    dataset_kwargs : dict, optional
+        More ``datasets.load_dataset`` arguments (``revision``, ``data_dir`` ...).
 
     Returns
     -------
@@ -165,7 +168,7 @@ def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | Non
     if Path(name).is_dir():
         ds = datasets.load_from_disk(name)
     else:
-        ds = datasets.load_dataset(name, config)
+        ds = datasets.load_dataset(name, config, **(dataset_kwargs or {}))
     if isinstance(ds, datasets.DatasetDict):
         splits = list(ds.keys())
         use = split or ("test" if "test" in splits else splits[0])

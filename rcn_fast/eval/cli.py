@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any, Sequence
 
 import yaml
@@ -147,9 +148,27 @@ def _list_pipelines() -> None:
         print(f"{name:18s} {kinds}{needs}")
 
 
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: str | None = None, *, _default: Any = warnings.showwarning) -> None:
+    """Task warnings (a split with another count than the paper's) as one
+    ``rcn_fast.eval: warning:`` line; any other warning as Python shows it."""
+    from rcn_fast.eval.tasks import TaskCountWarning
+
+    if issubclass(category, TaskCountWarning):
+        print(f"rcn_fast.eval: warning: {message}", file=sys.stderr)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     ns = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(ns)
+
+
+def _main(ns: argparse.Namespace) -> int:
     try:
         if ns.list_tasks:
             _list_tasks(ns.include_path)
@@ -163,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         evaluate(cfg)
         return 0
     except EvalError as exc:
+        print(f"rcn_fast.eval: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a file or folder the run needs cannot be read or written (permissions, disk full)
         print(f"rcn_fast.eval: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
