@@ -387,7 +387,7 @@ SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
   std::vector<uint8_t> elig(static_cast<size_t>(n));
   LaneTeam team;
   team.size = lanes;
-  run_threads(lanes, [&](int lane) {
+  run_threads_together(lanes, [&](int lane) {
     const EmulatedWarp g{&team, lane};
     for (int64_t item = 0; item < p.B * N; ++item) {
       const int64_t b = item / N, s = item % N;

@@ -1,13 +1,17 @@
 """FlatIndex: an exact inner-product / cosine index over rcn_fast.topn.
 
 Stored as a directory: ``index.json`` (dim, metric, dtype, count, format
-version) and ``embeddings.npy`` (row-major [count, dim]). ``load(mmap=True)``
-memory-maps the matrix, so a large index searches without first being read
-into process memory.
+version, and the size and sha256 of the matrix) and ``embeddings.npy``
+(row-major [count, dim]). ``load(mmap=True)`` memory-maps the matrix, so a
+large index searches without first being read into process memory.
+``load`` compares the matrix with its header and the recorded size (a
+truncated file is an error naming it); ``load(verify=True)`` also
+recomputes the checksum.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -65,18 +69,33 @@ class FlatIndex:
         Parameters
         ----------
         x : array [n, dim]
-            Any float dtype, numpy or torch; converted to the index dtype.
-            Non-finite values raise ValueError.
+            Any float dtype, numpy or torch; converted to float32, then
+            (``"cosine"``) normalised in float64, then stored in the index
+            dtype.
+
+        Raises
+        ------
+        ValueError
+            Rows with NaN or infinite values, or (``dtype="float16"``)
+            values beyond float16's range (``|x| > 65504``), naming the
+            rows; nothing is added then.
         """
         arr = A.to_float32_numpy(A.as_array(x, "x"))
         A.check_rank(arr, 2, "x", f"[n, {self.dim}]")
         if arr.shape[1] != self.dim:
             raise ValueError(f"x: expected {self.dim} columns, got shape {arr.shape}")
-        if not np.isfinite(arr).all():
-            raise ValueError("x: contains NaN or infinite values")
+        bad = ~np.isfinite(arr).all(axis=1)
+        if bad.any():
+            raise ValueError(f"x: contains NaN or infinite values in rows {_row_list(bad)}")
         if self.metric == "cosine":
             arr = _normalize(arr)
-        self._chunks.append(arr.astype(self.dtype))
+        stored = arr.astype(self.dtype)
+        bad = ~np.isfinite(stored).all(axis=1)
+        if bad.any():
+            raise ValueError(
+                f"x: rows {_row_list(bad)} hold values beyond the range of {self.dtype} (|x| > "
+                f"{float(np.finfo(self.dtype).max):g}); use dtype='float32' or scale the vectors")
+        self._chunks.append(stored)
         self._n += arr.shape[0]
 
     def __len__(self) -> int:
@@ -104,6 +123,12 @@ class FlatIndex:
         Returns
         -------
         scores : float32 [Q, k]; ids : int64 [Q, k] (``-1`` padded).
+
+        Notes
+        -----
+        With ``dtype="float16"`` the queries are rounded to float16 like the
+        stored rows, unless that would overflow (``|q| > 65504``): then they
+        are searched in float32. An empty index returns ``(-inf, -1)``.
         """
         arr = A.to_float32_numpy(A.as_array(q, "q"))
         if arr.ndim == 1:
@@ -115,40 +140,95 @@ class FlatIndex:
             arr = _normalize(arr)
         data = self.embeddings
         if data.dtype != np.float32:
-            arr = arr.astype(data.dtype)
+            cast = arr.astype(data.dtype)
+            if np.isfinite(cast).all() or not np.isfinite(arr).all():
+                arr = cast
         return topn(arr, data, k, backend=backend)
 
     # ------------------------------------------------------------ storage
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the index to directory ``path`` (created if needed)."""
+        """Write the index to directory ``path`` (created if needed).
+
+        ``embeddings.npy`` is written to a temporary name and renamed into
+        place; ``index.json`` (written the same way, last) records its size
+        and sha256.
+        """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tmp = path / "embeddings.npy.tmp"
         with open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(self.embeddings))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path / "embeddings.npy")
+        emb = path / "embeddings.npy"
         meta = {"format": _FORMAT, "dim": self.dim, "metric": self.metric,
-                "dtype": self.dtype, "count": len(self)}
-        (path / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
+                "dtype": self.dtype, "count": len(self),
+                "files": {"embeddings.npy": {"bytes": emb.stat().st_size, "sha256": _sha256(emb)}}}
+        tmp_meta = path / ".index.json.tmp"
+        tmp_meta.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp_meta, path / "index.json")
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], mmap: bool = True) -> "FlatIndex":
-        """Open an index written by :meth:`save`.
+    def load(cls, path: str | os.PathLike[str], mmap: bool = True, *, verify: bool = False) -> "FlatIndex":
+        """Open an index written by :meth:`save` (or a corpus store directory).
 
         Parameters
         ----------
         path : directory
         mmap : bool
             Memory-map the embeddings (read-only) instead of reading them.
+        verify : bool
+            Also recompute the sha256 of ``embeddings.npy`` against the
+            record in ``index.json`` (or, in a corpus store, in
+            ``manifest.json``). Reads every byte.
+
+        Raises
+        ------
+        FileNotFoundError
+            No ``index.json`` or no ``embeddings.npy``.
+        ValueError
+            ``index.json`` is not valid JSON, lacks a key or holds another
+            format; ``embeddings.npy`` is not a ``.npy`` file, is shorter
+            than its header says (truncated), differs in size or (with
+            ``verify``) checksum from the record, or disagrees with
+            ``index.json`` in shape or dtype. The message names the file.
         """
         path = Path(path)
+        head = path / "index.json"
         try:
-            meta = json.loads((path / "index.json").read_text())
+            text = head.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise FileNotFoundError(f"path: {path} has no index.json (not a FlatIndex directory)") from None
+        except (UnicodeDecodeError, IsADirectoryError) as exc:
+            raise ValueError(f"path: {head} cannot be read as text ({exc})") from None
+        try:
+            meta = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"path: {head} is not valid JSON ({exc}); restore it or save the index again") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"path: {head} holds a JSON {type(meta).__name__}, expected an object")
         if meta.get("format") != _FORMAT:
             raise ValueError(f"path: {path} holds format {meta.get('format')!r}, expected {_FORMAT!r}")
-        data = np.load(path / "embeddings.npy", mmap_mode="r" if mmap else None)
+        missing = [key for key in ("dim", "metric", "dtype", "count") if key not in meta]
+        if missing:
+            raise ValueError(f"path: {head} lacks the key(s) {missing}; restore it or save the index again")
+        emb = path / "embeddings.npy"
+        if not emb.is_file():
+            raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)")
+        record = _file_record(path, meta)
+        size = emb.stat().st_size
+        if record is not None and "bytes" in record and size != int(record["bytes"]):
+            raise ValueError(f"path: {emb} holds {size} bytes, the record says {record['bytes']}: truncated, "
+                             "still being written or replaced; restore it or save the index again")
+        _check_npy_length(emb, size)
+        if verify:
+            if record is None or "sha256" not in record:
+                raise ValueError(f"path: {head} records no checksum of embeddings.npy (saved by an older "
+                                 "version), so it cannot be verified; save the index again")
+            if _sha256(emb) != record["sha256"]:
+                raise ValueError(f"path: {emb} does not match its recorded sha256 (corrupted or replaced)")
+        data = np.load(emb, mmap_mode="r" if mmap else None)
         if data.shape != (meta["count"], meta["dim"]) or data.dtype.name != meta["dtype"]:
             raise ValueError(
                 f"path: embeddings.npy is {data.dtype}{list(data.shape)} but index.json says "
@@ -163,5 +243,58 @@ class FlatIndex:
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1.0)
+    """Rows of ``x`` float32 [n, d] scaled to unit L2 norm, computed in
+    float64 (no overflow or underflow for any finite float32 row); zero rows
+    stay zero. Returns float32 [n, d]."""
+    x64 = x.astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
+    return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+def _row_list(bad: np.ndarray, limit: int = 10) -> str:
+    rows = np.flatnonzero(bad)
+    shown = ", ".join(str(int(r)) for r in rows[:limit])
+    return f"[{shown}{', ...' if rows.size > limit else ''}] ({rows.size} of {bad.size})"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_record(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The size/sha256 record of embeddings.npy: from index.json, or from the
+    manifest of a corpus store that shares the directory."""
+    files = meta.get("files")
+    if isinstance(files, dict) and isinstance(files.get("embeddings.npy"), dict):
+        return files["embeddings.npy"]
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        try:
+            rec = json.loads(manifest.read_text(encoding="utf-8"))["files"]["embeddings.npy"]
+        except (ValueError, KeyError, TypeError):
+            return None  # the store's own checks name a broken manifest
+        return rec if isinstance(rec, dict) else None
+    return None
+
+
+def _check_npy_length(path: Path, size: int) -> None:
+    """ValueError naming ``path`` when it is not a .npy file or is shorter
+    than its header says."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"path: {path} is not a readable .npy file ({exc})") from None
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise ValueError(f"path: {path} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs "
+                         f"{need}; restore it or save the index again")

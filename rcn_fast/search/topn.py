@@ -31,6 +31,9 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         Same library and device as ``queries``.
     k : int
         Results per query, ``k >= 1``. When ``k > N`` the tail is padded.
+        Results on the host that exceed the memory the process can allocate
+        raise MemoryError naming ``k`` before anything is allocated (see
+        :func:`check_result_memory`).
     backend : str, optional
         Force ``"cuda"``, ``"native"``, ``"torch"`` or ``"numpy"``.
 
@@ -88,6 +91,8 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
             f"corpus: expected the device of queries ({A.device_of(queries)}), "
             f"got {A.device_of(corpus)}"
         )
+    if A.device_of(corpus) == "cpu":
+        check_result_memory(int(queries.shape[0]), int(corpus.shape[0]), k)
     ctx = {
         "library": A.library(corpus),
         "device": A.device_of(corpus),
@@ -98,6 +103,73 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         "k": k,
     }
     return TOPN(ctx, backend, queries=queries, corpus=corpus, k=k)
+
+
+# ------------------------------------------------------ the memory contract
+
+#: Results smaller than this are allocated without asking the system.
+RESULT_CHECK_BYTES = 64 << 20
+
+
+def host_bytes_available() -> int | None:
+    """Bytes this process can still allocate in host memory, or None when unknown.
+
+    The smaller of ``MemAvailable`` (``/proc/meminfo``) and the headroom under
+    the address-space limit (``RLIMIT_AS`` minus ``VmSize``), where the
+    platform reports them.
+    """
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            used = 0
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmSize:"):
+                        used = int(line.split()[1]) * 1024
+                        break
+            limits.append(max(0, soft - used))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return min(limits) if limits else None
+
+
+def check_result_memory(Q: int, N: int, k: int) -> None:
+    """Refuse, before any allocation, results the host cannot hold.
+
+    The results are ``Q * k`` slots of a float32 score and an int64 id (12
+    bytes), padded when ``k > N``. When they exceed
+    :func:`host_bytes_available` this raises MemoryError naming ``k``, so a
+    huge ``k`` fails at once instead of being killed by the out-of-memory
+    killer part-way through writing the padding.
+
+    Raises
+    ------
+    MemoryError
+        The ``[Q, k]`` results do not fit.
+    """
+    need = 12 * Q * k
+    if need < RESULT_CHECK_BYTES:
+        return
+    have = host_bytes_available()
+    if have is None or need <= have:
+        return
+    hint = (f"the corpus has {N} rows, so k={max(N, 1)} already returns every one of them" if k > N
+            else "search fewer queries at a time")
+    raise MemoryError(
+        f"k: {Q} x {k} results (float32 scores + int64 ids) need {need / 2**30:.1f} GiB, more than the "
+        f"{have / 2**30:.1f} GiB this process can allocate; {hint}"
+    )
 
 
 # ---------------------------------------------------------------- backends
@@ -172,7 +244,7 @@ def _run_torch(queries: Any, corpus: Any, k: int, chunk: int | None = None) -> t
     import torch
 
     q = queries.float()
-    n = corpus.shape[0]
+    n = corpus.shape[0] if queries.shape[0] else 0  # no queries: nothing to scan
     if chunk is None:
         chunk = _torch_chunk(q.shape[0], q.device.type)
     best_s = torch.empty((q.shape[0], 0), dtype=torch.float32, device=q.device)
