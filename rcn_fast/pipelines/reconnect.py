@@ -131,9 +131,9 @@ class ReConnect(StagedPipeline):
 
         With explanation retrieval each query gets ``top_n`` passages; without
         it the question query gets ``top_n * (k + 1)`` (k the explanation
-        cap), so the pool is as large as with ER. One retrieval serves the
-        whole batch: it asks for the largest count and each question keeps
-        its own prefix of the ranked list."""
+        cap), so the pool is as large as with ER. Questions that ask for the
+        same count share one retrieval call (with ER: the whole batch), so a
+        question's passages never depend on the rest of its batch."""
         c = self.config
         flat: list[str] = []
         spans = []
@@ -145,10 +145,19 @@ class ReConnect(StagedPipeline):
             counts = [c.top_n] * len(states)
         else:
             counts = [c.top_n * c.pool_queries(len(st.question.choices)) for st in states]
-        results, emb = retrieve_batch(self.source, flat, max(counts, default=c.top_n))
-        qemb = None if emb is None else np.stack([emb[e - 1] for _, e in spans])
+        results: list[list[Passage]] = [[] for _ in flat]
+        emb_rows: list[np.ndarray | None] = [None] * len(flat)
+        for k in sorted(set(counts)):
+            rows = [i for (s, e), kb in zip(spans, counts) if kb == k for i in range(s, e)]
+            res_k, emb_k = retrieve_batch(self.source, [flat[i] for i in rows], k)
+            for j, i in enumerate(rows):
+                results[i] = res_k[j]
+                emb_rows[i] = None if emb_k is None else emb_k[j]
+        qemb = None
+        if spans and all(emb_rows[e - 1] is not None for _, e in spans):
+            qemb = np.stack([emb_rows[e - 1] for _, e in spans])
         for st, (s, e), k in zip(states, spans, counts):
-            res_q = [list(r[:k]) for r in results[s:e]]
+            res_q = [list(r) for r in results[s:e]]
             seen: set[str] = set()
             pool: list[Passage] = []
             for res in res_q:
