@@ -573,6 +573,8 @@ def test_names_splits_commas_and_fractional_limits(tmp_path):
     assert resolve_task("arc-easy:test", split="train").split == "test"  # name:split wins
     with pytest.raises(TaskError, match="reads one file .* no split 'test'"):
         resolve_task("numersense:test")
+    assert resolve_task("numersense", split="test").split == "dev"  # --split leaves one-file tasks be
+    assert resolve_task("numersense", split="test").expected_count == 200
     with pytest.raises(TaskError, match="unknown task 'arc_eazy'"):
         resolve_task("arc_eazy")
     cfg = EvalConfig(tasks=["csqa,arc_easy", "piqa"], limit=0.25, split="validation")

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tasks", nargs="+", metavar="TASK", help="packaged task names (arc-easy or arc_easy; name:split for "
       "another split; comma-separated lists too), question files (.jsonl), or name=PATH (default: demo)")
     a("--split", metavar="SPLIT", help="the split of every task that names none (default: each task's own, "
-      "the paper's; see --list-tasks)")
+      "the paper's; see --list-tasks); tasks that read one file keep it")
     a("--include_path", "--include-path", dest="include_path", nargs="+", metavar="DIR",
       help="folders of your own task YAML files (they win over packaged tasks of the same name)")
     a("--model", metavar="SPEC", help="LLM: model dir, .gguf, package:<module>, hub id, openai:<url>#<model>, "

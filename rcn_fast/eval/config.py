@@ -72,7 +72,8 @@ class EvalConfig:
         holding commas lists several tasks (``"csqa,piqa"``).
     split : str or None
         The split of every task that names none with ``name:split``
-        (None: each task's own, the paper's).
+        (None: each task's own, the paper's); tasks that read one file
+        keep it.
     include_path : list of str
         Folders of the user's own task YAML files (they win over packaged
         tasks of the same name).

@@ -342,7 +342,8 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
     Parameters
     ----------
     split : str, optional
-        The split for every task that names none itself (``--split``).
+        The split for every task that names none itself (``--split``);
+        tasks that read one file (``url``, ``local``, ``name=FILE``) keep it.
     include_paths : sequence of str
         Folders of the user's task YAMLs (``--include_path``).
     """
@@ -373,10 +374,11 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
         spec = get_task(name, include_paths)
     chosen = own_split or split
     if chosen and chosen != spec.split:
-        one_file = spec.url or (spec.local and Path(_package_path(spec.local)).is_file())
-        if one_file:
-            raise TaskError(f"task {spec.name!r} reads one file ({spec.where}), which has no split {chosen!r}; "
-                            f"give the file of that split with {spec.name}=PATH")
+        if spec.url or spec.local:  # one file, one set: --split leaves it be, name:split is a mistake
+            if own_split:
+                raise TaskError(f"task {spec.name!r} reads one file ({spec.where}), which has no split "
+                                f"{own_split!r}; give the file of that split with {spec.name}=PATH")
+            return spec
         spec.split, spec.expected_count = chosen, None  # the count is the paper's split's
     return spec
 
