@@ -345,7 +345,9 @@ def test_every_packaged_task_names_a_loadable_source_and_the_papers_split():
     assert (get_task("arc-challenge").split, get_task("arc-challenge").expected_count) == ("test", 1172)
     assert get_task("quarel").dataset == "community-datasets/quarel" and get_task("quarel").expected_count == 278
     piqa = hub_load_args(get_task("piqa"))
-    assert piqa == ("ybisk/piqa", {"split": "validation", "revision": PARQUET_REVISION, "data_dir": "plain_text"})
+    assert piqa == ("ybisk/piqa", {"split": "validation", "revision": PARQUET_REVISION})
+    wsc = dataclasses.replace(get_task("piqa"), dataset="ErnestSDavis/winograd_wsc", config="wsc273", split="test")
+    assert hub_load_args(wsc)[1] == {"split": "test", "revision": PARQUET_REVISION, "data_dir": "wsc273"}
     for name, file, sha, n in (
             ("numersense", "numersense-dev.jsonl", "d5201b4cc36dfa10ca74ff14b59d19d0444c857fbc8d706cb841e75a684c44a1",
              200),
