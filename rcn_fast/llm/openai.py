@@ -1,47 +1,71 @@
-"""OpenAI-compatible HTTP backend (vLLM, SGLang, llama.cpp server,
+"""OpenAI-compatible HTTP backend (vLLM, SGLang, llama.cpp's servers,
 ``python -m rcn_fast.serve``): the way to scale past one machine.
 
-Stdlib only (``urllib``). Each chat row (and each sample) is one request;
-up to ``concurrency`` requests are in flight, and each is retried with
-exponential backoff on timeouts, dropped connections, HTTP 429 and 5xx
-(``Retry-After`` is honoured, capped at ``max_backoff``). Other HTTP errors
-raise at once with the server's message.
+Stdlib only (``http.client``). Up to ``concurrency`` (64) requests are in
+flight, over kept-alive connections reused across requests and calls; each
+request is retried with exponential backoff on timeouts, dropped
+connections, HTTP 429 and 5xx (``Retry-After`` is honoured, capped at
+``max_backoff``). Other HTTP errors raise :class:`ServerError` at once with
+the server's message.
 
-Pre-filled assistant turns
---------------------------
-``mode="chat"`` (default) sends the chat to ``/chat/completions``; a final
-assistant turn is sent with ``continue_final_message=true,
-add_generation_prompt=false``. These are vLLM/SGLang extensions: OpenAI's
-own API, and any server that ignores unknown fields, would instead close the
-pre-filled turn and open a *new* assistant turn, so generations would not
-continue the pre-fill and label scores would be read at the wrong position
--- silently. **Recommended:** ``mode="completions"`` with ``tokenizer=`` (a
-directory, ``.gguf`` file or ``package:<module>`` of the served model): the
-chat is rendered here exactly as the local backend renders it and the text
-is sent to ``/completions``, so no server extension is involved. In chat
-mode with ``tokenizer=`` set, every pre-filled request is checked: when the
-server reports more prompt tokens than the locally rendered pre-fill has
-(beyond one, for a BOS token), it opened a new turn and the call raises
-:class:`ServerError`. Without a tokenizer chat mode cannot check this.
+Prompts: rendered here or by the server
+---------------------------------------
+With a tokenizer -- ``tokenizer=`` (a directory, ``.gguf`` file,
+``package:<module>`` or hub id), or else the served model name when it is a
+local path or a hub id the tokenizer loads from -- ``mode="auto"`` (the
+default) renders every chat here exactly as the local backend does and
+sends its **token ids** to ``/completions`` (``add_special_tokens=false``):
+no server-side template, no second BOS, no pre-fill extension. A server
+that takes only text prompts (llama-cpp-python) gets the rendered text
+instead, and each answer's ``usage.prompt_tokens`` must equal the local
+token count, else :class:`ServerError` (the server added a BOS or tokenised
+differently). The tokenizer is loaded once, under a lock, before requests
+fan out.
+
+Without a tokenizer, ``mode="auto"`` uses ``/chat/completions``: a final
+assistant turn (a pre-fill) is sent with ``continue_final_message=true,
+add_generation_prompt=false`` (vLLM/SGLang extensions). Before the first
+pre-filled request the client **probes** the server once: the same
+pre-filled chat with and without the extension must differ in
+``usage.prompt_tokens`` (a server that ignores the fields -- OpenAI's API,
+llama-cpp-python -- closes the pre-fill and opens a new assistant turn,
+and would score labels at the wrong position); when they do not, every
+call raises :class:`ServerError` naming the fix (``tokenizer=``). With a
+tokenizer, ``mode="chat"`` also checks every pre-filled answer's prompt
+token count against the local rendering.
 
 Label scoring
 -------------
-One request per row with ``max_tokens=1`` and the next-token
-``top_logprobs`` (``top_logprobs`` entries, default 20, OpenAI's maximum;
-vLLM allows more with ``--max-logprobs``). Each label's spellings (``"A"``,
-``" A"``) are matched against the returned token strings and combined by
-logsumexp, then log-softmaxed over the labels: the same rule as the local
-backend. A label absent from the top entries scores ``-inf``; a row where
-no label appears is a ValueError naming the row (raise ``top_logprobs``).
-A server that returns no logprobs is a RuntimeError.
+Exact (``label_scoring="auto"`` or ``"prompt_logprobs"``, with a
+tokenizer): for every spelling token ``t`` of every label (``"A"``,
+``" A"`` ...; :func:`rcn_fast.llm.scoring.label_token_ids`) the prompt
+``prefix + [t]`` is sent as token ids, up to ``prompts_per_request``
+prompts per request, asking for prompt log-probs (``echo=true,
+logprobs=1`` by default; vLLM's ``prompt_logprobs=0`` with
+``prompt_logprobs_field="vllm"``). ``log p(t | prefix)`` is the prompt
+log-prob at the last position; spellings combine by logsumexp and labels
+by log-softmax, as in the local backend, so every label gets a finite
+score equal to the local one up to the server's numerics. The server's
+prompt token count must equal the prompts' (a BOS added by the server is a
+:class:`ServerError`).
+
+Fallback (a server without token-id prompts or prompt log-probs, no
+tokenizer, or ``label_scoring="top_logprobs"``): the next-token
+``top_logprobs`` after the prefix, starting at ``top_logprobs`` entries
+(20) and asking again with 8 times as many for rows where a spelling is
+missing, until all are found or the server's cap (an HTTP 4xx) or
+``max_top_logprobs`` is reached. ``"auto"`` logs a warning when it falls
+back. A label none of whose spellings is found is a ``ValueError`` naming
+the row and label (never a silent ``-inf``); a label with some spellings
+found is scored from those (a lower bound, with a warning).
+
+Costs are counted as the local backend counts them: one call per row,
+the prefix's tokens.
 
 Samples: each sample of each row is its own request (``n=1``), sample ``s``
-with the seed :func:`rcn_fast.llm.seeded.sample_seed` ``(seed, s)`` (``seed``
-itself for sample 0, a hash for the others, so the samples of ``seed`` and
-``seed + 1`` do not overlap). A sample therefore depends only on (prompt,
-parameters, seed, sample index) wherever the server seeds per request
-(vLLM, SGLang, ``rcn_fast.llm.serve``), not on the other rows of the call
-or on ``num_samples``.
+with the seed :func:`rcn_fast.llm.seeded.sample_seed` ``(seed, s)``, so a
+sample depends only on (prompt, parameters, seed, sample index) wherever
+the server seeds per request (vLLM, SGLang, ``rcn_fast.llm.serve``).
 """
 
 from __future__ import annotations
@@ -49,14 +73,17 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import logging
 import math
 import os
+import queue
 import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -75,37 +102,86 @@ from rcn_fast.llm.base import (
 )
 from rcn_fast.llm.seeded import sample_seed
 
+log = logging.getLogger("rcn_fast.llm.openai")
+
+_MODES = ("auto", "completions", "chat")
+_SCORING = ("auto", "prompt_logprobs", "top_logprobs")
+_PROMPT_FIELDS = ("echo", "vllm")
+
 
 class ServerError(RuntimeError):
-    """The server answered with an error that retrying does not fix."""
+    """The server answered with an error that retrying does not fix
+    (``status``: the HTTP status, or None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
 class OpenAIConfig:
-    """Client settings (plain data). ``api_key`` defaults to the
-    ``OPENAI_API_KEY`` environment variable (sent only when set)."""
+    """Client settings (plain data; see the module notes).
+
+    api_key : defaults to the ``OPENAI_API_KEY`` environment variable (sent
+        only when set).
+    timeout, max_retries, backoff, max_backoff : per-request transport.
+    concurrency : requests in flight (threads over reused connections).
+    prompts_per_request : token-id prompts sent in one ``/completions``
+        request (label scoring; 1 sends one prompt per request).
+    mode : ``"auto"`` (token ids with a tokenizer, else chat with the
+        pre-fill probe), ``"completions"`` (token ids; needs a tokenizer)
+        or ``"chat"``.
+    label_scoring : ``"auto"`` (prompt log-probs, else top log-probs with
+        a warning), ``"prompt_logprobs"`` (exact or an error) or
+        ``"top_logprobs"``.
+    prompt_logprobs_field : ``"echo"`` (``echo`` + ``logprobs``, OpenAI's
+        legacy fields: vLLM, SGLang, rcn_fast.llm.serve) or ``"vllm"``
+        (vLLM's ``prompt_logprobs``).
+    top_logprobs : first request size of the top-log-probs fallback.
+    max_top_logprobs : where its escalation stops (None: the vocabulary,
+        or the server's cap).
+    tokenizer : the served model's tokenizer (None: the model name when it
+        resolves to one).
+    label_spellings : format strings for the spellings of a label.
+    extra_body : fields added to every request.
+    """
 
     api_key: str | None = None
     timeout: float = 120.0
     max_retries: int = 6
     backoff: float = 0.5
     max_backoff: float = 20.0
-    concurrency: int = 8
+    concurrency: int = 64
+    prompts_per_request: int = 32
+    mode: str = "auto"
+    label_scoring: str = "auto"
+    prompt_logprobs_field: str = "echo"
     top_logprobs: int = 20
-    mode: str = "chat"
+    max_top_logprobs: int | None = None
     tokenizer: str | None = None
     label_spellings: tuple[str, ...] = ("{}", " {}")
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("chat", "completions"):
-            raise ValueError(f"mode: expected 'chat' or 'completions', got {self.mode!r}")
-        if self.mode == "completions" and not self.tokenizer:
-            raise ValueError("tokenizer: mode='completions' renders chats here and needs a tokenizer path")
-        for name in ("max_retries", "concurrency", "top_logprobs"):
+        for name, allowed in (("mode", _MODES), ("label_scoring", _SCORING), ("prompt_logprobs_field", _PROMPT_FIELDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}: expected one of {list(allowed)}, got {getattr(self, name)!r}")
+        for name in ("max_retries", "concurrency", "prompts_per_request", "top_logprobs"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "max_retries" else 1):
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+            lo = 0 if name == "max_retries" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+        m = self.max_top_logprobs
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < self.top_logprobs):
+            raise ValueError(f"max_top_logprobs: expected None or an int >= top_logprobs ({self.top_logprobs}), got {m!r}")
+        for name in ("timeout", "backoff", "max_backoff"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (name == "timeout" and v == 0):
+                raise ValueError(f"{name}: expected seconds {'> 0' if name == 'timeout' else '>= 0'}, got {v!r}")
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise ValueError(f"tokenizer: expected a path, 'package:<module>' or hub id, got {self.tokenizer!r}")
+        if not isinstance(self.extra_body, dict):
+            raise TypeError(f"extra_body: expected a dict, got {type(self.extra_body).__name__}")
         self.label_spellings = tuple(self.label_spellings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,7 +190,7 @@ class OpenAIConfig:
         return d
 
 
-_RETRY_EXC = (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError)
+_RETRY_EXC = (http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError, OSError)
 
 
 class OpenAILLM:
@@ -126,7 +202,8 @@ class OpenAILLM:
         E.g. ``"http://127.0.0.1:8000/v1"`` (a trailing ``/v1`` is added
         when missing).
     model : str
-        The model name the server expects.
+        The model name the server expects (also tried as the tokenizer
+        when ``config.tokenizer`` is None and it is a local path or hub id).
     config : OpenAIConfig, optional
     """
 
@@ -137,100 +214,286 @@ class OpenAILLM:
             raise ValueError(f"model: expected a model name, got {model!r}")
         base = base_url.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
+        url = urllib.parse.urlsplit(self.base_url)
+        if not url.hostname:
+            raise ValueError(f"base_url: expected an http(s) URL with a host, got {base_url!r}")
+        self._https = url.scheme == "https"
+        self._host, self._port, self._path = url.hostname, url.port, url.path
         self.model = model
         self.config = config or OpenAIConfig()
+        if self.config.mode == "completions" and self.config.tokenizer is None and not _resolvable(model):
+            raise ValueError(f"tokenizer: mode='completions' renders chats here and needs the served model's tokenizer; "
+                             f"the model name {model!r} is not a local path or hub id")
         self.cost = CostTracker()
         self.retries = 0
+        self._lock = threading.Lock()
+        self._pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
+        self._executor: ThreadPoolExecutor | None = None
+        self._prepared = False
         self._tokenizer: Any = None
+        self._system_role = True
+        self._text_prompts = False  # the server takes no token-id prompts
+        self._token_checked = False
+        self._exact: bool | None = None  # prompt log-probs usable (None: not probed)
+        self._prefill_ok: bool | None = None
+        self._top_cap: int | None = None  # the server's cap on top log-probs, once met
+        self._warned: set[str] = set()
+        self._label_cache: dict[tuple[str, ...], list[list[int]]] = {}
 
     @property
     def identity(self) -> str:
-        """``openai:<base_url>#<model>:<mode>:<spellings>:top<k>:<digest>``;
-        the digest covers ``extra_body`` (sent with every request) and the
-        ``tokenizer`` that renders chats in completions mode."""
-        extra = json.dumps({"extra_body": self.config.extra_body, "tokenizer": self.config.tokenizer},
-                           sort_keys=True, default=str)
+        """``openai:<base_url>#<model>:<mode>:<label_scoring>:<spellings>:top<k>:<digest>``;
+        the digest covers ``extra_body`` (sent with every request), the
+        ``tokenizer`` and the prompt log-probs field."""
+        c = self.config
+        extra = json.dumps({"extra_body": c.extra_body, "tokenizer": c.tokenizer, "field": c.prompt_logprobs_field,
+                            "max_top": c.max_top_logprobs}, sort_keys=True, default=str)
         digest = hashlib.sha256(extra.encode()).hexdigest()[:12]
-        return (f"openai:{self.base_url}#{self.model}:{self.config.mode}:{','.join(self.config.label_spellings)}"
-                f":top{self.config.top_logprobs}:{digest}")
+        return (f"openai:{self.base_url}#{self.model}:{c.mode}:{c.label_scoring}:{','.join(c.label_spellings)}"
+                f":top{c.top_logprobs}:{digest}")
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer prompts are rendered with (None: chat mode); loads it."""
+        self.prepare()
+        return self._tokenizer
+
+    @property
+    def uses_tokens(self) -> bool:
+        """Whether chats are rendered here (token-id or text prompts to
+        ``/completions``) rather than by the server's chat endpoint."""
+        self.prepare()
+        return self._tokenizer is not None and self.config.mode != "chat"
+
+    # ------------------------------------------------------------ setup
+
+    def prepare(self) -> None:
+        """Load the tokenizer (once, under a lock; idempotent). Called by
+        every public method before its requests fan out."""
+        if self._prepared:
+            return
+        with self._lock:
+            if self._prepared:
+                return
+            spec = self.config.tokenizer
+            tok = None
+            if spec is not None:
+                from rcn_fast.llm.load import load_tokenizer
+
+                tok = load_tokenizer(spec)
+            elif self.config.mode != "chat" and _resolvable(self.model):
+                try:
+                    from rcn_fast.llm.load import load_tokenizer
+
+                    tok = load_tokenizer(self.model)
+                except Exception as exc:  # a name that only looks like a hub id
+                    if self.config.mode == "completions":
+                        raise ValueError(f"tokenizer: mode='completions' could not load the tokenizer of "
+                                         f"{self.model!r}: {exc}") from exc
+                    log.info("%s: no tokenizer for %r (%s); chat mode with the pre-fill probe", self.base_url, self.model, exc)
+            if tok is not None:
+                self._system_role = chatlib.template_supports_system(tok) if chatlib.has_chat_template(tok) else True
+            self._tokenizer = tok
+            self._prepared = True
+
+    def close(self) -> None:
+        """Close the kept-alive connections and the worker threads."""
+        ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True)
+        while True:
+            try:
+                self._pool.get_nowait().close()
+            except queue.Empty:
+                break
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            ex = self._executor
+            if ex is not None:
+                ex.shutdown(wait=False)
+        except Exception:
+            pass
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg)
 
     # ------------------------------------------------------------ transport
 
+    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
+        try:
+            return self._pool.get_nowait(), True
+        except queue.Empty:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            return cls(self._host, self._port, timeout=self.config.timeout), False
+
     def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         data = json.dumps({**body, **self.config.extra_body}).encode()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Connection": "keep-alive"}
         key = self.config.api_key or os.environ.get("OPENAI_API_KEY")
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        last: str = ""
+        last = ""
+        url = self.base_url + route
         for attempt in range(self.config.max_retries + 1):
             wait = min(self.config.max_backoff, self.config.backoff * (2**attempt))
-            req = urllib.request.Request(self.base_url + route, data=data, headers=headers, method="POST")
+            conn, reused = self._connection()
             try:
-                with urllib.request.urlopen(req, timeout=self.config.timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                detail = _error_message(exc)
-                if exc.code == 429 or exc.code >= 500:
-                    last = f"HTTP {exc.code}: {detail}"
-                    ra = exc.headers.get("Retry-After") if exc.headers else None
+                conn.request("POST", self._path + route, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+                status = resp.status
+                if resp.will_close:
+                    conn.close()
+                else:
+                    self._pool.put(conn)
+            except _RETRY_EXC as exc:
+                conn.close()
+                last = f"{type(exc).__name__}: {exc}"
+                if reused and not isinstance(exc, (socket.timeout, TimeoutError)):
+                    wait = 0.0  # a kept-alive connection the server had closed: retry at once
+            else:
+                if status < 400:
+                    try:
+                        return json.loads(raw)
+                    except json.JSONDecodeError:
+                        raise ServerError(f"{url}: the answer is not JSON: {raw[:200]!r}", status) from None
+                detail = _error_message(raw)
+                if status == 429 or status >= 500:
+                    last = f"HTTP {status}: {detail}"
+                    ra = resp.getheader("Retry-After")
                     if ra:
                         try:
                             wait = min(self.config.max_backoff, float(ra))
                         except ValueError:
                             pass
                 else:
-                    raise ServerError(f"{self.base_url}{route}: HTTP {exc.code}: {detail}") from None
-            except _RETRY_EXC as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                    raise ServerError(f"{url}: HTTP {status}: {detail}", status)
             if attempt < self.config.max_retries:
                 self.retries += 1
-                time.sleep(wait)
-        raise ServerError(f"{self.base_url}{route}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
+                if wait:
+                    time.sleep(wait)
+        raise ServerError(f"{url}: gave up after {self.config.max_retries + 1} attempts; last error: {last}")
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         if len(items) <= 1 or self.config.concurrency == 1:
             return [fn(x) for x in items]
-        with ThreadPoolExecutor(min(self.config.concurrency, len(items))) as pool:
-            return list(pool.map(fn, items))
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="rcn-openai")
+        return list(self._executor.map(fn, items))
 
-    # ------------------------------------------------------------ requests
+    # ------------------------------------------------------------ prompts
 
-    def _tok(self) -> Any:
-        if self._tokenizer is None:
-            from rcn_fast.llm.load import load_tokenizer
+    def _ids(self, chat: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat rendered exactly as the local backend renders it."""
+        tok = self._tokenizer
+        text = chatlib.render_chat(tok, chat, system_role=self._system_role)
+        ids = list(tok.encode(text, add_special_tokens=not chatlib.has_chat_template(tok)))
+        if not ids:
+            raise ValueError("chats: a prompt encodes to no tokens")
+        return ids
 
-            self._tokenizer = load_tokenizer(self.config.tokenizer)
-        return self._tokenizer
+    def _completions_body(self, prompts: list[list[int]], fields: dict[str, Any]) -> dict[str, Any]:
+        if self._text_prompts:
+            if len(prompts) != 1:
+                raise AssertionError("text prompts go one per request")
+            prompt: Any = self._tokenizer.decode(prompts[0])
+        else:
+            prompt = prompts if len(prompts) > 1 else prompts[0]
+        return {"model": self.model, "prompt": prompt, "add_special_tokens": False, **fields}
 
-    def _request(self, chat: list[dict[str, str]], fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        if self.config.mode == "completions":
-            prompt = chatlib.render_chat(self._tok(), chat)
-            return "/completions", {"model": self.model, "prompt": prompt, **fields}
+    def _post_prompts(self, prompts: list[list[int]], fields: dict[str, Any]) -> dict[str, Any]:
+        """POST token-id prompts (or, to a server without them, their text)
+        to ``/completions`` and check the server's prompt token count."""
+        out = self._post("/completions", self._completions_body(prompts, fields))
+        got = (out.get("usage") or {}).get("prompt_tokens") if isinstance(out, dict) else None
+        want = sum(len(p) for p in prompts)
+        if isinstance(got, int) and got != want:
+            how = "tokenised the rendered text" if self._text_prompts else "received the token ids"
+            raise ServerError(
+                f"{self.base_url}/completions: the server counted {got} prompt tokens where the prompt has {want} "
+                f"(it {how} differently: a BOS or other special tokens added by the server, or a tokenizer that "
+                f"is not the served model's); tokenizer={self.config.tokenizer or self.model!r}"
+            )
+        return out
+
+    def _check_token_prompts(self, sample: list[int]) -> None:
+        """Once: does the server take token-id prompts (else send text)?"""
+        if self._token_checked:
+            return
+        self._token_checked = True
+        try:
+            self._post("/completions", {"model": self.model, "prompt": [sample, sample], "max_tokens": 1,
+                                        "temperature": 0.0, "add_special_tokens": False})
+        except ServerError as exc:
+            if exc.status not in (400, 404, 415, 422):
+                raise
+            self._text_prompts = True
+            self._warn_once("text", f"{self.base_url}: the server takes no token-id prompts ({exc}); sending the "
+                                    f"rendered text, one prompt per request, checking its token counts")
+
+    # ------------------------------------------------------------ chat mode
+
+    def _chat_body(self, chat: list[dict[str, str]], fields: dict[str, Any]) -> dict[str, Any]:
         body = {"model": self.model, "messages": chat, **fields}
         if chat[-1]["role"] == "assistant":
             body.update(continue_final_message=True, add_generation_prompt=False)
-        return "/chat/completions", body
+        return body
 
-    def _ask(self, chat: list[dict[str, str]], fields: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Send one row; in chat mode with a tokenizer, check that a
-        pre-filled turn was continued (see the module notes)."""
-        route, body = self._request(chat, fields)
-        out = self._post(route, body)
-        if route == "/chat/completions" and self.config.tokenizer and chat[-1]["role"] == "assistant":
+    def _probe_prefill(self) -> None:
+        """Once per client (chat mode): the server must render a pre-filled
+        chat differently with ``continue_final_message`` than without it."""
+        if self._prefill_ok is not None:
+            if not self._prefill_ok:
+                raise self._prefill_error
+            return
+        with self._lock:
+            if self._prefill_ok is not None:
+                return self._probe_prefill()
+            chat = [{"role": "user", "content": "Name a letter."}, {"role": "assistant", "content": "Letter: "}]
+            fields = {"max_tokens": 1, "temperature": 0.0}
+            cont = self._post("/chat/completions", self._chat_body(chat, fields))
+            plain = self._post("/chat/completions", {"model": self.model, "messages": chat, **fields})
+            n_cont = (cont.get("usage") or {}).get("prompt_tokens")
+            n_plain = (plain.get("usage") or {}).get("prompt_tokens")
+            why = None
+            if not isinstance(n_cont, int) or not isinstance(n_plain, int):
+                why = "the server reports no usage.prompt_tokens, so a pre-filled answer turn cannot be verified"
+            elif n_cont >= n_plain:
+                why = (f"a pre-filled chat is {n_cont} prompt tokens with continue_final_message and {n_plain} "
+                       f"without: the server ignores the field (OpenAI's API, llama-cpp-python) and answers in a "
+                       f"new assistant turn, so generations would not continue the pre-fill and labels would be "
+                       f"scored at the wrong position")
+            self._prefill_ok = why is None
+            if why:
+                self._prefill_error = ServerError(
+                    f"{self.base_url}/chat/completions: {why}; pass tokenizer=<the served model's tokenizer> "
+                    f"so chats are rendered here and sent to /completions"
+                )
+                raise self._prefill_error
+
+    def _ask_chat(self, chat: list[dict[str, str]], fields: dict[str, Any]) -> dict[str, Any]:
+        """One chat-mode request; with a tokenizer, a pre-filled answer's
+        prompt token count is checked against the local rendering."""
+        out = self._post("/chat/completions", self._chat_body(chat, fields))
+        if self._tokenizer is not None and chat[-1]["role"] == "assistant":
             got = (out.get("usage") or {}).get("prompt_tokens") if isinstance(out, dict) else None
             if isinstance(got, int):
-                tok = self._tok()
-                special = not chatlib.has_chat_template(tok)
-                want = len(tok.encode(chatlib.render_chat(tok, chat), add_special_tokens=special))
-                if got > want + 1:
+                want = len(self._ids(chat))
+                if got > want + 1:  # one more for a BOS the template does not write
                     raise ServerError(
-                        f"{self.base_url}{route}: the server counted {got} prompt tokens where the pre-filled chat "
-                        f"has {want}: it did not continue the final assistant turn (it ignores "
-                        f"continue_final_message) and answered in a new turn; use mode='completions' with "
-                        f"tokenizer={self.config.tokenizer!r}"
+                        f"{self.base_url}/chat/completions: the server counted {got} prompt tokens where the "
+                        f"pre-filled chat has {want}: it did not continue the final assistant turn (it ignores "
+                        f"continue_final_message) and answered in a new turn; use mode='auto' or 'completions' "
+                        f"with tokenizer={self.config.tokenizer or self.model!r}"
                     )
-        return route, out
+        return out
+
+    # ------------------------------------------------------------ generation
 
     def generate(
         self,
@@ -262,7 +525,7 @@ class OpenAILLM:
     ) -> list[list[Generation]]:
         """Draw chosen sample indices of each chat, as
         :meth:`rcn_fast.llm.hf.HFLLM.generate_samples` (sample ``s`` is
-        requested with ``sample_seed(seed, s)``).
+        requested with ``sample_seed(seed, s)``, one request per sample).
 
         Returns
         -------
@@ -271,6 +534,16 @@ class OpenAILLM:
         valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
                                                    temperature=temperature, top_p=top_p, seed=seed, stop=stop,
                                                    tags=tags)
+        if not valid:
+            return []
+        self.prepare()
+        tokens = self.uses_tokens
+        ids = [self._ids(c) for c in valid] if tokens else None
+        if tokens:
+            with self._lock:
+                self._check_token_prompts(ids[0])
+        elif self._tokenizer is None and any(c[-1]["role"] == "assistant" for c in valid):
+            self._probe_prefill()
         jobs = [(i, s) for i in range(len(valid)) for s in sids[i]]
 
         def one(job: tuple[int, int]) -> Generation:
@@ -279,16 +552,20 @@ class OpenAILLM:
                                       "top_p": params.top_p, "n": 1, "seed": sample_seed(params.seed, s)}
             if params.stop:
                 fields["stop"] = params.stop
-            route, out = self._ask(valid[i], fields)
+            if tokens:
+                assert ids is not None
+                out = self._post_prompts([ids[i]], fields)
+            else:
+                out = self._ask_chat(valid[i], fields)
             try:
                 choice = out["choices"][0]
-                text = choice["message"]["content"] if route == "/chat/completions" else choice["text"]
+                text = choice["text"] if tokens else choice["message"]["content"]
                 usage = out.get("usage") or {}
                 return Generation(text=text or "", prompt_tokens=int(usage.get("prompt_tokens", 0)),
                                   generated_tokens=int(usage.get("completion_tokens", 0)),
-                                  finish_reason=str(choice.get("finish_reason") or "stop"))
-            except (KeyError, IndexError, TypeError) as exc:
-                raise ServerError(f"{self.base_url}{route}: unexpected response shape ({exc!r}): {str(out)[:200]}") from None
+                                  finish_reason="length" if choice.get("finish_reason") == "length" else "stop")
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise ServerError(f"{self.base_url}: unexpected response shape ({exc!r}): {str(out)[:200]}") from None
 
         flat = self._map(one, jobs)
         res: list[list[Generation]] = [[] for _ in valid]
@@ -297,41 +574,225 @@ class OpenAILLM:
         self.cost.record_rows(sample_costs(res), tags)
         return res
 
+    # ------------------------------------------------------------ label scoring
+
+    def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
+        """Spelling token ids of each label (as the local backend's)."""
+        from rcn_fast.llm import scoring
+
+        key = tuple(labels)
+        if key not in self._label_cache:
+            self._label_cache[key] = scoring.label_token_ids(self._tokenizer, labels, self.config.label_spellings)
+        return self._label_cache[key]
+
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
-        """As :meth:`rcn_fast.llm.LLM.label_logprobs`, from the server's
-        next-token ``top_logprobs`` (see the module notes)."""
+        """As :meth:`rcn_fast.llm.LLM.label_logprobs` (see the module notes:
+        exact from prompt log-probs, else from top log-probs).
+
+        Returns
+        -------
+        float32 ndarray [B, C]
+            Log-softmax over each row's labels (rows with fewer labels are
+            padded with ``-inf``).
+        """
         valid = chatlib.validate_chats(chats)
         rows = normalise_labels(labels, len(valid))
         tags = check_tags(tags, len(valid))
-        k = self.config.top_logprobs
+        if not valid:
+            return np.zeros((0, 0), dtype=np.float32)
+        self.prepare()
+        if self.uses_tokens:
+            prefixes = [self._ids(c) for c in valid]
+            spell = [self.label_ids_for(r) for r in rows]
+            res = self._score_tokens(prefixes, spell, rows)
+            lens = [len(p) for p in prefixes]
+        else:
+            if self.config.label_scoring == "prompt_logprobs":
+                raise ValueError(f"label_scoring: 'prompt_logprobs' needs token-id prompts, so a tokenizer "
+                                 f"(tokenizer=) and mode 'auto' or 'completions'; got mode={self.config.mode!r}")
+            if self._tokenizer is None and any(c[-1]["role"] == "assistant" for c in valid):
+                self._probe_prefill()
+            self._warn_once("chat-top", f"{self.base_url}: label scoring in chat mode reads the next-token top "
+                                        f"log-probs (no prompt log-probs there); pass tokenizer= for exact scores")
+            res, lens = self._score_top_chat(valid, rows)
+        self.cost.record_rows([Cost(1, n, 0) for n in lens], tags)
+        return pad_rows(res)
 
-        def one(i: int) -> tuple[list[float], int]:
-            if self.config.mode == "completions":
-                fields = {"max_tokens": 1, "temperature": 0.0, "logprobs": k}
-            else:
-                fields = {"max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": k}
-            route, out = self._ask(valid[i], fields)
-            top = _top_logprobs(out, route)
-            if top is None:
-                raise RuntimeError(
-                    f"{self.base_url}{route}: the server returned no next-token logprobs; label scoring needs "
-                    f"a server that supports logprobs/top_logprobs (vLLM, SGLang, llama.cpp server, rcn_fast.llm.serve)"
-                )
+    def _score_tokens(self, prefixes: list[list[int]], spell: list[list[list[int]]], rows: list[list[str]]) -> list[list[float]]:
+        mode = self.config.label_scoring
+        if mode != "top_logprobs":
+            self._probe_exact(prefixes[0], spell[0][0][0])
+            if self._exact:
+                return self._score_exact(prefixes, spell)
+            if mode == "prompt_logprobs":
+                raise ServerError(f"{self.base_url}/completions: label_scoring='prompt_logprobs' but the server "
+                                  f"returns no prompt log-probs for token-id prompts: {self._exact_why}")
+            self._warn_once("top", f"{self.base_url}: no prompt log-probs ({self._exact_why}); label scores come from "
+                                   f"the next-token top log-probs (exact only where every spelling is among them)")
+        return self._score_top_tokens(prefixes, spell, rows)
+
+    def _exact_fields(self) -> dict[str, Any]:
+        if self.config.prompt_logprobs_field == "vllm":
+            return {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        return {"max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": 1}
+
+    def _probe_exact(self, prefix: list[int], token: int) -> None:
+        """Once, before requests fan out: token-id prompts with prompt log-probs?"""
+        if self._exact is not None:
+            return
+        with self._lock:
+            if self._exact is not None:
+                return
+            self._exact_why = ""
+            try:
+                self._check_token_prompts(prefix)
+                if self._text_prompts:
+                    self._exact_why = "the server takes no token-id prompts"
+                    self._exact = False
+                    return
+                prompts = [prefix + [token], prefix + [token]]
+                out = self._post_prompts(prompts, self._exact_fields())
+                _prompt_lps(out, prompts, self.config.prompt_logprobs_field)
+                self._exact = True
+            except _NoPromptLogprobs as exc:
+                self._exact_why = str(exc)
+                self._exact = False
+            except ServerError as exc:
+                if exc.status not in (400, 404, 415, 422):
+                    raise
+                self._exact_why = str(exc)
+                self._exact = False
+
+    def _score_exact(self, prefixes: list[list[int]], spell: list[list[list[int]]]) -> list[list[float]]:
+        jobs = [(b, c, t) for b, row in enumerate(spell) for c, ts in enumerate(row) for t in ts]
+        n = self.config.prompts_per_request
+        chunks = [jobs[i : i + n] for i in range(0, len(jobs), n)]
+        fields = self._exact_fields()
+
+        def one(chunk: list[tuple[int, int, int]]) -> list[float]:
+            prompts = [prefixes[b] + [t] for b, _, t in chunk]
+            out = self._post_prompts(prompts, fields)
+            try:
+                return _prompt_lps(out, prompts, self.config.prompt_logprobs_field)
+            except _NoPromptLogprobs as exc:
+                raise ServerError(f"{self.base_url}/completions: {exc}") from None
+
+        vals = [v for part in self._map(one, chunks) for v in part]
+        per: list[list[list[float]]] = [[[] for _ in row] for row in spell]
+        for (b, c, _), v in zip(jobs, vals):
+            per[b][c].append(v)
+        return [_normalise([_logsumexp(s) for s in row]) for row in per]
+
+    def _escalate(self, fetch: Callable[[list[int], int], list[tuple[dict[str, float], int]]], spell_strs: list[list[list[str]]],
+                  rows: list[list[str]], vocab: int | None) -> list[list[float]]:
+        """The top-log-probs fallback over all rows: ask with ``k`` entries,
+        again with 8k for rows missing a spelling, up to the cap."""
+        cap = self.config.max_top_logprobs or vocab or (1 << 17)
+        if self._top_cap is not None:
+            cap = min(cap, self._top_cap)
+        k = min(self.config.top_logprobs, cap)
+        tops: list[dict[str, float]] = [{} for _ in rows]
+        asked = [0] * len(rows)
+        sizes = [0] * len(rows)
+        todo = list(range(len(rows)))
+        while todo:
+            try:
+                got = fetch(todo, k)
+            except ServerError as exc:
+                if exc.status not in (400, 422) or k == min(self.config.top_logprobs, cap):
+                    raise
+                self._top_cap = k // 8  # the server refuses k: its cap is below
+                break
+            grew = set()
+            for i, (t, n) in zip(todo, got):
+                if n > sizes[i]:  # no more entries for a larger k: the server sent all it has
+                    grew.add(i)
+                tops[i], asked[i], sizes[i] = t, k, n
+            todo = [i for i in todo if i in grew and any(s not in tops[i] for lab in spell_strs[i] for s in lab)]
+            if k >= cap:
+                break
+            k = min(cap, k * 8)
+        out = []
+        for i, row in enumerate(rows):
             scores = []
-            for lab in rows[i]:
-                found = [top[sp.format(lab)] for sp in dict.fromkeys(self.config.label_spellings) if sp.format(lab) in top]
+            for c, lab in enumerate(row):
+                found = [tops[i][s] for s in spell_strs[i][c] if s in tops[i]]
+                if not found:
+                    raise ValueError(
+                        f"labels[{i}]: label {lab!r} is not among the server's top {asked[i]} next tokens after "
+                        f"chats[{i}], so it cannot be scored; use a server with prompt log-probs for token-id prompts "
+                        f"(vLLM, SGLang, rcn_fast.llm.serve) with tokenizer=, or raise the server's cap on log-probs "
+                        f"(vLLM: --max-logprobs) and max_top_logprobs"
+                    )
+                if len(found) < len(spell_strs[i][c]):
+                    self._warn_once("partial", f"{self.base_url}: some label spellings are outside the server's top "
+                                               f"log-probs (e.g. {lab!r} of row {i}); those labels are scored from "
+                                               f"the spellings found (a lower bound)")
                 scores.append(_logsumexp(found))
-            if all(s == -math.inf for s in scores):
-                raise ValueError(
-                    f"chats[{i}]: none of the labels {rows[i]} is among the server's top {k} next tokens; "
-                    f"raise top_logprobs (OpenAIConfig) or check the pre-filled answer turn"
-                )
-            z = _logsumexp(scores)
-            return [s - z for s in scores], int((out.get("usage") or {}).get("prompt_tokens", 0))
+            out.append(_normalise(scores))
+        return out
 
-        res = self._map(one, list(range(len(valid))))
-        self.cost.record_rows([Cost(1, pt, 0) for _, pt in res], tags)
-        return pad_rows([lp for lp, _ in res])
+    def _score_top_tokens(self, prefixes: list[list[int]], spell: list[list[list[int]]], rows: list[list[str]]) -> list[list[float]]:
+        tok = self._tokenizer
+        spell_strs = [[list(dict.fromkeys(tok.decode([t]) for t in ts)) for ts in row] for row in spell]
+        with self._lock:
+            self._check_token_prompts(prefixes[0])
+        per = 1 if self._text_prompts else self.config.prompts_per_request
+
+        def fetch(todo: list[int], k: int) -> list[tuple[dict[str, float], int]]:
+            chunks = [todo[i : i + per] for i in range(0, len(todo), per)]
+
+            def one(chunk: list[int]) -> list[tuple[dict[str, float], int]]:
+                out = self._post_prompts([prefixes[i] for i in chunk],
+                                         {"max_tokens": 1, "temperature": 0.0, "logprobs": k})
+                choices = _choices(out, len(chunk))
+                res = []
+                for c in choices:
+                    top = _top_completion(c)
+                    if top is None:
+                        raise RuntimeError(f"{self.base_url}/completions: the server returned no next-token "
+                                           f"logprobs; label scoring needs logprobs")
+                    res.append(top)
+                return res
+
+            return [t for part in self._map(one, chunks) for t in part]
+
+        return self._escalate(fetch, spell_strs, rows, len(tok))
+
+    def _score_top_chat(self, valid: list[Any], rows: list[list[str]]) -> tuple[list[list[float]], list[int]]:
+        spell_strs = [[list(dict.fromkeys(sp.format(lab) for sp in self.config.label_spellings)) for lab in row]
+                      for row in rows]
+        lens = [0] * len(valid)
+
+        def fetch(todo: list[int], k: int) -> list[tuple[dict[str, float], int]]:
+            def one(i: int) -> tuple[dict[str, float], int]:
+                out = self._ask_chat(valid[i], {"max_tokens": 1, "temperature": 0.0, "logprobs": True,
+                                                "top_logprobs": k})
+                lens[i] = int((out.get("usage") or {}).get("prompt_tokens", 0))
+                top = _top_chat(out)
+                if top is None:
+                    raise RuntimeError(f"{self.base_url}/chat/completions: the server returned no next-token "
+                                       f"logprobs; label scoring needs logprobs/top_logprobs")
+                return top
+
+            return self._map(one, todo)
+
+        return self._escalate(fetch, spell_strs, rows, None), lens
+
+
+class _NoPromptLogprobs(Exception):
+    pass
+
+
+def _resolvable(name: str) -> bool:
+    """A local model directory or file, ``package:<module>``, or a hub id."""
+    if name.startswith("package:"):
+        return True
+    p = Path(name).expanduser()
+    if p.exists():
+        return True
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
 def _logsumexp(xs: Sequence[float]) -> float:
@@ -342,36 +803,87 @@ def _logsumexp(xs: Sequence[float]) -> float:
     return m + math.log(sum(math.exp(x - m) for x in xs))
 
 
-def _top_logprobs(out: dict[str, Any], route: str) -> dict[str, float] | None:
-    """token string -> logprob (tokens spelled alike are combined by logsumexp)."""
+def _normalise(scores: list[float]) -> list[float]:
+    z = _logsumexp(scores)
+    return [s - z for s in scores]
+
+
+def _choices(out: Any, n: int) -> list[dict[str, Any]]:
+    """The ``n`` choices of a response (n=1 each), ordered by index."""
+    try:
+        ch = sorted(out["choices"], key=lambda c: c.get("index", 0))
+    except (KeyError, TypeError, AttributeError):
+        raise ServerError(f"unexpected response shape: {str(out)[:200]}") from None
+    if len(ch) != n:
+        raise ServerError(f"expected {n} choices (one per prompt), got {len(ch)}: the server does not take a list "
+                          f"of prompts; set prompts_per_request=1")
+    return ch
+
+
+def _prompt_lps(out: Any, prompts: list[list[int]], how: str) -> list[float]:
+    """log p(last token | the tokens before it) of each prompt, from the
+    response's prompt log-probs."""
+    vals = []
+    for c, p in zip(_choices(out, len(prompts)), prompts):
+        n = len(p)
+        if how == "vllm":
+            pl = c.get("prompt_logprobs")
+            if not isinstance(pl, list) or len(pl) < n or not isinstance(pl[n - 1], dict):
+                raise _NoPromptLogprobs("no prompt_logprobs in the answer")
+            entry = pl[n - 1].get(str(p[-1]))
+            v = entry.get("logprob") if isinstance(entry, dict) else entry
+        else:
+            lp = c.get("logprobs") or {}
+            tl = lp.get("token_logprobs") if isinstance(lp, dict) else None
+            if not isinstance(tl, list) or len(tl) < n or tl[0] is not None:
+                raise _NoPromptLogprobs("no prompt log-probs in the answer to echo=true, logprobs=1")
+            v = tl[n - 1]
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v > 1e-3:
+            raise ServerError(f"the server's prompt log-prob of the label token is {v!r}, not a log-probability")
+        vals.append(float(v))
+    return vals
+
+
+def _merge(pairs: list[tuple[str, float]]) -> tuple[dict[str, float], int] | None:
+    """(token string -> logprob, tokens spelled alike combined by
+    logsumexp; the number of entries the server sent)."""
+    if not pairs:
+        return None
+    merged: dict[str, list[float]] = {}
+    for t, v in pairs:
+        merged.setdefault(t, []).append(v)
+    return {t: _logsumexp(v) for t, v in merged.items()}, len(pairs)
+
+
+def _top_completion(choice: dict[str, Any]) -> tuple[dict[str, float], int] | None:
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    tops = lp.get("top_logprobs") or []
+    if not tops or not tops[0]:
+        return None
+    return _merge([(t, float(v)) for t, v in tops[0].items()])
+
+
+def _top_chat(out: dict[str, Any]) -> tuple[dict[str, float], int] | None:
     try:
         lp = out["choices"][0].get("logprobs")
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
     if not lp:
         return None
-    pairs: list[tuple[str, float]] = []
-    if route == "/chat/completions":
-        content = lp.get("content") or []
-        if not content:
-            return None
-        pairs = [(e["token"], float(e["logprob"])) for e in content[0].get("top_logprobs") or []]
-    else:
-        tops = lp.get("top_logprobs") or []
-        if not tops or not tops[0]:
-            return None
-        pairs = [(t, float(v)) for t, v in tops[0].items()]
-    if not pairs:
+    content = lp.get("content") or []
+    if not content:
         return None
-    merged: dict[str, list[float]] = {}
-    for t, v in pairs:
-        merged.setdefault(t, []).append(v)
-    return {t: _logsumexp(v) for t, v in merged.items()}
+    return _merge([(e["token"], float(e["logprob"])) for e in content[0].get("top_logprobs") or []])
 
 
-def _error_message(exc: urllib.error.HTTPError) -> str:
+def _error_message(raw: bytes) -> str:
     try:
-        body = json.loads(exc.read() or b"{}")
-        return str(body.get("error", {}).get("message") or body)[:300]
+        body = json.loads(raw or b"{}")
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            return str(err.get("message") or body)[:300]
+        return str(err or body.get("detail") or body)[:300]
     except Exception:
-        return str(exc.reason)
+        return raw[:300].decode("utf-8", "replace")

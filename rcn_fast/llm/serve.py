@@ -3,18 +3,38 @@
     python -m rcn_fast.serve --model PATH_OR_SPEC [--host 127.0.0.1] [--port 8000]
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and
-``POST /v1/completions`` with the fields rcn_fast's OpenAI client uses:
-``messages`` / ``prompt``, ``max_tokens`` (or ``max_completion_tokens``),
-``temperature``, ``top_p``, ``n``, ``seed``, ``stop``, ``logprobs`` and
-``top_logprobs`` (with ``max_tokens=1``: the next-token distribution, the
-way label scoring asks for it), and the vLLM/SGLang extensions
-``continue_final_message`` / ``add_generation_prompt`` for pre-filled
-assistant turns.
+``POST /v1/completions``. It behaves like vLLM where rcn_fast's OpenAI
+client depends on it, so the client's tests catch what a real server would
+do to it:
 
-It serves one request at a time (stdlib ``http.server``; requests are
-answered in threads but the model runs under a lock) and is meant for
-tests, demos and small jobs; to scale, run vLLM or SGLang and point
-``load_llm("openai:<url>#<model>")`` at them.
+* ``prompt`` (completions) is a string, a list of strings, a list of token
+  ids or a list of lists of token ids; every prompt gets ``n`` choices,
+  prompt ``p``'s sample ``s`` at index ``p * n + s`` (as vLLM and OpenAI);
+* a text prompt is tokenised with the tokenizer's special tokens (a BOS
+  for tokenizers that add one) unless ``add_special_tokens`` is false;
+  token-id prompts are used as given;
+* ``logprobs`` (completions) / ``top_logprobs`` (chat) above
+  ``max_logprobs`` (20, vLLM's and OpenAI's default) is HTTP 400;
+* prompt log-probs: ``echo=true`` with ``logprobs`` (the OpenAI legacy
+  fields: ``logprobs.tokens`` / ``token_logprobs`` / ``top_logprobs`` cover
+  the prompt and then the generated token, the first prompt entry None) and
+  vLLM's ``prompt_logprobs=k`` (``choices[i].prompt_logprobs``: per prompt
+  position None first, then ``{token_id: {"logprob", "rank",
+  "decoded_token"}}`` with the prompt token and the top ``k``);
+* chat: the vLLM/SGLang extensions ``continue_final_message`` /
+  ``add_generation_prompt`` for pre-filled assistant turns (a switch turns
+  them off, see below); the chat's text is tokenised without added special
+  tokens (its template writes them).
+
+Other fields: ``max_tokens`` (or ``max_completion_tokens``),
+``temperature``, ``top_p``, ``n``, ``seed``, ``stop``. Next-token logprobs
+(``logprobs`` without ``echo``) need ``max_tokens=1``. A sample depends
+only on (prompt, parameters, seed, sample index), not on the other prompts
+of the request.
+
+The model runs under a lock (requests are answered in threads, one model
+call at a time); it is meant for tests, demos and small jobs. To scale, run
+vLLM or SGLang and point ``load_llm("openai:<url>#<model>")`` at them.
 
 Test switches (constructor only):
 
@@ -25,9 +45,16 @@ Test switches (constructor only):
   normal answer without its ``logprobs`` fields) -- so clients' retries and
   errors can be tested.
 * ``extensions=False``: ignore ``continue_final_message`` /
-  ``add_generation_prompt``, as a server without these vLLM/SGLang
-  extensions (OpenAI's API) does: a pre-filled assistant turn is closed and
-  a new assistant turn is opened after it.
+  ``add_generation_prompt``, as OpenAI's API and llama.cpp's servers do: a
+  pre-filled assistant turn is closed and a new assistant turn is opened
+  after it.
+* ``token_prompts=False``: accept only a string or a one-string list as a
+  completions ``prompt`` (HTTP 422 otherwise), as llama-cpp-python's server.
+* ``prompt_logprobs=False``: ignore ``echo`` and ``prompt_logprobs``, as a
+  server without prompt log-probs (OpenAI's current models).
+* ``max_logprobs``: the cap on requested top log-probs (None: the vocabulary).
+* ``latency``: seconds added to every answer (outside the model lock), to
+  measure a client's throughput against a remote server.
 """
 
 from __future__ import annotations
@@ -53,9 +80,11 @@ class APIError(Exception):
 
 
 class OpenAIServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` answering the OpenAI API from an :class:`HFLLM`."""
+    """``ThreadingHTTPServer`` answering the OpenAI API from an :class:`HFLLM`
+    (the switches are described in the module notes)."""
 
     daemon_threads = True
+    request_queue_size = 256
 
     def __init__(
         self,
@@ -66,16 +95,28 @@ class OpenAIServer(ThreadingHTTPServer):
         model_name: str = "local",
         faults: list[str] | None = None,
         extensions: bool = True,
+        token_prompts: bool = True,
+        prompt_logprobs: bool = True,
+        max_logprobs: int | None = 20,
+        latency: float = 0.0,
     ) -> None:
         if not isinstance(llm, HFLLM):
             raise TypeError(f"llm: expected an HFLLM (the local backend), got {type(llm).__name__}")
         for f in faults or []:
             _check_fault(f)
+        if max_logprobs is not None and (isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0):
+            raise ValueError(f"max_logprobs: expected an int >= 0 or None, got {max_logprobs!r}")
+        if not isinstance(latency, (int, float)) or latency < 0:
+            raise ValueError(f"latency: expected seconds >= 0, got {latency!r}")
         super().__init__((host, port), _Handler)
         self.llm = llm
         self.model_name = model_name
         self.faults = list(faults or [])
         self.extensions = bool(extensions)
+        self.token_prompts = bool(token_prompts)
+        self.prompt_logprobs = bool(prompt_logprobs)
+        self.max_logprobs = max_logprobs
+        self.latency = float(latency)
         self.requests_seen = 0
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
@@ -115,22 +156,86 @@ class OpenAIServer(ThreadingHTTPServer):
             gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
             text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=gen_prompt)
         ids = self.llm.encode_texts([text])[0]
-        choices, usage = self._complete(ids, body, chat=True)
+        want = bool(body.get("logprobs", False))
+        k = self._check_k(body.get("top_logprobs") or 0, "top_logprobs") if want else None
+        choices, usage = self._complete([ids], body, chat=True, k=k, echo=False, prompt_k=None)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": usage}
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise APIError(400, "prompt: expected a non-empty string")
-        tok = self.llm.tokenizer
-        special = not (tok.bos_token and prompt.startswith(tok.bos_token)) and not chatlib.has_chat_template(tok)
-        ids = list(tok.encode(prompt, add_special_tokens=special))
-        choices, usage = self._complete(ids, body, chat=False)
+        prompts = self._prompt_ids(body.get("prompt"), body.get("add_special_tokens", True))
+        k = body.get("logprobs")
+        k = None if k is None else self._check_k(k, "logprobs")
+        echo = bool(body.get("echo", False)) and self.prompt_logprobs
+        pk = body.get("prompt_logprobs") if self.prompt_logprobs else None
+        pk = None if pk is None else self._check_k(pk, "prompt_logprobs")
+        choices, usage = self._complete(prompts, body, chat=False, k=k, echo=echo, prompt_k=pk)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": usage}
 
-    def _complete(self, ids: list[int], body: dict[str, Any], chat: bool) -> tuple[list[dict], dict]:
+    # ------------------------------------------------------------ helpers
+
+    def _check_k(self, k: Any, name: str) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise APIError(400, f"{name}: expected an int >= 0, got {k!r}")
+        cap = len(self.llm.tokenizer) if self.max_logprobs is None else self.max_logprobs
+        if k > cap:
+            raise APIError(400, f"{name}: requested {k} log-probs, more than the server's max_logprobs ({cap})")
+        return k
+
+    def _prompt_ids(self, prompt: Any, add_special: Any) -> list[list[int]]:
+        """``prompt`` (string, strings, token ids, lists of token ids) -> token ids per prompt."""
+        tok = self.llm.tokenizer
+        if not isinstance(add_special, bool):
+            raise APIError(400, f"add_special_tokens: expected a bool, got {add_special!r}")
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            items = [prompt]
+        elif isinstance(prompt, list) and prompt:
+            items = prompt
+        else:
+            raise APIError(400, "prompt: expected a non-empty string, list of strings, token ids or lists of token ids")
+        if not self.token_prompts and not (len(items) == 1 and isinstance(items[0], str)):
+            raise APIError(422, "prompt: this server takes one string prompt (token_prompts=False)")
+        out = []
+        V = len(tok)
+        for i, p in enumerate(items):
+            if isinstance(p, str) and p:
+                out.append(list(tok.encode(p, add_special_tokens=add_special)))
+            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in p):
+                out.append(list(p))
+            else:
+                raise APIError(400, f"prompt[{i}]: expected a non-empty string or a non-empty list of token ids < {V}")
+        return out
+
+    def _prompt_logprobs(self, prompts: list[list[int]], k: int) -> list[list[tuple[float, list[tuple[int, float]]] | None]]:
+        """Per prompt, per position: None at 0, then (log-prob of the prompt
+        token, the top ``k`` (id, log-prob)) under the full-vocabulary
+        log-softmax of the previous position."""
+        torch = __import__("torch")
+        llm = self.llm
+        out: list[list[Any]] = [[] for _ in prompts]
+        for batch in llm._batches(prompts):
+            rows = [prompts[i] for i in batch]
+            ids, mask, pos = llm._pad_left(rows)
+            with torch.inference_mode():
+                logits = llm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+            T = ids.shape[1]
+            for j, i in enumerate(batch):
+                n = len(rows[j])
+                lp = torch.log_softmax(logits[j, T - n : T - 1].float(), dim=-1)  # predicts tokens 1..n-1
+                nxt = torch.tensor(rows[j][1:], device=lp.device)
+                got = lp.gather(1, nxt[:, None])[:, 0].tolist()
+                tops: list[list[tuple[int, float]]] = [[] for _ in got]
+                if k > 0:
+                    tv, ti = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
+                    tops = [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
+                out[i] = [None, *zip(got, tops)]
+        return out
+
+    def _complete(self, prompts: list[list[int]], body: dict[str, Any], *, chat: bool, k: int | None, echo: bool,
+                  prompt_k: int | None) -> tuple[list[dict], dict]:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
         try:
             params = GenerationParams(
@@ -139,48 +244,70 @@ class OpenAIServer(ThreadingHTTPServer):
             )
         except (TypeError, ValueError) as exc:
             raise APIError(400, str(exc)) from None
-        if chat:
-            want = bool(body.get("logprobs", False))
-            k = int(body.get("top_logprobs") or 0) if want else 0
-        else:
-            k = body.get("logprobs")
-            want = k is not None
-            k = int(k or 0)
+        want = k is not None
         if want and params.max_new_tokens != 1:
             raise APIError(400, "logprobs: this server returns logprobs only with max_tokens=1 (next-token scoring)")
-        if want and not 0 <= k <= len(self.llm.tokenizer):
-            raise APIError(400, f"top_logprobs: expected 0..{len(self.llm.tokenizer)}, got {k}")
-        with self._model_lock:
-            if want:
-                top = self.llm.top_logprobs_ids([ids], max(k, 1))[0]
-                gens = self.llm.generate_ids([ids], params)[0]
-            else:
-                top = []
-                gens = self.llm.generate_ids([ids], params)[0]
+        echo_text, echo = echo, echo and want
         tok = self.llm.tokenizer
+        with self._model_lock:
+            top = self.llm.top_logprobs_ids(prompts, max(k or 0, 1)) if want else None
+            plp = self._prompt_logprobs(prompts, max(k or 0, prompt_k or 0)) if echo or prompt_k is not None else None
+            gens = self.llm.generate_ids(prompts, params)
         choices = []
-        for i, g in enumerate(gens):
-            c: dict[str, Any] = {"index": i, "finish_reason": g.finish_reason}
-            if chat:
-                c["message"] = {"role": "assistant", "content": g.text}
-            else:
-                c["text"] = g.text
-            if want:
-                entries = [(tok.decode([t]), lp) for t, lp in top[:k]]
-                first = top[0]
+        for p, ids in enumerate(prompts):
+            for s, g in enumerate(gens[p]):
+                c: dict[str, Any] = {"index": p * params.num_samples + s, "finish_reason": g.finish_reason}
                 if chat:
-                    c["logprobs"] = {"content": [{
-                        "token": tok.decode([first[0]]), "logprob": first[1],
-                        "top_logprobs": [{"token": s, "logprob": lp} for s, lp in entries],
-                    }]}
+                    c["message"] = {"role": "assistant", "content": g.text}
                 else:
-                    d: dict[str, float] = {}
-                    for s, lp in entries:
-                        d.setdefault(s, lp)
-                    c["logprobs"] = {"tokens": [tok.decode([first[0]])], "token_logprobs": [first[1]], "top_logprobs": [d]}
-            choices.append(c)
-        gen_total = sum(g.generated_tokens for g in gens)
-        return choices, {"prompt_tokens": len(ids), "completion_tokens": gen_total, "total_tokens": len(ids) + gen_total}
+                    c["text"] = (tok.decode(ids) if echo_text else "") + g.text
+                if want:
+                    assert top is not None
+                    entries = [(tok.decode([t]), lp) for t, lp in top[p][: k or 0]]
+                    first = top[p][0]
+                    if chat:
+                        c["logprobs"] = {"content": [{
+                            "token": tok.decode([first[0]]), "logprob": first[1],
+                            "top_logprobs": [{"token": t, "logprob": lp} for t, lp in entries],
+                        }]}
+                    else:
+                        d: dict[str, float] = {}
+                        for t, lp in entries:
+                            d.setdefault(t, lp)
+                        lp_block: dict[str, Any] = {"tokens": [tok.decode([first[0]])], "token_logprobs": [first[1]],
+                                                    "top_logprobs": [d]}
+                        if echo:
+                            assert plp is not None
+                            lp_block = _echo_block(tok, ids, plp[p], k or 0, lp_block)
+                        c["logprobs"] = lp_block
+                if prompt_k is not None and not chat:
+                    assert plp is not None
+                    c["prompt_logprobs"] = [None] + [
+                        {str(t): {"logprob": v, "rank": None, "decoded_token": tok.decode([t])}
+                         for t, v in [(ids[q], e[0]), *e[1][:prompt_k]]}
+                        for q, e in enumerate(plp[p][1:], start=1)
+                    ]
+                choices.append(c)
+        n_prompt = sum(len(x) for x in prompts)
+        gen_total = sum(g.generated_tokens for row in gens for g in row)
+        return choices, {"prompt_tokens": n_prompt, "completion_tokens": gen_total, "total_tokens": n_prompt + gen_total}
+
+
+def _echo_block(tok: Any, ids: list[int], plp: list[Any], k: int, gen: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI legacy ``logprobs`` of an ``echo`` request: the prompt's
+    tokens (first entry None), then the generated token's."""
+    tokens = [tok.decode([t]) for t in ids]
+    token_lps: list[float | None] = [None]
+    tops: list[dict[str, float] | None] = [None]
+    for q, (lp, top) in enumerate(plp[1:], start=1):
+        token_lps.append(lp)
+        d: dict[str, float] = {}
+        for t, v in top[:k]:
+            d.setdefault(tok.decode([t]), v)
+        d.setdefault(tokens[q], lp)
+        tops.append(d)
+    return {"tokens": tokens + gen["tokens"], "token_logprobs": token_lps + gen["token_logprobs"],
+            "top_logprobs": tops + gen["top_logprobs"]}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -264,6 +391,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self._strip_logprobs:
             for c in out.get("choices", []):
                 c.pop("logprobs", None)
+                c.pop("prompt_logprobs", None)
+        if self.server.latency:
+            time.sleep(self.server.latency)
         self._send(200, out)
 
 
@@ -296,9 +426,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-logprobs", type=int, default=20, help="cap on requested top log-probs (vLLM's default 20)")
     args = ap.parse_args(argv)
     llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
-    server = make_server(llm, args.host, args.port, model_name=args.name or args.model)
+    server = make_server(llm, args.host, args.port, model_name=args.name or args.model, max_logprobs=args.max_logprobs)
     print(f"serving {args.model} at {server.base_url}", flush=True)
     try:
         server.serve_forever()
