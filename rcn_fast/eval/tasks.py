@@ -699,7 +699,8 @@ def _has_csqa_question(path: Path) -> bool:
         for _, line in iter_lines(path):
             if line.strip():
                 rec = json.loads(line)
-                return isinstance(rec, dict) and (isinstance(rec.get("question"), dict) or "choices" in rec)
+                return isinstance(rec, dict) and (isinstance(rec.get("question"), dict)
+                                                  or isinstance(rec.get("choices"), list))
     except (OSError, json.JSONDecodeError, DataFormatError):
         return True  # the CommonsenseQA reader reports the problem with its line number
     return True
