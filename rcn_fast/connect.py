@@ -1,0 +1,403 @@
+"""Knowledge connection for any RAG system: "connect these passages for
+this question".
+
+:func:`connect` runs ReConnect's knowledge-connection stages for a batch of
+questions and returns, per question, the connected explanation with the
+subsets it was built from, the N extractions, the trace of every prompt and
+output, and the LLM cost. It is the library entry point the framework
+adapters (:mod:`rcn_fast.integrations`) wrap.
+
+Passages come from one of two sources:
+
+* ``retriever=`` -- ReConnect in full: query expansion (explanations of how
+  to answer), one batched retrieval for every explanation and the question,
+  the pooled passages, relevance sampling, N extractions, aggregation.
+  Anything :func:`rcn_fast.pipelines.knowledge.as_embedding_retriever`
+  accepts: an rcn_fast :class:`~rcn_fast.retrieval.Retriever`, an
+  :class:`~rcn_fast.pipelines.InMemoryRetriever`, a framework retriever
+  wrapped by :mod:`rcn_fast.integrations`.
+* ``passages=`` -- passages already retrieved, one list per question: they
+  are the pool. Query expansion only makes retrieval queries, so it is
+  skipped; sampling, extraction and aggregation run as in ReConnect. The
+  relevance sampler needs the question's and the passages' embeddings:
+  give ``encoder=`` (an rcn_fast encoder, or a framework embedding model
+  wrapped by :mod:`rcn_fast.integrations`), optionally with
+  ``passage_embeddings=``; ``sampling="random"`` needs none.
+
+The ablation settings of :class:`~rcn_fast.pipelines.ReConnectConfig` apply
+(``knowledge_extraction=False`` aggregates straight from the pool, ...).
+Every stage is one batched call for the whole batch of questions: one LLM
+call per stage, one encoder call for the questions, one for the passages.
+
+Questions are :class:`~rcn_fast.data.MCQuestion` (or a dict with
+``question`` and ``choices``). Questions without choices (a str, an
+:class:`~rcn_fast.data.OpenQuestion`, a dict without ``choices``) are
+accepted by the signature but refused for now with a ValueError: the
+ReConnect pipeline does not yet answer open questions.
+
+Examples
+--------
+>>> from rcn_fast.connect import connect                         # doctest: +SKIP
+>>> out = connect([{"question": "Where do fish live?", "choices": ["water", "trees"]}],
+...               llm=llm, passages=[["Fish live in water.", "Trees grow on land."]],
+...               encoder=encoder)
+>>> out[0].explanation, out[0].cost.llm_calls
+(['Fish live in water, so ...'], 5)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rcn_fast.data import MCQuestion, OpenQuestion
+from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
+from rcn_fast.pipelines.config import ReConnectConfig
+from rcn_fast.pipelines.knowledge import _f32, has_embeddings
+from rcn_fast.pipelines.reconnect import ReConnect
+from rcn_fast.pipelines.simple import question_query
+from rcn_fast.retrieval.types import Passage
+
+QuestionInput = MCQuestion | OpenQuestion | str | Mapping[str, Any]
+PassageInput = Passage | str | Mapping[str, Any]
+
+
+# ---------------------------------------------------------------- results
+@dataclass
+class Connection:
+    """The knowledge connected for one question.
+
+    Attributes
+    ----------
+    question_id : str
+    explanation : list of str
+        The connected explanation: the aggregation's items (with
+        ``knowledge_aggregation=False``, one item per extraction; with
+        ``knowledge_connection=False``, the pooled passage texts) -- what
+        ReConnect gives its answering step.
+    passages : list of Passage
+        The pool: the passages given, or those retrieved for the
+        explanations and the question (exact duplicate texts removed).
+    subsets : list of list of Passage
+        The N sampled subsets (empty when extraction is off).
+    extractions : list of list of str
+        Per subset, the extraction's parsed items.
+    queries : list of str
+        The query-expansion explanations used as retrieval queries (empty
+        with given passages).
+    trace : list of dict
+        Every stage's prompt and output (see
+        :class:`~rcn_fast.pipelines.Prediction`).
+    cost : QuestionCost
+        LLM calls and tokens of this question.
+    prediction : Prediction or None
+        The answer (choice log-probabilities) when ``connect(...,
+        answer=True)``.
+    """
+
+    question_id: str
+    explanation: list[str]
+    passages: list[Passage] = field(default_factory=list)
+    subsets: list[list[Passage]] = field(default_factory=list)
+    extractions: list[list[str]] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    cost: QuestionCost = field(default_factory=QuestionCost)
+    prediction: Prediction | None = None
+
+    @property
+    def text(self) -> str:
+        """The explanation as one string, one item per line."""
+        return "\n".join(self.explanation)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-able)."""
+        return {
+            "question_id": self.question_id, "explanation": list(self.explanation),
+            "passages": [p.to_dict() for p in self.passages],
+            "subsets": [[p.to_dict() for p in s] for s in self.subsets],
+            "extractions": [list(e) for e in self.extractions], "queries": list(self.queries),
+            "trace": list(self.trace), "cost": self.cost.to_dict(),
+            "prediction": None if self.prediction is None else self.prediction.to_dict(),
+        }
+
+
+# ------------------------------------------------------------ input checks
+def as_question(q: QuestionInput, index: int) -> MCQuestion | OpenQuestion:
+    """One question input -> an :class:`MCQuestion` (with choices) or an
+    :class:`OpenQuestion` (without). A str or a mapping without ids gets the
+    id ``"q<index>"``."""
+    if isinstance(q, (MCQuestion, OpenQuestion)):
+        return q
+    if isinstance(q, str):
+        if not q.strip():
+            raise ValueError(f"questions[{index}]: expected non-empty question text")
+        return OpenQuestion(id=f"q{index}", question=q)
+    if isinstance(q, Mapping):
+        if "question" not in q:
+            raise ValueError(f"questions[{index}]: a mapping needs a 'question' key, got keys {sorted(q)}")
+        qid = str(q.get("id", f"q{index}"))
+        meta = dict(q.get("meta") or {})
+        if q.get("choices"):
+            return MCQuestion(id=qid, question=str(q["question"]), choices=list(q["choices"]),
+                              labels=q.get("labels"), answer=q.get("answer"), meta=meta)
+        return OpenQuestion(id=qid, question=str(q["question"]), answers=list(q.get("answers") or []), meta=meta)
+    raise TypeError(f"questions[{index}]: expected an MCQuestion, OpenQuestion, str or mapping, got "
+                    f"{type(q).__name__}")
+
+
+def require_choices(questions: Sequence[MCQuestion | OpenQuestion]) -> list[MCQuestion]:
+    """The one place that refuses questions without choices (remove it when
+    the ReConnect pipeline answers :class:`OpenQuestion`)."""
+    open_ids = [i for i, q in enumerate(questions) if not isinstance(q, MCQuestion)]
+    if open_ids:
+        raise ValueError(
+            f"questions: item(s) {open_ids[:10]} have no choices; open questions are not yet supported by the "
+            "ReConnect pipeline (give MCQuestion objects or mappings with 'question' and 'choices')")
+    return list(questions)  # type: ignore[arg-type]
+
+
+def as_passage(p: PassageInput, where: str, rank: int) -> Passage:
+    """One given passage -> :class:`Passage` (a str gets id ``"<rank>"``
+    and score 0; a mapping needs ``text``)."""
+    if isinstance(p, Passage):
+        return p
+    if isinstance(p, str):
+        return Passage(id=str(rank), text=p, score=0.0, meta={})
+    if isinstance(p, Mapping):
+        if not isinstance(p.get("text"), str):
+            raise ValueError(f"{where}: a mapping needs a 'text' str, got keys {sorted(p)}")
+        return Passage(id=str(p.get("id", rank)), text=p["text"], score=float(p.get("score") or 0.0),
+                       meta=dict(p.get("meta") or {}))
+    raise TypeError(f"{where}: expected a Passage, str or mapping with 'text', got {type(p).__name__}")
+
+
+# --------------------------------------------------------------- sources
+class GivenPassages:
+    """Embeddings for passages given per question (the pool of
+    :func:`connect` with ``passages=``).
+
+    Parameters
+    ----------
+    encoder : EncoderLike or None
+        ``encode_queries(texts)`` / ``encode_passages(texts)`` -> float
+        [n, d]. None: no embeddings (``sampling="random"`` only).
+    embeddings : dict, optional
+        ``id(passage) -> float32 [d]`` for passages whose embeddings were
+        given (used instead of encoding them).
+    """
+
+    def __init__(self, encoder: Any = None, embeddings: dict[int, np.ndarray] | None = None) -> None:
+        self.encoder = encoder
+        self.given = embeddings or {}
+        self.encoder_calls = 0
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        self.encoder_calls += 1
+        return _f32(self.encoder.encode_queries(list(queries)))
+
+    def passage_embeddings(self, passages: Sequence[Passage]) -> np.ndarray:
+        """float32 [n, d]: the given rows, the others encoded in one call."""
+        passages = list(passages)
+        missing = [i for i, p in enumerate(passages) if id(p) not in self.given]
+        rows: list[np.ndarray | None] = [self.given.get(id(p)) for p in passages]
+        if missing:
+            self.encoder_calls += 1
+            enc = _f32(self.encoder.encode_passages([passages[i].text for i in missing]))
+            for i, row in zip(missing, enc):
+                rows[i] = row
+        if not passages:
+            return np.zeros((0, int(getattr(self.encoder, "dim", 0) or 0)), np.float32)
+        return np.stack([np.asarray(r, np.float32) for r in rows])
+
+    def retrieve_embeddings(self, query_emb: Any, k: int) -> list[list[Passage]]:  # pragma: no cover - unused
+        raise RuntimeError("given passages are not searched; the pool is the passages given")
+
+
+class _NoEmbeddings:
+    """Source of a ``passages=`` run without an encoder (random sampling)."""
+
+    def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Passage]]:  # pragma: no cover - unused
+        raise RuntimeError("given passages are not searched; the pool is the passages given")
+
+
+class _Connector(ReConnect):
+    """ReConnect that keeps each question's subsets and extractions, may
+    skip the answer, and (with given passages) takes the pool as given."""
+
+    def __init__(self, llm: Any, config: ReConnectConfig, *, retriever: Any, prompts: Any,
+                 answer: bool) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        self.given: dict[str, list[Passage]] = {}
+        self.answer = answer
+        self.kept: dict[str, dict[str, Any]] = {}
+
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        super().knowledge_stages(states, runner)
+        for st in states:
+            self.kept[st.id] = {"subsets": [list(s) for s in st.data.get("subsets", [])],
+                                "extractions": [list(e) for e in st.data.get("extractions", [])],
+                                "queries": list(st.data.get("explanations", []))}
+
+    def _query_expansion(self, states: list[QuestionState], runner: StageRunner) -> None:
+        if not self.given:
+            super()._query_expansion(states, runner)
+            return
+        for st in states:  # given passages: no retrieval, so no retrieval queries
+            st.data["explanations"] = []
+
+    def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
+        if not self.given:
+            return super()._retrieve(states)
+        for st in states:
+            seen: set[str] = set()
+            pool = []
+            for p in self.given[st.id]:
+                if p.text not in seen:
+                    seen.add(p.text)
+                    pool.append(p)
+            st.passages = pool
+            st.trace.append({"stage": "retrieval", "type": "given", "given": len(self.given[st.id]),
+                             "pool": [p.id for p in pool]})
+        if not (has_embeddings(self.source) and self.config.knowledge_connection and self.config.knowledge_extraction
+                and self.config.sampling != "random"):
+            return None
+        return self.source.embed_queries([question_query(st.question, self.config.query) for st in states])
+
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        if self.answer:
+            return super().answer_stage(states, runner)
+        return [[] for _ in states]
+
+
+# -------------------------------------------------------------- entry point
+def connect(
+    questions: Sequence[QuestionInput],
+    *,
+    llm: Any,
+    retriever: Any = None,
+    passages: Sequence[Sequence[PassageInput]] | None = None,
+    encoder: Any = None,
+    passage_embeddings: Sequence[Any] | None = None,
+    config: ReConnectConfig | None = None,
+    prompts: Any = None,
+    answer: bool = False,
+    **settings: Any,
+) -> list[Connection]:
+    """Connect knowledge for a batch of questions.
+
+    Parameters
+    ----------
+    questions : sequence, length B
+        :class:`~rcn_fast.data.MCQuestion`, or a mapping ``{"question",
+        "choices"[, "id", "labels", "answer", "meta"]}``. Questions without
+        choices (a str, an :class:`~rcn_fast.data.OpenQuestion`, a mapping
+        without ``choices``) raise ValueError for now (see the module
+        docstring). Ids must be distinct (a str or a mapping without ``id``
+        gets ``"q<index>"``).
+    llm : rcn_fast LLM
+        See :func:`rcn_fast.llm.load_llm`.
+    retriever : retriever, optional
+        Passage source for full ReConnect (query expansion + retrieval).
+        Exactly one of ``retriever`` and ``passages``.
+    passages : sequence of B sequences, optional
+        Already-retrieved passages per question: :class:`Passage`, str or
+        ``{"text"[, "id", "score", "meta"]}``.
+    encoder : EncoderLike, optional
+        With ``passages``: embeds the questions and passages for the
+        relevance sampler (``encode_queries`` / ``encode_passages``).
+        Needed unless ``sampling="random"`` or extraction is off.
+    passage_embeddings : sequence of B arrays [n_b, d], optional
+        With ``passages``: their embeddings (not encoded again); the
+        questions are still embedded by ``encoder``.
+    config : ReConnectConfig, optional
+    prompts : path, mapping or PromptSet, optional
+    answer : bool
+        Also run ReConnect's answering step: each :class:`Connection` then
+        holds the :class:`~rcn_fast.pipelines.Prediction`.
+    **settings
+        ReConnectConfig fields overriding ``config`` (``num_subsets=``,
+        ``sampling=``, ``knowledge_aggregation=``, ...).
+
+    Returns
+    -------
+    list of Connection, length B, in the order of ``questions``.
+
+    Raises
+    ------
+    ValueError / TypeError
+        Naming the argument: both or neither of ``retriever`` and
+        ``passages``, a length mismatch, an unknown setting, open questions.
+    """
+    if isinstance(questions, (str, Mapping, MCQuestion, OpenQuestion)):
+        raise TypeError("questions: expected a sequence of questions (batch first), got a single question; "
+                        "wrap it in a list")
+    qs = [as_question(q, i) for i, q in enumerate(questions)]
+    qs_mc = require_choices(qs)
+    if (retriever is None) == (passages is None):
+        raise ValueError("retriever, passages: give exactly one (a retriever for full ReConnect, or the passages "
+                         "already retrieved for each question)")
+    if config is None:
+        config = ReConnectConfig()
+    if not isinstance(config, ReConnectConfig):
+        raise TypeError(f"config: expected a ReConnectConfig, got {type(config).__name__}")
+    if settings:
+        known = {f.name for f in fields(config)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ValueError(f"settings: unknown ReConnectConfig field(s) {unknown}")
+        config = type(config)(**{**{f.name: getattr(config, f.name) for f in fields(config)}, **settings})
+    if not isinstance(answer, bool):
+        raise TypeError(f"answer: expected a bool, got {answer!r}")
+    given: list[list[Passage]] | None = None
+    if passages is not None:
+        if isinstance(passages, (str, Mapping)) or len(passages) != len(qs):
+            raise ValueError(f"passages: expected one list of passages per question ({len(qs)}), got "
+                             f"{type(passages).__name__ if isinstance(passages, (str, Mapping)) else len(passages)}")
+        given = []
+        for b, plist in enumerate(passages):
+            if isinstance(plist, (str, Mapping)):
+                raise TypeError(f"passages[{b}]: expected a list of passages, got a single {type(plist).__name__}")
+            given.append([as_passage(p, f"passages[{b}][{r}]", r) for r, p in enumerate(plist)])
+        emb_of: dict[int, np.ndarray] = {}
+        if passage_embeddings is not None:
+            if len(passage_embeddings) != len(qs):
+                raise ValueError(f"passage_embeddings: expected one array per question ({len(qs)}), got "
+                                 f"{len(passage_embeddings)}")
+            for b, (plist, e) in enumerate(zip(given, passage_embeddings)):
+                arr = _f32(e)
+                if arr.ndim != 2 or arr.shape[0] != len(plist):
+                    raise ValueError(f"passage_embeddings[{b}]: expected shape [{len(plist)}, d], got {arr.shape}")
+                emb_of.update({id(p): row for p, row in zip(plist, arr)})
+        needs_emb = config.knowledge_connection and config.knowledge_extraction and config.sampling != "random"
+        if encoder is None and needs_emb:
+            raise ValueError(f"encoder: sampling={config.sampling!r} needs the question and passage embeddings; "
+                             "give encoder= (an rcn_fast encoder or a wrapped framework embedding model) or use "
+                             "sampling='random'")
+        if encoder is not None and not (hasattr(encoder, "encode_queries") and hasattr(encoder, "encode_passages")):
+            raise TypeError(f"encoder: expected encode_queries(texts) and encode_passages(texts), got "
+                            f"{type(encoder).__name__}")
+        source: Any = GivenPassages(encoder, emb_of) if encoder is not None else _NoEmbeddings()
+    else:
+        if passage_embeddings is not None:
+            raise ValueError("passage_embeddings: only with passages= (a retriever supplies its own)")
+        source = retriever
+    pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer)
+    if given is not None:
+        pipe.given = {q.id: g for q, g in zip(qs_mc, given)}
+    preds = pipe.run_batch(qs_mc)
+    out = []
+    for q, pred in zip(qs_mc, preds):
+        kept = pipe.kept.get(q.id, {})
+        out.append(Connection(
+            question_id=q.id, explanation=list(pred.knowledge), passages=list(pred.passages),
+            subsets=kept.get("subsets", []), extractions=kept.get("extractions", []),
+            queries=kept.get("queries", []), trace=pred.trace, cost=pred.cost,
+            prediction=pred if answer else None,
+        ))
+    return out
+
+
+__all__ = ["connect", "Connection", "GivenPassages", "as_question", "as_passage", "require_choices"]
