@@ -5,12 +5,16 @@
         [--chunk-size N] [--num-shards S --shard-id I] [--id-field id]
         [--text-field text] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
-        [--max-length 512] [--quantize int8] [--device cpu|cuda]
+        [--max-length 512] [--quantize int8] [--device cpu|cuda] [--overwrite]
     python -m rcn_fast.corpus merge --out DIR SHARD_DIR [SHARD_DIR ...]
     python -m rcn_fast.corpus info DIR
     python -m rcn_fast.corpus verify DIR
 
-Rerunning an interrupted ``build`` with the same arguments resumes it.
+Rerunning an interrupted ``build`` with the same arguments resumes it;
+``--overwrite`` discards what an earlier build left in ``--out`` and starts
+over (after a build failed on bad input that was then fixed, for example).
+Errors a user can fix (bad input, missing or corrupt files, an unwritable
+``--out``) print one message and exit with status 2.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--passage-prefix", default=None)
     b.add_argument("--max-length", type=int, default=None)
     b.add_argument("--keep-parts", action="store_true")
+    b.add_argument("--overwrite", action="store_true",
+                   help="discard an earlier (unfinished or finished) build in --out and start over")
     b.add_argument("--no-progress", action="store_true")
     m = sub.add_parser("merge", help="join the directories of a sharded build into one store")
     m.add_argument("--out", required=True)
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = BuildConfig(input=args.input, out=args.out, format=args.format, id_field=args.id_field,
                               text_field=args.text_field, dtype=args.dtype, batch_size=args.batch_size,
                               chunk_size=args.chunk_size, num_shards=args.num_shards, shard_id=args.shard_id,
-                              keep_parts=args.keep_parts)
+                              keep_parts=args.keep_parts, overwrite=args.overwrite)
             enc = Encoder.from_pretrained(
                 args.encoder, backend=args.backend, device=args.device, quantize=args.quantize,
                 cache_dir=args.onnx_cache, pooling=args.pooling, normalize=False if args.no_normalize else None,
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "verify":
             CorpusStore.open(args.dir, verify=True)
             print(f"{args.dir}: all files match the manifest")
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # OSError: FileNotFoundError, PermissionError, ...
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

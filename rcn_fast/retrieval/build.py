@@ -32,7 +32,8 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.store import (
-    FLAT_INDEX_FORMAT, FORMAT, CorpusStore, build_id_table, id_hash, sha256_file, texts_to_blob, write_json_atomic,
+    DATA_FILES, FLAT_INDEX_FORMAT, FORMAT, CorpusStore, build_id_table, id_hash, read_manifest, sha256_file,
+    texts_to_blob, write_json_atomic,
 )
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -67,6 +68,10 @@ class BuildConfig:
         This machine embeds chunks ``c`` with ``c % num_shards == shard_id``.
     keep_parts : bool
         Keep ``parts/`` after the store is written.
+    overwrite : bool
+        Start over: first delete what an earlier build left in ``out``
+        (its chunks, ``build.json``/``shard.json`` and the store files, and
+        nothing else), even when the settings or the input changed.
     """
 
     input: str
@@ -80,6 +85,7 @@ class BuildConfig:
     num_shards: int = 1
     shard_id: int = 0
     keep_parts: bool = False
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         self.input, self.out = str(self.input), str(self.out)
@@ -119,8 +125,8 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
     ValueError naming the record (line or row number) and the field.
     """
     if fmt == "jsonl":
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(_decoded_lines(f, path), 1):
                 if not line.strip():
                     continue
                 try:
@@ -130,8 +136,8 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
                 yield _fields(rec, id_field, text_field, f"{path} line {lineno}")
     elif fmt == "tsv":
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t")
+        with open(path, "rb") as f:
+            reader = csv.DictReader(_decoded_lines(f, path), delimiter="\t")
             missing = [k for k in (id_field, text_field) if k not in (reader.fieldnames or [])]
             if missing:
                 raise ValueError(f"input: {path} header {reader.fieldnames} lacks the column(s) {missing} "
@@ -153,6 +159,20 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
                 row += 1
     else:
         raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
+
+
+def _decoded_lines(f: Any, path: str) -> Iterator[str]:
+    """The lines of binary file ``f`` decoded as UTF-8 (line ends kept; a
+    leading byte-order mark dropped); ValueError naming the file, line and
+    byte offset of the first byte that is not UTF-8."""
+    for lineno, raw in enumerate(f, 1):
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
+                             f"column {exc.start + 1}); convert the file to UTF-8") from None
 
 
 def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, str]:
@@ -230,27 +250,36 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     spec = _spec(cfg, encoder.describe(), input_sha, inp.stat().st_size)
     logger.debug("input hashed in %.2f s", time.perf_counter() - t_hash)
     out.mkdir(parents=True, exist_ok=True)
+    cleared = _clear_build(out) if cfg.overwrite else False
 
     if (out / "manifest.json").is_file():
-        manifest = json.loads((out / "manifest.json").read_text())
-        diff = _diff({k: manifest["build"].get(k) for k in spec if k != "num_shards"},
+        manifest = read_manifest(out / "manifest.json")
+        built = manifest.get("build") if isinstance(manifest.get("build"), dict) else {}
+        diff = _diff({k: built.get(k) for k in spec if k != "num_shards"},
                      {k: v for k, v in spec.items() if k != "num_shards"})
         if diff:
             raise ValueError(f"out: {out} already holds a corpus store built with other settings: "
-                             + "; ".join(diff) + ". Use another --out directory or delete this one.")
+                             + "; ".join(diff) + ". Use another --out directory, or pass --overwrite "
+                             "(overwrite=True) to replace it.")
         logger.warning("%s is already complete (%d passages); nothing to do", out, manifest["count"])
         return CorpusStore.open(out)
 
     build_file = out / "build.json"
     state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder.describe().get("model_dir")}
     if build_file.is_file():
-        prev = json.loads(build_file.read_text())
+        try:
+            prev = json.loads(build_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"out: {build_file} is not valid JSON ({exc}); pass --overwrite (overwrite=True) "
+                             "to start the build over") from None
+        prev = prev if isinstance(prev, dict) else {}
         diff = _diff({"spec": prev.get("spec"), "shard_id": prev.get("shard_id")},
                      {"spec": spec, "shard_id": cfg.shard_id})
         if diff:
             raise ValueError(f"out: {out} holds an unfinished build with other settings: " + "; ".join(diff)
-                             + ". Rerun with the original settings to resume, or use another --out directory.")
-    elif any(out.iterdir()):
+                             + ". Rerun with the original settings to resume, pass --overwrite (overwrite=True) "
+                             "to discard it and start over, or use another --out directory.")
+    elif any(out.iterdir()) and not cleared:
         raise ValueError(f"out: {out} is not empty and holds no corpus build; choose an empty or new directory")
     else:
         write_json_atomic(build_file, state)
@@ -319,6 +348,22 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
         shutil.rmtree(parts, ignore_errors=True)
         build_file.unlink(missing_ok=True)
     return store
+
+
+def _clear_build(out: Path) -> bool:
+    """Delete what a build or store left in ``out`` (and nothing else);
+    returns whether ``out`` held a build or store."""
+    found = any((out / name).is_file() for name in ("manifest.json", "build.json", "shard.json"))
+    for name in ("manifest.json", "index.json", "build.json", "shard.json", *DATA_FILES):
+        (out / name).unlink(missing_ok=True)
+    for stale in out.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+    for sub in ("parts", "faiss"):
+        if (out / sub).is_dir():
+            shutil.rmtree(out / sub)
+    if found:
+        logger.warning("overwrite: cleared the earlier build in %s", out)
+    return found
 
 
 def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLike[str]) -> CorpusStore:

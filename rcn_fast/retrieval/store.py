@@ -161,9 +161,7 @@ class CorpusStore:
             elif (path / "build.json").is_file():
                 hint = " (an unfinished build: run the same build command again to resume)"
             raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store{hint}")
-        manifest = json.loads(mf.read_text())
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"path: {path} holds format {manifest.get('format')!r}, expected {FORMAT!r}")
+        manifest = read_manifest(mf)
         store = cls(path, manifest, mmap=mmap)
         if verify:
             store.verify()
@@ -184,6 +182,8 @@ class CorpusStore:
                 bad.append(f"{name} (not in the manifest)")
             elif not f.is_file():
                 bad.append(f"{name} (missing)")
+            elif not isinstance(rec, dict) or not isinstance(rec.get("bytes"), int):
+                bad.append(f"{name} (the manifest's record {rec!r} has no byte count)")
             elif f.stat().st_size != int(rec["bytes"]):
                 bad.append(f"{name} ({f.stat().st_size} bytes, the manifest records {rec['bytes']}: "
                            "truncated, still being written or replaced)")
@@ -199,6 +199,8 @@ class CorpusStore:
             f = self.path / name
             if not f.is_file():
                 bad.append(f"{name} (missing)")
+            elif not isinstance(rec, dict) or "sha256" not in rec or "bytes" not in rec:
+                bad.append(f"{name} (the manifest records no checksum)")
             elif f.stat().st_size != rec["bytes"] or sha256_file(f) != rec["sha256"]:
                 bad.append(f"{name} (checksum mismatch)")
         if bad:
@@ -239,15 +241,24 @@ class CorpusStore:
         if not isinstance(id, str):
             raise TypeError(f"id: expected a str, got {type(id).__name__}")
         table = self._id_table
-        mask = len(table) - 1
+        size = len(table)
+        if size == 0 or size & (size - 1):
+            raise ValueError(f"path: {self.path}/id_table.npy holds {size} slots, not a power of two: the store is "
+                             "corrupt; check it with `python -m rcn_fast.corpus verify` and rebuild it")
+        mask = size - 1
         pos = id_hash(id) & mask
-        while True:
+        for _ in range(size):  # a sound table has an empty slot; a corrupt one may not
             r = int(table[pos])
             if r < 0:
                 raise KeyError(id)
+            if r >= len(self):
+                break
             if self.id(r) == id:
                 return r
             pos = (pos + 1) & mask
+        raise ValueError(f"path: {self.path}/id_table.npy is corrupt (no empty slot on the probe path of {id!r}, "
+                         "or a row out of range): check the store with `python -m rcn_fast.corpus verify` and "
+                         "rebuild it")
 
     def __contains__(self, id: object) -> bool:
         try:
@@ -269,17 +280,41 @@ class CorpusStore:
     def info(self) -> dict[str, Any]:
         """A summary for ``python -m rcn_fast.corpus info``."""
         m = self.manifest
-        size = sum(rec["bytes"] for rec in m["files"].values())
+        size = sum(rec["bytes"] for rec in m["files"].values() if isinstance(rec, dict) and "bytes" in rec)
+        enc = m.get("encoder") if isinstance(m.get("encoder"), dict) else {}
         return {
             "path": str(self.path), "count": m["count"], "dim": m["dim"], "dtype": m["dtype"],
-            "encoder": {k: m["encoder"].get(k) for k in ("model", "backend", "quantize", "pooling", "normalize",
-                                                         "query_prefix", "passage_prefix", "max_length")},
-            "input": m["input"], "bytes": size, "built_at": m.get("built_at"), "shards": m.get("shards", 1),
+            "encoder": {k: enc.get(k) for k in ("model", "backend", "quantize", "pooling", "normalize",
+                                                "query_prefix", "passage_prefix", "max_length")},
+            "input": m.get("input"), "bytes": size, "built_at": m.get("built_at"), "shards": m.get("shards", 1),
             "faiss_indexes": sorted(f.name for f in (self.path / "faiss").glob("*.faiss")),
         }
 
     def __repr__(self) -> str:
         return f"CorpusStore({str(self.path)!r}, count={len(self)}, dim={self.dim}, dtype={self.manifest['dtype']!r})"
+
+
+_MANIFEST_KEYS = {"count": int, "dim": int, "dtype": str, "files": dict}
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a store; ValueError naming the file
+    when it is not UTF-8 JSON, holds another format, or lacks a key the
+    store needs (or has it with the wrong type)."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"path: {path} is not valid JSON ({exc}); restore it or rebuild the store") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"path: {path} holds a JSON {type(manifest).__name__}, expected an object")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"path: {path.parent} holds format {manifest.get('format')!r}, expected {FORMAT!r}")
+    for key, typ in _MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
+            got = "no such key" if key not in manifest else f"a {type(manifest[key]).__name__}"
+            raise ValueError(f"path: {path} needs {key!r} as a {typ.__name__} ({got}); restore it or rebuild the "
+                             "store")
+    return manifest
 
 
 def _bytes_view(path: Path, mmap: bool) -> np.ndarray:
