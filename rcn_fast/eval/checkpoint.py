@@ -4,18 +4,42 @@ Each finished batch is appended and ``fsync``-ed before the next batch
 starts, so a kill (Ctrl-C, SIGKILL, power loss) loses at most the batch in
 flight, and that batch's LLM calls are already in the sqlite call cache: the
 same command resumes without asking the model again. A line cut short by a
-kill is dropped when the file is reopened. The file name carries a hash of
+kill is dropped when the file is reopened. Several processes may share a
+file (two runs of one evaluation into one folder): every append and the
+reader's repair of a cut-off line hold an exclusive ``flock`` on the file,
+so a reader never mistakes another process's append in progress for a
+line cut short (on platforms without ``fcntl`` the repair is skipped: a
+cut-off line is ignored, and the next append starts on a new line). The file name carries a hash of
 everything that decides the answers (task data, pipeline settings and seed,
 model, corpus, KB), so changed settings never reuse stale answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import IO, Any, Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not on this platform (Windows)
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _locked(f: IO[bytes]) -> Iterator[bool]:
+    """Hold an exclusive flock on open file ``f``; yields whether a lock is held."""
+    if fcntl is None:
+        yield False
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        yield True
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def run_key(parts: dict[str, Any]) -> str:
@@ -45,20 +69,41 @@ class Checkpoint:
     def _load(self) -> None:
         if not self.path.is_file():
             return
-        data = self.path.read_bytes()
+        try:
+            f = open(self.path, "r+b")
+        except PermissionError:  # a read-only file: read it, repair nothing
+            f, data = None, self.path.read_bytes()
+            good = data.rfind(b"\n") + 1
+            data = data[:good]
+        if f is not None:
+            with f, _locked(f) as locked:
+                data = self._read_repair(f, locked)
+        self._parse(data)
+
+    @staticmethod
+    def _read_repair(f: IO[bytes], locked: bool) -> bytes:
+        """The whole lines of ``f``; a cut-off last line is truncated away
+        when ``locked`` (an exclusive flock is held)."""
+        data = f.read()
         good = data.rfind(b"\n") + 1
-        if good < len(data):  # a line cut short by a kill: drop it
-            with open(self.path, "r+b") as f:
+        if good < len(data):
+            # under the lock no other process is mid-append, so this is a
+            # line cut short by a kill: drop it
+            if locked:
                 f.truncate(good)
                 f.flush()
                 os.fsync(f.fileno())
             data = data[:good]
-        for line in data.decode("utf-8").splitlines():
+        return data
+
+    def _parse(self, data: bytes) -> None:
+        for raw in data.split(b"\n"):
+            line = raw.decode("utf-8", errors="replace")
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError:  # a damaged line: its question is answered again
                 continue
             if isinstance(rec, dict) and "id" in rec:
                 self.records[str(rec["id"])] = rec
@@ -77,7 +122,7 @@ class Checkpoint:
     def write_meta(self, extra: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**self.stored_meta(), **self.meta, **extra}
-        tmp = self.meta_path.with_suffix(".tmp")
+        tmp = self.meta_path.with_suffix(f".{os.getpid()}.tmp")  # per process: two runs may share the folder
         tmp.write_text(json.dumps(meta, indent=1, default=str))
         os.replace(tmp, self.meta_path)
 
@@ -88,8 +133,14 @@ class Checkpoint:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         blob = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(blob)
+        with open(self.path, "a+b") as f, _locked(f):
+            data = blob.encode("utf-8")
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":  # a cut-off line left in place: start on a new line
+                    data = b"\n" + data
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         for r in records:

@@ -225,9 +225,12 @@ class Components:
     def llm(self) -> Any:
         if self._llm is not None:
             return self._llm
-        from rcn_fast.llm.cache import CallCache
+        from rcn_fast.llm.cache import CacheError, CallCache
 
-        cache = CallCache(self.out)
+        try:
+            cache = CallCache(self.out)
+        except CacheError as exc:
+            raise EvalError(str(exc)) from None
         spec = self._llm_given if self._llm_given is not None else self.cfg.model
         if isinstance(spec, str):
             if spec == DEFAULT_MODEL:
@@ -566,6 +569,7 @@ def _pipeline_hook(cls: Any, name: str, pipeline: str, conf: Any) -> Any:
 def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[[Unit, int], None] | None = None,
              ) -> None:
     """Answer a unit's pending questions, checkpointing every batch."""
+    from rcn_fast.llm.cache import CacheError
     from rcn_fast.pipelines import build
 
     registry = pipeline_registry()
@@ -608,6 +612,8 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
                 errors: list[str | None] = [None] * len(chunk)
             except (KeyboardInterrupt, SystemExit, EvalError):
                 raise
+            except CacheError as exc:  # the call cache itself failed: no question can be answered
+                raise EvalError(str(exc)) from None
             except Exception as exc:
                 if cfg.strict:
                     raise
@@ -620,6 +626,8 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
                         errors.append(None)
                     except (KeyboardInterrupt, SystemExit):
                         raise
+                    except CacheError as e1:
+                        raise EvalError(str(e1)) from None
                     except Exception as e1:
                         preds.append(None)
                         errors.append(f"{type(e1).__name__}: {e1}")
@@ -695,6 +703,9 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EvalError(f"output-path: cannot create {out}: {exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise EvalError(f"output-path: {out} is not writable (checkpoints, the call cache and the reports go "
+                        "there); make it writable or choose another --output-path")
     specs, questions, units = plan(cfg, out)
     todo = [u for u in units if u.pending]
     if todo:  # say which model packages are missing before any work starts

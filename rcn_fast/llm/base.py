@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -211,6 +212,55 @@ def normalise_labels(labels: Any, n: int) -> list[list[str]]:
         if len(set(row)) != len(row):
             raise ValueError(f"labels[{i}]: expected distinct labels, got {row!r}")
     return rows
+
+
+class ContextLengthWarning(UserWarning):
+    """A prompt is longer than the model's context window.
+
+    The prompt runs as given (nothing is truncated: which part of a question
+    to drop is not the backend's decision), but a model's outputs past its
+    trained context are unreliable. Shorten the input, or use a model with a
+    longer context.
+    """
+
+
+def context_length(config: Any) -> int | None:
+    """The context window (tokens) a model config declares, or None.
+
+    Reads ``max_position_embeddings``, ``n_positions``, ``max_seq_len`` or
+    ``seq_length`` (the first that is a positive int).
+    """
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        v = getattr(config, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def warn_long_prompts(lengths: Sequence[int], context: int | None, model: str) -> int:
+    """Warn (:class:`ContextLengthWarning`) when prompts exceed ``context``.
+
+    Parameters
+    ----------
+    lengths : prompt lengths in tokens, one per row
+    context : the model's context window; None skips the check
+    model : the model's name, for the message
+
+    Returns
+    -------
+    int : how many prompts are longer than ``context``.
+    """
+    if context is None:
+        return 0
+    over = [(i, n) for i, n in enumerate(lengths) if n > context]
+    if over:
+        i, n = max(over, key=lambda t: t[1])
+        warnings.warn(
+            f"{len(over)} of {len(lengths)} prompt(s) are longer than the {context}-token context of {model} "
+            f"(the longest, row {i}, has {n} tokens); they run untruncated and the model's answers to them are "
+            "unreliable: shorten the input or use a model with a longer context",
+            ContextLengthWarning, stacklevel=3)
+    return len(over)
 
 
 def pad_rows(rows: Sequence[Sequence[float]]) -> np.ndarray:

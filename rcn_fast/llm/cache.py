@@ -16,17 +16,25 @@ Concurrency: each thread opens its own connection; the database runs in WAL
 mode with a long busy timeout and writes are ``INSERT OR IGNORE`` in short
 transactions, so several processes (or threads) can share one file. The
 first answer written for a key wins.
+
+Faults: a cache path that cannot be opened (a folder in the way, a file
+that is not a sqlite database, a folder without write permission) raises
+:class:`CacheError` naming the file and what to do. A stored answer that
+cannot be read back (bad JSON, or not the shape its call kind needs) is
+moved to the table ``calls_quarantine`` of the same file, with a warning,
+and asked again, so a damaged row never fails a question for good.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -42,6 +50,11 @@ from rcn_fast.llm.base import (
 )
 
 DEFAULT_NAME = "llm_cache.sqlite"
+logger = logging.getLogger("rcn_fast.llm")
+
+
+class CacheError(RuntimeError):
+    """The call cache file cannot be used; the message names it and the fix."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -53,6 +66,30 @@ CREATE TABLE IF NOT EXISTS calls (
     created REAL NOT NULL
 )
 """
+_QUARANTINE = """
+CREATE TABLE IF NOT EXISTS calls_quarantine (
+    key TEXT, model TEXT, kind TEXT, request TEXT, response TEXT, created REAL, reason TEXT, moved REAL
+)
+"""
+
+
+def check_generation(value: Any) -> None:
+    """Raise ValueError unless ``value`` is a stored :class:`Generation`."""
+    if not isinstance(value, dict) or set(value) != {"text", "prompt_tokens", "generated_tokens", "finish_reason"}:
+        raise ValueError(f"expected a generation record, got {str(value)[:80]}")
+    if not isinstance(value["text"], str) or not isinstance(value["finish_reason"], str) or not all(
+            isinstance(value[k], int) and not isinstance(value[k], bool) for k in ("prompt_tokens", "generated_tokens")):
+        raise ValueError(f"a generation record with fields of the wrong type: {str(value)[:80]}")
+
+
+def check_logprobs(value: Any) -> None:
+    """Raise ValueError unless ``value`` is a stored label-logprobs row."""
+    if not isinstance(value, dict) or not isinstance(value.get("logprobs"), list) \
+            or not isinstance(value.get("prompt_tokens"), int) or isinstance(value.get("prompt_tokens"), bool):
+        raise ValueError(f"expected a label-logprobs record, got {str(value)[:80]}")
+    for v in value["logprobs"]:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"a label-logprobs record with a value that is not a number: {v!r}")
 
 
 def _canonical(obj: Any) -> str:
@@ -69,22 +106,52 @@ class CallCache:
         file path ending in ``.sqlite`` / ``.db``.
     timeout : float
         Seconds a writer waits for another writer's lock.
+
+    Raises
+    ------
+    CacheError
+        The file cannot be created, opened or written, or is not a sqlite
+        database; the message names it and says what to do.
     """
 
     def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
         p = Path(path)
-        if p.suffix not in (".sqlite", ".db"):
-            p.mkdir(parents=True, exist_ok=True)
-            p = p / DEFAULT_NAME
-        else:
-            p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if p.suffix not in (".sqlite", ".db"):
+                p.mkdir(parents=True, exist_ok=True)
+                p = p / DEFAULT_NAME
+            else:
+                p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"llm cache: cannot create the folder of {p}: {exc}") from None
         self.path = p
         self.timeout = float(timeout)
         self._local = threading.local()
         self.hits = 0
         self.misses = 0
-        with self._conn() as con:
+        if p.is_dir():
+            raise CacheError(f"llm cache: {p} is a folder, where the cache file should be; move it away "
+                             "or use another output folder")
+        try:
+            con = self._conn()
             con.execute(_SCHEMA)
+            con.execute(_QUARANTINE)
+            con.execute("SELECT key, response FROM calls LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            self.close()
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.Error) -> CacheError:
+        """A CacheError naming the file for a sqlite failure."""
+        msg = str(exc)
+        if isinstance(exc, sqlite3.DatabaseError) and any(
+                w in msg for w in ("not a database", "malformed", "encrypted", "no such column", "has no column")):
+            return CacheError(f"llm cache: {self.path} is not a readable call cache ({msg}); delete it (its "
+                              "answers are lost and asked again) or use another output folder")
+        if "readonly" in msg or "unable to open" in msg or "disk I/O" in msg:
+            return CacheError(f"llm cache: cannot open {self.path} for writing ({msg}); make its folder "
+                              "writable or use another output folder")
+        return CacheError(f"llm cache: {self.path}: {msg}")
 
     def _conn(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
@@ -100,18 +167,38 @@ class CallCache:
     def key(model: str, kind: str, request: Any) -> str:
         return hashlib.sha256(_canonical({"model": model, "kind": kind, "request": request}).encode()).hexdigest()
 
-    def get_many(self, keys: Sequence[str], *, count: bool = True) -> dict[str, Any]:
-        """Cached responses (decoded JSON) of the keys present; ``count``
-        adds the lookups to ``hits`` / ``misses``."""
+    def get_many(self, keys: Sequence[str], *, count: bool = True,
+                 check: Callable[[Any], None] | None = None) -> dict[str, Any]:
+        """Cached responses (decoded JSON) of the keys present.
+
+        ``count`` adds the lookups to ``hits`` / ``misses``. A row whose
+        response is not JSON, or for which ``check(value)`` raises
+        ValueError, is moved to ``calls_quarantine`` (with a warning) and
+        reported missing, so its call is made again.
+        """
         out: dict[str, Any] = {}
-        con = self._conn()
+        bad: dict[str, str] = {}
         uniq = list(dict.fromkeys(keys))
-        for i in range(0, len(uniq), 500):
-            chunk = uniq[i : i + 500]
-            rows = con.execute(
-                f"SELECT key, response FROM calls WHERE key IN ({','.join('?' * len(chunk))})", chunk
-            ).fetchall()
-            out.update((k, json.loads(v)) for k, v in rows)
+        try:
+            con = self._conn()
+            for i in range(0, len(uniq), 500):
+                chunk = uniq[i : i + 500]
+                rows = con.execute(
+                    f"SELECT key, response FROM calls WHERE key IN ({','.join('?' * len(chunk))})", chunk
+                ).fetchall()
+                for k, v in rows:
+                    try:
+                        value = json.loads(v)
+                        if check is not None:
+                            check(value)
+                    except (ValueError, TypeError) as exc:
+                        bad[k] = f"{type(exc).__name__}: {exc}"[:200]
+                        continue
+                    out[k] = value
+            if bad:
+                self._quarantine(con, bad)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
         if count:
             self.hits += sum(1 for k in keys if k in out)
             self.misses += sum(1 for k in keys if k not in out)
@@ -122,14 +209,35 @@ class CallCache:
         rows = [(k, m, kind, _canonical(req), json.dumps(resp), time.time()) for k, m, kind, req, resp in items]
         if not rows:
             return
-        con = self._conn()
+        try:
+            con = self._conn()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.executemany("INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?)", rows)
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+
+    def _quarantine(self, con: sqlite3.Connection, bad: dict[str, str]) -> None:
+        """Move the rows of ``bad`` (key -> reason) out of ``calls``."""
+        now = time.time()
         con.execute("BEGIN IMMEDIATE")
         try:
-            con.executemany("INSERT OR IGNORE INTO calls VALUES (?, ?, ?, ?, ?, ?)", rows)
+            for k, why in bad.items():
+                con.execute("INSERT INTO calls_quarantine SELECT key, model, kind, request, response, created, ?, ? "
+                            "FROM calls WHERE key = ?", (why, now, k))
+                con.execute("DELETE FROM calls WHERE key = ?", (k,))
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:
+                con.execute("ROLLBACK")
             raise
+        logger.warning("llm cache %s: %d stored answer(s) could not be read (%s); moved them to its table "
+                       "calls_quarantine and asking again", self.path, len(bad), next(iter(bad.values())))
 
     def __len__(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0])
@@ -190,7 +298,7 @@ class CachedLLM:
             return {"chat": chat, "params": base, "sample": s}
 
         keys = [[self.cache.key(model, "generate", req(c, s)) for s in range(params.num_samples)] for c in valid]
-        found = self.cache.get_many([k for row in keys for k in row])
+        found = self.cache.get_many([k for row in keys for k in row], check=check_generation)
         missing = {i: [s for s, k in enumerate(row) if k not in found] for i, row in enumerate(keys)}
         missing = {i: ss for i, ss in missing.items() if ss}
         fresh: dict[tuple[int, int], Generation] = {}
@@ -204,7 +312,7 @@ class CachedLLM:
                     items.append((keys[i][s], model, "generate", req(valid[i], s), g.to_dict()))
             self.cache.put_many(items)
             # another writer may have stored some of these keys first: its answer wins
-            found.update(self.cache.get_many([keys[i][s] for i, s in fresh], count=False))
+            found.update(self.cache.get_many([keys[i][s] for i, s in fresh], count=False, check=check_generation))
         out: list[list[Generation]] = []
         costs: list[Cost] = []
         for i, row in enumerate(keys):
@@ -234,7 +342,7 @@ class CachedLLM:
         model = self.identity
         reqs = [{"chat": c, "labels": r} for c, r in zip(valid, rows)]
         keys = [self.cache.key(model, "label_logprobs", q) for q in reqs]
-        found = self.cache.get_many(keys)
+        found = self.cache.get_many(keys, check=check_logprobs)
         miss = [i for i, k in enumerate(keys) if k not in found]
         results: dict[int, tuple[list[float], int, int]] = {}
         if miss:
@@ -247,7 +355,7 @@ class CachedLLM:
                 items.append((keys[i], model, "label_logprobs", reqs[i], {"logprobs": vals, "prompt_tokens": last[j].prompt_tokens}))
             self.cache.put_many(items)
             # another writer may have stored some of these keys first: its answer wins
-            stored = self.cache.get_many([keys[i] for i in miss], count=False)
+            stored = self.cache.get_many([keys[i] for i in miss], count=False, check=check_logprobs)
             for i in miss:
                 if keys[i] in stored:
                     results[i] = (stored[keys[i]]["logprobs"], stored[keys[i]]["prompt_tokens"], 0)

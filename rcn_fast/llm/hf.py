@@ -37,11 +37,13 @@ from rcn_fast.llm.base import (
     Generation,
     GenerationParams,
     check_tags,
+    context_length,
     generate_by_samples,
     normalise_labels,
     pad_rows,
     sample_costs,
     sample_request,
+    warn_long_prompts,
 )
 
 HINT = "pip install 'rcn_fast[llm]'"
@@ -148,6 +150,10 @@ class HFLLM:
         self.eos_ids = self._eos_ids()
         self._label_cache: dict[tuple[str, ...], list[list[int]]] = {}
         self.scoring_mode = self._scoring_mode()
+        #: The model's context window in tokens (None when its config declares none).
+        self.context_length = context_length(getattr(model, "config", None))
+        #: Prompts seen that were longer than ``context_length`` (each also warned about).
+        self.long_prompts = 0
 
     # ---------------------------------------------------------------- info
 
@@ -262,11 +268,15 @@ class HFLLM:
         return [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
 
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of prompt texts. Prompts longer than the model's context
+        run untruncated, with a :class:`~rcn_fast.llm.base.ContextLengthWarning`
+        (counted in ``long_prompts``)."""
         special = not chatlib.has_chat_template(self.tokenizer)
         out = [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
         for i, ids in enumerate(out):
             if not ids:
                 raise ValueError(f"chats[{i}]: the prompt encodes to no tokens")
+        self.long_prompts += warn_long_prompts([len(ids) for ids in out], self.context_length, self.name)
         return out
 
     def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
