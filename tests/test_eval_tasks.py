@@ -508,12 +508,18 @@ def test_name_dir_reads_csqa_layout_split_files_for_multiple_choice_tasks(tmp_pa
     assert len(qs) == 7 and len(dev) == 3 and len(csqa) == 7 and qs[0].choices[0] == "option 0 of 0"
 
 
-def test_shared_arc_folder_gives_the_papers_test_split(shared_data):
+@pytest.mark.parametrize("task,folder,n_choices", [
+    ("arc-easy", "arc-easy", None), ("arc_challenge", "arc-challenge", None), ("csqa", "csqa", 5),
+    ("csqa2", "csqa2", 2), ("obqa", "obqa", 4), ("piqa", "piqa", 2), ("qasc", "qasc", 8), ("winogrande", "wg", 2)])
+def test_shared_benchmark_folders_give_the_papers_sets(shared_data, task, folder, n_choices):
+    """The real benchmark files, as folders of split files: each task picks
+    the paper's split, and its size is the task's expected count."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", TaskCountWarning)
-        easy = load_task_questions(resolve_task(f"arc-easy={shared_data / 'arc-easy'}"))
-        challenge = load_task_questions(resolve_task(f"arc_challenge={shared_data / 'arc-challenge'}"))
-    assert (len(easy), len(challenge)) == (2376, 1172)
+        qs = load_task_questions(resolve_task(f"{task}={shared_data / folder}"))
+    assert len(qs) == get_task(task).expected_count and all(q.answer is not None for q in qs)
+    if n_choices:
+        assert {len(q.choices) for q in qs} == {n_choices}
 
 
 def test_open_domain_save_to_disk_folder_uses_the_tasks_fields(tmp_path):
