@@ -162,3 +162,51 @@ def test_failed_align_preparation_leaves_no_directory(tmp_path):
     with pytest.raises(RuntimeError, match="encoder failed"):
         prepare_alignment(d, g, Broken(16), num_pairs=8, eval_pairs=4)
     assert d.is_dir()  # the user's own directory is left alone
+
+
+def test_finetune_encoder_trains_the_text_encoder(tmp_path):
+    """The paper's setting (sec. 5.3): the text encoder and the text
+    projection train with the predictor (their own learning rate); the
+    fine-tuned weights are saved and the loaded system computes t and v
+    with them. The default keeps the encoder frozen."""
+    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.septa import FinetunedText, SeptaSystem
+    from tests.retrieval.tiny import make_tiny_bert
+
+    g = word_graph(240, 700, seed=1)
+    qs = _questions(g, 12)
+    enc = Encoder.from_pretrained(make_tiny_bert(tmp_path / "bert", extra_words=list(g.node_names)),
+                                  query_prefix="", passage_prefix="", max_length=64)
+    d = tmp_path / "septa"
+    prepare_alignment(d, g, enc, num_pairs=64, eval_pairs=16, sampler=SamplerConfig(max_nodes=5, max_edges=8),
+                      gnn=GNNConfig(hidden=16, heads=2))
+    run_alignment(d, AlignConfig(dim=16, batch_size=16, max_steps=4))
+    build_database(d, encoder=enc, limit=120)
+    cfg = PredictorConfig(top_k=2, num_triples=2, epochs=2, batch_size=4, finetune_encoder=True, encoder_lr=1e-3)
+    res = run_training(d, qs, qs[:4], cfg, encoder=enc)
+    assert res["epochs"] == 2 and 0.0 <= res["dev_acc"] <= 1.0
+    ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
+    assert ck["config"]["finetune_encoder"] is True and ck["text_model"] is not None
+    fresh = FinetunedText(enc, SeptaSystem(d, encoder=enc, load_predictor=False).align.module["text"])
+    before = fresh.state_dict()
+    changed = [k for k, v in ck["text_model"].items() if not torch.equal(v, before[k])]
+    assert any(k.startswith("lm.encoder.") for k in changed), changed  # transformer weights moved
+    assert any(k.startswith("proj.") for k in changed)  # and the text projection
+    # the loaded system scores with the fine-tuned encoder: its t differs from the frozen encoder's
+    sysm = SeptaSystem(d, encoder=enc)
+    assert sysm.text_model is not None
+    feats, _ = sysm.features(qs[:3])
+    frozen = SeptaSystem(d, encoder=enc)
+    frozen.text_model = None
+    feats0, _ = frozen.features(qs[:3])
+    np.testing.assert_array_equal(feats.G_ids, feats0.G_ids)  # retrieval: the frozen aligned space
+    assert not np.allclose(feats.t, feats0.t) and not np.allclose(feats.v, feats0.v)
+    # default: frozen encoder, nothing of it saved
+    (d / "predictor_state.pt").unlink()
+    run_training(d, qs, None, PredictorConfig(top_k=2, num_triples=2, epochs=1, batch_size=4), encoder=enc)
+    ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
+    assert ck["text_model"] is None and SeptaSystem(d, encoder=enc).text_model is None
+    # fine-tuning needs a transformers encoder
+    (d / "predictor_state.pt").unlink()
+    with pytest.raises(ValueError, match="finetune_encoder"):
+        run_training(d, qs, None, cfg, encoder=BagOfWordsEncoder(32))

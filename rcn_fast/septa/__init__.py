@@ -12,7 +12,9 @@ functions below) fill one directory that the ``"septa"`` pipeline loads:
    subgraph per node in a cosine :class:`SubgraphDB` (rcn_fast.FlatIndex).
 3. :func:`run_training` -- query enhancement (:class:`QueryEnhancer`),
    retrieval, and the attention predictor (:func:`SeptaPredictor`, eqs.
-   10-13) trained with cross-entropy and RAdam.
+   10-13) trained with cross-entropy and RAdam; the text encoder frozen
+   (default, CPU-friendly) or fine-tuned with it as in the paper
+   (``PredictorConfig(finetune_encoder=True)``, :func:`FinetunedText`).
 
 Then ``rcn_fast.pipelines.build("septa", llm=None, checkpoint=DIR)``.
 Needs torch and numba: ``pip install "rcn_fast[septa]"``.
@@ -21,6 +23,7 @@ Needs torch and numba: ``pip install "rcn_fast[septa]"``.
 from rcn_fast.septa.align import AlignConfig, AlignModel, info_nce, recall_at_k, subgraph_vectors, train_alignment
 from rcn_fast.septa.gnn import GNNConfig, GPSLayer, SubgraphEncoder, SubgraphTable
 from rcn_fast.septa.predictor import (
+    FinetunedText,
     PredictorConfig,
     QuestionFeatures,
     SeptaPredictor,
@@ -42,7 +45,7 @@ from rcn_fast.septa.vectordb import SubgraphDB
 __all__ = [
     "AlignConfig", "AlignModel", "info_nce", "recall_at_k", "subgraph_vectors", "train_alignment", "GNNConfig",
     "GPSLayer", "SubgraphEncoder", "SubgraphTable", "PredictorConfig", "QuestionFeatures", "SeptaPredictor",
-    "accuracy", "train_predictor", "EnhancedQuery", "EntityLinker", "QueryEnhancer", "SamplerConfig",
+    "accuracy", "train_predictor", "FinetunedText", "EnhancedQuery", "EntityLinker", "QueryEnhancer", "SamplerConfig",
     "SeptaSystem", "build_database", "prepare_alignment", "read_manifest", "run_alignment", "run_training",
     "SubgraphDB",
 ]

@@ -106,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--dev-limit", type=int, default=None)
     for f in ("top_k", "heads", "num_triples", "batch_size", "epochs", "patience", "seed"):
         t.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(PredictorConfig, f))
-    for f in ("lam", "lr", "dropout", "weight_decay"):
+    for f in ("lam", "lr", "dropout", "weight_decay", "encoder_lr"):
         t.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(PredictorConfig, f))
+    t.add_argument("--finetune-encoder", action="store_true",
+                   help="train the text encoder with the predictor (the paper's setting; --encoder-lr)")
     for p in (a, b, t):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg = PredictorConfig(top_k=args.top_k, heads=args.heads, lam=args.lam, num_triples=args.num_triples,
                                   lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
-                                  epochs=args.epochs, patience=args.patience, dropout=args.dropout, seed=args.seed)
+                                  epochs=args.epochs, patience=args.patience, dropout=args.dropout, seed=args.seed,
+                                  finetune_encoder=args.finetune_encoder, encoder_lr=args.encoder_lr)
             train = load_questions(args.train, limit=args.limit)
             dev = load_questions(args.dev, limit=args.dev_limit) if args.dev else None
             res = run_training(args.dir, train, dev, cfg, progress=progress)

@@ -6,12 +6,23 @@ top-k retrieved subgraph vectors ``G`` (multi-head, eq. 10) giving ``r_i``;
 ``v_i`` gives ``p~_i = W2 v_i + b2`` (eq. 12); ``p_i = lambda p^_i +
 (1 - lambda) p~_i`` (eq. 13); softmax over the choices, cross-entropy.
 
-rcn_fast keeps the text encoder frozen here too, so ``t``, ``G`` and ``v``
-are computed once per question and only the predictor trains (RAdam). The
-frozen features are z-scored per dimension with training-set statistics
-before the heads (stored as buffers; a reparametrisation of the same
-linear model that makes it trainable when a frozen encoder embeds the
-choices of a question almost alike).
+By default (``finetune_encoder=False``, CPU-friendly) rcn_fast keeps the
+text encoder frozen here too, so ``t``, ``G`` and ``v`` are computed once
+per question and only the predictor trains (RAdam). The paper fine-tunes
+the language model in this stage (sec. 5.3: RoBERTa-large, learning rate
+in {2e-5, 1e-5, 5e-6, 2e-6, 1e-6}, RAdam): ``finetune_encoder=True``
+trains a copy of the text encoder (and the alignment's text projection
+``W_T``, which maps its output into the aligned space) with the
+predictor, ``encoder_lr`` for those weights and ``lr`` for the predictor
+heads; ``t`` and ``v`` are then recomputed by that copy for every batch.
+The subgraph vectors ``G`` stay the ones retrieved with the frozen aligned
+encoder (the database lives in that space). The fine-tuned weights are
+saved in ``predictor.pt`` and used at inference.
+
+Features are z-scored per dimension with training-set statistics of the
+initial (frozen) features before the heads (stored as buffers; a
+reparametrisation of the same linear model that makes it trainable when a
+frozen encoder embeds the choices of a question almost alike).
 """
 
 from __future__ import annotations
@@ -46,8 +57,18 @@ class PredictorConfig:
     num_triples : int
         Triples appended by query enhancement (paper: 10).
     lr : float
-        RAdam learning rate. Higher than the paper's (2e-5...1e-6, which
-        fine-tuned the whole language model): only the head trains here.
+        RAdam learning rate of the predictor (attention and heads). The
+        default 1e-3 suits the frozen-encoder setting where only these
+        train; the paper used one rate from {2e-5, 1e-5, 5e-6, 2e-6, 1e-6}
+        for everything, as it fine-tuned the language model too.
+    finetune_encoder : bool
+        Train the text encoder (and the text projection) together with the
+        predictor, as the paper does (sec. 5.3). Default False: frozen, the
+        features are computed once (CPU-friendly). Needs an rcn_fast
+        ``Encoder`` of a transformers model.
+    encoder_lr : float
+        RAdam learning rate of the encoder and projection when
+        ``finetune_encoder`` (paper grid: 2e-5, 1e-5, 5e-6, 2e-6, 1e-6).
     weight_decay : float
     batch_size : int
         Questions per step.
@@ -63,6 +84,8 @@ class PredictorConfig:
     lam: float = 0.5
     num_triples: int = 10
     lr: float = 1e-3
+    finetune_encoder: bool = False
+    encoder_lr: float = 1e-5
     weight_decay: float = 0.0
     batch_size: int = 16
     epochs: int = 10
@@ -79,8 +102,12 @@ class PredictorConfig:
             raise ValueError(f"num_triples: expected an int >= 0, got {self.num_triples!r}")
         if not 0.0 <= float(self.lam) <= 1.0:
             raise ValueError(f"lam: expected a value in [0, 1], got {self.lam!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr: expected > 0, got {self.lr!r}")
+        for name in ("lr", "encoder_lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"{name}: expected a number > 0, got {v!r}")
+        if not isinstance(self.finetune_encoder, bool):
+            raise ValueError(f"finetune_encoder: expected true or false, got {self.finetune_encoder!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"dropout: expected a value in [0, 1), got {self.dropout!r}")
 
@@ -184,6 +211,97 @@ def SeptaPredictor(*args: Any, **kwargs: Any) -> Any:
     return _predictor_class()(*args, **kwargs)
 
 
+@functools.lru_cache(maxsize=None)
+def _text_model_class() -> Any:
+    torch = _torch()
+    nn = torch.nn
+
+    class FinetunedText(nn.Module):
+        """A trainable copy of an rcn_fast text encoder plus the alignment's
+        text projection: ``embed(texts)`` -> encoder outputs [n, text_dim]
+        (``v``), ``project(texts)`` -> ``W_T embed + b_T`` [n, dim] (``t``).
+        Tokenisation, pooling, normalisation and the passage prefix follow
+        the encoder's settings, as :func:`rcn_fast.septa.system.encode`."""
+
+        def __init__(self, encoder: Any, text_proj: Any) -> None:
+            super().__init__()
+            import copy
+
+            transformers = _require_transformers()
+            from rcn_fast.retrieval.encoder import _model_inputs, _pooled_module
+
+            cfg, model_dir = getattr(encoder, "config", None), getattr(encoder, "model_dir", None)
+            if cfg is None or model_dir is None or not hasattr(cfg, "pooling"):
+                raise ValueError("finetune_encoder: needs an rcn_fast Encoder loaded from a transformers model "
+                                 f"(Encoder.from_pretrained), got {type(encoder).__name__}")
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+            self.lm = transformers.AutoModel.from_pretrained(str(model_dir))
+            self.names = _model_inputs(self.lm)
+            self.pooled = _pooled_module(self.lm, cfg.pooling, self.names)
+            self.prefix, self.normalize = cfg.passage_prefix or "", bool(cfg.normalize)
+            self.max_length = int(getattr(encoder, "max_length", None) or cfg.max_length)
+            self.proj = copy.deepcopy(text_proj)
+            for prm in self.proj.parameters():
+                prm.requires_grad_(True)
+
+        def embed(self, texts: list[str]) -> Any:
+            b = self.tokenizer([self.prefix + t for t in texts], truncation=True, max_length=self.max_length,
+                               padding=True, return_tensors="pt")
+            args = [b[n] if n in b else torch.zeros_like(b["input_ids"]) for n in self.names]
+            e = self.pooled(*args)
+            return torch.nn.functional.normalize(e, dim=-1) if self.normalize else e
+
+        def project(self, texts: list[str]) -> Any:
+            return self.proj(self.embed(texts))
+
+    return FinetunedText
+
+
+def _require_transformers() -> Any:
+    from rcn_fast._arrays import require
+
+    return require("transformers", 'pip install "rcn_fast[septa]"  (transformers)')
+
+
+def FinetunedText(encoder: Any, text_proj: Any) -> Any:
+    """The trainable text encoder of ``finetune_encoder``: a copy of
+    ``encoder`` (an rcn_fast Encoder of a transformers model) and of the
+    alignment's text projection ``text_proj`` (a torch module)."""
+    return _text_model_class()(encoder, text_proj)
+
+
+QuestionTexts = list  # per question, per choice: (enhanced query text s_i, plain question-choice text)
+
+
+def batch_inputs(feats: "QuestionFeatures", idx: Any, texts: QuestionTexts | None = None,
+                 text_model: Any = None) -> dict[str, Any]:
+    """Predictor inputs for questions ``idx``: the stored features, with
+    ``t`` and ``v`` recomputed by ``text_model`` from ``texts`` when given
+    (fine-tuning; gradients flow into the text model)."""
+    torch = _torch()
+    x = feats.tensors(idx)
+    if text_model is None:
+        return x
+    rows = np.arange(len(feats))[idx]
+    enhanced, base, where = [], [], []
+    for bi, qi in enumerate(rows):
+        for ci, (s_i, plain) in enumerate(texts[int(qi)]):
+            enhanced.append(s_i)
+            base.append(plain)
+            where.append((bi, ci))
+    B, C = x["choice_mask"].shape
+    t = x["t"].new_zeros(x["t"].shape)
+    v = x["v"].new_zeros(x["v"].shape)
+    if where:
+        tt, vv = text_model.project(enhanced), text_model.embed(base)
+        bi = torch.tensor([w[0] for w in where])
+        ci = torch.tensor([w[1] for w in where])
+        t = t.index_put((bi, ci), tt)
+        v = v.index_put((bi, ci), vv)
+    x["t"], x["v"] = t, v
+    return x
+
+
 @dataclass
 class QuestionFeatures:
     """Precomputed inputs of the predictor for Q questions (C = most choices).
@@ -225,10 +343,15 @@ class QuestionFeatures:
         return cls(**{f.name: z[f.name] for f in fields(cls)})
 
 
-def accuracy(model: Any, feats: QuestionFeatures, batch_size: int = 256) -> float:
-    """Share of questions with a known answer that the predictor gets right."""
+def accuracy(model: Any, feats: QuestionFeatures, batch_size: int = 256, *, texts: QuestionTexts | None = None,
+             text_model: Any = None) -> float:
+    """Share of questions with a known answer that the predictor gets right
+    (``texts`` / ``text_model``: see :func:`batch_inputs`)."""
     torch = _torch()
     model.eval()
+    if text_model is not None:
+        text_model.eval()
+        batch_size = min(batch_size, 32)
     known = np.nonzero(feats.answers >= 0)[0]
     if not len(known):
         return float("nan")
@@ -236,14 +359,16 @@ def accuracy(model: Any, feats: QuestionFeatures, batch_size: int = 256) -> floa
     with torch.no_grad():
         for s in range(0, len(known), batch_size):
             idx = known[s:s + batch_size]
-            p = model(**feats.tensors(idx))
+            p = model(**batch_inputs(feats, idx, texts, text_model))
             right += int((p.argmax(-1).numpy() == feats.answers[idx]).sum())
     return right / len(known)
 
 
 def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig, *,
                     dev: QuestionFeatures | None = None, checkpoint: str | os.PathLike[str] | None = None,
-                    progress: bool = False, on_epoch: Callable[[dict], None] | None = None) -> list[dict]:
+                    progress: bool = False, on_epoch: Callable[[dict], None] | None = None,
+                    text_model: Any = None, train_texts: QuestionTexts | None = None,
+                    dev_texts: QuestionTexts | None = None) -> list[dict]:
     """Train with softmax cross-entropy over the choices and RAdam.
 
     Parameters
@@ -258,6 +383,10 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
         Training state (rewritten every epoch; resumed when present).
     progress : bool
     on_epoch : callable(record), optional
+    text_model : FinetunedText, optional
+        ``finetune_encoder``: trained too (``config.encoder_lr``); ``t``
+        and ``v`` come from it and ``train_texts`` / ``dev_texts`` (per
+        question, per choice: (enhanced text, plain text)).
 
     Returns
     -------
@@ -266,7 +395,15 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
     torch = _torch()
     if (train.answers < 0).any():
         raise ValueError("train: every training question needs an answer")
-    opt = torch.optim.RAdam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if config.finetune_encoder != (text_model is not None):
+        raise ValueError("text_model: expected a FinetunedText exactly when config.finetune_encoder is true")
+    if text_model is not None and (train_texts is None or len(train_texts) != len(train)
+                                   or (dev is not None and (dev_texts is None or len(dev_texts) != len(dev)))):
+        raise ValueError("train_texts, dev_texts: expected the texts of every training (and dev) question")
+    groups = [{"params": list(model.parameters()), "lr": config.lr}]
+    if text_model is not None:
+        groups.append({"params": [q for q in text_model.parameters() if q.requires_grad], "lr": config.encoder_lr})
+    opt = torch.optim.RAdam(groups, lr=config.lr, weight_decay=config.weight_decay)
     ck = Path(checkpoint) if checkpoint is not None else None
     epoch, history, best, best_state, stale = 0, [], -1.0, None, 0
     if ck is not None and ck.is_file():
@@ -274,17 +411,28 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
         if st.get("config") != config.to_dict():
             raise ValueError(f"checkpoint: {ck} was written with other settings; remove it ({st.get('config')})")
         model.load_state_dict(st["model"])
+        if text_model is not None:
+            text_model.load_state_dict(st["text_model"])
         opt.load_state_dict(st["optim"])
         torch.set_rng_state(st["torch_rng"])
         epoch, history, best, best_state, stale = st["epoch"], st["history"], st["best"], st["best_state"], st["stale"]
         logger.info("predictor: resumed from %s after epoch %d", ck, epoch)
     else:
         model.set_feature_stats(**train.tensors(slice(None)))
+
+    def snapshot() -> dict[str, Any]:
+        out = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+        if text_model is not None:
+            out["text_model"] = {k: v.detach().clone() for k, v in text_model.state_dict().items()}
+        return out
+
     torch.manual_seed(config.seed + epoch)
     n = len(train)
     bs = min(config.batch_size, n)
     while epoch < config.epochs and stale < config.patience:
         model.train()
+        if text_model is not None:
+            text_model.train()
         order = np.random.default_rng([config.seed, epoch]).permutation(n)
         losses = []
         it = range(0, n, bs)
@@ -294,7 +442,7 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
             it = tqdm(it, desc=f"train epoch {epoch + 1}/{config.epochs}", unit="batch")
         for s in it:
             idx = order[s:s + bs]
-            p = model(**train.tensors(idx))
+            p = model(**batch_inputs(train, idx, train_texts, text_model))
             loss = torch.nn.functional.cross_entropy(p, torch.from_numpy(train.answers[idx]))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -302,18 +450,19 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
             losses.append(float(loss.detach()))
         epoch += 1
         rec = {"epoch": epoch, "loss": float(np.mean(losses)), "first_loss": losses[0],
-               "dev_acc": accuracy(model, dev) if dev is not None else None}
+               "dev_acc": accuracy(model, dev, texts=dev_texts, text_model=text_model) if dev is not None else None}
         history.append(rec)
         score = rec["dev_acc"] if rec["dev_acc"] is not None else -rec["loss"]
         if score > best:
             best, stale = score, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            best_state = snapshot()
         else:
             stale += 1
         if ck is not None:
             ck.parent.mkdir(parents=True, exist_ok=True)
             tmp = ck.with_name(ck.name + ".tmp")
             torch.save({"config": config.to_dict(), "model": model.state_dict(), "optim": opt.state_dict(),
+                        "text_model": text_model.state_dict() if text_model is not None else None,
                         "torch_rng": torch.get_rng_state(), "epoch": epoch, "history": history, "best": best,
                         "best_state": best_state, "stale": stale}, tmp)
             os.replace(tmp, ck)
@@ -321,6 +470,10 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
         if on_epoch is not None:
             on_epoch(rec)
     if best_state is not None:
-        model.load_state_dict(best_state)
+        model.load_state_dict(best_state["model"])
+        if text_model is not None:
+            text_model.load_state_dict(best_state["text_model"])
     model.eval()
+    if text_model is not None:
+        text_model.eval()
     return history

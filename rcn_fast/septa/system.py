@@ -39,6 +39,7 @@ from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, su
 from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
 from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
 from rcn_fast.septa.predictor import (
+    FinetunedText,
     PredictorConfig,
     QuestionFeatures,
     SeptaPredictor,
@@ -455,6 +456,7 @@ class SeptaSystem:
         self.enhancer = QueryEnhancer(self.graph, self.encoder, num_triples=self.config.num_triples)
         self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
                                         lam=self.config.lam, dropout=self.config.dropout)
+        self.text_model = None  # the fine-tuned text encoder (finetune_encoder), else None
         if load_predictor:
             ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
             self.config = PredictorConfig.from_dict(ck["config"])
@@ -462,12 +464,18 @@ class SeptaSystem:
             self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
                                             lam=self.config.lam, dropout=self.config.dropout)
             self.predictor.load_state_dict(ck["state"])
+            if ck.get("text_model") is not None:
+                self.text_model = FinetunedText(self.encoder, self.align.module["text"])
+                self.text_model.load_state_dict(ck["text_model"])
+                self.text_model.eval()
         self.predictor.eval()
 
     def features(self, questions: Sequence[MCQuestion], progress: bool = False,
                  batch_size: int = 64) -> tuple[QuestionFeatures, list[list[Any]]]:
         """Predictor inputs for ``questions`` and, per question, the enhanced
-        queries of its choices (texts, linked nodes, triples)."""
+        queries of its choices (texts, linked nodes, triples). Subgraphs are
+        retrieved with the frozen aligned encoder; after fine-tuning
+        (``finetune_encoder``) ``t`` and ``v`` come from the fine-tuned one."""
         torch = _torch()
         k, C = self.config.top_k, max((len(q.choices) for q in questions), default=1)
         Q, d, dt = len(questions), self.align.dim, self.manifest["text_dim"]
@@ -492,6 +500,10 @@ class SeptaSystem:
             with torch.no_grad():
                 tt = self.align.text_embed(tv).numpy()
             sc, ii = self.db.search(tt, k)
+            if self.text_model is not None:
+                with torch.no_grad():
+                    tt = self.text_model.project([e.text for e in enh]).numpy()
+                    vv = self.text_model.embed([e.base for e in enh]).numpy()
             j = 0
             for qi, q in enumerate(qs):
                 row = s + qi
@@ -530,6 +542,20 @@ def _features_cached(system: SeptaSystem, questions: list[MCQuestion], name: str
     return feats
 
 
+def question_texts(system: SeptaSystem, questions: list[MCQuestion]) -> list[list[tuple[str, str]]]:
+    """Per question, per choice: (enhanced query text ``s_i``, plain
+    question-choice text) -- what the fine-tuned encoder reads."""
+    out: list[list[tuple[str, str]]] = []
+    for s in range(0, len(questions), 64):
+        qs = questions[s:s + 64]
+        enh = system.enhancer.enhance([(q.question, c) for q in qs for c in q.choices])
+        j = 0
+        for q in qs:
+            out.append([(e.text, e.base) for e in enh[j:j + len(q.choices)]])
+            j += len(q.choices)
+    return out
+
+
 def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MCQuestion],
                  dev_questions: Sequence[MCQuestion] | None = None, config: PredictorConfig | None = None, *,
                  encoder: Any = None, progress: bool = False, on_epoch: Any = None) -> dict[str, Any]:
@@ -544,16 +570,25 @@ def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MC
                                       lam=config.lam, dropout=config.dropout)
     train = _features_cached(system, list(train_questions), "train", progress)
     dev = _features_cached(system, list(dev_questions), "dev", progress) if dev_questions else None
+    text_model = train_texts = dev_texts = None
+    if config.finetune_encoder:  # the paper's setting: the text encoder trains with the predictor
+        text_model = FinetunedText(system.encoder, system.align.module["text"])
+        train_texts = question_texts(system, list(train_questions))
+        dev_texts = question_texts(system, list(dev_questions)) if dev_questions else None
     hist = train_predictor(system.predictor, train, config, dev=dev, checkpoint=d / "predictor_state.pt",
-                           progress=progress, on_epoch=on_epoch)
+                           progress=progress, on_epoch=on_epoch, text_model=text_model, train_texts=train_texts,
+                           dev_texts=dev_texts)
     tmp = d / "predictor.pt.tmp"
-    torch.save({"config": config.to_dict(), "state": system.predictor.state_dict()}, tmp)
+    torch.save({"config": config.to_dict(), "state": system.predictor.state_dict(),
+                "text_model": text_model.state_dict() if text_model is not None else None}, tmp)
     os.replace(tmp, d / "predictor.pt")
     m = read_manifest(d)
     m["predictor"] = config.to_dict()
     write_manifest(d, m)
-    res = {"epochs": len(hist), "history": hist, "train_acc": accuracy(system.predictor, train),
-           "dev_acc": accuracy(system.predictor, dev) if dev is not None else None,
+    res = {"epochs": len(hist), "history": hist,
+           "train_acc": accuracy(system.predictor, train, texts=train_texts, text_model=text_model),
+           "dev_acc": accuracy(system.predictor, dev, texts=dev_texts, text_model=text_model)
+           if dev is not None else None,
            "train_questions": len(train), "dev_questions": len(dev) if dev is not None else 0}
     _update_metrics(d, predictor=res)
     return res
