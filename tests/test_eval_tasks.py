@@ -677,3 +677,13 @@ def test_cli_prints_a_count_mismatch_as_one_warning_line(tmp_path, capsys):
     warned = [ln for ln in err.splitlines() if ln.startswith("rcn_fast.eval: warning: ")]
     assert len(warned) == 1 and "has 199 questions, the paper's set has 200" in warned[0]
     assert "TaskCountWarning" not in err
+
+
+def test_cli_names_the_hub_source_it_cannot_reach(tmp_path, monkeypatch, capsys):
+    def unreachable(path, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    code, _, err = _cli(["--tasks", "piqa", "--pipelines", "vanilla", "--model", str(tmp_path / "m"),
+                         "--output-path", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert code == 2 and "task 'piqa': cannot load hf:ybisk/piqa@refs/convert/parquet: ConnectionError" in err

@@ -505,7 +505,7 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
         except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
             raise EvalError(f"task {spec.name!r}: {exc}") from None
         except Exception as exc:  # e.g. the hub cannot be reached
-            raise EvalError(f"task {spec.name!r}: cannot load {spec.dataset or spec.local}: "
+            raise EvalError(f"task {spec.name!r}: cannot load {spec.where}: "
                             f"{type(exc).__name__}: {exc}") from None
         if not qs:
             raise EvalError(f"task {spec.name!r}: no questions")
