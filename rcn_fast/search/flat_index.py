@@ -89,7 +89,8 @@ class FlatIndex:
             raise ValueError(f"x: contains NaN or infinite values in rows {_row_list(bad)}")
         if self.metric == "cosine":
             arr = _normalize(arr)
-        stored = arr.astype(self.dtype)
+        with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
+            stored = arr.astype(self.dtype)
         bad = ~np.isfinite(stored).all(axis=1)
         if bad.any():
             raise ValueError(
@@ -140,7 +141,8 @@ class FlatIndex:
             arr = _normalize(arr)
         data = self.embeddings
         if data.dtype != np.float32:
-            cast = arr.astype(data.dtype)
+            with np.errstate(over="ignore"):
+                cast = arr.astype(data.dtype)
             if np.isfinite(cast).all() or not np.isfinite(arr).all():
                 arr = cast
         return topn(arr, data, k, backend=backend)
@@ -247,8 +249,9 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     float64 (no overflow or underflow for any finite float32 row); zero rows
     stay zero. Returns float32 [n, d]."""
     x64 = x.astype(np.float64)
-    norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
-    return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite query row stays non-finite
+        norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
+        return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 def _row_list(bad: np.ndarray, limit: int = 10) -> str:

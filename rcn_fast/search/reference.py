@@ -81,7 +81,7 @@ def _prefilter(s: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     """Shrink each row to a superset of its top-k, keeping every tie at the
     k-th score (so the exact tie rule can still be applied)."""
     m = s.shape[1]
-    if m <= 2 * k:
+    if m <= 2 * k or s.shape[0] == 0:
         return s, ids
     s = np.where(np.isnan(s), -np.inf, s)
     part = np.argpartition(-s, k - 1, axis=1)
