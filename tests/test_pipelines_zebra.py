@@ -191,3 +191,35 @@ def test_silver_kb_loads_as_zebra_kb_and_as_a_corpus(tmp_path):
     assert len(r.store) == 7
     p = build("reconnect", llm=ScriptedLLM(), retriever=r, top_n=2).run(MCQuestion("n", "Question number 4?", ["a", "b"]))
     assert p.passages and all(x.id.startswith("t") for x in p.passages)
+
+
+# ------------------------------------------------- explanation parsing vs the reference
+def _reference_parse(text: str) -> list[str]:
+    """ZEBRA's released rule (get_model_knowledge), restated for comparison:
+    first paragraph, one explanation per line, every '*' removed."""
+    return [k for k in (line.replace("*", "").strip() for line in text.split("\n\n")[0].split("\n")) if k]
+
+
+@pytest.mark.parametrize("text", [
+    "plants need water.\n* sand holds no food for plants.\n\nAnswer: A",
+    "magnets pull iron\n*  wood is not magnetic \n* air cannot attract metal",
+    "\nonly one line",
+    "",
+])
+def test_explanation_parsing_matches_the_reference_on_bullet_lists(text):
+    """The generation continues the pre-filled "Explanations:\\n* ": on bullet
+    lists rcn_fast's parse_bullets and the reference's rule agree."""
+    from rcn_fast.prompts import parse_bullets
+
+    assert parse_bullets(text) == _reference_parse(text)
+
+
+def test_explanation_parsing_differences_from_the_reference():
+    """Documented differences (docs/FIDELITY.md, ZEBRA): rcn_fast also strips
+    numbered / dash markers, and keeps asterisks inside a line."""
+    from rcn_fast.prompts import parse_bullets
+
+    assert parse_bullets("1. heat melts ice\n2) cold does not") == ["heat melts ice", "cold does not"]
+    assert _reference_parse("1. heat melts ice\n2) cold does not") == ["1. heat melts ice", "2) cold does not"]
+    assert parse_bullets("heat **melts** ice") == ["heat **melts** ice"]
+    assert _reference_parse("heat **melts** ice") == ["heat melts ice"]

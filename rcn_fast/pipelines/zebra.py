@@ -4,11 +4,18 @@ Stages, each for the whole batch at once:
 
 1. ``example_retrieval``: top ``k`` examples with explanations from the
    example KB (one batched encode + search; queries and entries written
-   ``"question [SEP] A. c1 [SEP] B. c2 ..."``).
+   ``"question [SEP] A. c1 [SEP] B. c2 ..."`` as ZEBRA's released
+   retriever scripts do; the paper's eq. 1 writes the choices without
+   their letters).
 2. ``example_generation`` (generation, 1 per question): the examples as
    alternating user/assistant turns, then the question with the assistant
    turn pre-filled with the explanations header.
 3. ``answer`` (one scoring pass) with the generated explanations.
+
+The explanations are read with :func:`rcn_fast.prompts.parse_bullets`:
+the first paragraph, one per line, list markers removed. ZEBRA's code
+removes every ``*`` of a line instead (also inside it) and keeps numbered
+markers; on bullet lists the two agree (see ``docs/FIDELITY.md``).
 """
 
 from __future__ import annotations
