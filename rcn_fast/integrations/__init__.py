@@ -1,0 +1,166 @@
+"""Adapters between rcn_fast and RAG frameworks, both ways, one module per
+framework (each imported only when used; one extra each):
+
+=========================================  ==================  ==================
+module                                     framework           install
+=========================================  ==================  ==================
+:mod:`rcn_fast.integrations.langchain`     LangChain           ``rcn_fast[langchain]``
+:mod:`rcn_fast.integrations.llama_index`   LlamaIndex          ``rcn_fast[llama-index]``
+:mod:`rcn_fast.integrations.haystack`      Haystack 2.x/3.x    ``rcn_fast[haystack]``
+:mod:`rcn_fast.integrations.dspy`          DSPy                ``rcn_fast[dspy]``
+=========================================  ==================  ==================
+
+Each module offers
+
+* ``RcnRetriever(retriever=<rcn_fast Retriever>, k=...)`` -- an rcn_fast
+  corpus store as the framework's retriever. A batch of queries makes one
+  encoder call and one index search; results equal
+  :meth:`rcn_fast.retrieval.Retriever.retrieve` for the same queries
+  (passage id, text and score carried over, the store row in the
+  metadata).
+* knowledge connection (:func:`rcn_fast.connect.connect`) as the
+  framework's component (a LangChain Runnable, a LlamaIndex node
+  postprocessor, a Haystack component, a DSPy module);
+* the framework's retrievers (and embedding models, which relevance
+  sampling needs) as rcn_fast passage sources: objects with
+  ``retrieve(queries, k)`` and an ``encoder`` that
+  :func:`rcn_fast.connect.connect` and the pipelines accept.
+
+This package's own helpers (framework-free): :class:`CallableEncoder`, the
+encoder protocol over any batch embedding function.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from rcn_fast.retrieval.types import Passage
+
+EXTRAS = {
+    "langchain_core": "pip install 'rcn_fast[langchain]'  (langchain-core)",
+    "llama_index.core": "pip install 'rcn_fast[llama-index]'  (llama-index-core)",
+    "haystack": "pip install 'rcn_fast[haystack]'  (haystack-ai)",
+    "dspy": "pip install 'rcn_fast[dspy]'  (dspy)",
+}
+
+
+def require_framework(module: str) -> Any:
+    """Import ``module`` or raise ImportError with the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{module} is not installed: {EXTRAS.get(module, 'pip install ' + module)}") from exc
+
+
+def as_rows(x: Any, what: str, n: int | None = None) -> np.ndarray:
+    """A list of vectors (list of lists, array) -> float32 [n, d]."""
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim == 1 and n == 1:
+        arr = arr[None]
+    if arr.ndim != 2 or (n is not None and arr.shape[0] != n):
+        raise ValueError(f"{what}: expected {n if n is not None else 'n'} embeddings of one width, got shape "
+                         f"{arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+class CallableEncoder:
+    """The rcn_fast encoder protocol (``encode_queries`` /
+    ``encode_passages`` -> float32 [n, d], ``dim``) over embedding
+    functions.
+
+    Parameters
+    ----------
+    queries : callable
+        ``list[str] -> [n, d]`` vectors of queries.
+    passages : callable, optional
+        ``list[str] -> [n, d]`` vectors of passages (default: ``queries``).
+    name : str
+        Shown in :meth:`describe`.
+    """
+
+    def __init__(self, queries: Callable[[list[str]], Any], passages: Callable[[list[str]], Any] | None = None,
+                 *, name: str = "callable") -> None:
+        if not callable(queries) or (passages is not None and not callable(passages)):
+            raise TypeError("queries, passages: expected callables list[str] -> vectors")
+        self._q = queries
+        self._p = passages or queries
+        self.name = name
+        self._dim: int | None = None
+        self.calls = 0
+
+    def _run(self, fn: Callable[[list[str]], Any], texts: Sequence[str], what: str) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("texts: expected a sequence of str (batch first), got a single str")
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim if self._dim is not None else 0), np.float32)
+        self.calls += 1
+        out = as_rows(fn(texts), what, len(texts))
+        self._dim = int(out.shape[1])
+        return out
+
+    def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """float32 [n, d] query vectors (one call of the query function)."""
+        return self._run(self._q, texts, f"{self.name} query embeddings")
+
+    def encode_passages(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """float32 [n, d] passage vectors (one call of the passage function)."""
+        return self._run(self._p, texts, f"{self.name} passage embeddings")
+
+    @property
+    def dim(self) -> int:
+        """Embedding width (found by embedding one text the first time)."""
+        if self._dim is None:
+            self._dim = int(as_rows(self._q(["dimension probe"]), f"{self.name} query embeddings", 1).shape[1])
+        return self._dim
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.name, "dim": self.dim}
+
+
+def passages_from(items: Sequence[Any], k: int, convert: Callable[[Any, int], Passage]) -> list[Passage]:
+    """The first ``k`` framework results converted to :class:`Passage`."""
+    return [convert(x, r) for r, x in enumerate(list(items)[:k])]
+
+
+class FrameworkSource:
+    """Base of the framework retrievers as rcn_fast passage sources:
+    ``retrieve(queries, k) -> list[list[Passage]]`` and ``encoder`` (None
+    without an embedding model: then only ``sampling="random"`` or the
+    ablations without sampling run)."""
+
+    encoder: Any = None
+
+    def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Passage]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def check_k(k: Any, name: str = "k") -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"{name}: expected a positive int, got {k!r}")
+    return int(k)
+
+
+def check_queries(queries: Any) -> list[str]:
+    if isinstance(queries, str):
+        raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
+    queries = list(queries)
+    bad = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
+    if bad is not None:
+        raise TypeError(f"queries[{bad}]: expected a str, got {type(queries[bad]).__name__}")
+    return queries
+
+
+def check_rcn_retriever(retriever: Any) -> Any:
+    """An rcn_fast retriever: ``retrieve(queries, k)`` over a batch."""
+    if not callable(getattr(retriever, "retrieve", None)):
+        raise TypeError(f"retriever: expected an rcn_fast Retriever (retrieve(queries, k)), got "
+                        f"{type(retriever).__name__}")
+    return retriever
+
+
+__all__ = ["CallableEncoder", "FrameworkSource", "require_framework", "as_rows", "passages_from", "check_k",
+           "check_queries", "check_rcn_retriever", "EXTRAS"]
