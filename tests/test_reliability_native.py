@@ -150,7 +150,7 @@ def _backends():
 
 
 @pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("Q,N", [(0, 3), (2, 0), (0, 0)])
+@pytest.mark.parametrize("Q,N", [(0, 3), (2, 0), (0, 0), (0, 3000)])
 def test_empty_queries_or_corpus_give_the_empty_result_or_padding(backend, Q, N):
     q, c = np.ones((Q, 4), np.float32), np.ones((N, 4), np.float32)
     if backend == "torch":
