@@ -234,21 +234,23 @@ def _materialise(folder: Path, files: dict[str, list[dict[str, Any]]], card: dic
 
 
 @pytest.fixture
-def hub(monkeypatch):
+def hub(monkeypatch, tmp_path):
     """Redirect ``datasets.load_dataset`` of a hub id to a local fixture
     folder, checking the call is the one the task makes on the hub (same
-    id, config, split, revision and kwargs); returns the recorded calls."""
+    id, config, split, revision and kwargs); returns the recorded calls.
+    Every load caches under the test's folder, not the user's cache."""
     real = datasets.load_dataset
     calls: list[tuple[str, dict[str, Any]]] = []
     folders: dict[str, Path] = {}
+    cache = str(tmp_path / "hf-datasets-cache")
 
     def fake(path, *args, **kwargs):
         if path not in folders:
-            return real(path, *args, **kwargs)
+            return real(path, *args, cache_dir=cache, **kwargs)
         assert not args, "the task passes everything by keyword"
         calls.append((path, dict(kwargs)))
         kwargs.pop("revision", None)  # a local folder has no revisions
-        return real(str(folders[path]), **kwargs)
+        return real(str(folders[path]), cache_dir=cache, **kwargs)
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
     return folders, calls
