@@ -624,11 +624,12 @@ def _cli(args, capsys):
 def test_include_path_tasks_and_list_tasks(tmp_path, capsys):
     mine = tmp_path / "mine"
     mine.mkdir()
-    q = _csqa_file(tmp_path / "mine_q.jsonl", 5)
-    (mine / "my_task.yaml").write_text(f"name: my_task\nkind: multiple_choice\nlocal: {q}\nexpected_count: 5\n"
-                                       f"paper_table: my table\n", encoding="utf-8")
+    _csqa_file(mine / "mine_q.jsonl", 5)
+    (mine / "my_task.yaml").write_text("name: my_task\nkind: multiple_choice\nlocal: mine_q.jsonl\n"
+                                       "expected_count: 5\npaper_table: my table\n", encoding="utf-8")
     (mine / "_fragment.yaml").write_text("kind: multiple_choice\n", encoding="utf-8")  # an include fragment
     spec = resolve_task("my-task", include_paths=[str(mine)])
+    assert spec.local == str((mine / "mine_q.jsonl").resolve())  # relative to the task file
     with warnings.catch_warnings():
         warnings.simplefilter("error", TaskCountWarning)
         assert len(load_task_questions(spec)) == 5

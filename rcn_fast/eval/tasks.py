@@ -277,7 +277,8 @@ def registry(include_paths: Sequence[str] = ()) -> dict[str, TaskSpec]:
 
 def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
     """A task by name: a packaged ``tasks/<name>.yaml`` or a YAML file with
-    that ``name`` in one of ``include_paths``. Underscores match hyphens."""
+    that ``name`` in one of ``include_paths`` (its relative ``local`` and
+    ``corpus`` paths are relative to that file). Underscores match hyphens."""
     files = _task_files(include_paths)
     key = normalize_name(name)
     path = files.get(key)
@@ -287,6 +288,11 @@ def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
     spec = spec_from_dict(_read_yaml(path), str(path))
     if normalize_name(spec.name) != key:
         raise TaskError(f"task file {path}: name {spec.name!r} differs from the file name {key!r}")
+    if path.parent != TASKS_DIR:  # a user's task file: its relative paths are relative to it
+        for k in ("local", "corpus"):
+            v = getattr(spec, k)
+            if v and not Path(v).expanduser().is_absolute():
+                setattr(spec, k, str((path.parent / v).resolve()))
     return spec
 
 
