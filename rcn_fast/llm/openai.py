@@ -329,7 +329,10 @@ class OpenAILLM:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             return cls(self._host, self._port, timeout=self.config.timeout), False
 
-    def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, route: str, body: dict[str, Any], probe: bool = False) -> dict[str, Any]:
+        """POST with retries; ``probe``: a 5xx that names the prompt (a
+        validation error answered as 500, as llama-cpp-python does) is
+        raised at once, as a 4xx is."""
         data = json.dumps({**body, **self.config.extra_body}).encode()
         headers = {"Content-Type": "application/json", "Connection": "keep-alive"}
         key = self.config.api_key or os.environ.get("OPENAI_API_KEY")
@@ -361,7 +364,7 @@ class OpenAILLM:
                     except json.JSONDecodeError:
                         raise ServerError(f"{url}: the answer is not JSON: {raw[:200]!r}", status) from None
                 detail = _error_message(raw)
-                if status == 429 or status >= 500:
+                if status == 429 or (status >= 500 and not (probe and "prompt" in detail)):
                     last = f"HTTP {status}: {detail}"
                     ra = resp.getheader("Retry-After")
                     if ra:
@@ -428,9 +431,9 @@ class OpenAILLM:
         self._token_checked = True
         try:
             self._post("/completions", {"model": self.model, "prompt": [sample, sample], "max_tokens": 1,
-                                        "temperature": 0.0, "add_special_tokens": False})
+                                        "temperature": 0.0, "add_special_tokens": False}, probe=True)
         except ServerError as exc:
-            if exc.status not in (400, 404, 415, 422):
+            if exc.status is None or exc.status in (401, 403, 429):
                 raise
             self._text_prompts = True
             self._warn_once("text", f"{self.base_url}: the server takes no token-id prompts ({exc}); sending the "
