@@ -1,0 +1,179 @@
+"""DSPy adapters (``pip install 'rcn_fast[dspy]'``: dspy).
+
+* :class:`RcnRetriever` -- an rcn_fast corpus store as a DSPy retriever
+  module: ``retriever(query)`` returns ``dspy.Prediction(passages=[...],
+  ids=[...], scores=[...], indices=[...])`` like
+  ``dspy.retrievers.Embeddings``; a list of queries gives one Prediction per
+  query from one encoder call.
+* :class:`RcnConnect` -- knowledge connection as a DSPy module:
+  ``forward(question, choices=..., passages=...)`` returns
+  ``dspy.Prediction(explanation=str, knowledge=[...], connection=...)``;
+  :meth:`RcnConnect.forward_batch` runs many questions in one
+  :func:`rcn_fast.connect.connect` call.
+* :class:`DSPySource` -- a DSPy retriever (``dspy.retrievers.Embeddings`` or
+  any ``query -> passages`` callable) and its embedder as an rcn_fast
+  passage source.
+
+The LLM of the connection stages is an rcn_fast LLM
+(:func:`rcn_fast.llm.load_llm`), not a ``dspy.LM``.
+
+Examples
+--------
+>>> import dspy                                                                 # doctest: +SKIP
+>>> from rcn_fast.integrations.dspy import RcnRetriever, RcnConnect
+>>> retrieve = RcnRetriever(retriever=Retriever.load("store/"), k=4)
+>>> connect = RcnConnect(llm=llm, encoder=encoder)
+>>> q = "What do plants need?"
+>>> connect(question=q, choices=["light", "salt"], passages=retrieve(q).passages).explanation
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast.integrations import (
+    CallableEncoder,
+    FrameworkSource,
+    check_k,
+    check_queries,
+    check_rcn_retriever,
+    require_framework,
+)
+from rcn_fast.retrieval.types import Passage
+
+dspy = require_framework("dspy")
+
+
+def _prediction(res: list[Passage]) -> Any:
+    return dspy.Prediction(passages=[p.text for p in res], ids=[p.id for p in res], scores=[p.score for p in res],
+                           indices=[p.meta.get("row") for p in res])
+
+
+# ------------------------------------------------------------ rcn_fast -> DSPy
+class RcnRetriever(dspy.Module):
+    """An rcn_fast retriever as a DSPy retriever module.
+
+    Parameters
+    ----------
+    retriever : rcn_fast Retriever
+        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
+    k : int
+        Passages per query.
+    """
+
+    def __init__(self, retriever: Any, k: int = 5) -> None:
+        super().__init__()
+        self.retriever = check_rcn_retriever(retriever)
+        self.k = check_k(k)
+
+    def forward(self, query: str | Sequence[str], k: int | None = None) -> Any:
+        """One query -> ``dspy.Prediction(passages, ids, scores,
+        indices)``; a list of queries -> a list of them, from one batched
+        retrieval (one encoder call)."""
+        kk = self.k if k is None else check_k(k)
+        if isinstance(query, str):
+            return _prediction(self.retriever.retrieve([query], kk)[0])
+        queries = check_queries(query)
+        if not queries:
+            return []
+        return [_prediction(res) for res in self.retriever.retrieve(queries, kk)]
+
+
+class RcnConnect(dspy.Module):
+    """ReConnect's knowledge connection as a DSPy module.
+
+    Parameters
+    ----------
+    llm : rcn_fast LLM
+    retriever : optional
+        Passage source for questions given without passages (full
+        ReConnect): an rcn_fast Retriever or a :class:`DSPySource`.
+    encoder : optional
+        Embeds questions and given passages for the relevance sampler (an
+        rcn_fast encoder or :func:`embedder_encoder` of a ``dspy.Embedder``).
+    **settings : ReConnectConfig fields.
+    """
+
+    def __init__(self, llm: Any, retriever: Any = None, encoder: Any = None, **settings: Any) -> None:
+        super().__init__()
+        self.llm, self.source, self.encoder, self.settings = llm, retriever, encoder, settings
+
+    def forward(self, question: str, choices: Sequence[str] | None = None,
+                passages: Sequence[Any] | None = None) -> Any:
+        """``dspy.Prediction(explanation, knowledge, connection)`` for one
+        question (``choices`` make it multiple choice; without them it is an
+        open question, which ReConnect does not support yet: ValueError)."""
+        return self.forward_batch([question], None if choices is None else [choices],
+                                  None if passages is None else [passages])[0]
+
+    def forward_batch(self, questions: Sequence[str], choices: Sequence[Sequence[str] | None] | None = None,
+                      passages: Sequence[Sequence[Any]] | None = None) -> list[Any]:
+        """Many questions in one :func:`~rcn_fast.connect.connect` call (one
+        LLM call per stage). ``passages``: per question, str or
+        :class:`Passage` items (e.g. ``RcnRetriever(...)(q).passages``)."""
+        from rcn_fast.connect import connect
+
+        questions = check_queries(questions)
+        if choices is not None and len(choices) != len(questions):
+            raise ValueError(f"choices: expected one list per question ({len(questions)}), got {len(choices)}")
+        qs: list[Any] = []
+        for i, q in enumerate(questions):
+            ch = None if choices is None else choices[i]
+            qs.append({"question": q, "choices": list(ch), "id": f"q{i}"} if ch else q)
+        if passages is None:
+            if self.source is None:
+                raise ValueError("passages: none given and RcnConnect has no retriever")
+            conns = connect(qs, llm=self.llm, retriever=self.source, **self.settings)
+        else:
+            conns = connect(qs, llm=self.llm, passages=passages, encoder=self.encoder, **self.settings)
+        return [dspy.Prediction(explanation=c.text, knowledge=list(c.explanation), connection=c) for c in conns]
+
+
+# ------------------------------------------------------------ DSPy -> rcn_fast
+def embedder_encoder(embedder: Any) -> CallableEncoder:
+    """A ``dspy.Embedder`` (or any ``list[str] -> [n, d]`` callable) as an
+    rcn_fast encoder (the same function for queries and passages, one call
+    per batch)."""
+    if not callable(embedder):
+        raise TypeError(f"embedder: expected a dspy.Embedder or a callable, got {type(embedder).__name__}")
+    return CallableEncoder(lambda ts: np.asarray(embedder(list(ts)), np.float32), name=type(embedder).__name__)
+
+
+class DSPySource(FrameworkSource):
+    """A DSPy retriever as an rcn_fast passage source.
+
+    Parameters
+    ----------
+    retrieve : callable
+        ``query -> dspy.Prediction`` with ``passages`` (and optionally
+        ``indices``), e.g. ``dspy.retrievers.Embeddings``; or ``query ->
+        list[str]``. Called once per query; lists are cut to the ``k`` the
+        pipeline asks for (set the retriever's own ``k`` to at least
+        ReConnect's ``top_n``).
+    embedder : dspy.Embedder or callable, optional
+        For the relevance sampler. Default: the retriever's own
+        ``embedder`` when it has one (``dspy.retrievers.Embeddings`` does).
+    """
+
+    def __init__(self, retrieve: Any, embedder: Any = None) -> None:
+        if not callable(retrieve):
+            raise TypeError(f"retrieve: expected a DSPy retriever (callable query -> passages), got "
+                            f"{type(retrieve).__name__}")
+        self.retrieve_fn = retrieve
+        embedder = embedder if embedder is not None else getattr(retrieve, "embedder", None)
+        self.encoder = embedder_encoder(embedder) if embedder is not None else None
+
+    def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Passage]]:
+        queries, k = check_queries(queries), check_k(k)
+        out = []
+        for q in queries:
+            res = self.retrieve_fn(q)
+            texts = list(getattr(res, "passages", res))
+            ids = list(getattr(res, "indices", None) or range(len(texts)))
+            out.append([Passage(id=str(i), text=str(t), score=0.0, meta={}) for i, t in zip(ids, texts)][:k])
+        return out
+
+
+__all__ = ["RcnRetriever", "RcnConnect", "DSPySource", "embedder_encoder"]
