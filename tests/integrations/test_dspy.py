@@ -4,9 +4,9 @@ module, dspy.retrievers.Embeddings with a dspy.Embedder as rcn_fast's
 passage source.
 
 dspy is not in rcn_fast's [dev] extra: it pulls litellm, which pins
-huggingface-hub<2 and filelock<4 (transformers here runs with
-huggingface-hub 2.x), so these tests skip where dspy is not installed; run
-them in a separate environment with ``pip install 'rcn_fast[dspy]'``."""
+huggingface-hub<2 and filelock<4, so installing it downgrades an environment
+on huggingface-hub 2.x; these tests skip where dspy is not installed (run
+them where ``pip install 'rcn_fast[dspy]'`` is)."""
 
 from __future__ import annotations
 
