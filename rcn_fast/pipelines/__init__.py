@@ -127,8 +127,9 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
     prompts : path, mapping or PromptSet, optional
         Prompt overrides (a PromptSet object is not recorded in the config).
     ablation : str or list of str, optional
-        ReConnect only: ``"w/o ER"``, ``"w/o KC"``, ``"w/o KE"``, ``"w/o KA"``
-        (also spelt ``"wo_kc"``...).
+        ReConnect only, the rows of its Tables 3 and 7: ``"w/o ER"``,
+        ``"w/o KC"``, ``"w/o ER, KC"``, ``"w/o KE"``, ``"w/o KA"``,
+        ``"w/o KE, KA"`` (also spelt ``"wo_kc"``...; a list combines them).
     **settings
         Fields of the pipeline's config class (e.g. ``num_subsets=5``), and
         the extra components a pipeline class lists in ``component_args``
