@@ -116,6 +116,36 @@ def test_ablation_configs_are_recorded_truthfully():
     assert ReConnectConfig(**ABLATIONS["w/o ER, KC"]).llm_calls_per_question == 1
 
 
+@pytest.mark.parametrize("bad,match", [
+    (dict(score_scale=0), "score_scale"), (dict(score_scale=float("inf")), "score_scale"),
+    (dict(score_scale="32"), "score_scale"), (dict(repeat_top_p=0), "repeat_top_p"),
+    (dict(repeat_top_p=1.5), "repeat_top_p"), (dict(repeat_temperature=0), "repeat_temperature"),
+    (dict(repeat_decoding="beam"), "repeat_decoding"), (dict(sampler_input="raw"), "sampler_input"),
+])
+def test_new_settings_are_checked(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ReConnectConfig(**bad)
+
+
+def test_sampler_runs_with_tau_over_score_scale(retriever):
+    """The sampler sees tau / score_scale on L2-normalised vectors: equal to
+    a direct call of the sampler with that temperature."""
+    from rcn_fast.pipelines.base import question_key
+    from rcn_fast.sampling import sample
+
+    q = _questions()[0]
+    p = build("reconnect", llm=ScriptedLLM(), retriever=retriever, tau=1.5, score_scale=8.0, seed=2).run(q)
+    entry = next(t for t in p.trace if t["stage"] == "sampling")
+    assert (entry["tau"], entry["score_scale"], entry["sampler_tau"]) == (1.5, 8.0, 1.5 / 8.0)
+    pool = p.passages
+    qv = retriever.embed_queries([q.question])
+    cv = retriever.passage_embeddings(pool)[None]
+    qv, cv = qv / np.linalg.norm(qv, axis=-1, keepdims=True), cv / np.linalg.norm(cv, axis=-1, keepdims=True)
+    ids = np.asarray(sample("relevance", qv.astype(np.float32), cv.astype(np.float32), 3, 5, seed=2,
+                            keys=np.array([question_key(q.id)]), valid=np.array([len(pool)]), tau=1.5 / 8.0))
+    assert entry["subsets"] == [[pool[j].id for j in row if j >= 0] for row in ids[0]]
+
+
 @pytest.mark.parametrize("max_queries,k", [(None, None), (2, 2)])
 def test_without_er_pool_is_as_large_as_with_er(retriever, max_queries, k):
     """w/o ER retrieves top_n * (k + 1) passages for the question (the
