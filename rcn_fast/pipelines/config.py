@@ -189,7 +189,9 @@ class ReConnectConfig(PipelineConfig):
     repeat_decoding : {"nucleus", "greedy"}
         Decoding of the extractions of a question whose N subsets are not
         all distinct (always with ``sampling="topk"`` or ``"mmr"``; with
-        any strategy when the pool holds at most K documents). ``"nucleus"``
+        the other strategies when two draws coincide, e.g. a pool of at
+        most K documents, or two concentrated relevance draws from the
+        same first document). ``"nucleus"``
         (default, as the reference code does for top-K): every extraction
         of that question is sampled with ``repeat_temperature`` and
         ``repeat_top_p``, extraction i with its own seed (``seed`` for

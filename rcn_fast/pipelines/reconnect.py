@@ -30,9 +30,10 @@ w/o ER, KC     question-only retrieval, answer with those passages         1
 =============  ==========================================================  =====
 
 ("w/o KE, KA" is "w/o KC".) When a question's N subsets are not all
-distinct (top-K and MMR always; any strategy when the pool holds at most K
-passages) its extractions are decoded with nucleus sampling, one seed per
-subset (``repeat_decoding``), so they differ.
+distinct (top-K and MMR always; the other strategies when two draws
+coincide, e.g. a pool of at most K passages, or two relevance subsets with
+the same first document) its extractions are decoded with nucleus
+sampling, one seed per subset (``repeat_decoding``), so they differ.
 """
 
 from __future__ import annotations
