@@ -27,6 +27,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -88,6 +90,9 @@ struct Worker {
     const int64_t cap = std::min<int64_t>(p.n, group * std::max<int64_t>(p.subset_size - 1, 1));
     rows.resize(size_t(cap) * n);
     if (p.cand_dtype != DType::F32) e32.resize(n * size_t(p.d));
+    xs.reserve(size_t(group) + 1);  // the scoring passes push at most group + 1 rows: no allocation later
+    outs.reserve(size_t(group) + 1);
+    pending.reserve(size_t(group));
   }
 
   // Returns false (and fills err) when question b's inputs are not finite.
@@ -249,8 +254,26 @@ SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads) {
   int64_t chunk = threads == 1 ? items : std::max<int64_t>(1, items / (int64_t(threads) * 16));
   if (chunk > N) chunk = chunk / N * N;
   std::atomic<int64_t> next_item{0};
+  // Every worker's buffers are allocated here, on the caller, before any
+  // thread starts: when memory runs short fewer threads run (a failed
+  // allocation inside a worker thread could not even be caught: glibc aborts
+  // when it cannot allocate the exception machinery's thread-local data),
+  // and the workers allocate nothing while they run.
+  std::vector<std::optional<Worker>> workers(static_cast<size_t>(threads));
+  int ready = 0;
+  for (; ready < threads; ++ready) {
+    try {
+      workers[size_t(ready)].emplace(p, kern, group);
+    } catch (const std::bad_alloc&) {
+      if (ready == 0) throw;
+      workers[size_t(ready)].reset();
+      break;
+    }
+  }
+  threads = ready;
+  errs.resize(size_t(threads));
   run_threads(threads, [&](int t) {
-    Worker wk(p, kern, group);
+    Worker& wk = *workers[size_t(t)];
     SamplingResult& err = errs[size_t(t)];
     for (;;) {
       const int64_t i0 = next_item.fetch_add(chunk);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "common/topn_order.h"
@@ -34,17 +35,16 @@ void topn_compact(TopnCollector* c, int64_t q) {
   float* s = c->scores + q * c->cap;
   int64_t* id = c->ids + q * c->cap;
   const int64_t n = c->count[q];
-  thread_local std::vector<Cand> tmp;  // reused: compactions are frequent early in a scan
-  tmp.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) tmp[size_t(i)] = {s[i], id[i]};
+  Cand* tmp = static_cast<Cand*>(c->scratch);  // [cap], reused: compactions are frequent early in a scan
+  for (int64_t i = 0; i < n; ++i) tmp[i] = {s[i], id[i]};
   const int64_t keep = std::min(n, c->k);
-  std::nth_element(tmp.begin(), tmp.begin() + (keep - 1), tmp.end(), cand_better);
+  std::nth_element(tmp, tmp + (keep - 1), tmp + n, cand_better);
   for (int64_t i = 0; i < keep; ++i) {
-    s[i] = tmp[size_t(i)].s;
-    id[i] = tmp[size_t(i)].id;
+    s[i] = tmp[i].s;
+    id[i] = tmp[i].id;
   }
   c->count[q] = keep;
-  if (keep == c->k) c->thr[q] = tmp[size_t(keep - 1)].s;
+  if (keep == c->k) c->thr[q] = tmp[keep - 1].s;
 }
 
 void topn_cpu(const TopnProblem& p, int num_threads) {
@@ -95,9 +95,37 @@ void topn_cpu(const TopnProblem& p, int num_threads) {
   struct ThreadState {
     std::vector<float> scores, thr, work;
     std::vector<int64_t> ids, count;
+    std::vector<Cand> scratch;
     TopnCollector col;
   };
   std::vector<ThreadState> st(static_cast<size_t>(threads));
+  auto init_state = [&](ThreadState& s) {
+    s.scores.resize(size_t(Q * cap));
+    s.ids.resize(size_t(Q * cap));
+    s.count.assign(size_t(Q), 0);
+    s.thr.assign(size_t(Q), ninf);
+    s.work.resize(size_t(topn_workspace_floats(d)));
+    s.scratch.resize(size_t(cap));
+    s.col = TopnCollector{s.scores.data(), s.ids.data(), s.count.data(), s.thr.data(), cap, k_eff,
+                          s.scratch.data()};
+  };
+  // Every thread's buffers are allocated here, on the caller, before any
+  // thread starts: when memory runs short the scan uses fewer threads (a
+  // failed allocation inside a worker thread could not even be caught: glibc
+  // aborts when it cannot allocate the exception machinery's thread-local
+  // data), and the scan threads allocate nothing.
+  int ready = 0;
+  for (; ready < threads; ++ready) {
+    try {
+      init_state(st[size_t(ready)]);
+    } catch (const std::bad_alloc&) {
+      if (ready == 0) throw;
+      st[size_t(ready)] = ThreadState{};
+      break;
+    }
+  }
+  threads = ready;
+  st.resize(size_t(threads));
   const auto scan = active_simd() == SimdLevel::AVX2 ? &avx2::topn_scan : &generic::topn_scan;
   // About kChunksPerThread chunks per thread, whole blocks of the GEMM path.
   constexpr int64_t kChunksPerThread = 16;
@@ -108,12 +136,6 @@ void topn_cpu(const TopnProblem& p, int num_threads) {
 
   run_threads(threads, [&](int t) {
     ThreadState& s = st[size_t(t)];
-    s.scores.resize(size_t(Q * cap));
-    s.ids.resize(size_t(Q * cap));
-    s.count.assign(size_t(Q), 0);
-    s.thr.assign(size_t(Q), ninf);
-    s.work.resize(size_t(topn_workspace_floats(d)));
-    s.col = TopnCollector{s.scores.data(), s.ids.data(), s.count.data(), s.thr.data(), cap, k_eff};
     TopnScanArgs a{};
     a.qrows = qrows.data();
     a.qpack = qpack.empty() ? nullptr : qpack.data();
@@ -137,11 +159,23 @@ void topn_cpu(const TopnProblem& p, int num_threads) {
   });
 
   // Merge the threads' buffers per query.
-  const int merge_threads = int(std::min<int64_t>(threads, Q));
+  // Each merge thread's buffer is reserved here, on the caller (see above):
+  // fewer merge threads when memory is short, no allocation in a thread.
+  int merge_threads = int(std::min<int64_t>(threads, Q));
+  std::vector<std::vector<Cand>> merge_buf(static_cast<size_t>(merge_threads));
+  for (int t = 0; t < merge_threads; ++t) {
+    try {
+      merge_buf[size_t(t)].reserve(size_t(threads) * size_t(cap));
+    } catch (const std::bad_alloc&) {
+      if (t == 0) throw;
+      merge_threads = t;
+      break;
+    }
+  }
   run_threads(merge_threads, [&](int t) {
     int64_t q0, q1;
     split_range(Q, merge_threads, t, q0, q1);
-    std::vector<Cand> all;
+    std::vector<Cand>& all = merge_buf[size_t(t)];
     for (int64_t q = q0; q < q1; ++q) {
       all.clear();
       for (const ThreadState& s : st)

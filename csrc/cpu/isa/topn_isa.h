@@ -18,6 +18,8 @@ struct TopnCollector {
   float* thr;       // [Q]
   int64_t cap;      // > k
   int64_t k;
+  void* scratch;    // [cap] (score, id) pairs for topn_compact, owned by the caller (no thread_local:
+                    // glibc aborts when it cannot allocate a dlopen'd module's TLS)
 };
 
 // Defined in cpu/topn.cpp (baseline flags).
