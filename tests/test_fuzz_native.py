@@ -1,7 +1,8 @@
 """Hypothesis fuzzing of the native entry points (issue 17): ``topn``,
 ``sample_subsets`` and ``FlatIndex``, with empty shapes, odd strides,
 float16/bfloat16, NaN/inf/huge/tiny values, k far beyond N and a bad
-argument now and then.
+argument now and then; and ``FlatIndex.load`` of saved indexes with files
+cut short or bytes flipped.
 
 Every example runs in a worker subprocess, so a crash (a signal: SIGSEGV,
 SIGABRT, SIGKILL) fails the example with its inputs instead of taking the
@@ -104,6 +105,27 @@ def run(kind, a):
                 errors.append(str(exc))
         s, i = index.search(a["q"], a["k"])
         return errors, np.asarray(index.embeddings, np.float32), s, i
+    if kind == "flatfile":
+        import tempfile, pathlib
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "idx"
+            index = rcn_fast.FlatIndex(a["x"].shape[1], dtype=a["dtype"])
+            index.add(a["x"])
+            index.save(path)
+            target = path / a["file"]
+            data = bytearray(target.read_bytes())
+            if a["cut"] is not None:
+                data = data[: min(a["cut"], len(data))]
+            for pos, byte in a["flips"]:
+                if data:
+                    data[pos % len(data)] ^= byte
+            target.write_bytes(bytes(data))
+            try:
+                loaded = rcn_fast.FlatIndex.load(path, mmap=a["mmap"], verify=a["verify"])
+            except (ValueError, FileNotFoundError) as exc:
+                return ("refused", type(exc).__name__, str(exc))
+            s, i = loaded.search(a["x"][:2], 3)
+            return ("loaded", np.array(loaded.embeddings, np.float32), s, i)
     raise ValueError(kind)
 
 while True:
@@ -346,3 +368,35 @@ def test_fuzz_flat_index_stores_only_finite_rows_and_searches_them(worker, case)
     assert s.shape == i.shape == (Q, k)
     np.testing.assert_array_equal(i == -1, s == -np.inf)
     assert ((i >= -1) & (i < len(emb))).all()
+
+
+@st.composite
+def damaged_files(draw):
+    rows, dim = draw(st.integers(0, 20)), draw(st.integers(1, 8))
+    return {
+        "x": np.random.default_rng(draw(st.integers(0, 2**32 - 1))).standard_normal((rows, dim)).astype(np.float32),
+        "dtype": draw(st.sampled_from(["float32", "float16"])),
+        "file": draw(st.sampled_from(["embeddings.npy", "index.json"])),
+        "cut": draw(st.one_of(st.none(), st.integers(0, 800))),
+        "flips": draw(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3)),
+        "mmap": draw(st.booleans()), "verify": draw(st.booleans()),
+    }
+
+
+@FUZZ
+@given(case=damaged_files())
+def test_fuzz_flat_index_load_refuses_damaged_files_by_name(worker, case):
+    res = outcome(worker.call("flatfile", case), "FlatIndex.load")
+    assert res[0] == "ok", res
+    out = res[1]
+    damaged = case["cut"] is not None or case["flips"]
+    if out[0] == "refused":
+        assert damaged, out
+        assert out[2].startswith("path: ") and ("index.json" in out[2] or "embeddings.npy" in out[2]
+                                                or "format" in out[2]), out
+        return
+    emb = out[1]
+    if case["verify"] and case["file"] == "embeddings.npy":
+        # a checksum-verified load returns exactly what was saved
+        np.testing.assert_array_equal(emb, case["x"].astype(case["dtype"]).astype(np.float32))
+    assert out[2].shape == out[3].shape == (min(2, len(case["x"])), 3)

@@ -74,6 +74,16 @@ def test_a_file_record_without_a_size_is_named(store):
         CorpusStore.open(store.path)
 
 
+def test_a_damaged_npy_header_names_the_file(store):
+    """A same-size change to a header made numpy raise tokenize.TokenError."""
+    f = store.path / "id_offsets.npy"
+    data = bytearray(f.read_bytes())
+    data[data.index(b"{")] = ord("(")
+    f.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"id_offsets.npy cannot be read .*rcn_fast.corpus verify"):
+        CorpusStore.open(store.path)
+
+
 def test_flat_index_load_of_a_store_verifies_against_the_manifest(store):
     from rcn_fast import FlatIndex
 

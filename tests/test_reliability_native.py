@@ -263,6 +263,15 @@ def test_truncated_embeddings_say_so(saved):
         rcn_fast.FlatIndex.load(saved)
 
 
+def test_a_damaged_npy_header_is_a_value_error_naming_the_file(saved):
+    emb = saved / "embeddings.npy"
+    data = bytearray(emb.read_bytes())
+    data[data.index(b"{")] = ord("(")  # same size: only the header parse can tell
+    emb.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"embeddings.npy is not a readable .npy file"):
+        rcn_fast.FlatIndex.load(saved)
+
+
 def test_verify_catches_a_same_size_replacement(saved):
     emb = saved / "embeddings.npy"
     data = bytearray(emb.read_bytes())

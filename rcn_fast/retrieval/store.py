@@ -113,10 +113,10 @@ class CorpusStore:
         self.manifest = manifest
         self.check_sizes()
         mode = "r" if mmap else None
-        self.embeddings: np.ndarray = np.load(self.path / "embeddings.npy", mmap_mode=mode)
-        self._text_off = np.load(self.path / "text_offsets.npy", mmap_mode=mode)
-        self._id_off = np.load(self.path / "id_offsets.npy", mmap_mode=mode)
-        self._id_table = np.load(self.path / "id_table.npy", mmap_mode=mode)
+        self.embeddings: np.ndarray = _load_npy(self.path / "embeddings.npy", mode)
+        self._text_off = _load_npy(self.path / "text_offsets.npy", mode)
+        self._id_off = _load_npy(self.path / "id_offsets.npy", mode)
+        self._id_table = _load_npy(self.path / "id_table.npy", mode)
         self._texts = _bytes_view(self.path / "texts.bin", mmap)
         self._ids = _bytes_view(self.path / "ids.bin", mmap)
         n = int(manifest["count"])
@@ -315,6 +315,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
             raise ValueError(f"path: {path} needs {key!r} as a {typ.__name__} ({got}); restore it or rebuild the "
                              "store")
     return manifest
+
+
+def _load_npy(path: Path, mode: str | None) -> np.ndarray:
+    """np.load, with any failure (a damaged header: numpy raises ValueError,
+    SyntaxError, tokenize.TokenError ...) a ValueError naming the file."""
+    try:
+        return np.load(path, mmap_mode=mode)
+    except Exception as exc:
+        raise ValueError(f"path: {path} cannot be read ({type(exc).__name__}: {exc}); check the store with "
+                         "`python -m rcn_fast.corpus verify` and restore the file or rebuild the store") from None
 
 
 def _bytes_view(path: Path, mmap: bool) -> np.ndarray:

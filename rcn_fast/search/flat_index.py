@@ -230,7 +230,10 @@ class FlatIndex:
                                  "version), so it cannot be verified; save the index again")
             if _sha256(emb) != record["sha256"]:
                 raise ValueError(f"path: {emb} does not match its recorded sha256 (corrupted or replaced)")
-        data = np.load(emb, mmap_mode="r" if mmap else None)
+        try:
+            data = np.load(emb, mmap_mode="r" if mmap else None)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"path: {emb} cannot be read ({exc}); restore it or save the index again") from None
         if data.shape != (meta["count"], meta["dim"]) or data.dtype.name != meta["dtype"]:
             raise ValueError(
                 f"path: embeddings.npy is {data.dtype}{list(data.shape)} but index.json says "
@@ -295,8 +298,8 @@ def _check_npy_length(path: Path, size: int) -> None:
             else:
                 shape, _, dtype = np.lib.format.read_array_header_2_0(f)
             offset = f.tell()
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"path: {path} is not a readable .npy file ({exc})") from None
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
+        raise ValueError(f"path: {path} is not a readable .npy file ({type(exc).__name__}: {exc})") from None
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if size < need:
         raise ValueError(f"path: {path} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs "
