@@ -306,14 +306,14 @@ if __name__ == "__main__":  # python bench/bench_llm.py --peak-rss VARIANT (used
 # the client's defaults (64 requests in flight over kept-alive connections,
 # 32 token-id prompts a request, exact scores from prompt log-probs) and the
 # same client with the previous client's parallelism (8 in flight, one
-# prompt a request). The previous client itself (urllib, a new connection
-# per request, 8 in flight, one chat request per question with top
-# log-probs, inexact) measured 140 questions/s (256 questions) against the
-# same stub in the same process on a loaded 2-core machine, the new
-# defaults 116: exact scoring sends 24 prompts a question and reads the
-# echoed log-probs of every prompt position (~30 MB of JSON for 256
-# questions), which costs CPU on both sides (see the closing note of
-# issue 19).
+# prompt a request). Measured with the stub in its own process, 256
+# questions, on a loaded 2-core machine (/tmp script of issue 19's closing
+# note): the previous client (urllib, a new connection per request, 8 in
+# flight, one chat request per question reading the top 20 log-probs,
+# labels outside them -inf) 149-153 questions/s; the new defaults (exact)
+# 473-607; exact with 8 in flight 436; with one prompt a request 124;
+# without connection reuse 590 (loopback: reuse matters little there);
+# label_scoring="top_logprobs" 905-963.
 
 G_SERVE = "openai client label scoring, 12 choices, server +50 ms per request"
 SERVE_Q = 64
@@ -351,6 +351,9 @@ def _stub_server():
                     if body.get("echo"):
                         c["logprobs"] = {"tokens": ["t"] * (n + 1), "token_logprobs": [None] + [-1.0 - (q[-1] % 7) / 10] * n,
                                          "top_logprobs": [None] + [{"t": -1.0}] * n}
+                    elif body.get("logprobs") is not None:  # the next-token top 20: 20 of the 24 label spellings
+                        top = {t: -1.0 - i / 10 for i, t in enumerate(labels + [" " + t for t in labels[:8]])}
+                        c["logprobs"] = {"tokens": ["A"], "token_logprobs": [-1.0], "top_logprobs": [top]}
                     choices.append(c)
                 out = {"choices": choices, "usage": {"prompt_tokens": sum(len(q) for q in prompts), "completion_tokens": len(prompts)}}
             data = json.dumps(out).encode()

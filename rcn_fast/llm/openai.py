@@ -37,13 +37,18 @@ token count against the local rendering.
 Label scoring
 -------------
 Exact (``label_scoring="auto"`` or ``"prompt_logprobs"``, with a
-tokenizer): for every spelling token ``t`` of every label (``"A"``,
-``" A"`` ...; :func:`rcn_fast.llm.scoring.label_token_ids`) the prompt
-``prefix + [t]`` is sent as token ids, up to ``prompts_per_request``
-prompts per request, asking for prompt log-probs (``echo=true,
-logprobs=1`` by default; vLLM's ``prompt_logprobs=0`` with
-``prompt_logprobs_field="vllm"``). ``log p(t | prefix)`` is the prompt
-log-prob at the last position; spellings combine by logsumexp and labels
+tokenizer): each label spelling token ``t`` (``"A"``, ``" A"`` ...;
+:func:`rcn_fast.llm.scoring.label_token_ids`) is scored ``log p(t |
+prefix)``. First the prefix of every row is sent once (token ids, up to
+``prompts_per_request`` prompts a request) for its next-token
+``top_logprobs`` (20); a spelling found there under a string that only it
+decodes to takes that value. Every other spelling gets the prompt
+``prefix + [t]``, sent as token ids with prompt log-probs asked for
+(``echo=true, logprobs=1`` by default; vLLM's ``prompt_logprobs=0`` with
+``prompt_logprobs_field="vllm"``), and takes the prompt log-prob at the last
+position. (Reading the top log-probs first keeps most rows to one prompt:
+vLLM ignores its prefix cache for requests with prompt log-probs and
+recomputes their whole prefill.) Spellings combine by logsumexp and labels
 by log-softmax, as in the local backend, so every label gets a finite
 score equal to the local one up to the server's numerics. The server's
 prompt token count must equal the prompts' (a BOS added by the server is a
@@ -137,7 +142,11 @@ class OpenAIConfig:
     prompt_logprobs_field : ``"echo"`` (``echo`` + ``logprobs``, OpenAI's
         legacy fields: vLLM, SGLang, rcn_fast.llm.serve) or ``"vllm"``
         (vLLM's ``prompt_logprobs``).
-    top_logprobs : first request size of the top-log-probs fallback.
+    top_logprobs : top log-probs asked for (exact scoring reads the
+        spellings found there first; the fallback starts there).
+    top_logprobs_first : exact scoring reads spellings from the
+        next-token top log-probs where they are, and asks prompt log-probs
+        only for the others (False: prompt log-probs for every spelling).
     max_top_logprobs : where its escalation stops (None: the vocabulary,
         or the server's cap).
     tokenizer : the served model's tokenizer (None: the model name when it
@@ -158,6 +167,7 @@ class OpenAIConfig:
     prompt_logprobs_field: str = "echo"
     top_logprobs: int = 20
     max_top_logprobs: int | None = None
+    top_logprobs_first: bool = True
     tokenizer: str | None = None
     label_spellings: tuple[str, ...] = ("{}", " {}")
     extra_body: dict[str, Any] = field(default_factory=dict)
@@ -247,7 +257,7 @@ class OpenAILLM:
         ``tokenizer`` and the prompt log-probs field."""
         c = self.config
         extra = json.dumps({"extra_body": c.extra_body, "tokenizer": c.tokenizer, "field": c.prompt_logprobs_field,
-                            "max_top": c.max_top_logprobs}, sort_keys=True, default=str)
+                            "max_top": c.max_top_logprobs, "first": c.top_logprobs_first}, sort_keys=True, default=str)
         digest = hashlib.sha256(extra.encode()).hexdigest()[:12]
         return (f"openai:{self.base_url}#{self.model}:{c.mode}:{c.label_scoring}:{','.join(c.label_spellings)}"
                 f":top{c.top_logprobs}:{digest}")
@@ -666,8 +676,60 @@ class OpenAILLM:
                 self._exact_why = str(exc)
                 self._exact = False
 
+    def _unique_strings(self) -> set[str]:
+        """Token strings that exactly one vocabulary entry decodes to (a
+        top-log-probs entry keyed by such a string names its token)."""
+        if getattr(self, "_unique", None) is None:
+            tok = self._tokenizer
+            from collections import Counter
+
+            counts = Counter(tok.batch_decode([[i] for i in range(len(tok))]))
+            self._unique = {t for t, n in counts.items() if n == 1}
+        return self._unique
+
+    def _fetch_top(self, prefixes: list[list[int]], rows: list[int], k: int) -> list[tuple[dict[str, float], int]]:
+        """Next-token top-``k`` log-probs after each of ``prefixes[rows]``."""
+        per = 1 if self._text_prompts else self.config.prompts_per_request
+        chunks = [rows[i : i + per] for i in range(0, len(rows), per)]
+
+        def one(chunk: list[int]) -> list[tuple[dict[str, float], int]]:
+            out = self._post_prompts([prefixes[i] for i in chunk], {"max_tokens": 1, "temperature": 0.0, "logprobs": k})
+            res = []
+            for c in _choices(out, len(chunk)):
+                top = _top_completion(c)
+                if top is None:
+                    raise RuntimeError(f"{self.base_url}/completions: the server returned no next-token "
+                                       f"logprobs; label scoring needs logprobs")
+                res.append(top)
+            return res
+
+        return [t for part in self._map(one, chunks) for t in part]
+
     def _score_exact(self, prefixes: list[list[int]], spell: list[list[list[int]]]) -> list[list[float]]:
-        jobs = [(b, c, t) for b, row in enumerate(spell) for c, ts in enumerate(row) for t in ts]
+        """Exact scores: each spelling's ``log p(t | prefix)`` read from the
+        next-token top log-probs where it is there under a string only it
+        decodes to (``top_logprobs_first``; one prompt per row, so the
+        server's prefix cache serves it), else from the prompt log-probs
+        of ``prefix + [t]`` (vLLM recomputes the whole prefill of a
+        request with prompt log-probs)."""
+        vals: dict[tuple[int, int, int], float] = {}
+        k = min(self.config.top_logprobs, self._top_cap if self._top_cap is not None else self.config.top_logprobs)
+        if self.config.top_logprobs_first and k > 0:
+            try:
+                tops = self._fetch_top(prefixes, list(range(len(prefixes))), k)
+            except ServerError as exc:
+                if exc.status not in (400, 422):
+                    raise
+                self._top_cap, tops = 0, None  # the server refuses k top log-probs
+            if tops is not None:
+                tok, uniq = self._tokenizer, self._unique_strings()
+                for b, row in enumerate(spell):
+                    for c, ts in enumerate(row):
+                        for t in ts:
+                            key = tok.decode([t])
+                            if key in uniq and key in tops[b][0]:
+                                vals[(b, c, t)] = tops[b][0][key]
+        jobs = [(b, c, t) for b, row in enumerate(spell) for c, ts in enumerate(row) for t in ts if (b, c, t) not in vals]
         n = self.config.prompts_per_request
         chunks = [jobs[i : i + n] for i in range(0, len(jobs), n)]
         fields = self._exact_fields()
@@ -680,11 +742,10 @@ class OpenAILLM:
             except _NoPromptLogprobs as exc:
                 raise ServerError(f"{self.base_url}/completions: {exc}") from None
 
-        vals = [v for part in self._map(one, chunks) for v in part]
-        per: list[list[list[float]]] = [[[] for _ in row] for row in spell]
-        for (b, c, _), v in zip(jobs, vals):
-            per[b][c].append(v)
-        return [_normalise([_logsumexp(s) for s in row]) for row in per]
+        for job, v in zip(jobs, [v for part in self._map(one, chunks) for v in part]):
+            vals[job] = v
+        return [_normalise([_logsumexp([vals[(b, c, t)] for t in ts]) for c, ts in enumerate(row)])
+                for b, row in enumerate(spell)]
 
     def _escalate(self, fetch: Callable[[list[int], int], list[tuple[dict[str, float], int]]], spell_strs: list[list[list[str]]],
                   rows: list[list[str]], vocab: int | None) -> list[list[float]]:
@@ -740,25 +801,8 @@ class OpenAILLM:
         spell_strs = [[list(dict.fromkeys(tok.decode([t]) for t in ts)) for ts in row] for row in spell]
         with self._lock:
             self._check_token_prompts(prefixes[0])
-        per = 1 if self._text_prompts else self.config.prompts_per_request
-
         def fetch(todo: list[int], k: int) -> list[tuple[dict[str, float], int]]:
-            chunks = [todo[i : i + per] for i in range(0, len(todo), per)]
-
-            def one(chunk: list[int]) -> list[tuple[dict[str, float], int]]:
-                out = self._post_prompts([prefixes[i] for i in chunk],
-                                         {"max_tokens": 1, "temperature": 0.0, "logprobs": k})
-                choices = _choices(out, len(chunk))
-                res = []
-                for c in choices:
-                    top = _top_completion(c)
-                    if top is None:
-                        raise RuntimeError(f"{self.base_url}/completions: the server returned no next-token "
-                                           f"logprobs; label scoring needs logprobs")
-                    res.append(top)
-                return res
-
-            return [t for part in self._map(one, chunks) for t in part]
+            return self._fetch_top(prefixes, todo, k)
 
         return self._escalate(fetch, spell_strs, rows, len(tok))
 

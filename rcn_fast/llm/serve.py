@@ -118,6 +118,7 @@ class OpenAIServer(ThreadingHTTPServer):
         self.max_logprobs = max_logprobs
         self.latency = float(latency)
         self.requests_seen = 0
+        self.prompts_seen = 0  # completions prompts answered (a list prompt counts each)
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
 
@@ -164,6 +165,8 @@ class OpenAIServer(ThreadingHTTPServer):
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts = self._prompt_ids(body.get("prompt"), body.get("add_special_tokens", True))
+        with self._lock:
+            self.prompts_seen += len(prompts)
         k = body.get("logprobs")
         k = None if k is None else self._check_k(k, "logprobs")
         echo = bool(body.get("echo", False)) and self.prompt_logprobs

@@ -188,14 +188,38 @@ def test_label_logprobs_match_local_backend_exactly_for_26_labels(server, tiny_l
     assert np.isfinite(got[:3]).all() and got.shape == (6, 26)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     assert (got.argmax(1) == ref.argmax(1)).all()
-    # several prompts per request: 3 * 26 + 9 labels, 1-2 spellings each, 64 a request, after two probes
+    # several prompts per request: two probes, the 6 prefixes for their top log-probs in one request,
+    # then the spellings not found there (3 * 26 + 9 labels, 1-2 spellings each), 64 a request
     n_prompts = sum(len(s) for r in labels for s in tiny_llm.label_ids_for(r))
-    assert server.requests_seen - seen == 2 + -(-n_prompts // 64)
+    assert server.requests_seen - seen <= 2 + 1 + -(-n_prompts // 64)
     lens = [len(x) for x in tiny_llm.encode_chats(chats)]
     assert llm.cost.total.calls == 6 and llm.cost.total.prompt_tokens == sum(lens)
     assert llm.cost.by_tag["a"].prompt_tokens == lens[0]
     vllm_field = client(server, tiny_llama_dir, prompt_logprobs_field="vllm").label_logprobs(chats, labels)
     np.testing.assert_allclose(vllm_field, got, atol=1e-6)
+    every = client(server, tiny_llama_dir, top_logprobs_first=False).label_logprobs(chats, labels)
+    np.testing.assert_allclose(every, got, atol=1e-5)
+
+
+def test_spellings_in_the_top_logprobs_need_no_prompt_of_their_own(server, tiny_llm, tiny_llama_dir):
+    """A row whose spellings are all among the top log-probs is one prompt."""
+    ids = tiny_llm.encode_chats([mcq_chat(QS[0])])[0]
+    top = [t for t, _ in tiny_llm.top_logprobs_ids([ids], 20)[0]]
+    tok = tiny_llm.tokenizer
+    labels = list(dict.fromkeys(tok.decode([t]) for t in top if tok.decode([t]).isalnum()))[:3]
+    assert len(labels) >= 2
+    llm = client(server, tiny_llama_dir, label_spellings=("{}",))
+    llm.label_logprobs([mcq_chat(QS[1])], ["A", "B"])  # the probes
+    seen, prompts = server.requests_seen, server.prompts_seen
+    got = llm.label_logprobs([mcq_chat(QS[0])], labels)
+    assert server.requests_seen - seen == 1 and server.prompts_seen - prompts == 1
+    every = client(server, tiny_llama_dir, label_spellings=("{}",), top_logprobs_first=False)
+    every.label_logprobs([mcq_chat(QS[1])], ["A", "B"])
+    prompts = server.prompts_seen
+    np.testing.assert_allclose(every.label_logprobs([mcq_chat(QS[0])], labels), got, atol=1e-5)
+    assert server.prompts_seen - prompts == len(labels)  # one prompt per spelling
+    local = load_llm(tiny_llama_dir, label_spellings=("{}",)).label_logprobs([mcq_chat(QS[0])], labels)
+    np.testing.assert_allclose(got, local, atol=1e-4)
 
 
 def test_top_logprobs_cannot_score_26_labels_and_says_so(server, tiny_llama_dir):
