@@ -3,17 +3,20 @@
 Optional: ``pip install vllm`` (not part of any rcn_fast extra: it pulls a
 CUDA build of torch). Chats are rendered here with the model's tokenizer
 (the same rendering as the local backend: pre-fill kept open, system-role
-fallback) and sent as token ids, so prompts are identical across backends.
+fallback) and sent as **token ids** (``{"prompt_token_ids": ...}``), so
+prompts are identical across backends and vLLM never adds special tokens
+to them (``LLM.generate`` on rendered *text* would add a second BOS to
+Llama-3 prompts).
 
-Label scoring asks vLLM for the next-token top-``top_logprobs`` log-probs
-(``max_tokens=1``; vLLM caps ``top_logprobs`` at the engine's
-``max_logprobs``, 20 unless raised) and combines the label spellings by
-logsumexp, then log-softmaxes over the labels, as the other backends do. A
-label outside the top entries scores ``-inf``; a row where no label appears
-is a ValueError.
+Label scoring is exact: each label spelling ``t`` scores ``log p(t |
+prefix)``, read from the next-token top-``top_logprobs`` log-probs (keyed
+by token id) where ``t`` is among them, else from the prompt log-prob of
+``prefix + [t]`` (``prompt_logprobs=0``, which returns the prompt token's
+own log-prob at every position). Spellings combine by logsumexp and labels
+by log-softmax, as the other backends do; no label is ever ``-inf``.
 
-Not exercised by the test suite on machines without vLLM and a GPU (only
-its missing-import error is).
+Not exercised by the test suite on machines without vLLM and a GPU (a fake
+``vllm`` module checks what is passed to it).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class VLLMEngine:
     model : str
         A model directory or hub id vLLM can load.
     top_logprobs : int
-        Next-token entries requested for label scoring.
+        Next-token entries read first in label scoring (at most the
+        engine's ``max_logprobs``, 20 unless raised).
     label_spellings : tuple of str
         As in :class:`rcn_fast.llm.hf.HFConfig`.
     **engine_kwargs
@@ -139,22 +143,39 @@ class VLLMEngine:
         return res
 
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
-        """As :meth:`rcn_fast.llm.LLM.label_logprobs` (from the top next-token log-probs)."""
+        """As :meth:`rcn_fast.llm.LLM.label_logprobs` (exact; see the module notes).
+
+        Returns
+        -------
+        float32 ndarray [B, C]
+        """
         valid = chatlib.validate_chats(chats)
         rows = normalise_labels(labels, len(valid))
         tags = check_tags(tags, len(valid))
+        if not valid:
+            return np.zeros((0, 0), dtype=np.float32)
         ids = self._prompts(valid)
+        spell = [scoring.label_token_ids(self.tokenizer, row, self.label_spellings) for row in rows]
         sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs)
         outs = self.engine.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
-        res = []
-        for i, (row, out) in enumerate(zip(rows, outs)):
+        vals: dict[tuple[int, int], float] = {}
+        for b, out in enumerate(outs):
             top = out.outputs[0].logprobs[0]  # {token_id: Logprob}
-            lab_ids = scoring.label_token_ids(self.tokenizer, row, self.label_spellings)
-            scores = [_lse([top[t].logprob for t in sp_ids if t in top]) for sp_ids in lab_ids]
-            if all(s == -math.inf for s in scores):
-                raise ValueError(f"chats[{i}]: none of the labels {row} is among the top {self.top_logprobs} next tokens; raise top_logprobs")
+            for ts in spell[b]:
+                for t in ts:
+                    if t in top:
+                        vals[(b, t)] = float(top[t].logprob)
+        missing = list(dict.fromkeys((b, t) for b, row in enumerate(spell) for ts in row for t in ts if (b, t) not in vals))
+        if missing:
+            sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            outs = self.engine.generate([{"prompt_token_ids": ids[b] + [t]} for b, t in missing], sp, use_tqdm=False)
+            for (b, t), out in zip(missing, outs):
+                vals[(b, t)] = float(out.prompt_logprobs[-1][t].logprob)
+        res = []
+        for b, row in enumerate(spell):
+            scores = [_lse([vals[(b, t)] for t in ts]) for ts in row]
             z = _lse(scores)
-            res.append([s - z for s in scores])
+            res.append([x - z for x in scores])
         self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
         return pad_rows(res)
 
