@@ -19,6 +19,9 @@
   high-water mark reset before the call) and of the whole
   process including loading (``cpu_process_max_rss_bytes``,
   ``ru_maxrss``). Greedy generation at batch 1 vs batch 16 (tokens/s).
+* Serving (``-k serve``): the OpenAI client's 12-choice label scoring
+  against a stub server adding 50 ms per request, questions/s of the
+  defaults vs the previous client's parallelism (figures in that section).
 
 Ratios against the peers are printed at the end of the run (bench/conftest.py). Timings on a shared CPU are
 noisy: compare ratios within one run, not across machines.
