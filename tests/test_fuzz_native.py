@@ -166,15 +166,25 @@ class Worker:
         except BrokenPipeError:
             pass
         rc = self.proc.wait(30)
+        self._close_pipes()
         self.proc = None
         why = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
         self.crashes.append(f"{kind}: {why}")
         return ("died", why)
 
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:  # a dead worker's pipe
+                pass
+
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(30)
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            self._close_pipes()
 
 
 @pytest.fixture(scope="module")

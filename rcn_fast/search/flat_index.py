@@ -215,6 +215,13 @@ class FlatIndex:
         missing = [key for key in ("dim", "metric", "dtype", "count") if key not in meta]
         if missing:
             raise ValueError(f"path: {head} lacks the key(s) {missing}; restore it or save the index again")
+        try:
+            cls(meta["dim"], meta["metric"], meta["dtype"])  # the settings themselves
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"path: {head} holds an invalid setting ({exc}); restore it or save the index "
+                             "again") from None
+        if isinstance(meta["count"], bool) or not isinstance(meta["count"], int) or meta["count"] < 0:
+            raise ValueError(f"path: {head} holds count {meta['count']!r}, expected an int >= 0")
         emb = path / "embeddings.npy"
         if not emb.is_file():
             raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)")
