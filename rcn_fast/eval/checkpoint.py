@@ -12,6 +12,12 @@ line cut short (on platforms without ``fcntl`` the repair is skipped: a
 cut-off line is ignored, and the next append starts on a new line). The file name carries a hash of
 everything that decides the answers (task data, pipeline settings and seed,
 model, corpus, KB), so changed settings never reuse stale answers.
+
+Shards (``--num-shards S --shard-id I``) append to their own files beside
+the unsharded one (:mod:`rcn_fast.eval.shards`); every checkpoint also
+reads the records of its siblings (the unsharded file and every shard file
+of the same key), read-only and without repairing them, so a later run
+with other shard settings, or none, finds every finished question.
 """
 
 from __future__ import annotations
@@ -54,17 +60,33 @@ class Checkpoint:
     Parameters
     ----------
     path : Path
-        The ``.jsonl`` file; ``<path>.meta.json`` holds what the key hashes.
+        The unsharded ``.jsonl`` file; ``<path>.meta.json`` holds what the
+        key hashes.
     meta : dict
         Written once, when the file is first created.
+    shard : (shard_id, num_shards), optional
+        Append to that shard's own file instead of ``path``.
     """
 
-    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
-        self.path = Path(path)
-        self.meta_path = self.path.with_suffix(".meta.json")
+    def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None) -> None:
+        from rcn_fast.eval.shards import shard_file, sibling_files
+
+        base = Path(path)
+        self.base_path = base
+        self.path = base if shard is None or shard[1] == 1 else shard_file(base, *shard)
+        self.meta_path = base.with_suffix(".meta.json")
         self.meta = meta
         self.records: dict[str, dict[str, Any]] = {}
+        for other in sibling_files(base):
+            if other != self.path:
+                self._load_other(other)
         self._load()
+
+    def _load_other(self, path: Path) -> None:
+        """Records of a sibling file another process may be appending to:
+        whole lines only, nothing repaired."""
+        data = path.read_bytes()
+        self._parse(data[: data.rfind(b"\n") + 1])
 
     def _load(self) -> None:
         if not self.path.is_file():

@@ -75,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
       "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")
     a("--strict", action="store_true", default=None, help="stop at the first failing question")
+    a("--num-shards", type=int, metavar="S", help="split every task's questions into S shards by question id "
+      "(with --shard-id: this process answers one; with --executor ray: every shard runs as a Ray task)")
+    a("--shard-id", type=int, metavar="I", help="the shard this process answers (0 .. S-1); it writes its own "
+      "checkpoints and no report: run again without shard flags to merge and write the reports")
+    a("--executor", choices=["local", "ray"], help="run here (default), or every task x pipeline x seed (x shard) "
+      "as a Ray task on a Ray cluster (pip install \"rcn_fast[ray]\")")
+    a("--ray-address", metavar="ADDR", help="Ray cluster to join (default: $RAY_ADDRESS, else a local cluster)")
+    a("--ray-num-cpus", type=float, metavar="N", help="CPUs per Ray task (default: 1)")
+    a("--ray-num-gpus", type=float, metavar="N", help="GPUs per Ray task (default: 0)")
+    a("--cache-path", metavar="PATH", help="LLM call cache folder or .sqlite file (default: the output folder)")
+    a("--cache-journal", choices=["wal", "delete", "dotfile"], help="the cache's sqlite journal: wal (default; "
+      "processes on one machine), delete (a network file system shared by machines), dotfile (lock files, for "
+      "file systems without POSIX locks)")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
     a("--list-tasks", action="store_true", help="list the packaged tasks and exit")
@@ -90,6 +103,9 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         "corpus": ns.corpus, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
         "output_path": ns.output_path, "log_samples": ns.log_samples, "device": ns.device, "strict": ns.strict,
         "threads": ns.threads, "split": ns.split, "include_path": ns.include_path,
+        "num_shards": ns.num_shards, "shard_id": ns.shard_id, "executor": ns.executor,
+        "ray_address": ns.ray_address, "ray_num_cpus": ns.ray_num_cpus, "ray_num_gpus": ns.ray_num_gpus,
+        "cache_path": ns.cache_path, "cache_journal": ns.cache_journal,
     }
     for k, v in flags.items():
         if v is not None:

@@ -93,6 +93,33 @@ class EvalConfig:
         Progress bars on stderr.
     plot : bool
         Write the PNG bar chart.
+    num_shards, shard_id : int
+        Answer only the questions of shard ``shard_id`` of ``num_shards``
+        (split by question id, see :mod:`rcn_fast.eval.shards`); each shard
+        writes its own checkpoints in the shared output folder and writes no
+        report. A later run without shard settings merges them and writes
+        the reports (no model call for finished questions). With
+        ``executor="ray"`` and no ``shard_id``, every shard runs as a Ray
+        task.
+    executor : {"local", "ray"}
+        ``"ray"``: every task x pipeline x seed (x shard) runs as a Ray task
+        on a Ray cluster, each worker loading the configured model; the
+        driver then writes the reports as a local run does.
+    ray_address : str or None
+        Cluster to join (``ray.init(address=...)``); None: ``RAY_ADDRESS``,
+        else a local cluster.
+    ray_num_cpus, ray_num_gpus : float
+        Resources of each Ray task (a worker's torch threads follow
+        ``ray_num_cpus`` unless ``threads`` is set).
+    cache_path : str or None
+        The LLM call cache (a folder or a ``.sqlite`` file); None: the
+        output folder. Put it on a local disk when the output folder is on
+        a network file system, or set ``cache_journal``.
+    cache_journal : {"wal", "delete", "dotfile"}
+        The cache's sqlite journal: ``"wal"`` (processes on one machine),
+        ``"delete"`` (a network file system with working locks, several
+        machines), ``"dotfile"`` (lock files, for file systems without
+        POSIX locks). See :class:`rcn_fast.llm.cache.CallCache`.
     """
 
     pipelines: list[str] = field(default_factory=lambda: list(DEFAULT_PIPELINES))
@@ -116,6 +143,14 @@ class EvalConfig:
     strict: bool = False
     progress: bool = True
     plot: bool = True
+    num_shards: int = 1
+    shard_id: int | None = None
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_num_cpus: float = 1.0
+    ray_num_gpus: float = 0.0
+    cache_path: str | None = None
+    cache_journal: str = "wal"
 
     def __post_init__(self) -> None:
         if isinstance(self.tasks, str):
@@ -178,8 +213,44 @@ class EvalConfig:
                                          or self.threads < 1):
             raise EvalError(f"threads: expected a positive integer, got {self.threads!r}")
         self.output_path = os.fspath(self.output_path)
+        self._check_scale_out()
         if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
             raise EvalError(f"device: expected cpu, cuda (cuda:N) or auto, got {self.device!r}")
+
+    def _check_scale_out(self) -> None:
+        """Shards, executor and cache settings."""
+        def count(v: Any) -> bool:
+            return not isinstance(v, bool) and isinstance(v, int)
+
+        if not count(self.num_shards) or self.num_shards < 1:
+            raise EvalError(f"num_shards: expected a positive integer, got {self.num_shards!r}")
+        if self.shard_id is not None and (not count(self.shard_id) or not 0 <= self.shard_id < self.num_shards):
+            raise EvalError(f"shard_id: expected an integer in [0, num_shards={self.num_shards}), "
+                            f"got {self.shard_id!r}")
+        if self.executor not in ("local", "ray"):
+            raise EvalError(f"executor: expected 'local' or 'ray', got {self.executor!r}")
+        if self.executor == "local" and self.num_shards > 1 and self.shard_id is None:
+            raise EvalError(f"num_shards={self.num_shards}: give the shard this process answers with --shard-id "
+                            "(0 .. num_shards-1), or run every shard with --executor ray")
+        if self.executor == "ray" and self.shard_id is not None:
+            raise EvalError("shard_id: the ray executor runs every shard itself; drop --shard-id")
+        for name in ("ray_num_cpus", "ray_num_gpus"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise EvalError(f"{name}: expected a number >= 0, got {v!r}")
+            setattr(self, name, float(v))
+        if self.ray_num_cpus <= 0:
+            raise EvalError(f"ray_num_cpus: expected a number > 0, got {self.ray_num_cpus!r}")
+        if self.cache_path is not None:
+            self.cache_path = os.fspath(self.cache_path)
+        if self.cache_journal not in ("wal", "delete", "dotfile"):
+            raise EvalError(f"cache_journal: expected 'wal', 'delete' or 'dotfile', got {self.cache_journal!r}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this process answers one shard only (and writes no report;
+        a shard of one is every question)."""
+        return self.shard_id is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (an LLM object given as ``model`` is recorded by its identity)."""

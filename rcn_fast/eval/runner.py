@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast.eval.checkpoint import Checkpoint, run_key
+from rcn_fast.eval.shards import shard_of
 from rcn_fast.eval.config import (
     DEFAULT_ENCODER,
     DEFAULT_MODEL,
@@ -228,7 +229,7 @@ class Components:
         from rcn_fast.llm.cache import CacheError, CallCache
 
         try:
-            cache = CallCache(self.out)
+            cache = CallCache(self.cfg.cache_path or self.out, journal=self.cfg.cache_journal)
         except CacheError as exc:
             raise EvalError(str(exc)) from None
         spec = self._llm_given if self._llm_given is not None else self.cfg.model
@@ -357,8 +358,10 @@ class StageBars:
     gives the stage's own seconds per question).
 
     Stages are reported by the pipeline's ``on_stage(stage, question_ids)``
-    attribute when it has one, and otherwise seen through its stage runner
-    (every ``generate`` / ``score`` call names its stage and its batch).
+    attribute when it has one, and otherwise by its stage runners: the bars
+    join the pipeline's ``observers`` (a
+    :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of a
+    stage names its stage and its batch).
     """
 
     def __init__(self, unit: Unit, pipe: Any) -> None:
@@ -377,10 +380,8 @@ class StageBars:
             self._bar(str(st))
         if hasattr(pipe, "on_stage"):
             pipe.on_stage = self.stage_done
-        else:
-            orig = getattr(pipe, "runner", None)
-            if callable(orig):
-                pipe.runner = lambda: _StageRunnerProxy(orig(), self)  # type: ignore[method-assign]
+        elif isinstance(getattr(pipe, "observers", None), list):
+            pipe.observers.append(self)
 
     def _bar(self, stage: str) -> Any:
         if stage not in self.bars:
@@ -418,29 +419,6 @@ class StageBars:
         for b in reversed(list(self.bars.values())):
             b.close()
         self.main.close()
-
-
-class _StageRunnerProxy:
-    """Wraps a StageRunner: each generate / score call reports its stage and batch."""
-
-    def __init__(self, runner: Any, bars: StageBars) -> None:
-        self._runner = runner
-        self._bars = bars
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-    def _reported(self, call: Callable[..., Any], stage: str, states: Any, *a: Any, **k: Any) -> Any:
-        self._bars.stage_start(stage)
-        out = call(stage, states, *a, **k)
-        self._bars.stage_done(stage, [getattr(st, "id", i) for i, st in enumerate(states)])
-        return out
-
-    def generate(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
-        return self._reported(self._runner.generate, stage, states, *a, **k)
-
-    def score(self, stage: str, states: Any, *a: Any, **k: Any) -> Any:
-        return self._reported(self._runner.score, stage, states, *a, **k)
 
 
 # -------------------------------------------------------------------- records
@@ -542,12 +520,14 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                     **({"pipeline_key": extra} if extra is not None else {}),
                 })
                 path = out / "checkpoints" / spec.name / p / f"seed{seed}-{key}.jsonl"
-                ck = Checkpoint(path, {"task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
-                                       "model": llm_key if with_llm else None,
-                                       **({"pipeline_key": extra} if extra is not None else {})})
+                ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, meta={
+                                "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
+                                "model": llm_key if with_llm else None,
+                                **({"pipeline_key": extra} if extra is not None else {})})
                 done = ck.done()
+                mine = qs if not cfg.sharded else [q for q in qs if shard_of(q.id, cfg.num_shards) == cfg.shard_id]
                 unit = Unit(task=spec, pipeline=p, seed=seed, settings={**settings, "seed": seed}, config=cdict,
-                            checkpoint=ck, questions=qs, pending=[q for q in qs if q.id not in done])
+                            checkpoint=ck, questions=mine, pending=[q for q in mine if q.id not in done])
                 units.append(unit)
     return specs, questions, units
 
@@ -681,7 +661,10 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     Returns
     -------
     dict
-        The results document (also written to ``results_<timestamp>.json``).
+        The results document (also written to ``results_<timestamp>.json``);
+        for one shard of a sharded run (``config.shard_id`` set), which
+        writes no report, a summary: ``{"shard": {...}, "units": [...]}``
+        with the questions answered per task x pipeline x seed.
 
     Raises
     ------
@@ -697,6 +680,11 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         cfg = config
     else:
         raise TypeError(f"config: expected EvalConfig or dict, got {type(config).__name__}")
+    if cfg.executor == "ray":
+        from rcn_fast.eval.ray_executor import evaluate_on_ray
+
+        return evaluate_on_ray(cfg, llm=llm, encoder=encoder, retriever=retriever, kb_retriever=kb_retriever,
+                               print_table=print_table)
     started = time.time()
     out = Path(cfg.output_path).expanduser()
     try:
@@ -756,10 +744,25 @@ def _run(cfg: EvalConfig, out: Path, specs: list[TaskSpec], questions: dict[str,
                 log(f"{spec.name} | {u.pipeline} | seed {u.seed}: resuming, "
                     f"{len(u.questions) - len(u.pending)} of {len(u.questions)} questions already done")
             run_unit(u, comps, cfg, on_batch=on_batch)
-        log(reports.task_summary_line(spec, [u for u in units if u.task.name == spec.name]))
+        if not cfg.sharded:
+            log(reports.task_summary_line(spec, [u for u in units if u.task.name == spec.name]))
+    if cfg.sharded:  # one shard of many: its checkpoints are written; the merging run writes the reports
+        summary = shard_summary(cfg, units)
+        log(f"shard {cfg.shard_id} of {cfg.num_shards}: {sum(u['answered'] for u in summary['units'])} of "
+            f"{sum(u['questions'] for u in summary['units'])} questions answered in {out}; run without "
+            "--shard-id/--num-shards to merge the shards and write the reports")
+        return summary
     state = RunState(config=cfg, out=out, units=units, tasks=specs, questions=questions, llm=comps._llm,
                      llm_identity=getattr(comps._llm, "identity", None), started=started, corpora=comps.corpora)
     return reports.write_reports(state, print_table=print_table)
+
+
+def shard_summary(cfg: EvalConfig, units: list[Unit]) -> dict[str, Any]:
+    """What a shard run returns instead of the results document."""
+    return {"shard": {"shard_id": cfg.shard_id, "num_shards": cfg.num_shards},
+            "units": [{"task": u.task.name, "pipeline": u.pipeline, "seed": u.seed, "questions": len(u.questions),
+                       "answered": len(u.checkpoint.done() & {q.id for q in u.questions}),
+                       "failures": list(u.failures)} for u in units]}
 
 
 def choose_threads(requested: int | None) -> tuple[int | None, str]:

@@ -12,10 +12,20 @@ kept). Asking for more samples later therefore reuses the ones already
 drawn. An interrupted run resumes where it stopped: only entries missing
 from the cache reach the model, and reruns are free.
 
-Concurrency: each thread opens its own connection; the database runs in WAL
-mode with a long busy timeout and writes are ``INSERT OR IGNORE`` in short
-transactions, so several processes (or threads) can share one file. The
-first answer written for a key wins.
+Concurrency: each thread opens its own connection; writes are ``INSERT OR
+IGNORE`` in short transactions with a long busy timeout, so several
+processes (or threads) can share one file. The first answer written for a
+key wins. The journal mode is a setting (``journal``):
+
+* ``"wal"`` (default): write-ahead log, readers never wait for writers. It
+  needs shared memory between the processes, so only a local disk (all
+  processes on one machine).
+* ``"delete"``: a rollback journal with the file system's POSIX locks; for
+  a cache on a network file system (NFS, Lustre, GPFS) whose locks work,
+  shared by processes on several machines.
+* ``"dotfile"``: a rollback journal with lock files (sqlite's
+  ``unix-dotfile`` VFS) for network file systems without working POSIX
+  locks. Every process that opens the file must use the same mode.
 
 Faults: a cache path that cannot be opened (a folder in the way, a file
 that is not a sqlite database, a folder without write permission) raises
@@ -50,6 +60,7 @@ from rcn_fast.llm.base import (
 )
 
 DEFAULT_NAME = "llm_cache.sqlite"
+JOURNAL_MODES = ("wal", "delete", "dotfile")
 logger = logging.getLogger("rcn_fast.llm")
 
 
@@ -106,15 +117,24 @@ class CallCache:
         file path ending in ``.sqlite`` / ``.db``.
     timeout : float
         Seconds a writer waits for another writer's lock.
+    journal : {"wal", "delete", "dotfile"}
+        How concurrent writers are kept apart (see the module notes):
+        ``"wal"`` on a local disk, ``"delete"`` or ``"dotfile"`` on a
+        network file system shared by several machines.
 
     Raises
     ------
     CacheError
         The file cannot be created, opened or written, or is not a sqlite
         database; the message names it and says what to do.
+    ValueError
+        ``journal`` is not one of the modes.
     """
 
-    def __init__(self, path: str | Path, timeout: float = 60.0) -> None:
+    def __init__(self, path: str | Path, timeout: float = 60.0, *, journal: str = "wal") -> None:
+        if journal not in JOURNAL_MODES:
+            raise ValueError(f"journal: expected one of {list(JOURNAL_MODES)}, got {journal!r}")
+        self.journal = journal
         p = Path(path)
         try:
             if p.suffix not in (".sqlite", ".db"):
@@ -156,10 +176,20 @@ class CallCache:
     def _conn(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
         if con is None:
-            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-            con.execute("PRAGMA journal_mode=WAL")
+            if self.journal == "dotfile":
+                from urllib.parse import quote
+
+                con = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?vfs=unix-dotfile",
+                                      timeout=self.timeout, isolation_level=None, uri=True)
+            else:
+                con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
             con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-            con.execute("PRAGMA synchronous=NORMAL")
+            if self.journal == "wal":
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=NORMAL")
+            else:  # a rollback journal; a file left in WAL mode by an earlier run is switched back
+                con.execute("PRAGMA journal_mode=DELETE")
+                con.execute("PRAGMA synchronous=FULL")
             self._local.con = con
         return con
 
