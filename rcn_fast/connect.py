@@ -30,10 +30,12 @@ Every stage is one batched call for the whole batch of questions: one LLM
 call per stage, one encoder call for the questions, one for the passages.
 
 Questions are :class:`~rcn_fast.data.MCQuestion` (or a dict with
-``question`` and ``choices``). Questions without choices (a str, an
-:class:`~rcn_fast.data.OpenQuestion`, a dict without ``choices``) are
-accepted by the signature but refused for now with a ValueError: the
-ReConnect pipeline does not yet answer open questions.
+``question`` and ``choices``) or open questions without choices (a str, an
+:class:`~rcn_fast.data.OpenQuestion`, a dict without ``choices``), which
+get ReConnect's open-question prompts (explanations of how to answer; see
+:mod:`rcn_fast.pipelines.reconnect`) and, with ``answer=True``, a
+generated answer (:class:`~rcn_fast.pipelines.OpenPrediction`). One batch
+is all of one kind.
 
 Examples
 --------
@@ -56,8 +58,8 @@ from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
 from rcn_fast.pipelines.config import ReConnectConfig
 from rcn_fast.pipelines.knowledge import _f32, has_embeddings
+from rcn_fast.pipelines.rag import OpenPrediction
 from rcn_fast.pipelines.reconnect import ReConnect
-from rcn_fast.pipelines.simple import question_query
 from rcn_fast.retrieval.types import Passage
 
 QuestionInput = MCQuestion | OpenQuestion | str | Mapping[str, Any]
@@ -92,9 +94,11 @@ class Connection:
         :class:`~rcn_fast.pipelines.Prediction`).
     cost : QuestionCost
         LLM calls and tokens of this question.
-    prediction : Prediction or None
-        The answer (choice log-probabilities) when ``connect(...,
-        answer=True)``.
+    prediction : Prediction, OpenPrediction or None
+        The answer when ``connect(..., answer=True)``: choice
+        log-probabilities (:class:`Prediction`) for a multiple-choice
+        question, the generated answer with StringEM and exact match
+        (:class:`OpenPrediction`) for an open one.
     """
 
     question_id: str
@@ -105,7 +109,7 @@ class Connection:
     queries: list[str] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     cost: QuestionCost = field(default_factory=QuestionCost)
-    prediction: Prediction | None = None
+    prediction: Prediction | OpenPrediction | None = None
 
     @property
     def text(self) -> str:
@@ -146,17 +150,6 @@ def as_question(q: QuestionInput, index: int) -> MCQuestion | OpenQuestion:
         return OpenQuestion(id=qid, question=str(q["question"]), answers=list(q.get("answers") or []), meta=meta)
     raise TypeError(f"questions[{index}]: expected an MCQuestion, OpenQuestion, str or mapping, got "
                     f"{type(q).__name__}")
-
-
-def require_choices(questions: Sequence[MCQuestion | OpenQuestion]) -> list[MCQuestion]:
-    """The one place that refuses questions without choices (remove it when
-    the ReConnect pipeline answers :class:`OpenQuestion`)."""
-    open_ids = [i for i, q in enumerate(questions) if not isinstance(q, MCQuestion)]
-    if open_ids:
-        raise ValueError(
-            f"questions: item(s) {open_ids[:10]} have no choices; open questions are not yet supported by the "
-            "ReConnect pipeline (give MCQuestion objects or mappings with 'question' and 'choices')")
-    return list(questions)  # type: ignore[arg-type]
 
 
 def as_passage(p: PassageInput, where: str, rank: int) -> Passage:
@@ -264,12 +257,17 @@ class _Connector(ReConnect):
         if not (has_embeddings(self.source) and self.config.knowledge_connection and self.config.knowledge_extraction
                 and self.config.sampling != "random"):
             return None
-        return self.source.embed_queries([question_query(st.question, self.config.query) for st in states])
+        return self.source.embed_queries([self._question_query(st.question) for st in states])
 
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         if self.answer:
             return super().answer_stage(states, runner)
         return [[] for _ in states]
+
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str]]:
+        if self.answer:
+            return super().open_answer_stage(states, runner)
+        return [("", "") for _ in states]
 
 
 # -------------------------------------------------------------- entry point
@@ -292,11 +290,11 @@ def connect(
     ----------
     questions : sequence, length B
         :class:`~rcn_fast.data.MCQuestion`, or a mapping ``{"question",
-        "choices"[, "id", "labels", "answer", "meta"]}``. Questions without
-        choices (a str, an :class:`~rcn_fast.data.OpenQuestion`, a mapping
-        without ``choices``) raise ValueError for now (see the module
-        docstring). Ids must be distinct (a str or a mapping without ``id``
-        gets ``"q<index>"``).
+        "choices"[, "id", "labels", "answer", "meta"]}``; or open questions
+        without choices: a str, an :class:`~rcn_fast.data.OpenQuestion`, a
+        mapping ``{"question"[, "id", "answers", "meta"]}``. All of one kind
+        (TypeError for a mix). Ids must be distinct (a str or a mapping
+        without ``id`` gets ``"q<index>"``).
     llm : rcn_fast LLM
         See :func:`rcn_fast.llm.load_llm`.
     retriever : retriever, optional
@@ -316,7 +314,9 @@ def connect(
     prompts : path, mapping or PromptSet, optional
     answer : bool
         Also run ReConnect's answering step: each :class:`Connection` then
-        holds the :class:`~rcn_fast.pipelines.Prediction`.
+        holds the :class:`~rcn_fast.pipelines.Prediction` (an
+        :class:`~rcn_fast.pipelines.OpenPrediction`, the answer generated
+        with the explanation, for open questions).
     **settings
         ReConnectConfig fields overriding ``config`` (``num_subsets=``,
         ``sampling=``, ``knowledge_aggregation=``, ...).
@@ -329,13 +329,13 @@ def connect(
     ------
     ValueError / TypeError
         Naming the argument: both or neither of ``retriever`` and
-        ``passages``, a length mismatch, an unknown setting, open questions.
+        ``passages``, a length mismatch, an unknown setting, a mix of
+        questions with and without choices.
     """
     if isinstance(questions, (str, Mapping, MCQuestion, OpenQuestion)):
         raise TypeError("questions: expected a sequence of questions (batch first), got a single question; "
                         "wrap it in a list")
     qs = [as_question(q, i) for i, q in enumerate(questions)]
-    qs_mc = require_choices(qs)
     if (retriever is None) == (passages is None):
         raise ValueError("retriever, passages: give exactly one (a retriever for full ReConnect, or the passages "
                          "already retrieved for each question)")
@@ -386,10 +386,10 @@ def connect(
         source = retriever
     pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer)
     if given is not None:
-        pipe.given = {q.id: g for q, g in zip(qs_mc, given)}
-    preds = pipe.run_batch(qs_mc)
+        pipe.given = {q.id: g for q, g in zip(qs, given)}
+    preds = pipe.run_batch(qs)
     out = []
-    for q, pred in zip(qs_mc, preds):
+    for q, pred in zip(qs, preds):
         kept = pipe.kept.get(q.id, {})
         out.append(Connection(
             question_id=q.id, explanation=list(pred.knowledge), passages=list(pred.passages),
@@ -400,4 +400,4 @@ def connect(
     return out
 
 
-__all__ = ["connect", "Connection", "GivenPassages", "as_question", "as_passage", "require_choices"]
+__all__ = ["connect", "Connection", "GivenPassages", "as_question", "as_passage"]

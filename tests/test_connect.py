@@ -131,12 +131,35 @@ def test_inputs_as_mappings_and_strings():
     assert out[0].question_id == "p" and [p.id for p in out[0].passages] == ["a", "1"]
 
 
-def test_open_questions_are_refused_in_one_place():
-    for q in ("What do plants need?", OpenQuestion(id="o", question="What do plants need?"),
-              {"question": "What do plants need?"}):
-        with pytest.raises(ValueError, match=r"questions: item\(s\) \[1\] have no choices; open questions are not "
-                                             r"yet supported by the ReConnect pipeline"):
-            connect([questions()[0], q], llm=ScriptedLLM(), passages=[[FACTS[0]], [FACTS[1]]], encoder=HashEncoder())
+def test_open_questions_get_the_open_prompts_and_a_generated_answer():
+    """Questions without choices (str, OpenQuestion, mapping) run the same
+    connection stages with ReConnect's open prompts; answer=True generates
+    the answer (OpenPrediction with StringEM / exact match)."""
+    from rcn_fast.pipelines import OpenPrediction
+
+    for q in ("What do plants need to grow?", OpenQuestion(id="q0", question="What do plants need to grow?"),
+              {"question": "What do plants need to grow?"}):
+        llm = ScriptedLLM()
+        out = connect([q], llm=llm, passages=[FACTS[0:6]], encoder=HashEncoder(), num_subsets=2, subset_size=3)
+        c = out[0]
+        assert c.question_id == "q0" and len(c.subsets) == 2 and len(c.extractions) == 2
+        assert c.explanation[0].startswith("merged 2 items: from: ") and c.prediction is None
+        assert [stage_of(ch) for _, ch in llm.chats].count("answer") == 0 and c.cost.generations == 3
+        for _, chat in llm.chats:  # the open prompts: no options anywhere
+            assert "Options:" not in chat[-2]["content"] and "answer options" not in chat[0]["content"]
+            assert "asks for a short answer" in chat[0]["content"]
+    llm = ScriptedLLM()
+    r = InMemoryRetriever(HashEncoder(), FACTS)
+    out = connect([{"question": "What do plants need to grow?", "id": "o", "answers": ["sunlight"]}], llm=llm,
+                  retriever=r, answer=True)
+    c = out[0]
+    assert len(c.queries) == ReConnectConfig.open_queries and c.queries[0] == "reason 1 about What do plants need to grow?"
+    assert isinstance(c.prediction, OpenPrediction) and c.prediction.answer_text.startswith(c.explanation[0])
+    assert c.prediction.string_em is (c.prediction.answer_text.lower().find("sunlight") >= 0)
+    assert c.cost.generations == 6 and c.cost.scoring_passes == 0 and c.cost.llm_calls == 6
+    with pytest.raises(TypeError, match="expected all MCQuestion or all OpenQuestion, got a mix"):
+        connect([questions()[0], "What do plants need?"], llm=ScriptedLLM(), passages=[[FACTS[0]], [FACTS[1]]],
+                encoder=HashEncoder())
 
 
 def test_bad_arguments_name_the_argument():

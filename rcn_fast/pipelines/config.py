@@ -180,8 +180,10 @@ class ReConnectConfig(PipelineConfig):
         Relevance weight of the ``"mmr"`` strategy.
     max_queries : int or None
         Explanation lines kept as queries (>= 1); None = the number of
-        choices. To retrieve with the question alone (no query-expansion
-        generation at all) set ``explanation_retrieval=False`` ("w/o ER");
+        choices (open questions, which have none: :attr:`open_queries`,
+        4; see :meth:`num_queries`). To retrieve with the question alone
+        (no query-expansion generation at all) set
+        ``explanation_retrieval=False`` ("w/o ER");
         0 is refused rather than paying for a generation whose output
         would be thrown away.
     query : {"question", "question_choices"}
@@ -225,9 +227,17 @@ class ReConnectConfig(PipelineConfig):
         explanations joined; empty extractions left out).
         ``knowledge_extraction`` and ``knowledge_aggregation`` both False
         is "w/o KE, KA" = "w/o KC".
+    answer_extraction : {"full", "final"}
+        Open questions only (rcn_fast's extension; the answer is generated):
+        what StringEM and exact match are computed on, as in the
+        open-domain RAG pipelines (:class:`RAGConfig`): ``"full"``
+        (default) the whole answer generation, ``"final"`` its
+        ``Answer:`` line (first non-empty line without a marker).
     """
 
     name: ClassVar[str] = "reconnect"
+    #: Explanations kept for an open question when ``max_queries`` is None.
+    open_queries: ClassVar[int] = 4
     top_n: int = 5
     num_subsets: int = 3
     subset_size: int = 5
@@ -246,6 +256,7 @@ class ReConnectConfig(PipelineConfig):
     knowledge_connection: bool = True
     knowledge_extraction: bool = True
     knowledge_aggregation: bool = True
+    answer_extraction: str = "full"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -283,6 +294,8 @@ class ReConnectConfig(PipelineConfig):
             self.knowledge_extraction = self.knowledge_aggregation = False
         elif not (self.knowledge_extraction or self.knowledge_aggregation):
             self.knowledge_connection = False
+        if self.answer_extraction not in ("final", "full"):
+            raise ValueError(f"answer_extraction: expected 'final' or 'full', got {self.answer_extraction!r}")
 
     @property
     def sampler_tau(self) -> float:
@@ -294,12 +307,20 @@ class ReConnectConfig(PipelineConfig):
         """Whether subsets are drawn (knowledge connection with extraction)."""
         return self.knowledge_connection and self.knowledge_extraction
 
+    def num_queries(self, num_choices: int) -> int:
+        """k: the explanations kept as queries for a question with
+        ``num_choices`` options (``max_queries``, else ``num_choices``; an
+        open question, 0 options, gets :attr:`open_queries`)."""
+        if self.max_queries is not None:
+            return self.max_queries
+        return num_choices if num_choices > 0 else self.open_queries
+
     def pool_queries(self, num_choices: int) -> int:
         """k + 1: the queries of explanation retrieval for a question with
-        ``num_choices`` options (k explanations + the question). Without
-        ER the question query retrieves ``top_n`` times this many passages."""
-        k = self.max_queries if self.max_queries is not None else num_choices
-        return k + 1
+        ``num_choices`` options (k explanations + the question, see
+        :meth:`num_queries`). Without ER the question query retrieves
+        ``top_n`` times this many passages."""
+        return self.num_queries(num_choices) + 1
 
     @property
     def generations_per_question(self) -> int:
@@ -314,6 +335,13 @@ class ReConnectConfig(PipelineConfig):
     def llm_calls_per_question(self) -> int:
         """Generations plus the one answer-scoring pass (the paper's
         Table 9 counts 6 for N = 3)."""
+        return self.generations_per_question + 1
+
+    @property
+    def open_generations_per_question(self) -> int:
+        """Generations of one open question: the same stages, and the
+        answer is a generation instead of the scoring pass (so as many LLM
+        calls as :attr:`llm_calls_per_question`, none of them scoring)."""
         return self.generations_per_question + 1
 
 

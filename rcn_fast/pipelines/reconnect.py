@@ -34,17 +34,33 @@ distinct (top-K and MMR always; the other strategies when two draws
 coincide, e.g. a pool of at most K passages, or two relevance subsets with
 the same first document) its extractions are decoded with nucleus
 sampling, one seed per subset (``repeat_decoding``), so they differ.
+
+Open questions (:class:`~rcn_fast.data.OpenQuestion`; rcn_fast's extension,
+the paper names open-ended QA as future work) go through the same stages
+with prompts of their own (``open_query_expansion``: explanations of how to
+answer; ``open_knowledge_extraction``, ``open_knowledge_aggregation``;
+``open_answer_with_knowledge``); query expansion keeps ``max_queries``
+explanations, or :attr:`~rcn_fast.pipelines.config.ReConnectConfig.open_queries`
+(4) when it is None. The answer is *generated* with the connected
+explanation (an open question has no labels to score), so every setting
+above costs the same number of LLM calls, one of them the answer
+generation instead of the scoring pass. The result is an
+:class:`~rcn_fast.pipelines.OpenPrediction` with StringEM and exact match
+computed as the open-domain RAG pipelines do (``answer_extraction``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from rcn_fast.data import MCQuestion
+from rcn_fast.data.open_domain import OpenQuestion, exact_match, string_em
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner, question_key
 from rcn_fast.pipelines.config import ReConnectConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings, retrieve_batch
+from rcn_fast.pipelines.rag import OpenPrediction, _OpenView, extract_answer
 from rcn_fast.pipelines.simple import question_query
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
@@ -80,6 +96,7 @@ class ReConnect(StagedPipeline):
     name = "reconnect"
     config_class = ReConnectConfig
     needs_retriever = True
+    supports_open = True  # answers OpenQuestion too (rcn_fast's extension, see the module docstring)
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -91,6 +108,108 @@ class ReConnect(StagedPipeline):
                 "neither an encoder nor the EmbeddingRetriever methods; use sampling='random' or an "
                 "rcn_fast Retriever"
             )
+
+    def describe(self) -> dict[str, Any]:
+        """What produced the predictions, with the LLM calls one question
+        costs under these settings (``calls_per_question``)."""
+        d = super().describe()
+        c = self.config
+        d["calls_per_question"] = {
+            "multiple_choice": {"generations": c.generations_per_question, "scoring_passes": 1},
+            "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0},
+        }
+        return d
+
+    # ------------------------------------------------------------ public API
+    def run(self, question: Any) -> Any:
+        """The prediction for one question (:class:`Prediction` for an
+        MCQuestion, :class:`OpenPrediction` for an OpenQuestion)."""
+        if isinstance(question, OpenQuestion):
+            return self.run_batch([question])[0]
+        return super().run(question)
+
+    def run_batch(self, questions: Sequence[Any]) -> list[Any]:
+        """Predictions for a list of questions, all multiple choice
+        (-> :class:`Prediction`) or all open (-> :class:`OpenPrediction`).
+
+        Parameters
+        ----------
+        questions : sequence of MCQuestion, or sequence of OpenQuestion
+            Ids must be distinct (they key costs and random streams).
+
+        Returns
+        -------
+        list, in the order of ``questions``
+        """
+        if isinstance(questions, (MCQuestion, OpenQuestion)):
+            raise TypeError("questions: expected a list of questions (batch first); use run() for one question")
+        questions = list(questions)
+        n_open = sum(isinstance(q, OpenQuestion) for q in questions)
+        if n_open == 0:
+            return super().run_batch(questions)
+        if n_open != len(questions):
+            raise TypeError("questions: expected all MCQuestion or all OpenQuestion, got a mix")
+        seen: set[str] = set()
+        for q in questions:
+            if q.id in seen:
+                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and random streams)")
+            seen.add(q.id)
+        bs = self.config.batch_size or max(len(questions), 1)
+        out: list[OpenPrediction] = []
+        for s in range(0, len(questions), bs):
+            out.extend(self._run_open_chunk(questions[s : s + bs]))
+        return out
+
+    def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
+        if not questions:
+            return []
+        runner = self.runner()
+        states = runner.start(questions)
+        self.knowledge_stages(states, runner)
+        results = self.open_answer_stage(states, runner)
+        preds = []
+        for st, (ans, output), cost in zip(states, results, runner.costs(states)):
+            q = st.question
+            gold = list(q.answers)
+            preds.append(OpenPrediction(
+                question_id=q.id, answer_text=ans, answers=gold,
+                string_em=string_em(ans, gold) if gold else None,
+                exact_match=exact_match(ans, gold) if gold else None,
+                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost, output=output,
+            ))
+        return preds
+
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str]]:
+        """Open questions: one answer generation per question (one LLM call
+        for the batch) with the connected explanation -> per question
+        (answer text by ``answer_extraction``, the whole generation)."""
+        chats = [[self._chat("answer_with_knowledge", st, knowledge=self.prompts.format_list(st.knowledge))]
+                 for st in states]
+        outs = runner.generate("answer", states, chats)
+        res = []
+        for st, o in zip(states, outs):
+            ans = extract_answer(o[0], self.config.answer_extraction)
+            st.trace[-1]["answer"] = ans
+            res.append((ans, o[0]))
+        return res
+
+    # ------------------------------------------------------------ open questions
+    def _chat(self, stage: str, st: QuestionState, **extra: Any) -> list[dict[str, str]]:
+        """The chat of ``stage`` for one question: the stage's prompt for a
+        multiple-choice question, ``open_<stage>`` (no options) for an open one."""
+        if isinstance(st.question, OpenQuestion):
+            return self.prompts.chat(f"open_{stage}", _OpenView(st.question), **extra)
+        return self.prompts.chat(stage, st.question, **extra)
+
+    def _question_query(self, question: Any) -> str:
+        """The question query Q (an open question's text: it has no options)."""
+        if isinstance(question, OpenQuestion):
+            return question.question
+        return question_query(question, self.config.query)
+
+    @staticmethod
+    def _num_choices(question: Any) -> int:
+        return len(question.choices) if isinstance(question, MCQuestion) else 0
 
     # ------------------------------------------------------------------ stages
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
@@ -118,10 +237,10 @@ class ReConnect(StagedPipeline):
             for st in states:
                 st.data["explanations"] = []
             return
-        chats = [[self.prompts.chat("query_expansion", st.question)] for st in states]
+        chats = [[self._chat("query_expansion", st)] for st in states]
         outs = runner.generate("query_expansion", states, chats)
         for st, o in zip(states, outs):
-            k = c.max_queries if c.max_queries is not None else len(st.question.choices)
+            k = c.num_queries(self._num_choices(st.question))
             exps = parse_bullets(o[0], max_items=k)
             st.data["explanations"] = exps
             st.trace[-1]["parsed"] = exps
@@ -139,13 +258,13 @@ class ReConnect(StagedPipeline):
         flat: list[str] = []
         spans = []
         for st in states:
-            qs = [*st.data["explanations"], question_query(st.question, c.query)]
+            qs = [*st.data["explanations"], self._question_query(st.question)]
             spans.append((len(flat), len(flat) + len(qs)))
             flat.extend(qs)
         if c.explanation_retrieval:
             counts = [c.top_n] * len(states)
         else:
-            counts = [c.top_n * c.pool_queries(len(st.question.choices)) for st in states]
+            counts = [c.top_n * c.pool_queries(self._num_choices(st.question)) for st in states]
         results: list[list[Passage]] = [[] for _ in flat]
         emb_rows: list[np.ndarray | None] = [None] * len(flat)
         for k in sorted(set(counts)):
@@ -236,7 +355,7 @@ class ReConnect(StagedPipeline):
         extractions differ and do not depend on the batch."""
         c = self.config
         P = self.prompts
-        chats = [[P.chat("knowledge_extraction", st.question, documents=P.format_list([p.text for p in sub]))
+        chats = [[self._chat("knowledge_extraction", st, documents=P.format_list([p.text for p in sub]))
                   for sub in st.data["subsets"]] for st in states]
         sampled = [c.repeat_decoding == "nucleus" and self._subsets_repeat(st.data["subsets"]) for st in states]
         outs: list[list[str]] = [[] for _ in states]
@@ -275,7 +394,7 @@ class ReConnect(StagedPipeline):
                 items = self._extraction_items(st)
             else:
                 items = [p.text for p in st.passages]
-            chats.append([P.chat("knowledge_aggregation", st.question, explanations=P.format_list(items))])
+            chats.append([self._chat("knowledge_aggregation", st, explanations=P.format_list(items))])
         outs = runner.generate("knowledge_aggregation", states, chats)
         for st, o in zip(states, outs):
             st.knowledge = parse_bullets(o[0])

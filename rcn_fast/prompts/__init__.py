@@ -44,6 +44,11 @@ STAGE_FIELDS: dict[str, set[str]] = {
     "knowledge_aggregation": {"explanations"},
     "answer": set(),
     "answer_with_knowledge": {"knowledge"},
+    # ReConnect on open questions (no options; the answer is generated)
+    "open_query_expansion": set(),
+    "open_knowledge_extraction": {"documents"},
+    "open_knowledge_aggregation": {"explanations"},
+    "open_answer_with_knowledge": {"knowledge"},
     "example_generation": set(),  # its example_* templates may use {knowledge}
     "silver_explanations": {"answer_label", "answer_format"},
     "rr_reasoning": set(),  # RR / self-consistency: sampled chain of thought

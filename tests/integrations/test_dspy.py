@@ -58,8 +58,9 @@ def test_rcn_connect_module(store_retriever):
     assert len(batch) == 2 and all(b.explanation for b in batch)
     full = RcnConnect(llm=ScriptedLLM(), retriever=store_retriever)(question=q.question, choices=q.choices)
     assert full.connection.queries
-    with pytest.raises(ValueError, match="open questions are not yet supported by the ReConnect pipeline"):
-        mod(question="What do plants need?", passages=FACTS[:3])
+    open_ = mod(question="What do plants need?", passages=FACTS[:3])  # no choices: ReConnect's open prompts
+    assert open_.explanation and all("Options:" not in e["prompt"][-2]["content"]
+                                     for e in open_.connection.trace if "prompt" in e)
 
 
 def test_dspy_embeddings_retriever_as_the_passage_source():

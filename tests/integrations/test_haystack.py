@@ -87,8 +87,9 @@ def test_retriever_and_connector_in_a_pipeline(store_retriever):
         [x.question for x in questions()], [[Document(content=t) for t in FACTS[:4]]] * 2,
         [x.choices for x in questions()])
     assert len(batch["connection"]) == 2 and all(batch["explanation"])
-    with pytest.raises(ValueError, match="open questions are not yet supported by the ReConnect pipeline"):
-        RcnConnector(llm=ScriptedLLM(), encoder=HashEncoder()).run(query="q?", documents=[Document(content="x")])
+    open_ = RcnConnector(llm=ScriptedLLM(), encoder=HashEncoder()).run(query="q?", documents=[Document(content="x")])
+    assert open_["explanation"] and all("Options:" not in e["prompt"][-2]["content"]  # no choices: open prompts
+                                        for e in open_["connection"].trace if "prompt" in e)
 
 
 def test_haystack_retrievers_as_the_passage_source():

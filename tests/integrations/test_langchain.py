@@ -119,8 +119,10 @@ def test_rcn_connect_with_a_retriever_and_errors(store_retriever):
     assert out["connection"].queries  # full ReConnect: query expansion ran
     with pytest.raises(ValueError, match="documents: inputs carry no 'documents' and RcnConnect has no retriever"):
         RcnConnect(ScriptedLLM()).invoke({"question": "q?", "choices": ["a", "b"]})
-    with pytest.raises(ValueError, match="open questions are not yet supported by the ReConnect pipeline"):
-        RcnConnect(ScriptedLLM(), encoder=HashEncoder()).invoke({"question": "q?", "documents": [FACTS[0]]})
+    # a question without choices: ReConnect's open prompts (no options)
+    open_ = RcnConnect(ScriptedLLM(), encoder=HashEncoder()).invoke({"question": "q?", "documents": [FACTS[0]]})
+    assert open_["connection"].explanation and all("Options:" not in e["prompt"][-2]["content"]
+                                                   for e in open_["connection"].trace if "prompt" in e)
 
 
 def test_langchain_retriever_and_embeddings_as_the_passage_source():

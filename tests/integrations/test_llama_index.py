@@ -79,8 +79,9 @@ def test_connect_postprocessor(store_retriever):
     assert out[0].node.metadata["rcn_fast_connection"]["explanation"] == conn.explanation
     assert {p.id for p in conn.passages} == {n.node.node_id for n in nodes}
     assert enc.calls == [("queries", 1), ("passages", len(nodes))]
-    with pytest.raises(ValueError, match="open questions are not yet supported by the ReConnect pipeline"):
-        post.postprocess_nodes(nodes, QueryBundle("What do plants need?"))
+    post.postprocess_nodes(nodes, QueryBundle("What do plants need?"))  # no choices: ReConnect's open prompts
+    assert post.last_connection.explanation and all("Options:" not in e["prompt"][-2]["content"]
+                                                    for e in post.last_connection.trace if "prompt" in e)
     with pytest.raises(ValueError, match="query_bundle: knowledge connection needs the question"):
         post.postprocess_nodes(nodes)
 

@@ -33,6 +33,8 @@ def stage_of(chat: list[dict]) -> str:
         return "query_expansion"
     if "Reply with the label" in system or "reply with its label" in system:
         return "answer"
+    if system.startswith("Explanations:") and "Reply with a short answer" in system:
+        return "answer"  # ReConnect's open answer (a generation)
     return "unknown"
 
 
@@ -53,8 +55,10 @@ class ScriptedLLM:
 
     * query expansion: ``n_explanations`` bullet lines naming the question,
       then a blank line and a second paragraph (which must be dropped);
+      an open question (no options): ``"reason <i> about <question>"``;
     * extraction: one line per listed passage, ``"from: <passage>"``;
     * aggregation: ``"merged <k> items: <first item>"``;
+    * open answer (ReConnect on an open question): ``"<first knowledge item>\n(done)"``;
     * example generation: ``"like <first example question>"``;
     * silver: ``"A. ...\\nB. ..."`` with the correct label marked.
 
@@ -76,6 +80,9 @@ class ScriptedLLM:
         q = _question_line(chat)
         if stage == "query_expansion":
             user = [t for t in chat if t["role"] == "user"][-1]["content"]
+            if "Options:\n" not in user:  # an open question
+                return "\n* ".join(f"reason {i} about {q}" for i in range(1, self.n_explanations + 1)) + \
+                    "\n\nA closing remark that is not an explanation."
             opts = re.findall(r"^\S+\. (.*)$", user.split("Options:\n", 1)[1], re.M)
             lines = [f"reason {i} about {opts[(i - 1) % len(opts)]}" for i in range(1, self.n_explanations + 1)]
             return "\n* ".join(lines) + "\n\nA closing remark that is not an explanation."
@@ -86,6 +93,9 @@ class ScriptedLLM:
             items = _listed(chat[0]["content"])
             first = items[0] if items else "none"
             return f"merged {len(items)} items: {first}\nsecond line of the merge\n\nnot kept"
+        if stage == "answer" and chat[0]["content"].startswith("Explanations:"):  # open: the first knowledge item
+            items = _listed(chat[0]["content"])
+            return f"{items[0] if items else 'no knowledge'}\n(done)"
         if stage == "example_generation":
             ex = [t for t in chat if t["role"] == "user"]
             first = ex[0]["content"].split("\n", 1)[0] if len(ex) > 1 else "no examples"
