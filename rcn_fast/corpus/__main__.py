@@ -6,11 +6,19 @@
         [--text-field text] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
         [--max-length 512] [--quantize int8] [--device cpu|cuda] [--overwrite]
+        [--encoder-dtype float32|float16|bfloat16]
+        [--executor local|ray [--ray-address ADDR] [--num-workers W]
+         [--gpus-per-worker G] [--cpus-per-worker C]]
     python -m rcn_fast.corpus merge --out DIR SHARD_DIR [SHARD_DIR ...]
     python -m rcn_fast.corpus info DIR
     python -m rcn_fast.corpus verify DIR
 
-Rerunning an interrupted ``build`` with the same arguments resumes it;
+``--executor ray`` embeds with a Ray Data actor pool (one encoder per
+worker; ``pip install "rcn_fast[ray]"``) on the cluster at ``--ray-address``
+or ``RAY_ADDRESS`` (a local one when neither is set) and writes the same
+store as the local build; input and ``--out`` must be on a filesystem every
+node sees. Rerunning an interrupted ``build`` with the same arguments
+(either executor) resumes it;
 ``--overwrite`` discards what an earlier build left in ``--out`` and starts
 over (after a build failed on bad input that was then fixed, for example).
 Errors a user can fix (bad input, missing or corrupt files, an unwritable
@@ -41,7 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quantize", choices=["int8"], default=None,
                    help="ONNX on CPU: dynamic int8 weights (per-row cosine to fp32 >= 0.98)")
     b.add_argument("--onnx-cache", default=None, help="ONNX export cache dir ('model' = inside the model dir)")
-    b.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    b.add_argument("--dtype", choices=["float16", "float32"], default="float16",
+                   help="storage dtype of the embeddings")
+    b.add_argument("--encoder-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="torch encoder weights/activations (float16 on CUDA only; recorded in the manifest)")
     b.add_argument("--batch-size", type=int, default=64)
     b.add_argument("--chunk-size", type=int, default=4096, help="records per resumable chunk")
     b.add_argument("--num-shards", type=int, default=1)
@@ -55,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--overwrite", action="store_true",
                    help="discard an earlier (unfinished or finished) build in --out and start over")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: this process; ray: a Ray Data actor pool (pip install \"rcn_fast[ray]\")")
+    b.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else a "
+                   "local cluster)")
+    b.add_argument("--num-workers", type=int, default=None,
+                   help="encoder actors (default: as many as the cluster's GPUs or CPUs allow)")
+    b.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per actor (> 0: device cuda)")
+    b.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per actor")
     m = sub.add_parser("merge", help="join the directories of a sharded build into one store")
     m.add_argument("--out", required=True)
     m.add_argument("shards", nargs="+")
@@ -79,12 +98,25 @@ def main(argv: list[str] | None = None) -> int:
                               text_field=args.text_field, dtype=args.dtype, batch_size=args.batch_size,
                               chunk_size=args.chunk_size, num_shards=args.num_shards, shard_id=args.shard_id,
                               keep_parts=args.keep_parts, overwrite=args.overwrite)
-            enc = Encoder.from_pretrained(
-                args.encoder, backend=args.backend, device=args.device, quantize=args.quantize,
-                cache_dir=args.onnx_cache, pooling=args.pooling, normalize=False if args.no_normalize else None,
-                query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, max_length=args.max_length,
-                batch_size=args.batch_size)
-            store = build_corpus(cfg, enc, show_progress=not args.no_progress)
+            enc_kw = dict(backend=args.backend, device=args.device, quantize=args.quantize,
+                          cache_dir=args.onnx_cache, pooling=args.pooling,
+                          normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,
+                          passage_prefix=args.passage_prefix, max_length=args.max_length,
+                          batch_size=args.batch_size, dtype=args.encoder_dtype)
+            if args.executor == "ray":
+                from rcn_fast.retrieval.build_ray import build_corpus_ray, import_ray
+                from rcn_fast.retrieval.encoder import EncoderConfig
+
+                import_ray()  # before any work: say how to install it
+                if args.gpus_per_worker > 0 and args.device is None:
+                    enc_kw["device"] = "cuda"
+                store = build_corpus_ray(
+                    cfg, EncoderConfig(model=args.encoder, **enc_kw), ray_address=args.ray_address,
+                    num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
+                    cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress)
+            else:
+                enc = Encoder.from_pretrained(args.encoder, **enc_kw)
+                store = build_corpus(cfg, enc, show_progress=not args.no_progress)
             if store is None:
                 print(f"shard {cfg.shard_id}/{cfg.num_shards} done in {cfg.out}; join the shards with "
                       f"`python -m rcn_fast.corpus merge --out DIR SHARD_DIRS...`")

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -166,13 +167,17 @@ def _decoded_lines(f: Any, path: str) -> Iterator[str]:
     leading byte-order mark dropped); ValueError naming the file, line and
     byte offset of the first byte that is not UTF-8."""
     for lineno, raw in enumerate(f, 1):
-        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            yield raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
-                             f"column {exc.start + 1}); convert the file to UTF-8") from None
+        yield _decode_line(raw, lineno, path)
+
+
+def _decode_line(raw: bytes, lineno: int, path: str) -> str:
+    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
+                         f"column {exc.start + 1}); convert the file to UTF-8") from None
 
 
 def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, str]:
@@ -185,17 +190,252 @@ def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, 
     return str(rec[id_field]), rec[text_field]
 
 
-def _chunks(records: Iterator[tuple[str, str]], size: int) -> Iterator[tuple[list[str], list[str]]]:
-    ids: list[str] = []
-    texts: list[str] = []
-    for i, t in records:
-        ids.append(i)
-        texts.append(t)
-        if len(ids) == size:
-            yield ids, texts
-            ids, texts = [], []
-    if ids:
-        yield ids, texts
+# -------------------------------------------------------------- chunk index
+SCAN_FORMAT = "rcn_fast.CorpusScan/1"
+# a file modified less than this many seconds before its scan is not memoised
+# (a rewrite within the same timestamp tick could keep size, mtime and ctime)
+_RACY_S = 2.0
+_WS = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() removes
+
+
+@dataclass(frozen=True)
+class ChunkSpan:
+    """Where chunk ``chunk`` of an input file lies.
+
+    Attributes
+    ----------
+    chunk : int
+        Chunk number (0-based, in input order; ``chunk_size`` records each,
+        blank JSON lines / empty TSV rows not counted, as
+        :func:`iter_records` skips them).
+    start, stop : int
+        Byte range ``[start, stop)`` (JSON lines, TSV) or row range
+        (Parquet) holding exactly the chunk's records.
+    first : int
+        The line number of byte ``start`` (JSON lines), or the record
+        number of the chunk's first record (TSV, Parquet); for messages.
+    count : int
+        Records in the chunk.
+    """
+
+    chunk: int
+    start: int
+    stop: int
+    first: int
+    count: int
+
+
+def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tuple[str, int, list[ChunkSpan]]:
+    """Hash an input file and find where each chunk lies, in one read.
+
+    A shard or a Ray worker then reads only its own chunks
+    (:func:`read_chunk`) instead of decoding every record of the file.
+
+    Parameters
+    ----------
+    path : str
+    fmt : {"jsonl", "tsv", "parquet"}
+    chunk_size : int
+    memo : bool
+        Reuse (and save) the answer in ``$RCN_FAST_CACHE_DIR/corpus_scan``
+        (default ``~/.cache/rcn_fast/corpus_scan``), keyed by the file's
+        real path, device, inode, size, mtime and ctime (ctime cannot be set
+        back by a user, so a rewritten file always misses). Files changed
+        less than 2 s before their scan are never memoised.
+
+    Returns
+    -------
+    (sha256 hex digest, size in bytes, list of ChunkSpan)
+    """
+    st = os.stat(path)
+    key = {"format": SCAN_FORMAT, "path": os.path.realpath(path), "dev": st.st_dev, "ino": st.st_ino,
+           "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "fmt": fmt,
+           "chunk_size": chunk_size}
+    memo_file = _scan_memo_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest() + ".json")
+    if memo and memo_file.is_file():
+        try:
+            got = json.loads(memo_file.read_text(encoding="utf-8"))
+            if got.get("key") == key:
+                logger.info("input %s: hash and chunk offsets reused from %s", path, memo_file)
+                return got["sha256"], got["bytes"], [ChunkSpan(*s) for s in got["spans"]]
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    t0 = time.time()
+    if fmt == "jsonl":
+        sha, spans = _scan_lines(path, chunk_size)
+    elif fmt == "tsv":
+        sha, spans = _scan_tsv(path, chunk_size)
+    elif fmt == "parquet":
+        pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
+        n = pq.ParquetFile(path).metadata.num_rows
+        sha = sha256_file(path)
+        spans = [ChunkSpan(c, s, min(s + chunk_size, n), s, min(s + chunk_size, n) - s)
+                 for c, s in enumerate(range(0, n, chunk_size))]
+    else:
+        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
+    st2 = os.stat(path)
+    if (st2.st_size, st2.st_mtime_ns, st2.st_ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+        raise ValueError(f"input: {path} changed while it was being read; rerun once it is complete")
+    if memo and t0 - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _RACY_S:
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(memo_file, {"key": key, "sha256": sha, "bytes": st.st_size,
+                                          "spans": [list(astuple(s)) for s in spans]})
+        except OSError as exc:  # a read-only cache is no error
+            logger.debug("input scan memo not written (%s)", exc)
+    return sha, st.st_size, spans
+
+
+def _scan_memo_dir() -> Path:
+    env = os.environ.get("RCN_FAST_CACHE_DIR")
+    if env:
+        return Path(env).expanduser() / "corpus_scan"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rcn_fast" / "corpus_scan"
+
+
+def _is_blank(raw: bytes, lineno: int) -> bool:
+    """Whether iter_records skips this JSON line (its decoded text strips
+    to nothing), without decoding most lines."""
+    s = raw.strip(_WS)
+    if not s:
+        return True
+    if s[0] < 0x80:
+        return False  # starts with a printable ASCII character
+    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    return not raw.decode("utf-8", errors="replace").strip()
+
+
+def _scan_lines(path: str, chunk_size: int) -> tuple[str, list[ChunkSpan]]:
+    h = hashlib.sha256()
+    spans: list[ChunkSpan] = []
+    pos = start = 0
+    start_line = 1
+    n = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            h.update(raw)
+            pos += len(raw)
+            if _is_blank(raw, lineno):
+                continue
+            n += 1
+            if n == chunk_size:
+                spans.append(ChunkSpan(len(spans), start, pos, start_line, n))
+                start, start_line, n = pos, lineno + 1, 0
+    if n:
+        spans.append(ChunkSpan(len(spans), start, pos, start_line, n))
+    return h.hexdigest(), spans
+
+
+def _scan_tsv(path: str, chunk_size: int) -> tuple[str, list[ChunkSpan]]:
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    h = hashlib.sha256()
+    pos = [0]
+
+    def lines(f: Any) -> Iterator[str]:
+        for lineno, raw in enumerate(f, 1):
+            h.update(raw)
+            pos[0] += len(raw)
+            yield _decode_line(raw, lineno, path)
+
+    spans: list[ChunkSpan] = []
+    with open(path, "rb") as f:
+        reader = csv.reader(lines(f), delimiter="\t")  # reads no line ahead of the row it returns
+        next(reader, None)  # header
+        start, n, rec = pos[0], 0, 0
+        for row in reader:
+            if row == []:  # DictReader skips these
+                continue
+            n += 1
+            if n == chunk_size:
+                spans.append(ChunkSpan(len(spans), start, pos[0], rec + 2, n))
+                start, n, rec = pos[0], 0, rec + n
+        if n:
+            spans.append(ChunkSpan(len(spans), start, pos[0], rec + 2, n))
+        for raw in f:  # nothing left after the last row; keep the hash whole regardless
+            h.update(raw)
+    return h.hexdigest(), spans
+
+
+def read_chunk(path: str, fmt: str, span: ChunkSpan, id_field: str = "id",
+               text_field: str = "text") -> tuple[list[str], list[str]]:
+    """The (ids, texts) of one chunk found by :func:`scan_input`, reading
+    only its bytes (rows); records are checked and errors worded as
+    :func:`iter_records` does."""
+    if fmt == "jsonl":
+        recs = _read_jsonl_span(path, span, id_field, text_field)
+    elif fmt == "tsv":
+        recs = _read_tsv_span(path, span, id_field, text_field)
+    elif fmt == "parquet":
+        recs = _read_parquet_span(path, span, id_field, text_field)
+    else:
+        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
+    if len(recs) != span.count:
+        raise ValueError(f"input: {path} chunk {span.chunk} holds {len(recs)} records where its scan found "
+                         f"{span.count}; the file changed since the build began (pass --overwrite to start over)")
+    return [r[0] for r in recs], [r[1] for r in recs]
+
+
+def _span_lines(f: Any, span: ChunkSpan) -> Iterator[tuple[int, bytes]]:
+    f.seek(span.start)
+    left = span.stop - span.start
+    for lineno, raw in enumerate(f, span.first):
+        if left <= 0:
+            break
+        left -= len(raw)
+        yield lineno, raw
+
+
+def _read_jsonl_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in _span_lines(f, span):
+            line = _decode_line(raw, lineno, path)
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
+            out.append(_fields(rec, id_field, text_field, f"{path} line {lineno}"))
+    return out
+
+
+def _read_tsv_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(path, "rb") as f:
+        header = next(csv.reader(_decoded_lines(f, path), delimiter="\t"), None) or []
+        missing = [k for k in (id_field, text_field) if k not in header]
+        if missing:
+            raise ValueError(f"input: {path} header {header} lacks the column(s) {missing} "
+                             "(set id_field / text_field)")
+        # line numbers inside the span only matter for decoding errors
+        lines = (_decode_line(raw, lineno, path) for lineno, raw in _span_lines(f, span))
+        reader = csv.DictReader(lines, fieldnames=header, delimiter="\t")
+        return [_fields(rec, id_field, text_field, f"{path} line {rowno}") for rowno, rec in
+                enumerate(reader, span.first)]
+
+
+def _read_parquet_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
+    pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    missing = [k for k in (id_field, text_field) if k not in names]
+    if missing:
+        raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
+    groups, row, first = [], 0, None
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if row < span.stop and row + n > span.start:
+            groups.append(g)
+            first = row if first is None else first
+        row += n
+    if not groups:
+        return []
+    table = pf.read_row_groups(groups, columns=[id_field, text_field])
+    d = table.slice(span.start - first, span.stop - span.start).to_pydict()
+    return [_fields({id_field: i, text_field: t}, id_field, text_field, f"{path} row {span.start + k}")
+            for k, (i, t) in enumerate(zip(d[id_field], d[text_field]))]
 
 
 # ---------------------------------------------------------------------- build
@@ -218,8 +458,170 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [f"{prefix[:-1]}: {a!r} != {b!r}"]
 
 
+@dataclass
+class PreparedBuild:
+    """What :func:`prepare_build` found: the build to run in ``out``.
+
+    Attributes
+    ----------
+    out, parts : Path
+        The output directory and its ``parts/`` folder.
+    spec : dict
+        The settings recorded in ``build.json`` and the manifest.
+    state : dict
+        The content of ``build.json``.
+    spans : list of ChunkSpan
+        Every chunk of the input (all shards).
+    mine : list of int
+        The chunks this shard builds (all of them for one shard).
+    todo : list of int
+        Chunks of ``mine`` not yet in ``parts/``.
+    done_records : int
+        Records of ``mine`` already in ``parts/`` (an earlier run's).
+    store : CorpusStore or None
+        The finished store when ``out`` already held it (nothing to do).
+    """
+
+    out: Path
+    parts: Path
+    spec: dict[str, Any]
+    state: dict[str, Any]
+    spans: list[ChunkSpan]
+    mine: list[int]
+    todo: list[int]
+    done_records: int
+    store: CorpusStore | None = None
+
+
+def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> PreparedBuild:
+    """Check ``config.out`` against the settings, write ``build.json`` and
+    list the chunks left to embed: the part of a build every executor shares.
+
+    Parameters
+    ----------
+    config : BuildConfig
+    encoder_desc : dict
+        The encoder's ``describe()``.
+
+    Returns
+    -------
+    PreparedBuild (its ``store`` is set when ``out`` already holds the
+    finished store).
+
+    Raises
+    ------
+    ValueError
+        ``config.out`` holds a build or store made with other settings
+        (the differing settings are listed).
+    """
+    cfg = config
+    out = Path(cfg.out)
+    inp = Path(cfg.input)
+    if not inp.is_file():
+        raise FileNotFoundError(f"input: {inp} does not exist")
+    t_hash = time.perf_counter()
+    input_sha, input_bytes, spans = scan_input(str(inp), cfg.format, cfg.chunk_size)
+    spec = _spec(cfg, encoder_desc, input_sha, input_bytes)
+    logger.debug("input hashed and scanned in %.2f s", time.perf_counter() - t_hash)
+    out.mkdir(parents=True, exist_ok=True)
+    cleared = _clear_build(out) if cfg.overwrite else False
+    parts = out / "parts"
+    state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder_desc.get("model_dir")}
+
+    if (out / "manifest.json").is_file():
+        manifest = read_manifest(out / "manifest.json")
+        built = manifest.get("build") if isinstance(manifest.get("build"), dict) else {}
+        diff = _diff({k: built.get(k) for k in spec if k != "num_shards"},
+                     {k: v for k, v in spec.items() if k != "num_shards"})
+        if diff:
+            raise ValueError(f"out: {out} already holds a corpus store built with other settings: "
+                             + "; ".join(diff) + ". Use another --out directory, or pass --overwrite "
+                             "(overwrite=True) to replace it.")
+        logger.warning("%s is already complete (%d passages); nothing to do", out, manifest["count"])
+        return PreparedBuild(out, parts, spec, state, spans, [], [], 0, store=CorpusStore.open(out))
+
+    build_file = out / "build.json"
+    if build_file.is_file():
+        try:
+            prev = json.loads(build_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"out: {build_file} is not valid JSON ({exc}); pass --overwrite (overwrite=True) "
+                             "to start the build over") from None
+        prev = prev if isinstance(prev, dict) else {}
+        diff = _diff({"spec": prev.get("spec"), "shard_id": prev.get("shard_id")},
+                     {"spec": spec, "shard_id": cfg.shard_id})
+        if diff:
+            raise ValueError(f"out: {out} holds an unfinished build with other settings: " + "; ".join(diff)
+                             + ". Rerun with the original settings to resume, pass --overwrite (overwrite=True) "
+                             "to discard it and start over, or use another --out directory.")
+    elif any(out.iterdir()) and not cleared:
+        raise ValueError(f"out: {out} is not empty and holds no corpus build; choose an empty or new directory")
+    else:
+        write_json_atomic(build_file, state)
+
+    parts.mkdir(exist_ok=True)
+    for stale in parts.glob(".*.tmp*"):  # a chunk that was being written when killed
+        stale.unlink(missing_ok=True)
+    done_before = {p.name for p in parts.glob("chunk-*.npz")}
+    if done_before:
+        logger.warning("resuming %s: %d chunk(s) already done, skipping them", out, len(done_before))
+    mine = [s.chunk for s in spans if s.chunk % cfg.num_shards == cfg.shard_id]
+    todo = [c for c in mine if chunk_name(c) not in done_before]
+    done_records = sum(spans[c].count for c in mine if chunk_name(c) in done_before)
+    return PreparedBuild(out, parts, spec, state, spans, mine, todo, done_records)
+
+
+def chunk_name(c: int) -> str:
+    """File name of chunk ``c`` in ``parts/``."""
+    return f"chunk-{c:08d}.npz"
+
+
+def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any, *, dim: int, dtype: str) -> None:
+    """Check a chunk's embeddings and write ``parts/chunk-c.npz``
+    atomically (a temporary file, fsync, rename)."""
+    emb = np.asarray(emb, dtype=np.float32)
+    if emb.shape != (len(texts), dim):
+        raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
+                         f"expected ({len(texts)}, {dim})")
+    if not np.isfinite(emb).all():
+        raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
+    tblob, tlen = texts_to_blob(texts)
+    iblob, ilen = texts_to_blob(ids)
+    name = chunk_name(c)
+    tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
+    with open(tmp, "wb") as f:
+        np.savez(f, emb=emb.astype(dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
+                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, parts / name)
+
+
+def finish_build(prep: PreparedBuild, config: BuildConfig, *, executor: str = "local") -> CorpusStore | None:
+    """After every chunk of this shard is in ``parts/``: write ``shard.json``
+    (one shard of many; returns None) or join the chunks into the store
+    (returns it) and delete ``parts/`` and ``build.json`` unless
+    ``keep_parts``."""
+    cfg, out = config, prep.out
+    missing = [c for c in prep.mine if not (prep.parts / chunk_name(c)).is_file()]
+    if missing:
+        raise RuntimeError(f"build of {out}: chunks {missing[:10]} are missing from parts/ after the run")
+    if cfg.num_shards > 1:
+        write_json_atomic(out / "shard.json", {**prep.state, "n_chunks": len(prep.spans), "chunks": prep.mine})
+        return None
+    store = _finalize(out, [prep.parts / chunk_name(c) for c in prep.mine], prep.spec,
+                      model_dir=prep.state["encoder_model_dir"], shards=1, executor=executor)
+    if not cfg.keep_parts:
+        shutil.rmtree(prep.parts, ignore_errors=True)
+        (out / "build.json").unlink(missing_ok=True)
+    return store
+
+
 def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = True) -> CorpusStore | None:
     """Embed a corpus into a store directory, resuming an unfinished build.
+
+    The input is hashed and scanned once for where each chunk lies
+    (:func:`scan_input`); a shard then decodes only its own chunks.
 
     Parameters
     ----------
@@ -241,93 +643,25 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
         (the differing settings are listed).
     """
     cfg = config
-    out = Path(cfg.out)
-    inp = Path(cfg.input)
-    if not inp.is_file():
-        raise FileNotFoundError(f"input: {inp} does not exist")
-    t_hash = time.perf_counter()
-    input_sha = sha256_file(inp)
-    spec = _spec(cfg, encoder.describe(), input_sha, inp.stat().st_size)
-    logger.debug("input hashed in %.2f s", time.perf_counter() - t_hash)
-    out.mkdir(parents=True, exist_ok=True)
-    cleared = _clear_build(out) if cfg.overwrite else False
-
-    if (out / "manifest.json").is_file():
-        manifest = read_manifest(out / "manifest.json")
-        built = manifest.get("build") if isinstance(manifest.get("build"), dict) else {}
-        diff = _diff({k: built.get(k) for k in spec if k != "num_shards"},
-                     {k: v for k, v in spec.items() if k != "num_shards"})
-        if diff:
-            raise ValueError(f"out: {out} already holds a corpus store built with other settings: "
-                             + "; ".join(diff) + ". Use another --out directory, or pass --overwrite "
-                             "(overwrite=True) to replace it.")
-        logger.warning("%s is already complete (%d passages); nothing to do", out, manifest["count"])
-        return CorpusStore.open(out)
-
-    build_file = out / "build.json"
-    state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder.describe().get("model_dir")}
-    if build_file.is_file():
-        try:
-            prev = json.loads(build_file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"out: {build_file} is not valid JSON ({exc}); pass --overwrite (overwrite=True) "
-                             "to start the build over") from None
-        prev = prev if isinstance(prev, dict) else {}
-        diff = _diff({"spec": prev.get("spec"), "shard_id": prev.get("shard_id")},
-                     {"spec": spec, "shard_id": cfg.shard_id})
-        if diff:
-            raise ValueError(f"out: {out} holds an unfinished build with other settings: " + "; ".join(diff)
-                             + ". Rerun with the original settings to resume, pass --overwrite (overwrite=True) "
-                             "to discard it and start over, or use another --out directory.")
-    elif any(out.iterdir()) and not cleared:
-        raise ValueError(f"out: {out} is not empty and holds no corpus build; choose an empty or new directory")
-    else:
-        write_json_atomic(build_file, state)
-
-    parts = out / "parts"
-    parts.mkdir(exist_ok=True)
-    for stale in parts.glob(".*.tmp*"):  # a chunk that was being written when killed
-        stale.unlink(missing_ok=True)
-    done_before = {p.name for p in parts.glob("chunk-*.npz")}
-    if done_before:
-        logger.warning("resuming %s: %d chunk(s) already done, skipping them", out, len(done_before))
-
+    prep = prepare_build(cfg, encoder.describe())
+    if prep.store is not None:
+        return prep.store
     throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
     bar = None
     if show_progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=f"build {out.name}" + (f" [shard {cfg.shard_id}/{cfg.num_shards}]" if cfg.num_shards > 1
-                                                else ""), unit="doc", unit_scale=True, file=sys.stderr)
-    n_chunks = 0
-    computed = skipped = 0
+        bar = tqdm(desc=f"build {prep.out.name}" + (f" [shard {cfg.shard_id}/{cfg.num_shards}]"
+                                                     if cfg.num_shards > 1 else ""),
+                   total=prep.done_records + sum(prep.spans[c].count for c in prep.todo),
+                   initial=prep.done_records, unit="doc", unit_scale=True, file=sys.stderr)
+    computed = 0
     t0 = time.perf_counter()
-    for c, (ids, texts) in enumerate(_chunks(iter_records(str(inp), cfg.format, cfg.id_field, cfg.text_field),
-                                            cfg.chunk_size)):
-        n_chunks = c + 1
-        if c % cfg.num_shards != cfg.shard_id:
-            continue
-        name = f"chunk-{c:08d}.npz"
-        if name in done_before:
-            skipped += len(ids)
-            if bar is not None:
-                bar.update(len(ids))
-            continue
-        emb = np.asarray(encoder.encode_passages(texts, batch_size=cfg.batch_size), dtype=np.float32)
-        if emb.shape != (len(texts), spec["encoder"]["dim"]):
-            raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
-                             f"expected ({len(texts)}, {spec['encoder']['dim']})")
-        if not np.isfinite(emb).all():
-            raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
-        tblob, tlen = texts_to_blob(texts)
-        iblob, ilen = texts_to_blob(ids)
-        tmp = parts / f".{name}.tmp.npz"
-        with open(tmp, "wb") as f:
-            np.savez(f, emb=emb.astype(cfg.dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
-                     hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, parts / name)
+    dim = int(prep.spec["encoder"]["dim"])
+    for c in prep.todo:
+        ids, texts = read_chunk(cfg.input, cfg.format, prep.spans[c], cfg.id_field, cfg.text_field)
+        emb = encoder.encode_passages(texts, batch_size=cfg.batch_size)
+        write_chunk(prep.parts, c, ids, texts, emb, dim=dim, dtype=cfg.dtype)
         computed += len(ids)
         if bar is not None:
             bar.update(len(ids))
@@ -337,17 +671,8 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
         bar.close()
     dt = time.perf_counter() - t0
     logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
-                computed, dt, computed / dt if dt > 0 else 0.0, skipped)
-    mine = [c for c in range(n_chunks) if c % cfg.num_shards == cfg.shard_id]
-    if cfg.num_shards > 1:
-        write_json_atomic(out / "shard.json", {**state, "n_chunks": n_chunks, "chunks": mine})
-        return None
-    store = _finalize(out, [parts / f"chunk-{c:08d}.npz" for c in mine], spec,
-                      model_dir=state["encoder_model_dir"], shards=1)
-    if not cfg.keep_parts:
-        shutil.rmtree(parts, ignore_errors=True)
-        build_file.unlink(missing_ok=True)
-    return store
+                computed, dt, computed / dt if dt > 0 else 0.0, prep.done_records)
+    return finish_build(prep, cfg)
 
 
 def _clear_build(out: Path) -> bool:
@@ -418,7 +743,7 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
 
 
 def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
-              shards: int) -> CorpusStore:
+              shards: int, executor: str = "local") -> CorpusStore:
     """Join chunk files (in order) into the store files; manifest last."""
     counts = []
     tbytes = ibytes = 0
@@ -461,7 +786,7 @@ def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model
         "format": FORMAT, "count": n, "dim": dim, "dtype": dtype,
         "encoder": {**spec["encoder"], "model_dir": model_dir},
         "input": spec["input"], "chunk_size": spec["chunk_size"], "shards": shards,
-        "build": {k: v for k, v in spec.items()}, "files": files,
+        "build": {k: v for k, v in spec.items()}, "executor": executor, "files": files,
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     write_json_atomic(out / "manifest.json", manifest)
@@ -486,4 +811,5 @@ def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -
             raise ValueError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
 
 
-__all__ = ["BuildConfig", "build_corpus", "merge_shards", "iter_records", "infer_format"]
+__all__ = ["BuildConfig", "build_corpus", "merge_shards", "iter_records", "infer_format", "ChunkSpan", "scan_input",
+           "read_chunk", "PreparedBuild", "prepare_build", "write_chunk", "finish_build", "chunk_name"]
