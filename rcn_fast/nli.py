@@ -176,7 +176,7 @@ class NLIModel:
         """
         torch = require("torch", HINT)
         tf = require("transformers", HINT)
-        from rcn_fast.retrieval.encoder import resolve_model_dir
+        from rcn_fast.model_files import resolve_model_dir
 
         if dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {dtype!r}")

@@ -243,7 +243,7 @@ def fake_hub(monkeypatch, tiny):
     """huggingface_hub.snapshot_download replaced by a recorder that
     returns the tiny model (no network); the module's memo emptied."""
     hub = pytest.importorskip("huggingface_hub")
-    import rcn_fast.retrieval.encoder as enc_mod
+    import rcn_fast.model_files as enc_mod
 
     calls = []
 

@@ -41,8 +41,8 @@ from rcn_fast.septa.system import SamplerConfig
 def _encoder(args: argparse.Namespace) -> Any:
     """The frozen text encoder, with the same defaults as ``python -m
     rcn_fast.eval`` (all-MiniLM-L6-v2 takes no E5 prefixes; see
-    :func:`rcn_fast.eval.config.encoder_defaults`); flags given win."""
-    from rcn_fast.eval.config import encoder_defaults
+    :func:`rcn_fast.retrieval.st_folder.encoder_defaults`); flags given win."""
+    from rcn_fast.retrieval.st_folder import encoder_defaults
     from rcn_fast.retrieval.encoder import Encoder
 
     settings = encoder_defaults(args.encoder)
