@@ -109,8 +109,8 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
         A key of :data:`PIPELINES`: "vanilla", "single_retrieval",
         "reconnect", "zebra", "rr", "self_consistency", "activerag",
         "rag_vanilla", "chain_of_note", "self_refine", "self_rerank", "cot",
-        "guideline", "septa". ActiveRAG and its baselines also answer
-        open-domain questions (``run_batch`` of OpenQuestion ->
+        "guideline", "septa". ReConnect, ActiveRAG and its baselines also
+        answer open-domain questions (``run_batch`` of OpenQuestion ->
         :class:`OpenPrediction`); ``activerag`` takes ``agent=``.
     llm : LLM
         Any object implementing :class:`rcn_fast.llm.LLM` (see ``load_llm``);
