@@ -104,7 +104,7 @@ class RcnConnect(dspy.Module):
                 passages: Sequence[Any] | None = None) -> Any:
         """``dspy.Prediction(explanation, knowledge, connection)`` for one
         question (``choices`` make it multiple choice; without them it is an
-        open question, which ReConnect does not support yet: ValueError)."""
+        open question, connected with ReConnect's open-question prompts)."""
         return self.forward_batch([question], None if choices is None else [choices],
                                   None if passages is None else [passages])[0]
 

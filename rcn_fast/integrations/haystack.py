@@ -107,8 +107,8 @@ class RcnConnector:
     **settings : ReConnectConfig fields (``num_subsets``, ...).
 
     ``run(query, documents, choices=None)``: ``choices`` make it a
-    multiple-choice question; without them it is an open question, which
-    the ReConnect pipeline does not support yet (ValueError).
+    multiple-choice question; without them it is an open question
+    (ReConnect's open-question prompts).
     """
 
     def __init__(self, llm: Any, encoder: Any = None, **settings: Any) -> None:

@@ -119,8 +119,7 @@ class RcnConnectPostprocessor(BaseNodePostprocessor):
     (metadata: ``rcn_fast_connection``, the :meth:`Connection.to_dict`),
     followed by the input nodes when ``keep_nodes``. The question's choices
     come from an :class:`MCQueryBundle`; a plain query (no choices) is an
-    open question, which the ReConnect pipeline does not support yet
-    (ValueError).
+    open question (ReConnect's open-question prompts).
 
     Parameters
     ----------
