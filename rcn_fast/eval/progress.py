@@ -1,0 +1,84 @@
+"""Progress bars of an evaluation: one bar of checkpointed questions per
+task x pipeline x seed and one bar per pipeline stage under it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rcn_fast.eval.runner import Unit
+
+
+class StageBars:
+    """Progress of one task x pipeline x seed on stderr: a bar of the
+    checkpointed questions and, under it, one bar per pipeline stage
+    (questions through that stage so far, questions/s and ETA; the postfix
+    gives the stage's own seconds per question).
+
+    Stages are reported by the pipeline's ``on_stage(stage, question_ids)``
+    attribute when it has one, and otherwise by its stage runners: the bars
+    join the pipeline's ``observers`` (a
+    :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of a
+    stage names its stage and its batch).
+    """
+
+    def __init__(self, unit: Unit, pipe: Any) -> None:
+        from tqdm.auto import tqdm
+
+        self._tqdm = tqdm
+        self.total = len(unit.pending)
+        self.main = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
+                         desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr,
+                         dynamic_ncols=True, position=0)
+        self.bars: dict[str, Any] = {}
+        self.seen: dict[str, set[str]] = {}
+        self.busy: dict[str, float] = {}
+        self._mark = time.perf_counter()
+        for st in getattr(pipe, "stages", ()) or ():  # declared stages get their bars in order up front
+            self._bar(str(st))
+        if hasattr(pipe, "on_stage"):
+            pipe.on_stage = self.stage_done
+        elif isinstance(getattr(pipe, "observers", None), list):
+            pipe.observers.append(self)
+
+    def _bar(self, stage: str) -> Any:
+        if stage not in self.bars:
+            self.bars[stage] = self._tqdm(total=self.total, unit="q", desc=f"  {stage}", file=sys.stderr,
+                                          dynamic_ncols=True, position=len(self.bars) + 1, leave=True)
+            self.seen[stage] = set()
+            self.busy[stage] = 0.0
+        return self.bars[stage]
+
+    def batch_start(self) -> None:
+        self._mark = time.perf_counter()
+
+    def stage_start(self, stage: str) -> None:
+        """A stage begins (its bar's clock starts at its first batch)."""
+        self._bar(str(stage))
+
+    def stage_done(self, stage: str, ids: Any) -> None:
+        """``ids`` went through ``stage`` (a question counts once per stage)."""
+        now = time.perf_counter()
+        stage = str(stage)
+        bar = self._bar(stage)
+        seen = self.seen[stage]
+        new = [i for i in dict.fromkeys(ids) if i not in seen]
+        self.busy[stage] += now - self._mark
+        self._mark = now
+        if new:
+            seen.update(new)
+            bar.set_postfix_str(f"{self.busy[stage] / len(seen):.3g} s/q in stage", refresh=False)
+            bar.update(len(new))
+
+    def update(self, n: int) -> None:
+        self.main.update(n)
+
+    def close(self) -> None:
+        for b in reversed(list(self.bars.values())):
+            b.close()
+        self.main.close()
+
+
+__all__ = ["StageBars"]
