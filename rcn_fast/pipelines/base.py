@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -148,22 +149,94 @@ class QuestionState:
         return self.question.id
 
 
+def _tag_costs(llm: Any, ids: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
+    tracker = getattr(llm, "cost", None)
+    by_tag = getattr(tracker, "by_tag", None) or {}
+    out = {}
+    for i in ids:
+        c = by_tag.get(i)
+        out[i] = (0, 0, 0, 0) if c is None else (c.calls, c.prompt_tokens, c.generated_tokens, c.cached_calls)
+    return out
+
+
+@runtime_checkable
+class StageObserver(Protocol):
+    """Watches the stages of a :class:`StageRunner` (e.g. progress bars).
+
+    A pipeline passes its ``observers`` list to every runner it creates;
+    each LLM call of a stage (and each block run under
+    :meth:`StageRunner.stage`) calls ``stage_start(stage)`` before and
+    ``stage_done(stage, question_ids)`` after.
+    """
+
+    def stage_start(self, stage: str) -> None:
+        ...
+
+    def stage_done(self, stage: str, question_ids: Sequence[str]) -> None:
+        ...
+
+
 class StageRunner:
-    """Runs one stage for a whole batch: a single LLM call per stage.
+    """Runs one stage for a whole batch: a single LLM call per stage, and the
+    one place that counts a batch's LLM cost.
 
     Parameters
     ----------
     llm : LLM
     prompts : PromptSet
     max_new_tokens, temperature, top_p, seed : decoding of generations.
+    observers : sequence of StageObserver, optional
+        Told when each stage starts and which questions it finished.
     """
 
     def __init__(self, llm: Any, prompts: PromptSet, *, max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0) -> None:
+                 top_p: float = 1.0, seed: int = 0, observers: Sequence[StageObserver] = ()) -> None:
         self.llm = llm
         self.prompts = prompts
         self.gen_kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         self.llm_calls = 0  # batched LLM calls made by this runner (one per stage)
+        self.observers = list(observers)
+        self._before: dict[str, tuple[int, int, int, int]] = {}
+
+    # ------------------------------------------------------------ batch and cost
+    def start(self, questions: Sequence[Any]) -> list[QuestionState]:
+        """The working states of a batch; reads the LLM's cost tracker so that
+        :meth:`costs` gives what each question used from now on."""
+        self._before = _tag_costs(self.llm, [q.id for q in questions])
+        return [QuestionState(q) for q in questions]
+
+    def costs(self, states: Sequence[QuestionState]) -> list[QuestionCost]:
+        """Per question, the LLM usage since :meth:`start` (tracker counts by
+        question id) and the rows the stages sent."""
+        after = _tag_costs(self.llm, [st.id for st in states])
+        out = []
+        for st in states:
+            b, a = self._before.get(st.id, (0, 0, 0, 0)), after[st.id]
+            out.append(QuestionCost(
+                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
+                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
+            ))
+        return out
+
+    @contextmanager
+    def stage(self, stage: str, states: Sequence[QuestionState]) -> Iterator[None]:
+        """Report a block of work as ``stage`` for ``states`` to the observers."""
+        for ob in self.observers:
+            ob.stage_start(stage)
+        yield
+        ids = [st.id for st in states]
+        for ob in self.observers:
+            ob.stage_done(stage, ids)
+
+    # ------------------------------------------------------------ LLM calls
+    def _decoding(self, decoding: dict[str, Any] | None) -> dict[str, Any]:
+        kwargs = dict(self.gen_kwargs)
+        if decoding:
+            unknown = set(decoding) - {"temperature", "top_p", "seed"}
+            if unknown:
+                raise ValueError(f"decoding: unknown key(s) {sorted(unknown)}; expected temperature, top_p, seed")
+            kwargs.update(decoding)
+        return kwargs
 
     def generate(self, stage: str, states: Sequence[QuestionState],
                  chats: Sequence[Sequence[list[dict[str, str]]]], *,
@@ -185,12 +258,7 @@ class StageRunner:
         -------
         per question, the generated texts in the order of its chats
         """
-        kwargs = dict(self.gen_kwargs)
-        if decoding:
-            unknown = set(decoding) - {"temperature", "top_p", "seed"}
-            if unknown:
-                raise ValueError(f"decoding: unknown key(s) {sorted(unknown)}; expected temperature, top_p, seed")
-            kwargs.update(decoding)
+        kwargs = self._decoding(decoding)
         flat, tags, owner = [], [], []
         for i, (st, cs) in enumerate(zip(states, chats)):
             for c in cs:
@@ -200,8 +268,9 @@ class StageRunner:
         out: list[list[str]] = [[] for _ in states]
         if not flat:
             return out
-        res = self.llm.generate(flat, tags=tags, **kwargs)
-        self.llm_calls += 1
+        with self.stage(stage, states):
+            res = self.llm.generate(flat, tags=tags, **kwargs)
+            self.llm_calls += 1
         if len(res) != len(flat):
             raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(flat)} chats")
         for chat, i, gens in zip(flat, owner, res):
@@ -217,35 +286,76 @@ class StageRunner:
                 states[i].trace[-1]["decoding"] = dict(decoding)
         return out
 
+    def sample(self, stage: str, states: Sequence[QuestionState], chats: Sequence[list[dict[str, str]]], *,
+               num_samples: int, trace: Sequence[dict[str, Any]] | None = None) -> list[list[str]]:
+        """``num_samples`` generations of one chat per question, in one LLM call.
+
+        Each question gets one trace entry (``outputs``, ``finish_reasons``,
+        ``num_samples``, summed ``generated_tokens``); ``trace[i]`` adds to
+        (or, for ``stage``, overrides) question i's entry.
+
+        Returns
+        -------
+        per question, its ``num_samples`` texts
+        """
+        if not states:
+            return []
+        with self.stage(stage, states):
+            res = self.llm.generate(list(chats), max_new_tokens=self.gen_kwargs["max_new_tokens"],
+                                    temperature=self.gen_kwargs["temperature"], top_p=self.gen_kwargs["top_p"],
+                                    num_samples=num_samples, seed=self.gen_kwargs["seed"],
+                                    tags=[st.id for st in states])
+            self.llm_calls += 1
+        if len(res) != len(chats):
+            raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(chats)} chats")
+        out = []
+        for i, (st, chat, gens) in enumerate(zip(states, chats, res)):
+            if len(gens) != num_samples:
+                raise RuntimeError(f"llm: generate returned {len(gens)} samples, expected num_samples={num_samples}")
+            st.generations += 1
+            st.trace.append({
+                "stage": stage, "type": "generate", "prompt": copy.deepcopy(chat), **(trace[i] if trace else {}),
+                "num_samples": num_samples, "outputs": [g.text for g in gens],
+                "finish_reasons": [g.finish_reason for g in gens],
+                "prompt_tokens": gens[0].prompt_tokens if gens else 0,
+                "generated_tokens": sum(g.generated_tokens for g in gens),
+            })
+            out.append([g.text for g in gens])
+        return out
+
     def score(self, stage: str, states: Sequence[QuestionState],
               chats: Sequence[list[dict[str, str]]]) -> list[list[float]]:
         """One scoring pass per question (one LLM call for the batch):
         log-probabilities over each question's labels."""
-        if not states:
-            return []
-        labels = [list(st.question.labels) for st in states]
-        lp = np.asarray(self.llm.label_logprobs(list(chats), labels, tags=[st.id for st in states]))
-        self.llm_calls += 1
-        if lp.shape[0] != len(states):
-            raise RuntimeError(f"llm: label_logprobs returned {lp.shape[0]} rows for {len(states)} chats")
-        out = []
-        for st, chat, row, labs in zip(states, chats, lp, labels):
+        return [r[0] for r in self.score_rows(stage, states, [[c] for c in chats])]
+
+    def score_rows(self, stage: str, states: Sequence[QuestionState],
+                   chats: Sequence[Sequence[list[dict[str, str]]]]) -> list[list[list[float]]]:
+        """Scoring passes for every chat of every question (one LLM call for
+        the batch) -> per question, per chat, log-probabilities over the
+        question's labels."""
+        flat, labels, tags, owner = [], [], [], []
+        for i, (st, cs) in enumerate(zip(states, chats)):
+            for c in cs:
+                flat.append(c)
+                labels.append(list(st.question.labels))
+                tags.append(st.id)
+                owner.append(i)
+        out: list[list[list[float]]] = [[] for _ in states]
+        if not flat:
+            return out
+        with self.stage(stage, states):
+            lp = np.asarray(self.llm.label_logprobs(flat, labels, tags=tags))
+            self.llm_calls += 1
+        if lp.shape[0] != len(flat):
+            raise RuntimeError(f"llm: label_logprobs returned {lp.shape[0]} rows for {len(flat)} chats")
+        for chat, labs, i, row in zip(flat, labels, owner, lp):
             vals = [float(x) for x in row[: len(labs)]]
-            out.append(vals)
-            st.scoring_passes += 1
-            st.trace.append({"stage": stage, "type": "score", "prompt": copy.deepcopy(chat), "labels": labs,
-                             "logprobs": vals})
+            out[i].append(vals)
+            states[i].scoring_passes += 1
+            states[i].trace.append({"stage": stage, "type": "score", "prompt": copy.deepcopy(chat), "labels": labs,
+                                    "logprobs": vals})
         return out
-
-
-def _tag_costs(llm: Any, ids: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
-    tracker = getattr(llm, "cost", None)
-    by_tag = getattr(tracker, "by_tag", None) or {}
-    out = {}
-    for i in ids:
-        c = by_tag.get(i)
-        out[i] = (0, 0, 0, 0) if c is None else (c.calls, c.prompt_tokens, c.generated_tokens, c.cached_calls)
-    return out
 
 
 class StagedPipeline:
@@ -275,6 +385,8 @@ class StagedPipeline:
         self.config = config
         self.prompts = load_prompts(prompts if prompts is not None else config.prompts)
         self.retriever = retriever
+        #: StageObserver objects every runner of this pipeline reports its stages to (e.g. progress bars)
+        self.observers: list[StageObserver] = []
         if self.needs_retriever and retriever is None:
             raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
 
@@ -328,34 +440,29 @@ class StagedPipeline:
 
     # ------------------------------------------------------------ internals
     def runner(self) -> StageRunner:
+        """A stage runner with the run's decoding, reporting to :attr:`observers`."""
         c = self.config
         return StageRunner(self.llm, self.prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                           top_p=c.top_p, seed=c.seed)
+                           top_p=c.top_p, seed=c.seed, observers=self.observers)
 
     def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
         if not questions:
             return []
-        before = _tag_costs(self.llm, [q.id for q in questions])
-        states = [QuestionState(q) for q in questions]
         runner = self.runner()
+        states = runner.start(questions)
         self.knowledge_stages(states, runner)
         scores = self.answer_stage(states, runner)
-        after = _tag_costs(self.llm, [q.id for q in questions])
-        preds = []
-        for st, lp in zip(states, scores):
-            q = st.question
-            b, a = before[q.id], after[q.id]
-            cost = QuestionCost(
-                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
-                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
-            )
-            pred = int(np.argmax(np.asarray(lp, dtype=np.float64))) if lp else 0
-            preds.append(Prediction(
-                question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
-                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
-                answer=q.answer,
-            ))
-        return preds
+        return [self.prediction(st, lp, cost) for st, lp, cost in zip(states, scores, runner.costs(states))]
+
+    def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
+        """The record of one question: the argmax of ``lp`` (first on ties)."""
+        q = st.question
+        pred = int(np.argmax(np.asarray(lp, dtype=np.float64))) if lp else 0
+        return Prediction(
+            question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
+            knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
+            answer=q.answer,
+        )
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         """Fill ``state.knowledge`` for every question (default: none)."""
@@ -375,5 +482,5 @@ class StagedPipeline:
         return runner.score("answer", states, chats)
 
 
-__all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "QuestionState",
+__all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
            "question_key"]

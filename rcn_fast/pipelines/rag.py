@@ -38,7 +38,7 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion, exact_match, normalize_answer, string_em
-from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner, _tag_costs
+from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
 from rcn_fast.pipelines.simple import question_query
 from rcn_fast.retrieval.types import Passage
@@ -334,46 +334,29 @@ class RAGPipeline(StagedPipeline):
             st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
                              "results": [[p.id for p in res]]})
 
-    def generate_rows(self, stage: str, states: list[QuestionState], runner: StageRunner,
-                      rows: Sequence[Sequence[tuple[str | None, list[dict[str, str]]]]]) -> list[list[str]]:
-        """One LLM call for every (name, chat) row of every question; the
-        trace entries get ``name`` as their ``agent`` when it is not None."""
-        outs = runner.generate(stage, states, [[c for _, c in r] for r in rows])
+    @staticmethod
+    def _name_rows(states: list[QuestionState], rows: Sequence[Sequence[tuple[str | None, Any]]]) -> None:
+        """Give the last trace entries of each question their row's name as ``agent``."""
         for st, r in zip(states, rows):
             entries = st.trace[len(st.trace) - len(r):] if r else []
             for (name, _), e in zip(r, entries):
                 if name is not None:
                     e["agent"] = name
+
+    def generate_rows(self, stage: str, states: list[QuestionState], runner: StageRunner,
+                      rows: Sequence[Sequence[tuple[str | None, list[dict[str, str]]]]]) -> list[list[str]]:
+        """One LLM call for every (name, chat) row of every question; the
+        trace entries get ``name`` as their ``agent`` when it is not None."""
+        outs = runner.generate(stage, states, [[c for _, c in r] for r in rows])
+        self._name_rows(states, rows)
         return outs
 
     def score_rows(self, stage: str, states: list[QuestionState], runner: StageRunner,
                    rows: Sequence[Sequence[tuple[str | None, list[dict[str, str]]]]]) -> list[list[list[float]]]:
         """One ``label_logprobs`` call for every (name, chat) row of every
         (multiple-choice) question -> per question, per row, log-probs."""
-        flat, labels, tags, owner, names = [], [], [], [], []
-        for i, (st, r) in enumerate(zip(states, rows)):
-            for name, c in r:
-                flat.append(c)
-                labels.append(list(st.question.labels))
-                tags.append(st.id)
-                owner.append(i)
-                names.append(name)
-        out: list[list[list[float]]] = [[] for _ in states]
-        if not flat:
-            return out
-        lp = np.asarray(self.llm.label_logprobs(flat, labels, tags=tags))
-        runner.llm_calls += 1
-        if lp.shape[0] != len(flat):
-            raise RuntimeError(f"llm: label_logprobs returned {lp.shape[0]} rows for {len(flat)} chats")
-        for chat, labs, i, name, row in zip(flat, labels, owner, names, lp):
-            vals = [float(x) for x in row[: len(labs)]]
-            out[i].append(vals)
-            st = states[i]
-            st.scoring_passes += 1
-            entry = {"stage": stage, "type": "score", "prompt": copy.deepcopy(chat), "labels": labs, "logprobs": vals}
-            if name is not None:
-                entry["agent"] = name
-            st.trace.append(entry)
+        out = runner.score_rows(stage, states, [[c for _, c in r] for r in rows])
+        self._name_rows(states, rows)
         return out
 
     # ------------------------------------------------------------ the answer
@@ -449,20 +432,13 @@ class RAGPipeline(StagedPipeline):
     def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
         if not questions:
             return []
-        before = _tag_costs(self.llm, [q.id for q in questions])
-        states = [QuestionState(q) for q in questions]  # type: ignore[arg-type]
         runner = self.runner()
+        states = runner.start(questions)
         self.knowledge_stages(states, runner)
         results = self.open_answer_stage(states, runner)
-        after = _tag_costs(self.llm, [q.id for q in questions])
         preds = []
-        for st, (ans, output, meta) in zip(states, results):
+        for st, (ans, output, meta), cost in zip(states, results, runner.costs(states)):
             q = st.question
-            b, a = before[q.id], after[q.id]
-            cost = QuestionCost(
-                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
-                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
-            )
             gold = list(q.answers)
             preds.append(OpenPrediction(
                 question_id=q.id, answer_text=ans, answers=gold,

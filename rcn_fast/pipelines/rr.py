@@ -43,7 +43,6 @@ its generations are cached.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import os
@@ -55,7 +54,7 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no
-from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, _tag_costs
+from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.config import RRConfig, SelfConsistencyConfig
 from rcn_fast.retrieval.types import Passage
 
@@ -511,31 +510,21 @@ class SelfConsistency(StagedPipeline):
         return self.prompts.chat(stage, question, examples=self.examples[stage])
 
     # ------------------------------------------------------------ stages
-    def sample_paths(self, states: list[QuestionState]) -> int:
+    def sample_paths(self, states: list[QuestionState], runner: StageRunner | None = None) -> int:
         """One generation call: ``num_paths`` samples of every question's
-        few-shot reasoning chat (:meth:`chat_of`). Fills
-        ``state.data["paths"]``; returns the number of LLM calls made (0 or 1)."""
+        few-shot reasoning chat (:meth:`chat_of`), through ``runner`` (a new
+        :meth:`runner` when None). Fills ``state.data["paths"]``; returns the
+        number of LLM calls made (0 or 1)."""
         c = self.config
-        chats = [self.chat_of(st.question) for st in states]
-        if not chats:
+        if not states:
             return 0
-        res = self.llm.generate(chats, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                                num_samples=c.num_paths, seed=c.seed, tags=[st.id for st in states])
-        if len(res) != len(chats):
-            raise RuntimeError(f"llm: generate returned {len(res)} rows for {len(chats)} chats")
-        for st, chat, gens in zip(states, chats, res):
-            if len(gens) != c.num_paths:
-                raise RuntimeError(f"llm: generate returned {len(gens)} samples, expected num_samples={c.num_paths}")
-            st.generations += 1
-            st.trace.append({
-                "stage": self.stage_of(st.question), "type": "generate", "prompt": copy.deepcopy(chat),
-                "num_examples": len(self.examples[self.stage_of(st.question)]), "num_samples": c.num_paths,
-                "outputs": [g.text for g in gens],
-                "finish_reasons": [g.finish_reason for g in gens],
-                "prompt_tokens": gens[0].prompt_tokens if gens else 0,
-                "generated_tokens": sum(g.generated_tokens for g in gens),
-            })
-            st.data["paths"] = [make_path(g.text, st.question, c.conclusion_words) for g in gens]
+        runner = runner if runner is not None else self.runner()
+        stages = [self.stage_of(st.question) for st in states]
+        outs = runner.sample("rr_reasoning", states, [self.chat_of(st.question) for st in states],
+                             num_samples=c.num_paths,
+                             trace=[{"stage": sg, "num_examples": len(self.examples[sg])} for sg in stages])
+        for st, texts in zip(states, outs):
+            st.data["paths"] = [make_path(t, st.question, c.conclusion_words) for t in texts]
         return 1
 
     def check_paths(self, states: list[QuestionState]) -> None:
@@ -545,14 +534,17 @@ class SelfConsistency(StagedPipeline):
         paths: list[ReasoningPath] = st.data["paths"]
         return faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
 
-    # ------------------------------------------------------------ driver
-    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
-        if not questions:
-            return []
-        before = _tag_costs(self.llm, [q.id for q in questions])
-        states = [QuestionState(q) for q in questions]
-        self.sample_paths(states)
+    # ------------------------------------------------------------ the answer
+    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+        """Sample the reasoning paths (:meth:`sample_paths`), then check them
+        (:meth:`check_paths`)."""
+        self.sample_paths(states, runner)
         self.check_paths(states)
+
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """The vote of each question's paths (``state.data["pred"]``); the
+        unanswered ones fall back by the config's ``fallback`` (``"score"``:
+        one scoring pass each, one LLM call for them all)."""
         votes = [self.decide(st) for st in states]
         lps: list[list[float] | None] = [None] * len(states)
         preds_idx: list[int] = [0] * len(states)
@@ -560,7 +552,7 @@ class SelfConsistency(StagedPipeline):
         if unanswered and self.config.fallback == "score":
             sub = [states[i] for i in unanswered]
             chats = [self.prompts.chat("answer", st.question) for st in sub]
-            scores = self.runner().score("answer", sub, chats)
+            scores = runner.score("answer", sub, chats)
             for i, lp in zip(unanswered, scores):
                 lps[i] = lp
                 preds_idx[i] = int(np.argmax(np.asarray(lp, dtype=np.float64)))
@@ -574,25 +566,22 @@ class SelfConsistency(StagedPipeline):
                 preds_idx[i] = 0
             self._trace_paths(st)
             st.trace.append(self._vote_trace(st, v, preds_idx[i]))
-        after = _tag_costs(self.llm, [q.id for q in questions])
-        out = []
-        for st, lp, pred in zip(states, lps, preds_idx):
-            q = st.question
-            b, a = before[q.id], after[q.id]
-            cost = QuestionCost(
-                llm_calls=a[0] - b[0], generations=st.generations, scoring_passes=st.scoring_passes,
-                prompt_tokens=a[1] - b[1], generated_tokens=a[2] - b[2], cached_calls=a[3] - b[3],
-            )
-            paths: list[ReasoningPath] = st.data["paths"]
-            knowledge = []
-            for p in paths:
-                if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
-                    knowledge.append(p.explanation)
-            out.append(Prediction(
-                question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=list(lp or []),
-                knowledge=knowledge, passages=list(st.passages), trace=st.trace, cost=cost, answer=q.answer,
-            ))
-        return out
+            st.data["pred"] = preds_idx[i]
+        return [list(lp or []) for lp in lps]
+
+    def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
+        """The voted answer; its knowledge is the distinct explanations of the
+        paths that reached it."""
+        q = st.question
+        pred = st.data["pred"]
+        knowledge: list[str] = []
+        for p in st.data["paths"]:
+            if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
+                knowledge.append(p.explanation)
+        return Prediction(
+            question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
+            knowledge=knowledge, passages=list(st.passages), trace=st.trace, cost=cost, answer=q.answer,
+        )
 
     def _trace_paths(self, st: QuestionState) -> None:
         q = st.question

@@ -1,0 +1,113 @@
+"""Every LLM call of a pipeline goes through its stage runner: observers
+(the eval's progress bars among them) see RR's sampled reasoning and the
+RAG pipelines' answer scoring, and the cost of a batch is counted once."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+
+pytest.importorskip("pysbd")
+pytest.importorskip("bm25s")
+
+from rcn_fast.eval.runner import StageBars  # noqa: E402
+from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
+from rcn_fast.pipelines.base import StageObserver  # noqa: E402
+from tests.pipelines.doubles import FACTS, HashEncoder  # noqa: E402
+from tests.pipelines.rr_doubles import KeywordNLI, PathsLLM  # noqa: E402
+from tests.test_pipelines_activerag import OQS, QS as RAG_QS, RAGDouble  # noqa: E402
+from tests.test_pipelines_rr import QS as RR_QS, SCRIPT  # noqa: E402
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def stage_start(self, stage):
+        self.events.append(("start", stage))
+
+    def stage_done(self, stage, question_ids):
+        self.events.append(("done", stage, list(question_ids)))
+
+    def done(self):
+        return [(e[1], e[2]) for e in self.events if e[0] == "done"]
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    return InMemoryRetriever(HashEncoder(), FACTS, ids=[f"f{i}" for i in range(len(FACTS))])
+
+
+def _rr(kind):
+    kw = dict(llm=PathsLLM(SCRIPT), num_paths=3, seed=0)
+    if kind == "rr":
+        kw.update(similarity_model="retriever", nli=KeywordNLI(),
+                  retriever=InMemoryRetriever(HashEncoder(), FACTS, ids=[f"f{i}" for i in range(len(FACTS))]))
+    return build(kind, **kw)
+
+
+@pytest.mark.parametrize("kind", ["rr", "self_consistency"])
+def test_observers_see_rr_reasoning_and_its_fallback(kind):
+    p = _rr(kind)
+    rec = Recorder()
+    assert isinstance(rec, StageObserver)
+    p.observers.append(rec)
+    preds = p.run_batch(RR_QS)
+    ids = [q.id for q in RR_QS]
+    # one event pair per LLM call: the sampled reasoning of the batch, the fallback scoring of q-cold
+    assert rec.events == [("start", "rr_reasoning"), ("done", "rr_reasoning", ids),
+                          ("start", "answer"), ("done", "answer", ["q-cold"])]
+    assert p.llm.calls[0][0] == "generate" and [c[0] for c in p.llm.calls] == ["generate", "score"]
+    by = {x.question_id: x for x in preds}
+    # the cost of each question is counted once, by the runner
+    assert by["q-cold"].cost.llm_calls == 2 and by["q3"].cost.llm_calls == 1
+    # the trace keeps each question's own reasoning stage (the yes/no prompt for the moon)
+    assert by["q-moon"].trace[0]["stage"] == "rr_reasoning_yes_no" and by["q3"].trace[0]["stage"] == "rr_reasoning"
+    assert by["q3"].trace[0]["num_examples"] == len(p.examples["rr_reasoning"])
+
+
+@pytest.mark.parametrize("name, agent, stages, open_stages", [
+    ("rag_vanilla", None, ["answer"], ["answer"]),  # open domain: the answer is generated
+    ("cot", None, ["rag_cot", "answer"], ["rag_cot"]),  # open domain: the reasoning holds the answer
+    ("activerag", "all", ["rag_cot", "knowledge_construction", "cognitive_nexus", "answer"],
+     ["rag_cot", "knowledge_construction", "cognitive_nexus"]),
+])
+def test_observers_see_rag_generation_and_answer_scoring(name, agent, stages, open_stages, retriever):
+    kw = {"agent": agent} if agent else {}
+    if name != "cot":
+        kw["retriever"] = retriever
+    llm = RAGDouble()
+    p = build(name, llm=llm, **kw)
+    rec = Recorder()
+    p.observers.append(rec)
+    preds = p.run_batch(RAG_QS)
+    ids = [q.id for q in RAG_QS]
+    assert rec.done() == [(s, ids) for s in stages]
+    assert len(rec.done()) == len(llm.calls)  # every LLM call is seen
+    if agent == "all":  # 4 agents: 4 scoring rows per question, one call, counted once per row
+        assert all(pr.cost.scoring_passes == 4 for pr in preds)
+    rec2 = Recorder()
+    p.observers[:] = [rec2]
+    p.run_batch(OQS)
+    assert rec2.done() == [(s, [q.id for q in OQS]) for s in open_stages]
+
+
+def _bars(p, questions):
+    unit = SimpleNamespace(pending=list(questions), questions=list(questions), pipeline=p.name, seed=0,
+                           task=SimpleNamespace(name="mini"))
+    bars = StageBars(unit, p)
+    try:
+        p.run_batch(questions)
+    finally:
+        bars.close()
+    return {stage: bar.n for stage, bar in bars.bars.items()}
+
+
+def test_progress_bars_show_rr_and_rag_stages(retriever):
+    assert _bars(_rr("rr"), RR_QS) == {"rr_reasoning": 4, "answer": 1}
+    assert _bars(build("activerag", llm=RAGDouble(), retriever=retriever), RAG_QS) == {
+        "rag_cot": 3, "knowledge_construction": 3, "cognitive_nexus": 3, "answer": 3}
