@@ -55,6 +55,22 @@ def _combine_and_store(x, valid, offs_c, C, out_row_ptr, stride_oc, arg_ptr):
 
 
 @triton.jit
+def _load_label_ids(ids_ptr, b, stride_ib, stride_ic, stride_is, C, S,
+                    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Row ``b``'s spelling ids as int64 [BLOCK_C, BLOCK_S]: (valid mask,
+    ids with 0 where not valid, so they can index safely)."""
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_s = tl.arange(0, BLOCK_S)
+    inb = (offs_c[:, None] < C) & (offs_s[None, :] < S)
+    ids = tl.load(
+        ids_ptr + b * stride_ib + offs_c[:, None] * stride_ic + offs_s[None, :] * stride_is,
+        mask=inb, other=-1,
+    ).to(tl.int64)
+    valid = inb & (ids >= 0)
+    return valid, tl.where(valid, ids, 0)
+
+
+@triton.jit
 def choice_logprobs_logits_kernel(
     logits_ptr, stride_lb, stride_lv,
     ids_ptr, stride_ib, stride_ic, stride_is,
@@ -65,14 +81,7 @@ def choice_logprobs_logits_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     offs_c = tl.arange(0, BLOCK_C)
-    offs_s = tl.arange(0, BLOCK_S)
-    inb = (offs_c[:, None] < C) & (offs_s[None, :] < S)
-    ids = tl.load(
-        ids_ptr + b * stride_ib + offs_c[:, None] * stride_ic + offs_s[None, :] * stride_is,
-        mask=inb, other=-1,
-    ).to(tl.int64)
-    valid = inb & (ids >= 0)
-    safe = tl.where(valid, ids, 0)
+    valid, safe = _load_label_ids(ids_ptr, b, stride_ib, stride_ic, stride_is, C, S, BLOCK_C, BLOCK_S)
     x = tl.load(logits_ptr + b * stride_lb + safe * stride_lv, mask=valid, other=float("-inf")).to(tl.float32)
     _combine_and_store(x, valid, offs_c, C, out_ptr + b * stride_ob, stride_oc, arg_ptr + b)
 
@@ -91,15 +100,8 @@ def choice_logprobs_hidden_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     offs_c = tl.arange(0, BLOCK_C)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_h = tl.arange(0, BLOCK_H)
-    inb = (offs_c[:, None] < C) & (offs_s[None, :] < S)
-    ids = tl.load(
-        ids_ptr + b * stride_ib + offs_c[:, None] * stride_ic + offs_s[None, :] * stride_is,
-        mask=inb, other=-1,
-    ).to(tl.int64)
-    valid = inb & (ids >= 0)
-    safe = tl.where(valid, ids, 0)
+    valid, safe = _load_label_ids(ids_ptr, b, stride_ib, stride_ic, stride_is, C, S, BLOCK_C, BLOCK_S)
     acc = tl.zeros((BLOCK_C, BLOCK_S), dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
         hh = h0 + offs_h

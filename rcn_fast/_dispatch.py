@@ -146,3 +146,47 @@ def get(name: str) -> Op:
 
 def ops() -> dict[str, Op]:
     return dict(_REGISTRY)
+
+
+# ------------------------------------------------------- the common backend checks
+def check_cuda(ctx: Mapping[str, Any], symbol: str, missing: str) -> tuple[Any, str | None]:
+    """``(rcn_fast._cuda, None)`` when the CUDA extension can serve ``ctx``
+    and has ``symbol``; else ``(module or None, why not)``."""
+    from rcn_fast import _native
+
+    mod, why = _native.cuda_module()
+    if mod is None:
+        return None, why
+    if ctx["device"] != "cuda":
+        return mod, f"inputs are on {ctx['device']}, not a CUDA device"
+    if not hasattr(mod, symbol):
+        return mod, missing
+    return mod, None
+
+
+def check_native(ctx: Mapping[str, Any], symbol: str, missing: str) -> str | None:
+    """Why the CPU extension (rcn_fast._C) cannot serve ``ctx`` (None: it can)."""
+    from rcn_fast import _native
+
+    mod, why = _native.cpu_module()
+    if mod is None:
+        return why
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the native backend runs on the CPU"
+    if not hasattr(mod, symbol):
+        return missing
+    return None
+
+
+def check_torch(ctx: Mapping[str, Any]) -> str | None:
+    """Why a torch backend cannot serve ``ctx`` (it takes torch tensors only)."""
+    if ctx["library"] != "torch":
+        return "inputs are numpy arrays (the torch backend takes torch tensors)"
+    return None
+
+
+def check_numpy(ctx: Mapping[str, Any]) -> str | None:
+    """Why a numpy reference cannot serve ``ctx`` (it runs on the CPU only)."""
+    if ctx["device"] != "cpu":
+        return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
+    return None

@@ -18,9 +18,11 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from rcn_fast.data.questions import MCQuestion
+
+T = TypeVar("T")
 
 
 class DataFormatError(ValueError):
@@ -109,23 +111,29 @@ def parse_csqa_record(rec: Any, where: str) -> MCQuestion:
         raise DataFormatError(f"{where}: {exc}") from None
 
 
-def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[MCQuestion]:
-    """Questions of a CommonsenseQA-layout JSON-lines file (or a JSON array).
+def read_records(path: str | os.PathLike[str], parse: Callable[[Any, str, int], T], limit: int | None = None, *,
+                 arrays: bool = True) -> list[T]:
+    """Parsed records of a JSON-lines file (blank lines skipped) or, with
+    ``arrays``, of a file holding one JSON array.
+
+    ``parse(record, where, n)`` converts one record; ``where`` names it for
+    error messages (``"<path>:<line>"`` or ``"<path>: record <n>"``), ``n``
+    is its line (or 1-based record) number. At most ``limit`` records.
 
     Raises
     ------
     DataFormatError
-        On a malformed line, naming the file and line number.
+        On a line (or file) that is not valid JSON, naming the file and line.
     """
     path = Path(path)
-    out: list[MCQuestion] = []
-    if _starts_with_bracket(path):
+    out: list[T] = []
+    if arrays and _starts_with_bracket(path):
         try:
             records = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
             raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         for i, rec in enumerate(records):
-            out.append(parse_csqa_record(rec, f"{path}: record {i + 1}"))
+            out.append(parse(rec, f"{path}: record {i + 1}", i + 1))
             if limit is not None and len(out) >= limit:
                 break
         return out
@@ -136,10 +144,52 @@ def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[M
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        out.append(parse_csqa_record(rec, f"{path}:{lineno}"))
+        out.append(parse(rec, f"{path}:{lineno}", lineno))
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def split_file(path: Path, split: str | None) -> Path | None:
+    """The ``*<split>*.jsonl`` file of a directory of question files (the
+    first by name; ``split`` default ``dev``, ``validation`` also matches
+    ``dev``), or None when ``path`` is not such a directory (a file, or a
+    dataset saved with ``save_to_disk``)."""
+    if not path.is_dir() or (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        return None
+    want = split or "dev"
+    want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want)
+    files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
+    if not files:
+        raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
+    return files[0]
+
+
+def hf_split(datasets: Any, name: str, config: str | None, split: str,
+             dataset_kwargs: dict[str, Any] | None) -> Any:
+    """One split of a Hugging Face dataset: a directory saved with
+    ``save_to_disk``, or a hub id read with ``datasets.load_dataset``."""
+    if Path(name).is_dir():
+        ds = datasets.load_from_disk(name)
+        return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+    return datasets.load_dataset(name, config, split=split, **(dataset_kwargs or {}))
+
+
+def check_limit(limit: Any) -> None:
+    """``limit`` is None or a positive int (not a bool)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit: expected a positive int, got {limit!r}")
+
+
+def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[MCQuestion]:
+    """Questions of a CommonsenseQA-layout JSON-lines file (or a JSON array).
+
+    Raises
+    ------
+    DataFormatError
+        On a malformed line, naming the file and line number.
+    """
+    return read_records(path, lambda rec, where, _: parse_csqa_record(rec, where), limit)
 
 
 def _starts_with_bracket(path: Path) -> bool:
@@ -290,12 +340,7 @@ def load_hf(name: str, config: str | None = None, split: str | None = None,
             f"(known: {sorted(HF_FIELD_MAPS)})"
         )
     split = split or "validation"
-    if Path(name).is_dir():
-        ds = datasets.load_from_disk(name)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    else:
-        ds = datasets.load_dataset(name, config, split=split, **(dataset_kwargs or {}))
+    ds = hf_split(datasets, name, config, split, dataset_kwargs)
     out = []
     for row, rec in enumerate(_take(ds, limit)):
         out.append(convert_record(rec, fmap, row, f"{name}[{split}]"))
@@ -335,19 +380,11 @@ def load_questions(path_or_name: str | os.PathLike[str], split: str | None = Non
     -------
     list[MCQuestion]
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit: expected a positive int, got {limit!r}")
+    check_limit(limit)
     path = Path(path_or_name)
-    if path.is_file():
-        return read_jsonl(path, limit)
-    if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
-        want = split or "dev"
-        aliases = {"validation": "dev", "valid": "dev", "val": "dev"}
-        want = aliases.get(want, want)
-        files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
-        if not files:
-            raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
-        return read_jsonl(files[0], limit)
+    local = path if path.is_file() else split_file(path, split)
+    if local is not None:
+        return read_jsonl(local, limit)
     name = str(path_or_name)
     if ":" in name and config is None and not path.exists():
         name, config = name.split(":", 1)

@@ -32,9 +32,9 @@ import string
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-from rcn_fast.data.loaders import DataFormatError, _starts_with_bracket, iter_lines, read_text
+from rcn_fast.data.loaders import DataFormatError, _get, _take, check_limit, hf_split, read_records, split_file
 
 
 @dataclass
@@ -195,29 +195,7 @@ def read_open_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> l
     DataFormatError
         On a malformed line, naming the file and line number.
     """
-    path = Path(path)
-    out: list[OpenQuestion] = []
-    if _starts_with_bracket(path):
-        try:
-            records = json.loads(read_text(path))
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        for i, rec in enumerate(records):
-            out.append(_parse_record(rec, f"{path}: record {i + 1}"))
-            if limit is not None and len(out) >= limit:
-                break
-        return out
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-        out.append(_parse_record(rec, f"{path}:{lineno}"))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+    return read_records(path, lambda rec, where, _: _parse_record(rec, where), limit)
 
 
 # --------------------------------------------------------------- Hugging Face
@@ -271,15 +249,6 @@ OPEN_FIELD_MAPS: dict[str, OpenFieldMap] = {
     "web_questions": _WEBQ,
     "stanfordnlp/web_questions": _WEBQ,
 }
-
-
-def _get(rec: Any, path: str) -> Any:
-    cur = rec
-    for part in path.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            raise KeyError(path)
-        cur = cur[part]
-    return cur
 
 
 def convert_open_record(rec: dict[str, Any], fmap: OpenFieldMap, row: int, where: str) -> OpenQuestion:
@@ -339,23 +308,11 @@ def load_open_hf(name: str, config: str | None = None, split: str | None = None,
         )
     datasets = require("datasets", 'pip install "rcn_fast[data]"  (or pip install datasets)')
     split = split or fmap.split
-    if Path(name).is_dir():
-        ds = datasets.load_from_disk(name)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    else:
-        ds = datasets.load_dataset(name, config or fmap.config, split=split, **(dataset_kwargs or {}))
+    ds = hf_split(datasets, name, config or fmap.config, split, dataset_kwargs)
     out = []
     for row, rec in enumerate(_take(ds, limit)):
         out.append(convert_open_record(rec, fmap, row, f"{name}[{split}]"))
     return out
-
-
-def _take(it: Iterable[Any], limit: int | None) -> Iterable[Any]:
-    for i, x in enumerate(it):
-        if limit is not None and i >= limit:
-            return
-        yield x
 
 
 def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None = None,
@@ -392,20 +349,13 @@ def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None 
     FileNotFoundError
         A local path that does not exist.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit: expected a positive int, got {limit!r}")
+    check_limit(limit)
     if fields is not None and not isinstance(fields, OpenFieldMap):
         raise TypeError(f"fields: expected an OpenFieldMap, got {type(fields).__name__}")
     path = Path(path_or_name)
-    if path.is_file():
-        return read_open_jsonl(path, limit)
-    if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
-        want = split or "dev"
-        want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want)
-        files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
-        if not files:
-            raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
-        return read_open_jsonl(files[0], limit)
+    local = path if path.is_file() else split_file(path, split)
+    if local is not None:
+        return read_open_jsonl(local, limit)
     name = str(path_or_name)
     if name.endswith((".jsonl", ".json")):
         raise FileNotFoundError(f"path_or_name: {name} does not exist")

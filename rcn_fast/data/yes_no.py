@@ -18,12 +18,11 @@ fields ``qid`` / ``question`` / ``answer``; other field names via
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.data.loaders import DataFormatError, iter_lines
+from rcn_fast.data.loaders import DataFormatError, check_limit, read_records, split_file
 from rcn_fast.data.questions import MCQuestion
 
 YES_NO_CHOICES = ("yes", "no")
@@ -135,30 +134,13 @@ def load_yes_no_questions(path_or_name: str | os.PathLike[str], split: str | Non
     DataFormatError
         A malformed record, naming the file and line (or dataset row).
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit: expected a positive int, got {limit!r}")
+    check_limit(limit)
     fields = dict(id_field=id_field, question_field=question_field, answer_field=answer_field)
     path = Path(path_or_name)
-    if path.is_dir() and not (path / "dataset_info.json").exists() and not (path / "dataset_dict.json").exists():
-        want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(split or "dev", split or "dev")
-        files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
-        if not files:
-            raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
-        path = files[0]
+    path = split_file(path, split) or path
     if path.is_file():
-        out: list[MCQuestion] = []
-        for lineno, line in iter_lines(path):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(f"{where}: not valid JSON ({exc.msg})") from None
-            out.append(yes_no_record(rec, where, default_id=f"{path.stem}-{lineno}", **fields))
-            if limit is not None and len(out) >= limit:
-                break
-        return out
+        return read_records(path, lambda rec, where, n: yes_no_record(rec, where, default_id=f"{path.stem}-{n}",
+                                                                       **fields), limit, arrays=False)
     name = str(path_or_name)
     if name.endswith((".jsonl", ".json")):
         raise FileNotFoundError(f"path_or_name: {name} does not exist")

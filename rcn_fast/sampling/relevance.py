@@ -258,14 +258,7 @@ def _query_float32(query: Any) -> Any:
 
 
 def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
-    mod, why = _native.cuda_module()
-    if mod is None:
-        return why
-    if ctx["device"] != "cuda":
-        return f"inputs are on {ctx['device']}, not a CUDA device"
-    if not hasattr(mod, "sample_subsets"):
-        return "rcn_fast._cuda was built without the sampler"
-    return None
+    return _dispatch.check_cuda(ctx, "sample_subsets", "rcn_fast._cuda was built without the sampler")[1]
 
 
 def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
@@ -287,14 +280,8 @@ def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: fl
 
 
 def _check_native(ctx: Mapping[str, Any]) -> str | None:
-    mod, why = _native.cpu_module()
-    if mod is None:
-        return why
-    if ctx["device"] != "cpu":
-        return f"inputs are on {ctx['device']}; the native backend runs on the CPU"
-    if not hasattr(mod, "sample_subsets"):
-        return "rcn_fast._C was built without the sampler; reinstall with `pip install .`"
-    return None
+    return _dispatch.check_native(ctx, "sample_subsets",
+                                  "rcn_fast._C was built without the sampler; reinstall with `pip install .`")
 
 
 def _run_native(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
@@ -314,24 +301,12 @@ def _run_native(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: 
     return ids, logp
 
 
-def _check_torch(ctx: Mapping[str, Any]) -> str | None:
-    if ctx["library"] != "torch":
-        return "inputs are numpy arrays (the torch backend takes torch tensors)"
-    return None
-
-
 def _run_torch(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
                keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
     from rcn_fast.sampling.torch_backend import sample_subsets_torch
 
     return sample_subsets_torch(query, cand, num_subsets, subset_size, tau, seed, keys, mask,
                                 first_relevance)
-
-
-def _check_numpy(ctx: Mapping[str, Any]) -> str | None:
-    if ctx["device"] != "cpu":
-        return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
-    return None
 
 
 def _run_numpy(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
@@ -351,8 +326,8 @@ SAMPLE_SUBSETS = _dispatch.register(
             _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset",
                               slower=lambda ctx: _crossovers.cuda_slower_reason("sample_subsets", ctx)),
             _dispatch.Backend("native", _check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
-            _dispatch.Backend("torch", _check_torch, _run_torch, "torch ops on the inputs' device"),
-            _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
+            _dispatch.Backend("torch", _dispatch.check_torch, _run_torch, "torch ops on the inputs' device"),
+            _dispatch.Backend("numpy", _dispatch.check_numpy, _run_numpy, "plain numpy reference"),
         ],
     )
 )

@@ -176,11 +176,9 @@ def check_result_memory(Q: int, N: int, k: int) -> None:
 
 
 def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
-    mod, why = _native.cuda_module()
-    if mod is None:
+    mod, why = _dispatch.check_cuda(ctx, "topn", "rcn_fast._cuda was built without top-n")
+    if why is not None:
         return why
-    if ctx["device"] != "cuda":
-        return f"inputs are on {ctx['device']}, not a CUDA device"
     if ctx["k"] > mod.TOPN_MAX_K:
         return f"k={ctx['k']} exceeds the CUDA kernel's limit {mod.TOPN_MAX_K}"
     return None
@@ -198,15 +196,6 @@ def _run_cuda(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     return scores, ids
 
 
-def _check_native(ctx: Mapping[str, Any]) -> str | None:
-    mod, why = _native.cpu_module()
-    if mod is None:
-        return why
-    if ctx["device"] != "cpu":
-        return f"inputs are on {ctx['device']}; the native backend runs on the CPU"
-    return None
-
-
 def _run_native(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     mod, _ = _native.cpu_module()
     queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
@@ -219,12 +208,6 @@ def _run_native(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     ids = A.empty_like_lib(corpus, (queries.shape[0], k), "int64")
     mod.topn(queries, corpus, k, scores, ids, 0, bf16_view)
     return scores, ids
-
-
-def _check_torch(ctx: Mapping[str, Any]) -> str | None:
-    if ctx["library"] != "torch":
-        return "inputs are numpy arrays (the torch backend takes torch tensors)"
-    return None
 
 
 # score-matrix bytes per corpus chunk of the torch backend on a GPU (few,
@@ -277,15 +260,14 @@ def _run_torch(queries: Any, corpus: Any, k: int, chunk: int | None = None) -> t
     return out_s, out_i
 
 
-def _check_numpy(ctx: Mapping[str, Any]) -> str | None:
-    if ctx["device"] != "cpu":
-        return f"inputs are on {ctx['device']}; the numpy reference runs on the CPU"
-    return None
-
-
 def _run_numpy(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     s, i = topn_reference(A.to_numpy(queries), A.to_numpy(corpus), k)
     return A.from_numpy_like(corpus, s), A.from_numpy_like(corpus, i)
+
+
+def _check_native(ctx: Mapping[str, Any]) -> str | None:
+    return _dispatch.check_native(ctx, "topn",
+                                  "rcn_fast._C was built without top-n; reinstall with `pip install .`")
 
 
 TOPN = _dispatch.register(
@@ -295,8 +277,8 @@ TOPN = _dispatch.register(
             _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)",
                               slower=lambda ctx: _crossovers.cuda_slower_reason("topn", ctx)),
             _dispatch.Backend("native", _check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
-            _dispatch.Backend("torch", _check_torch, _run_torch, "blocked torch.mm + topk"),
-            _dispatch.Backend("numpy", _check_numpy, _run_numpy, "plain numpy reference"),
+            _dispatch.Backend("torch", _dispatch.check_torch, _run_torch, "blocked torch.mm + topk"),
+            _dispatch.Backend("numpy", _dispatch.check_numpy, _run_numpy, "plain numpy reference"),
         ],
     )
 )
