@@ -4,7 +4,9 @@ Every name :func:`build` accepts (the keys of :data:`PIPELINES`):
 
 * ``"vanilla"`` -- answer scoring with no knowledge.
 * ``"single_retrieval"`` -- top-n passages for the question as knowledge.
-* ``"reconnect"`` -- ReConnect with its ablations (:data:`ABLATIONS`).
+* ``"reconnect"`` -- ReConnect with its ablations (:data:`ABLATIONS`);
+  open questions too (:class:`~rcn_fast.data.OpenQuestion` -> generated
+  answer, :class:`OpenPrediction`; rcn_fast's extension of the paper).
 * ``"zebra"`` -- ZEBRA: example retrieval + few-shot knowledge generation.
 * ``"rr"`` -- rethinking with retrieval: sampled chains of thought weighed
   by their BM25 + NLI faithfulness (:class:`RR`).
