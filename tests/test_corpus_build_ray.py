@@ -188,10 +188,11 @@ def test_ray_build_retrieves_as_local(ray_cluster, tmp_path, corpus_jsonl, corpu
     assert [[p.score for p in r] for r in a] == [[p.score for p in r] for r in b]
 
 
-def test_ray_build_killed_then_resumed(ray_cluster, tmp_path, corpus_jsonl, tiny_model, local_store):
-    """SIGKILL a Ray build's driver mid-way (it joined the test's cluster),
-    rerun: finished chunks are kept, other settings are refused, and the
-    result equals the one-go local build."""
+def test_ray_build_killed_then_resumed_locally(ray_cluster, tmp_path, corpus_jsonl, tiny_model, local_store):
+    """SIGKILL a Ray build's driver mid-way (it joined the test's cluster):
+    other settings are refused, and the local executor resumes it (same
+    build.json), keeping the finished chunks; the result equals the one-go
+    local build."""
     from rcn_fast.retrieval.build_ray import build_corpus_ray
 
     out = tmp_path / "killed"
@@ -220,14 +221,42 @@ def test_ray_build_killed_then_resumed(ray_cluster, tmp_path, corpus_jsonl, tiny
     with pytest.raises(ValueError, match=r"unfinished build with other settings: .*dtype"):
         build_corpus_ray(BuildConfig(input=str(corpus_jsonl), out=str(out), chunk_size=16, dtype="float16",
                                      keep_parts=True), enc.config, num_workers=2, show_progress=False)
-    store = build_corpus_ray(BuildConfig(input=str(corpus_jsonl), out=str(out), chunk_size=16, dtype="float32",
-                                         keep_parts=True), enc.config, num_workers=2, show_progress=False)
+    store = build_corpus(BuildConfig(input=str(corpus_jsonl), out=str(out), chunk_size=16, dtype="float32",
+                                     keep_parts=True), enc, show_progress=False)
     after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in parts.glob("chunk-*.npz")}
     assert len(after) == N_CHUNKS
     for name, stamp in done.items():  # finished chunks were not recomputed
         assert after[name] == stamp
     assert file_sums(CorpusStore.open(out, verify=True)) == file_sums(local_store)
     assert store.ids(range(len(store))) == local_store.ids(range(len(local_store)))
+
+
+def test_local_build_resumed_on_ray(ray_cluster, tmp_path, corpus_jsonl, tiny_model, local_store):
+    """An unfinished local build (some chunks in parts/) finishes on Ray:
+    only the missing chunks are embedded, the rest kept."""
+    import shutil
+
+    from rcn_fast.retrieval.build_ray import build_corpus_ray
+
+    enc = Encoder.from_pretrained(tiny_model)
+    cfg = BuildConfig(input=str(corpus_jsonl), out=str(tmp_path / "o"), chunk_size=16, dtype="float32",
+                      keep_parts=True)
+    build_corpus(cfg, enc, show_progress=False)
+    out = Path(cfg.out)
+    for f in out.iterdir():  # back to an unfinished build: build.json and chunks 0, 2, 4, 6
+        if f.is_file() and f.name != "build.json":
+            f.unlink()
+    for c in (1, 3, 5, 7):
+        (out / "parts" / f"chunk-{c:08d}.npz").unlink()
+    kept = {p.name: p.stat().st_ino for p in (out / "parts").glob("chunk-*.npz")}
+    shutil.copy(corpus_jsonl, tmp_path / "moved.jsonl")  # another file name is another input
+    with pytest.raises(ValueError, match=r"input\.name"):
+        build_corpus_ray(BuildConfig(**{**cfg.to_dict(), "input": str(tmp_path / "moved.jsonl")}), enc.config,
+                         num_workers=2, show_progress=False)
+    store = build_corpus_ray(cfg, enc.config, num_workers=2, show_progress=False)
+    assert {p.name: p.stat().st_ino for p in (out / "parts").glob("chunk-*.npz") if p.name in kept} == kept
+    assert len(list((out / "parts").glob("chunk-*.npz"))) == N_CHUNKS
+    assert file_sums(store) == file_sums(local_store) and store.manifest["executor"] == "ray"
 
 
 def test_executor_ray_without_ray(monkeypatch, capsys, tmp_path, corpus_jsonl, tiny_model):

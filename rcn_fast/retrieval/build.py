@@ -1,17 +1,23 @@
 """Resumable, shardable corpus build: input file -> :class:`CorpusStore`.
 
-The input is read as a stream and cut into fixed-size chunks (``chunk_size``
-records). Each finished chunk is written atomically to ``DIR/parts/`` (a
-``.npz`` with its embeddings, texts and ids, renamed into place only when
-complete), and ``DIR/build.json`` records the settings. Running the same
-command again skips every chunk already in ``parts/``; settings that differ
-from ``build.json`` (another input file, encoder, dtype, chunk size, ...)
-are an error, not a silently mixed store. When all chunks exist they are
-joined into the store files and ``manifest.json`` is written last.
+The input is cut into fixed-size chunks (``chunk_size`` records). One read
+of the file hashes it and records where each chunk lies (byte range for
+JSON lines / TSV, row range for Parquet; :func:`scan_input`, memoised per
+file in the rcn_fast cache); each chunk is then read on its own
+(:func:`read_chunk`). Each finished chunk is written atomically to
+``DIR/parts/`` (a ``.npz`` with its embeddings, texts and ids, renamed into
+place only when complete), and ``DIR/build.json`` records the settings.
+Running the same command again skips every chunk already in ``parts/``;
+settings that differ from ``build.json`` (another input file, encoder,
+dtype, chunk size, ...) are an error, not a silently mixed store. When all
+chunks exist they are joined into the store files and ``manifest.json`` is
+written last.
 
 Shards: with ``num_shards=S, shard_id=I`` a machine embeds chunks
-``c`` with ``c % S == I`` into its own directory; :func:`merge_shards`
-joins the S directories into a store identical to a one-machine build.
+``c`` with ``c % S == I`` into its own directory, decoding only those
+chunks; :func:`merge_shards` joins the S directories into a store
+identical to a one-machine build. :mod:`rcn_fast.retrieval.build_ray`
+runs the same chunks on a Ray Data actor pool instead.
 """
 
 from __future__ import annotations
