@@ -111,8 +111,6 @@ class Components:
             t = time.perf_counter()
             try:
                 self._llm = load_llm(spec, cache=cache, **opts)
-            except (KeyboardInterrupt, SystemExit):
-                raise
             except Exception as exc:  # any failure to load is a user-facing input problem
                 raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
             log(f"model loaded in {time.perf_counter() - t:.1f} s")
@@ -140,8 +138,6 @@ class Components:
             args.setdefault("device", self.cfg.device)
         try:
             self._encoder = Encoder.from_pretrained(name, **args)
-        except (KeyboardInterrupt, SystemExit):
-            raise
         except Exception as exc:
             raise EvalError(f"encoder: cannot load {name!r}: {type(exc).__name__}: {exc}") from None
         return self._encoder
@@ -168,8 +164,6 @@ class Components:
             try:
                 r = Retriever.load(p, encoder=enc, device=None if enc is not None else
                                    (None if self.cfg.device == "auto" else self.cfg.device))
-            except (KeyboardInterrupt, SystemExit):
-                raise
             except Exception as exc:
                 raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
             self.corpora[corpus] = str(p)
@@ -186,8 +180,6 @@ class Components:
             try:
                 build_corpus(BuildConfig(input=str(p), out=str(store)), enc, show_progress=self.cfg.progress)
                 r = Retriever.load(store, encoder=enc)
-            except (KeyboardInterrupt, SystemExit):
-                raise
             except Exception as exc:
                 raise EvalError(f"corpus: cannot build a store from {p}: {type(exc).__name__}: {exc}") from None
             self.corpora[corpus] = str(store)

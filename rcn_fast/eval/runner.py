@@ -154,8 +154,6 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                                 f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
         try:
             qs = load_task_questions(spec, limit=cfg.limit)
-        except (KeyboardInterrupt, SystemExit):
-            raise
         except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
             raise EvalError(f"task {spec.name!r}: {exc}") from None
         except Exception as exc:  # e.g. the hub cannot be reached
@@ -216,8 +214,6 @@ def _pipeline_hook(cls: Any, name: str, pipeline: str, conf: Any) -> Any:
         return None
     try:
         return hook(conf)
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except (ValueError, TypeError, OSError, ImportError) as exc:
         raise EvalError(f"pipeline {pipeline!r}: {exc}") from None
 
@@ -241,7 +237,7 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
     llm = comps.llm() if needs_llm(cls) else None  # a trained pipeline (SEPTA) loads no LLM
     try:
         pipe = build(unit.pipeline, llm=llm, retriever=retriever, **unit.settings)
-    except (KeyboardInterrupt, SystemExit, EvalError):
+    except EvalError:
         raise
     except (TypeError, ValueError) as exc:
         if retriever is None and "retriever" in str(exc):
@@ -266,7 +262,7 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
             try:
                 preds: list[Any] = list(pipe.run_batch(chunk))
                 errors: list[str | None] = [None] * len(chunk)
-            except (KeyboardInterrupt, SystemExit, EvalError):
+            except EvalError:
                 raise
             except CacheError as exc:  # the call cache itself failed: no question can be answered
                 raise EvalError(str(exc)) from None
@@ -280,8 +276,6 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
                     try:
                         preds.append(pipe.run_batch([q])[0])
                         errors.append(None)
-                    except (KeyboardInterrupt, SystemExit):
-                        raise
                     except CacheError as e1:
                         raise EvalError(str(e1)) from None
                     except Exception as e1:
