@@ -171,9 +171,10 @@ def local_store(tmp_path_factory, corpus_jsonl, tiny_model) -> CorpusStore:
 
 
 def test_ray_build_retrieves_as_local(ray_cluster, tmp_path, corpus_jsonl, corpus_records, tiny_model, local_store):
-    from rcn_fast.retrieval.build_ray import build_corpus_ray
+    from rcn_fast.retrieval.build_ray import build_corpus_ray, describe_encoder
 
     enc = Encoder.from_pretrained(tiny_model)
+    assert describe_encoder(enc.config) == enc.describe()  # the driver loads no weights
     store = build_corpus_ray(BuildConfig(input=str(corpus_jsonl), out=str(tmp_path / "ray"), chunk_size=16,
                                          dtype="float32"), enc.config, num_workers=2, show_progress=False)
     assert store.manifest["executor"] == "ray" and local_store.manifest["executor"] == "local"
@@ -253,10 +254,37 @@ def test_local_build_resumed_on_ray(ray_cluster, tmp_path, corpus_jsonl, tiny_mo
     with pytest.raises(ValueError, match=r"input\.name"):
         build_corpus_ray(BuildConfig(**{**cfg.to_dict(), "input": str(tmp_path / "moved.jsonl")}), enc.config,
                          num_workers=2, show_progress=False)
-    store = build_corpus_ray(cfg, enc.config, num_workers=2, show_progress=False)
+    store = build_corpus_ray(cfg, enc.config, show_progress=False)  # workers: as many as the CPUs allow
     assert {p.name: p.stat().st_ino for p in (out / "parts").glob("chunk-*.npz") if p.name in kept} == kept
     assert len(list((out / "parts").glob("chunk-*.npz"))) == N_CHUNKS
     assert file_sums(store) == file_sums(local_store) and store.manifest["executor"] == "ray"
+
+
+def test_ray_worker_errors_reach_the_caller(ray_cluster, tmp_path, corpus_records, tiny_model):
+    """A bad record met by an actor is the ValueError the local build raises."""
+    from rcn_fast.retrieval.build_ray import build_corpus_ray
+
+    lines = [json.dumps(r) + "\n" for r in corpus_records[:24]]
+    lines[13] = '{"id": "x", "body": "no text"}\n'
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"line 14 has no string 'text'"):
+        build_corpus_ray(BuildConfig(input=str(bad), out=str(tmp_path / "o"), chunk_size=8),
+                         Encoder.from_pretrained(tiny_model).config, num_workers=1, show_progress=False)
+
+
+def test_cli_encoder_dtype(tmp_path, corpus_jsonl, tiny_model, local_store, capsys):
+    """--encoder-dtype reaches the encoder and the manifest (bfloat16 on CPU)."""
+    from rcn_fast.corpus.__main__ import main
+
+    out = tmp_path / "bf16"
+    assert main(["build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--out", str(out),
+                 "--chunk-size", "16", "--dtype", "float32", "--encoder-dtype", "bfloat16", "--no-progress"]) == 0
+    store = CorpusStore.open(out)
+    assert store.manifest["encoder"]["dtype"] == "bfloat16" and local_store.manifest["encoder"]["dtype"] == "float32"
+    a, b = np.asarray(store.embeddings), np.asarray(local_store.embeddings)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.98 and not np.array_equal(a, b)
 
 
 def test_executor_ray_without_ray(monkeypatch, capsys, tmp_path, corpus_jsonl, tiny_model):

@@ -180,7 +180,19 @@ def _run_pool(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[st
                              f"one worker of {cpus} CPUs and {gpus} GPUs")
     num_workers = min(num_workers, len(prep.todo))
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
+    # our own bar; a worker's ValueError raised as itself (newer Ray Data); restored afterwards
+    saved = {k: getattr(ctx, k) for k in ("enable_progress_bars", "raise_original_map_exception") if hasattr(ctx, k)}
+    for k in saved:
+        setattr(ctx, k, k == "raise_original_map_exception")
+    try:
+        _map_chunks(ray, prep, cfg, enc_cfg, desc, num_workers, gpus, cpus, show_progress, total)
+    finally:
+        for k, v in saved.items():
+            setattr(ctx, k, v)
+
+
+def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[str, Any], num_workers: int,
+                gpus: float, cpus: float, show_progress: bool, total: int) -> None:
     items = [{"chunk": s.chunk, "start": s.start, "stop": s.stop, "first": s.first, "count": s.count}
              for s in (prep.spans[c] for c in prep.todo)]
     build = {"input": os.path.abspath(cfg.input), "format": cfg.format, "id_field": cfg.id_field,
