@@ -33,6 +33,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast._validate import is_int
 
 logger = logging.getLogger("rcn_fast.nli")
 HINT = 'pip install "rcn_fast[llm]"  (torch, transformers)'
@@ -140,9 +141,9 @@ class NLIModel:
     def __init__(self, model: Any, tokenizer: Any, *, label_names: Sequence[str] | None = None,
                  batch_size: int = 32, max_length: int = 512, device: str | None = None, name: str = "") -> None:
         torch = require("torch", HINT)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 8:
+        if not is_int(max_length) or max_length < 8:
             raise ValueError(f"max_length: expected an int >= 8, got {max_length!r}")
         self.entailment_index, self.contradiction_index, self.labels = label_indices(model.config, label_names)
         if device is None:

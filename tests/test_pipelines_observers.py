@@ -111,3 +111,51 @@ def test_progress_bars_show_rr_and_rag_stages(retriever):
     assert _bars(_rr("rr"), RR_QS) == {"rr_reasoning": 4, "answer": 1}
     assert _bars(build("activerag", llm=RAGDouble(), retriever=retriever), RAG_QS) == {
         "rag_cot": 3, "knowledge_construction": 3, "cognitive_nexus": 3, "answer": 3}
+
+
+# ------------------------------------------------------------ one registration
+def test_a_new_pipeline_is_registered_once(monkeypatch, tmp_path):
+    """A toy pipeline: its module (a config + a class) and one register()
+    call make it buildable by name, loadable from a saved config and
+    observable, with nothing else to edit."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from rcn_fast import pipelines
+    from rcn_fast.pipelines import CONFIGS, PIPELINES, PipelineConfig, StagedPipeline, load_config
+
+    @dataclass
+    class EchoConfig(PipelineConfig):
+        name: ClassVar[str] = "echo"
+        repeat: int = 2
+
+    class Echo(StagedPipeline):
+        name = "echo"
+        config_class = EchoConfig
+
+        def knowledge_stages(self, states, runner):
+            outs = runner.generate("echo", states, [[self.prompts.chat("answer", st.question)] * self.config.repeat
+                                                    for st in states])
+            for st, o in zip(states, outs):
+                st.knowledge = o
+
+    monkeypatch.setattr(pipelines, "PIPELINES", dict(PIPELINES))
+    before = dict(CONFIGS)  # the config index is shared with rcn_fast.pipelines.config: restored below
+    try:
+        assert pipelines.register(Echo) is Echo
+        assert pipelines.PIPELINES["echo"] is Echo and CONFIGS["echo"] is EchoConfig
+        llm = RAGDouble()
+        p = pipelines.build("echo", llm=llm, repeat=3)
+        rec = Recorder()
+        p.observers.append(rec)
+        preds = p.run_batch(RAG_QS)
+        assert [s for s, _ in rec.done()] == ["echo", "answer"]
+        assert all(pr.cost.generations == 3 and pr.cost.scoring_passes == 1 for pr in preds)
+        path = tmp_path / "echo.json"
+        path.write_text(p.config.to_json())
+        assert load_config(path) == EchoConfig(repeat=3)
+        with pytest.raises(ValueError, match="non-empty str 'name'"):
+            pipelines.register(type("Nameless", (StagedPipeline,), {"config_class": EchoConfig}))
+    finally:
+        CONFIGS.clear()
+        CONFIGS.update(before)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from rcn_fast.data.questions import MCQuestion
+from rcn_fast._validate import is_int
 
 T = TypeVar("T")
 
@@ -177,7 +178,7 @@ def hf_split(datasets: Any, name: str, config: str | None, split: str,
 
 def check_limit(limit: Any) -> None:
     """``limit`` is None or a positive int (not a bool)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+    if limit is not None and (not is_int(limit) or limit < 1):
         raise ValueError(f"limit: expected a positive int, got {limit!r}")
 
 

@@ -6,6 +6,8 @@ import string
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rcn_fast._validate import is_int
+
 MAX_CHOICES = 26
 DEFAULT_LABELS = tuple(string.ascii_uppercase)
 
@@ -62,7 +64,7 @@ class MCQuestion:
             if len(set(self.labels)) != len(self.labels):
                 raise ValueError(f"labels: expected distinct labels, got {self.labels} (question id {self.id!r})")
         if self.answer is not None:
-            if isinstance(self.answer, bool) or not isinstance(self.answer, int):
+            if not is_int(self.answer):
                 raise TypeError(f"answer: expected a choice index (int), got {self.answer!r} (question id {self.id!r})")
             if not 0 <= self.answer < len(self.choices):
                 raise ValueError(

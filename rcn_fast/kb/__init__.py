@@ -27,6 +27,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import is_int
+
 SEP = " [SEP] "
 
 
@@ -193,7 +195,7 @@ class ExampleRetriever:
         -------
         list (length B) of lists of (Example, score)
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not is_int(k) or k < 1:
             raise ValueError(f"k: expected an int >= 1, got {k!r}")
         questions = list(questions)
         if exclude_ids is not None and len(exclude_ids) != len(questions):

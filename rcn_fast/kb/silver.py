@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from rcn_fast.kb import Example
 from rcn_fast.prompts import PromptSet, load_prompts, parse_bullets, parse_labelled
+from rcn_fast._validate import is_int
 
 
 @dataclass
@@ -97,7 +98,7 @@ def build_silver(questions: Sequence[Any], llm: Any, out: str | os.PathLike[str]
     -------
     SilverResult
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     P = load_prompts(prompts)
     path = Path(out)

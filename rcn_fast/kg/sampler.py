@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast.kg.graph import KnowledgeGraph
+from rcn_fast._validate import is_int, is_number
 
 logger = logging.getLogger("rcn_fast.kg")
 
@@ -301,14 +302,14 @@ def bfs_subgraphs(graph: KnowledgeGraph, centres: Sequence[int] | np.ndarray | N
     """
     if not isinstance(graph, KnowledgeGraph):
         raise TypeError(f"graph: expected a KnowledgeGraph, got {type(graph).__name__}")
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+    if not is_number(p) or not 0.0 <= p <= 1.0:
         raise ValueError(f"p: expected a probability in [0, 1], got {p!r}")
     for name, v, lo in (("max_depth", max_depth, 0), ("max_nodes", max_nodes, 1), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        if not is_int(v, numpy=True) or v < lo:
             raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
     if max_edges is None:
         max_edges = 2 * max_nodes
-    if isinstance(max_edges, bool) or not isinstance(max_edges, (int, np.integer)) or max_edges < max_nodes - 1:
+    if not is_int(max_edges, numpy=True) or max_edges < max_nodes - 1:
         raise ValueError(f"max_edges: expected an int >= max_nodes - 1 = {max_nodes - 1}, got {max_edges!r}")
     if seed >= 1 << 63:
         raise ValueError(f"seed: expected < 2**63, got {seed}")

@@ -83,22 +83,37 @@ from rcn_fast.pipelines.zebra import Zebra
 from rcn_fast.pipelines.config import SeptaConfig
 from rcn_fast.septa.pipeline import Septa
 
-PIPELINES: dict[str, type[StagedPipeline]] = {
-    "vanilla": Vanilla,
-    "single_retrieval": SingleRetrieval,
-    "reconnect": ReConnect,
-    "zebra": Zebra,
-    "activerag": ActiveRAG,
-    "rag_vanilla": RAGVanilla,
-    "chain_of_note": ChainOfNote,
-    "self_refine": SelfRefine,
-    "self_rerank": SelfRerank,
-    "cot": CoT,
-    "guideline": Guideline,
-    "rr": RR,
-    "self_consistency": SelfConsistency,
-    "septa": Septa,
-}
+#: Pipeline name -> class (fill it with :func:`register`).
+PIPELINES: dict[str, type[StagedPipeline]] = {}
+
+
+def register(cls: type) -> type:
+    """Make a pipeline class buildable by its ``name``; its ``config_class``
+    becomes the config of that name (:data:`CONFIGS`, :func:`load_config`).
+    Usable as a class decorator.
+
+    Examples
+    --------
+    >>> @register                                                  # doctest: +SKIP
+    ... class Echo(Vanilla):
+    ...     name = "echo"
+    >>> build("echo", llm=llm).run(question)                       # doctest: +SKIP
+    """
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"cls: a pipeline class needs a non-empty str 'name', got {name!r}")
+    ccls = getattr(cls, "config_class", None)
+    if not isinstance(ccls, type) or not callable(getattr(ccls, "from_dict", None)):
+        raise TypeError(f"cls: {cls.__name__}.config_class must be a config class with from_dict, got {ccls!r}")
+    PIPELINES[name] = cls
+    CONFIGS[name] = ccls
+    return cls
+
+
+for _cls in (Vanilla, SingleRetrieval, ReConnect, Zebra, ActiveRAG, RAGVanilla, ChainOfNote, SelfRefine, SelfRerank,
+             CoT, Guideline, RR, SelfConsistency, Septa):
+    register(_cls)
+del _cls
 
 
 def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig | dict | None = None,
@@ -144,7 +159,7 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
     if name not in PIPELINES:
         raise ValueError(f"name: expected one of {sorted(PIPELINES)}, got {name!r}")
     cls = PIPELINES[name]
-    ccls = CONFIGS[name]
+    ccls = cls.config_class
     if ablation is not None:
         if name != "reconnect":
             raise ValueError(f"ablation: only the 'reconnect' pipeline has ablations, got name={name!r}")
@@ -172,7 +187,8 @@ __all__ = [
     "ActiveRAG", "RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "RAGPipeline",
     "OpenPrediction", "agent_results", "extract_answer", "ActiveRAGConfig", "RAGVanillaConfig", "ChainOfNoteConfig",
     "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig",
-    "build", "PIPELINES", "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
+    "build", "register", "PIPELINES", "CONFIGS",
+    "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
     "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",
     "ReConnect", "Zebra", "RR", "SelfConsistency", "RRConfig", "SelfConsistencyConfig", "EmbeddingRetriever", "InMemoryRetriever", "as_embedding_retriever", "question_key",

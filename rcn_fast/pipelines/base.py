@@ -12,7 +12,7 @@ import copy
 import hashlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -130,6 +130,24 @@ def question_key(question_id: str) -> int:
     """A stable 63-bit random-stream key of a question id (the sampler's
     ``keys``), so a question's subsets never depend on its batch."""
     return int.from_bytes(hashlib.blake2b(question_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
+
+
+def run_in_batches(questions: list[Any], batch_size: int | None, run_chunk: Callable[[list[Any]], list[Any]], *,
+                   ids_key: str | None = "random streams") -> list[Any]:
+    """``run_chunk`` over consecutive batches of ``batch_size`` questions
+    (None: one batch), results concatenated. With ``ids_key`` (what the ids
+    key, for the message) question ids must be distinct."""
+    if ids_key is not None:
+        seen: set[str] = set()
+        for q in questions:
+            if q.id in seen:
+                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and {ids_key})")
+            seen.add(q.id)
+    bs = batch_size or max(len(questions), 1)
+    out: list[Any] = []
+    for s in range(0, len(questions), bs):
+        out.extend(run_chunk(questions[s : s + bs]))
+    return out
 
 
 @dataclass
@@ -427,16 +445,7 @@ class StagedPipeline:
         for i, q in enumerate(questions):
             if not isinstance(q, MCQuestion):
                 raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
-        seen: set[str] = set()
-        for q in questions:
-            if q.id in seen:
-                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and random streams)")
-            seen.add(q.id)
-        bs = self.config.batch_size or max(len(questions), 1)
-        out: list[Prediction] = []
-        for s in range(0, len(questions), bs):
-            out.extend(self._run_chunk(questions[s : s + bs]))
-        return out
+        return run_in_batches(questions, self.config.batch_size, self._run_chunk)
 
     # ------------------------------------------------------------ internals
     def runner(self) -> StageRunner:
@@ -483,4 +492,4 @@ class StagedPipeline:
 
 
 __all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
-           "question_key"]
+           "question_key", "run_in_batches"]

@@ -9,25 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
+from rcn_fast._validate import check_bool as _bool
+from rcn_fast._validate import check_int as _int
+from rcn_fast._validate import is_number, unknown_keys
+
 SAMPLING_STRATEGIES = ("relevance", "random", "topk", "mmr", "cluster")
-
-
-def _int(v: Any, name: str, minimum: int = 1, allow_none: bool = False) -> None:
-    if v is None and allow_none:
-        return
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}{' or None' if allow_none else ''}, got {v!r}")
-
-
-def _bool(v: Any, name: str) -> None:
-    if not isinstance(v, bool):
-        raise TypeError(f"{name}: expected true or false, got {v!r}")
 
 
 @dataclass
@@ -65,9 +57,9 @@ class PipelineConfig:
         if isinstance(self.prompts, os.PathLike):
             self.prompts = os.fspath(self.prompts)
         _int(self.max_new_tokens, "max_new_tokens")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         _int(self.seed, "seed", 0)
         _int(self.batch_size, "batch_size", 1, allow_none=True)
@@ -79,11 +71,9 @@ class PipelineConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PipelineConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
+        unknown, known = unknown_keys(cls, d)
         if unknown:
-            raise ValueError(f"config: unknown {cls.name or 'pipeline'} setting(s) {sorted(unknown)}; "
-                             f"known: {sorted(known)}")
+            raise ValueError(f"config: unknown {cls.name or 'pipeline'} setting(s) {unknown}; known: {known}")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -269,10 +259,10 @@ class ReConnectConfig(PipelineConfig):
         _int(self.max_queries, "max_queries", 1, allow_none=True)
         for f in ("tau", "score_scale", "repeat_temperature"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            if not is_number(v) or not 0 < v < float("inf"):
                 raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
             setattr(self, f, float(v))
-        if isinstance(self.repeat_top_p, bool) or not isinstance(self.repeat_top_p, (int, float)) \
+        if not is_number(self.repeat_top_p) \
                 or not 0 < self.repeat_top_p <= 1:
             raise ValueError(f"repeat_top_p: expected a number in (0, 1], got {self.repeat_top_p!r}")
         self.repeat_top_p = float(self.repeat_top_p)
@@ -403,9 +393,9 @@ class ZebraConfig(PipelineConfig):
         _int(self.max_explanations, "max_explanations", 1, allow_none=True)
 
 
-CONFIGS: dict[str, type[PipelineConfig]] = {
-    c.name: c for c in (VanillaConfig, SingleRetrievalConfig, ReConnectConfig, ZebraConfig)
-}
+#: Pipeline name -> its config class. Filled by :func:`rcn_fast.pipelines.register`
+#: from each registered pipeline class's ``config_class`` (the one source).
+CONFIGS: dict[str, type[PipelineConfig]] = {}
 
 
 # ------------------------------------------------------------ RR / self-consistency
@@ -556,7 +546,7 @@ class RRConfig(SelfConsistencyConfig):
         _int(self.bm25_candidates, "bm25_candidates")
         for f in ("bm25_k1", "bm25_b"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            if not is_number(v) or v < 0:
                 raise ValueError(f"{f}: expected a number >= 0, got {v!r}")
             setattr(self, f, float(v))
         if self.bm25_method not in BM25_METHODS:
@@ -568,7 +558,7 @@ class RRConfig(SelfConsistencyConfig):
             raise ValueError(f"faithfulness: expected 1, 2 or 3 (RR App. A.2), got {self.faithfulness!r}")
         for f in ("tm", "te", "tc"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
+            if not is_number(v):
                 raise ValueError(f"{f}: expected a number, got {v!r}")
             setattr(self, f, float(v))
         if self.nli_model is not None and not isinstance(self.nli_model, (str, os.PathLike)):
@@ -588,9 +578,6 @@ class RRConfig(SelfConsistencyConfig):
                             "'sentence-transformers/all-mpnet-base-v2') or 'retriever', got "
                             f"{self.similarity_model!r}")
 
-
-CONFIGS[SelfConsistencyConfig.name] = SelfConsistencyConfig
-CONFIGS[RRConfig.name] = RRConfig
 
 
 def config_to_dict(config: PipelineConfig) -> dict[str, Any]:
@@ -848,10 +835,6 @@ class GuidelineConfig(RAGConfig):
         return 3
 
 
-CONFIGS.update({c.name: c for c in (ActiveRAGConfig, RAGVanillaConfig, ChainOfNoteConfig, SelfRefineConfig,
-                                    SelfRerankConfig, CoTConfig, GuidelineConfig)})
-
-
 # ---------------------------------------------------------------- SEPTA (rcn_fast.septa)
 @dataclass
 class SeptaConfig(PipelineConfig):
@@ -879,5 +862,3 @@ class SeptaConfig(PipelineConfig):
             raise TypeError(f"checkpoint: expected a directory path or None, got {type(self.checkpoint).__name__}")
         _int(self.top_k, "top_k", 1, allow_none=True)
 
-
-CONFIGS[SeptaConfig.name] = SeptaConfig

@@ -24,6 +24,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast.retrieval.types import Passage
+from rcn_fast._validate import is_int
 
 
 @runtime_checkable
@@ -213,7 +214,7 @@ class InMemoryRetriever:
         return self.index.search(q, k)
 
     def retrieve_embeddings(self, query_emb: Any, k: int) -> list[list[Passage]]:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k, numpy=True) or k < 1:
             raise ValueError(f"k: expected a positive int, got {k!r}")
         scores, rows = self.search(query_emb, int(k))
         out = []

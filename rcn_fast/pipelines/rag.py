@@ -38,7 +38,7 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion, exact_match, normalize_answer, string_em
-from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner, run_in_batches
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
 from rcn_fast.pipelines.simple import question_query
 from rcn_fast.retrieval.types import Passage
@@ -294,16 +294,7 @@ class RAGPipeline(StagedPipeline):
             return super().run_batch(questions)
         if n_open != len(questions):
             raise TypeError("questions: expected all MCQuestion or all OpenQuestion, got a mix")
-        seen: set[str] = set()
-        for q in questions:
-            if q.id in seen:
-                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and the call cache)")
-            seen.add(q.id)
-        bs = self.config.batch_size or max(len(questions), 1)
-        out: list[OpenPrediction] = []
-        for s in range(0, len(questions), bs):
-            out.extend(self._run_open_chunk(questions[s : s + bs]))
-        return out
+        return run_in_batches(questions, self.config.batch_size, self._run_open_chunk, ids_key="the call cache")
 
     # ------------------------------------------------------------ helpers
     @staticmethod

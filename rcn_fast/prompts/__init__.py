@@ -33,6 +33,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from rcn_fast._validate import is_int
+
 FORMAT_VERSION = 1
 DEFAULT_FILE = "default.yaml"
 
@@ -172,7 +174,7 @@ class PromptSet:
         """
         stored = self.stage(stage).get("examples") or []
         if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            if not is_int(limit) or limit < 0:
                 raise ValueError(f"limit: expected an int >= 0 or None, got {limit!r}")
             if limit > len(stored):
                 raise ValueError(f"limit: {limit} examples asked for stage {stage!r}, but the prompt set "

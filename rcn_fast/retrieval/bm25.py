@@ -47,6 +47,7 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.types import Passage
+from rcn_fast._validate import is_int, is_number
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -88,7 +89,7 @@ def _stemmer(name: str | None) -> Any:
 
 
 def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_int(k, numpy=True) or k < 1:
         raise ValueError(f"k: expected a positive int, got {k!r}")
     return int(k)
 
@@ -140,7 +141,7 @@ class BM25Index:
         if method not in METHODS:
             raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
         for name, v in (("k1", k1), ("b", b)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            if not is_number(v) or v < 0:
                 raise ValueError(f"{name}: expected a number >= 0, got {v!r}")
         self.k1, self.b, self.method, self.stopwords = float(k1), float(b), method, stopwords
         self.stemmer = stemmer

@@ -18,6 +18,7 @@ from rcn_fast import _arrays as A
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.store import CorpusStore
 from rcn_fast.retrieval.types import Passage
+from rcn_fast._validate import is_int
 
 logger = logging.getLogger("rcn_fast.retrieval")
 _BACKENDS = ("native", "faiss")
@@ -157,7 +158,7 @@ class Retriever:
     # ------------------------------------------------------------------ search
     def search(self, query_emb: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw top-k: scores float32 [Q, k], rows int64 [Q, k] (-1 padded)."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k, numpy=True) or k < 1:
             raise ValueError(f"k: expected a positive int, got {k!r}")
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
@@ -191,7 +192,7 @@ class Retriever:
         -------
         list (length Q) of lists of :class:`Passage`, best first.
         """
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k, numpy=True) or k < 1:
             raise ValueError(f"k: expected a positive int, got {k!r}")
         dedup = self.dedup if dedup is None else dedup
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
@@ -246,7 +247,7 @@ class Retriever:
         if isinstance(queries, str):
             raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
         queries = list(queries)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        if not is_int(k, numpy=True) or k < 1:
             raise ValueError(f"k: expected a positive int, got {k!r}")
         if not queries:
             return []
@@ -322,9 +323,9 @@ def faiss_index(store: CorpusStore, factory: str = "Flat", *, nprobe: int = 16, 
     faiss = require("faiss", _FAISS_HINT)
     if not isinstance(factory, str) or not factory.strip():
         raise ValueError(f"faiss_factory: expected a faiss index_factory string, got {factory!r}")
-    if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or nprobe < 1:
+    if not is_int(nprobe, numpy=True) or nprobe < 1:
         raise ValueError(f"nprobe: expected a positive int, got {nprobe!r}")
-    if train_size is not None and (isinstance(train_size, bool) or not isinstance(train_size, (int, np.integer))
+    if train_size is not None and (not is_int(train_size, numpy=True)
                                    or train_size < 1):
         raise ValueError(f"faiss_train_size: expected a positive int or None, got {train_size!r}")
     n, dim = len(store), store.dim

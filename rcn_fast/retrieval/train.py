@@ -64,12 +64,13 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.encoder import (
     SETTINGS_FILE, _model_settings, _pooled_module, _TORCH_HINT, resolve_model_dir,
@@ -89,7 +90,7 @@ _RESUME_KEYS = ("train", "base", "mode", "lr", "weight_decay", "max_length", "ma
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Settings):
     """Retriever training settings (plain data; JSON/YAML serialisable).
 
     Defaults follow the papers (ReConnect App. A.3, ZEBRA sec. 4.2) unless
@@ -159,6 +160,8 @@ class TrainConfig:
     device : str or None
     """
 
+    settings_name: ClassVar[str] = "training"
+
     train: str
     base: str
     out: str
@@ -200,15 +203,15 @@ class TrainConfig:
             raise ValueError(f"lr_schedule: expected one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         for name in ("max_length", "max_positives", "passages_per_batch", "checkpoint_every"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         for name in ("max_steps", "epochs"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and (not is_int(v) or v < 1):
                 raise ValueError(f"{name}: expected a positive int or None, got {v!r}")
         if self.max_steps is None and self.epochs is None:
             raise ValueError("max_steps, epochs: set at least one (paper: max_steps=25000)")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: expected an int >= 0, got {self.warmup_steps!r}")
         if self.temperature is None:
             self.temperature = DEFAULT_TEMPERATURE[self.similarity]
@@ -220,23 +223,12 @@ class TrainConfig:
                 isinstance(self.max_grad_norm, (int, float)) and self.max_grad_norm > 0)):
             raise ValueError(f"max_grad_norm: expected a positive number or None, got {self.max_grad_norm!r}")
         v = self.val_fraction
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        if not is_number(v) or not 0 <= v < 1:
             raise ValueError(f"val_fraction: expected a number in [0, 1), got {v!r}")
         if self.val_file is not None:
             self.val_file = str(self.val_file)
         if self.pooling not in (None, "mean", "cls"):
             raise ValueError(f"pooling: expected 'mean' or 'cls', got {self.pooling!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"config: unknown training settings {sorted(unknown)}")
-        return cls(**d)
 
 
 # ----------------------------------------------------------------------- data

@@ -13,7 +13,6 @@ was measured at least as fast as the torch backend on the same GPU
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,6 +20,7 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast import _crossovers, _dispatch, _native
 from rcn_fast.sampling.reference import sample_subsets_reference
+from rcn_fast._validate import is_integral, is_real
 
 FIRST_MODES = ("uniform", "relevance")
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -182,7 +182,7 @@ def sample_subsets(
 
 
 def _check_int(x: Any, name: str, minimum: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, Integral):
+    if not is_integral(x):
         raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
     if int(x) < minimum:
         raise ValueError(f"{name}: expected {name} >= {minimum}, got {int(x)}")
@@ -192,7 +192,7 @@ def _check_int(x: Any, name: str, minimum: int) -> int:
 
 
 def _check_tau(tau: Any) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, Real):
+    if not is_real(tau):
         raise TypeError(f"tau: expected a float, got {type(tau).__name__}")
     tau = float(tau)
     if not math.isfinite(tau) or tau <= 0.0:
@@ -203,7 +203,7 @@ def _check_tau(tau: Any) -> float:
 
 
 def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, Integral):
+    if not is_integral(seed):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     if not 0 <= int(seed) < 2**64:
         raise ValueError(f"seed: expected 0 <= seed < 2**64, got {int(seed)}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from rcn_fast import _arrays as A
 from rcn_fast.search.topn import topn
+from rcn_fast._validate import is_int
 
 _FORMAT = "rcn_fast.FlatIndex/1"
 _METRICS = ("ip", "cosine")
@@ -51,7 +52,7 @@ class FlatIndex:
     """
 
     def __init__(self, dim: int, metric: str = "ip", dtype: str = "float32") -> None:
-        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+        if not is_int(dim, numpy=True) or dim < 1:
             raise ValueError(f"dim: expected a positive int, got {dim!r}")
         if metric not in _METRICS:
             raise ValueError(f"metric: expected one of {list(_METRICS)}, got {metric!r}")
@@ -220,7 +221,7 @@ class FlatIndex:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"path: {head} holds an invalid setting ({exc}); restore it or save the index "
                              "again") from None
-        if isinstance(meta["count"], bool) or not isinstance(meta["count"], int) or meta["count"] < 0:
+        if not is_int(meta["count"]) or meta["count"] < 0:
             raise ValueError(f"path: {head} holds count {meta['count']!r}, expected an int >= 0")
         emb = path / "embeddings.npy"
         if not emb.is_file():

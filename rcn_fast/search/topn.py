@@ -17,6 +17,7 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast import _crossovers, _dispatch, _native
 from rcn_fast.search.reference import select_topn, topn_reference
+from rcn_fast._validate import is_int
 
 
 def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tuple[Any, Any]:
@@ -65,7 +66,7 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     corpus = A.as_array(corpus, "corpus")
     A.check_rank(queries, 2, "queries", "[Q, d]")
     A.check_rank(corpus, 2, "corpus", "[N, d]")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    if not is_int(k, numpy=True):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
     k = int(k)
     if k < 1:

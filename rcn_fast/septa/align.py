@@ -7,23 +7,23 @@ train, with a symmetric InfoNCE loss over in-batch negatives.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, ClassVar, Callable
 
 import numpy as np
 
+from rcn_fast._validate import Settings, is_int
 from rcn_fast.septa.gnn import GNNConfig, SubgraphEncoder, SubgraphTable, _torch
 
 logger = logging.getLogger("rcn_fast.septa")
 
 
 @dataclass
-class AlignConfig:
+class AlignConfig(Settings):
     """Alignment training settings.
 
     Attributes
@@ -46,6 +46,8 @@ class AlignConfig:
         Initialisation and data order.
     """
 
+    settings_name: ClassVar[str] = "alignment"
+
     dim: int = 256
     temperature: float = 0.07
     lr: float = 1e-3
@@ -59,7 +61,7 @@ class AlignConfig:
     def __post_init__(self) -> None:
         for name in ("dim", "batch_size", "epochs", "checkpoint_every"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         if self.batch_size < 2:
             raise ValueError(f"batch_size: in-batch negatives need at least 2 pairs, got {self.batch_size}")
@@ -69,16 +71,6 @@ class AlignConfig:
             raise ValueError(f"temperature: expected > 0, got {self.temperature!r}")
         if not self.lr > 0:
             raise ValueError(f"lr: expected > 0, got {self.lr!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AlignConfig":
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"config: unknown alignment settings {sorted(unknown)}")
-        return cls(**d)
 
 
 def info_nce(e: Any, h: Any, temperature: float) -> tuple[Any, Any, Any]:

@@ -12,11 +12,12 @@ same subgraph; the two are added and followed by a feed-forward block.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import Settings, is_int
 from rcn_fast._arrays import require
 
 TORCH_HINT = 'pip install "rcn_fast[septa]"  (torch, numba)'
@@ -27,7 +28,7 @@ def _torch() -> Any:
 
 
 @dataclass
-class GNNConfig:
+class GNNConfig(Settings):
     """Graph encoder settings.
 
     Attributes
@@ -45,6 +46,8 @@ class GNNConfig:
         ``"learned"``: a trainable embedding table over the graph's nodes.
     """
 
+    settings_name: ClassVar[str] = "GNN"
+
     hidden: int = 256
     layers: int = 2
     heads: int = 4
@@ -54,7 +57,7 @@ class GNNConfig:
     def __post_init__(self) -> None:
         for name in ("hidden", "layers", "heads"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         if self.hidden % self.heads:
             raise ValueError(f"heads: hidden={self.hidden} must be divisible by heads={self.heads}")
@@ -62,16 +65,6 @@ class GNNConfig:
             raise ValueError(f"dropout: expected a value in [0, 1), got {self.dropout!r}")
         if self.node_features not in ("text", "learned"):
             raise ValueError(f"node_features: expected 'text' or 'learned', got {self.node_features!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GNNConfig":
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"config: unknown GNN settings {sorted(unknown)}")
-        return cls(**d)
 
 
 # ------------------------------------------------------------------ batching

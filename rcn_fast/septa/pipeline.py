@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rcn_fast.data import MCQuestion
-from rcn_fast.pipelines.base import Prediction, QuestionCost
+from rcn_fast.pipelines.base import Prediction, QuestionCost, run_in_batches
 from rcn_fast.pipelines.config import SeptaConfig
 from rcn_fast.retrieval.types import Passage
 
@@ -134,11 +134,7 @@ class Septa:
         for i, q in enumerate(questions):
             if not isinstance(q, MCQuestion):
                 raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
-        bs = self.config.batch_size or max(len(questions), 1)
-        out: list[Prediction] = []
-        for s in range(0, len(questions), bs):
-            out.extend(self._run_chunk(questions[s:s + bs]))
-        return out
+        return run_in_batches(questions, self.config.batch_size, self._run_chunk, ids_key=None)
 
     def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
         if not questions:

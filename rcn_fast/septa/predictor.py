@@ -33,17 +33,18 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, ClassVar, Callable
 
 import numpy as np
 
+from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast.septa.gnn import _torch
 
 logger = logging.getLogger("rcn_fast.septa")
 
 
 @dataclass
-class PredictorConfig:
+class PredictorConfig(Settings):
     """Predictor and fine-tuning settings.
 
     Attributes
@@ -79,6 +80,8 @@ class PredictorConfig:
     seed : int
     """
 
+    settings_name: ClassVar[str] = "predictor"
+
     top_k: int = 10
     heads: int = 2
     lam: float = 0.5
@@ -96,30 +99,20 @@ class PredictorConfig:
     def __post_init__(self) -> None:
         for name in ("top_k", "heads", "batch_size", "epochs", "patience"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if isinstance(self.num_triples, bool) or not isinstance(self.num_triples, int) or self.num_triples < 0:
+        if not is_int(self.num_triples) or self.num_triples < 0:
             raise ValueError(f"num_triples: expected an int >= 0, got {self.num_triples!r}")
         if not 0.0 <= float(self.lam) <= 1.0:
             raise ValueError(f"lam: expected a value in [0, 1], got {self.lam!r}")
         for name in ("lr", "encoder_lr"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            if not is_number(v) or not v > 0:
                 raise ValueError(f"{name}: expected a number > 0, got {v!r}")
         if not isinstance(self.finetune_encoder, bool):
             raise ValueError(f"finetune_encoder: expected true or false, got {self.finetune_encoder!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"dropout: expected a value in [0, 1), got {self.dropout!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PredictorConfig":
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"config: unknown predictor settings {sorted(unknown)}")
-        return cls(**d)
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ import numpy as np
 
 from rcn_fast.kg.graph import KnowledgeGraph
 from rcn_fast.kg.templates import join_sentences, triple_text
+from rcn_fast._validate import is_int
 
 STOPWORDS = frozenset(
     "a an the of to in on at by for with from and or but not no is are was were be been being am do does did "
@@ -136,7 +137,7 @@ class QueryEnhancer:
                  linker: EntityLinker | None = None, max_per_node: int = 32) -> None:
         for name, v in (("num_triples", num_triples), ("max_candidates", max_candidates),
                         ("max_per_node", max_per_node)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not is_int(v) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
         self.graph, self.encoder = graph, encoder
         self.num_triples, self.max_candidates, self.max_per_node = num_triples, max_candidates, max_per_node

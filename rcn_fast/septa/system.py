@@ -28,12 +28,13 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import Settings, is_int
 from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
 from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
@@ -55,7 +56,7 @@ MANIFEST = "septa.json"
 
 
 @dataclass
-class SamplerConfig:
+class SamplerConfig(Settings):
     """BFS sampling of the subgraphs (eq. 1) for alignment pairs and the database.
 
     Attributes
@@ -63,21 +64,13 @@ class SamplerConfig:
     p, max_depth, max_nodes, max_edges, seed : see :func:`rcn_fast.kg.bfs_subgraphs`
     """
 
+    settings_name: ClassVar[str] = "sampler"
+
     p: float = 0.5
     max_depth: int = 2
     max_nodes: int = 12
     max_edges: int = 24
     seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SamplerConfig":
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"config: unknown sampler settings {sorted(unknown)}")
-        return cls(**d)
 
     def sample(self, graph: KnowledgeGraph, centres: Any) -> Subgraphs:
         return bfs_subgraphs(graph, centres, p=self.p, max_depth=self.max_depth, max_nodes=self.max_nodes,
@@ -350,7 +343,7 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
     """
     d = Path(directory)
     m = check_directory(d, db=False, predictor=False)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     g = KnowledgeGraph.load(d / "graph")
     enc = encoder if encoder is not None else load_encoder(m["encoder"])

@@ -1,0 +1,77 @@
+"""Argument checks shared by every module: what counts as an int or a
+number (a bool is neither), the checks of settings dataclasses, and their
+strict ``from_dict`` (unknown keys are an error, never silently dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+def is_int(v: Any, *, numpy: bool = False) -> bool:
+    """``v`` is a Python int and not a bool (``numpy=True``: a numpy integer
+    counts too)."""
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer) if numpy else int)
+
+
+def is_integral(v: Any) -> bool:
+    """``v`` is any :class:`numbers.Integral` (numpy integers included) but not a bool."""
+    return not isinstance(v, bool) and isinstance(v, Integral)
+
+
+def is_number(v: Any) -> bool:
+    """``v`` is a Python int or float and not a bool."""
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
+def is_real(v: Any) -> bool:
+    """``v`` is any :class:`numbers.Real` (numpy floats included) but not a bool."""
+    return not isinstance(v, bool) and isinstance(v, Real)
+
+
+def check_int(v: Any, name: str, minimum: int = 1, allow_none: bool = False) -> None:
+    """``v`` is an int >= ``minimum`` (or None with ``allow_none``); else ValueError."""
+    if v is None and allow_none:
+        return
+    if not is_int(v) or v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}{' or None' if allow_none else ''}, got {v!r}")
+
+
+def check_bool(v: Any, name: str) -> None:
+    """``v`` is True or False; else TypeError."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name}: expected true or false, got {v!r}")
+
+
+def unknown_keys(cls: type, d: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(sorted keys of ``d`` that are not fields of dataclass ``cls``, sorted field names)."""
+    known = {f.name for f in fields(cls)}
+    return sorted(set(d) - known), sorted(known)
+
+
+class Settings:
+    """Mixin of settings dataclasses: ``to_dict`` gives plain data,
+    ``from_dict`` refuses keys that are not fields.
+
+    ``settings_name`` names the settings in the error
+    (``"config: unknown <settings_name> settings [...]"``).
+    """
+
+    settings_name: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        unknown, _ = unknown_keys(cls, d)
+        if unknown:
+            raise ValueError(f"config: unknown {cls.settings_name} settings {unknown}")
+        return cls(**d)
+
+
+__all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "unknown_keys", "Settings"]
