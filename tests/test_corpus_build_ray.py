@@ -131,6 +131,9 @@ def test_shard_decodes_only_its_chunks(tmp_path, corpus_records, tiny_model):
 def test_scan_memo(tmp_path, monkeypatch):
     p = write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "text": "x"} for i in range(10)])
     first = scan_input(str(p), "jsonl", 3)
+    assert not list((tmp_path / "cache").glob("corpus_scan/*.json")), "a small file must not be memoised"
+    monkeypatch.setattr(build_mod, "_MEMO_MIN_BYTES", 0)
+    assert scan_input(str(p), "jsonl", 3) == first
     assert not list((tmp_path / "cache").glob("corpus_scan/*.json")), "a just-written file must not be memoised"
     monkeypatch.setattr(build_mod, "_RACY_S", -1e9)  # treat the file as old
     assert scan_input(str(p), "jsonl", 3) == first

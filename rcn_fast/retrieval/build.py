@@ -201,6 +201,7 @@ SCAN_FORMAT = "rcn_fast.CorpusScan/1"
 # a file modified less than this many seconds before its scan is not memoised
 # (a rewrite within the same timestamp tick could keep size, mtime and ctime)
 _RACY_S = 2.0
+_MEMO_MIN_BYTES = 64 << 20  # smaller files are re-read in about a second: not memoised
 _WS = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() removes
 
 
@@ -246,8 +247,9 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
         Reuse (and save) the answer in ``$RCN_FAST_CACHE_DIR/corpus_scan``
         (default ``~/.cache/rcn_fast/corpus_scan``), keyed by the file's
         real path, device, inode, size, mtime and ctime (ctime cannot be set
-        back by a user, so a rewritten file always misses). Files changed
-        less than 2 s before their scan are never memoised.
+        back by a user, so a rewritten file always misses). Files under
+        64 MiB, and files changed less than 2 s before their scan, are
+        never memoised.
 
     Returns
     -------
@@ -282,7 +284,7 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
     st2 = os.stat(path)
     if (st2.st_size, st2.st_mtime_ns, st2.st_ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
         raise ValueError(f"input: {path} changed while it was being read; rerun once it is complete")
-    if memo and t0 - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _RACY_S:
+    if memo and st.st_size >= _MEMO_MIN_BYTES and t0 - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _RACY_S:
         try:
             memo_file.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(memo_file, {"key": key, "sha256": sha, "bytes": st.st_size,
