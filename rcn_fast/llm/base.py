@@ -194,6 +194,88 @@ def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: i
     )
 
 
+class SampleBackend:
+    """Base of the backends that draw samples by index (HF, OpenAI server,
+    vLLM): :meth:`generate` and :meth:`generate_samples` check their
+    arguments here; a subclass implements :meth:`_draw`."""
+
+    def generate(
+        self,
+        chats: Sequence[Any],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        num_samples: int = 1,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Continue each chat.
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+            A final assistant turn is a pre-fill (the output continues it
+            and does not repeat it).
+        max_new_tokens, temperature, top_p, num_samples, seed, stop
+            Decoding; temperature 0 is greedy. Sample ``s`` of a chat
+            depends only on (model, prompt, parameters, ``seed``, ``s``):
+            not on the other chats of the call, the batch size or
+            ``num_samples`` (see :mod:`rcn_fast.llm.seeded`).
+        tags : list of str, optional
+            One per chat (e.g. question ids) for per-tag cost.
+
+        Returns
+        -------
+        list (length B) of list (length num_samples) of Generation
+        """
+        return generate_by_samples(self, chats, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                   num_samples=num_samples, seed=seed, stop=stop, tags=tags)
+
+    def generate_samples(
+        self,
+        chats: Sequence[Any],
+        sample_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Sequence[str] | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> list[list[Generation]]:
+        """Draw chosen sample indices of each chat (the call cache uses this
+        to draw only the samples it lacks).
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+        sample_ids : list (length B) of non-empty lists of distinct int >= 0
+            ``sample_ids[b]`` are the sample indices to draw for chat b;
+            sample ``s`` equals sample ``s`` of :meth:`generate` with the
+            same parameters.
+        max_new_tokens, temperature, top_p, seed, stop, tags
+            As in :meth:`generate`.
+
+        Returns
+        -------
+        list (length B) of list of Generation, aligned with ``sample_ids``.
+        """
+        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
+                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                                                   tags=tags)
+        if not valid:
+            return []
+        return self._draw(valid, params, sids, tags)
+
+    def _draw(self, chats: list[Any], params: GenerationParams, sample_ids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """The samples ``sample_ids[b]`` of each (checked, non-empty) chat
+        list, with the backend's cost recorded."""
+        raise NotImplementedError
+
+
 def normalise_labels(labels: Any, n: int) -> list[list[str]]:
     """``labels``: one list for every row, or one list per row -> per row."""
     if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) == 0:

@@ -36,13 +36,12 @@ from rcn_fast.llm.base import (
     CostTracker,
     Generation,
     GenerationParams,
+    SampleBackend,
     check_tags,
     context_length,
-    generate_by_samples,
     normalise_labels,
     pad_rows,
     sample_costs,
-    sample_request,
     warn_long_prompts,
 )
 
@@ -118,7 +117,7 @@ class HFConfig:
         return "sdpa"
 
 
-class HFLLM:
+class HFLLM(SampleBackend):
     """An LLM served in this process by transformers.
 
     Parameters
@@ -443,74 +442,10 @@ class HFLLM:
 
     # ---------------------------------------------------------------- protocol
 
-    def generate(
-        self,
-        chats: Sequence[Any],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        num_samples: int = 1,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """Continue each chat.
-
-        Parameters
-        ----------
-        chats : list of chats, length B
-            A final assistant turn is a pre-fill (the output continues it
-            and does not repeat it).
-        max_new_tokens, temperature, top_p, num_samples, seed, stop
-            Decoding; temperature 0 is greedy. Sample ``s`` of a chat
-            depends only on (model, prompt, parameters, ``seed``, ``s``):
-            not on the other chats of the call, ``batch_size`` or
-            ``num_samples`` (see :mod:`rcn_fast.llm.seeded`).
-        tags : list of str, optional
-            One per chat (e.g. question ids) for per-tag cost.
-
-        Returns
-        -------
-        list (length B) of list (length num_samples) of Generation
-        """
-        return generate_by_samples(self, chats, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   num_samples=num_samples, seed=seed, stop=stop, tags=tags)
-
-    def generate_samples(
-        self,
-        chats: Sequence[Any],
-        sample_ids: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """Draw chosen sample indices of each chat (the call cache uses this
-        to draw only the samples it lacks).
-
-        Parameters
-        ----------
-        chats : list of chats, length B
-        sample_ids : list (length B) of non-empty lists of distinct int >= 0
-            ``sample_ids[b]`` are the sample indices to draw for chat b;
-            sample ``s`` equals sample ``s`` of :meth:`generate` with the
-            same parameters.
-        max_new_tokens, temperature, top_p, seed, stop, tags
-            As in :meth:`generate`.
-
-        Returns
-        -------
-        list (length B) of list of Generation, aligned with ``sample_ids``.
-        """
-        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
-                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                                                   tags=tags)
-        if not valid:
-            return []
+    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of each chat, generated on the model
+        (:meth:`generate_ids`)."""
         res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
         self.cost.record_rows(sample_costs(res), tags)
         return res

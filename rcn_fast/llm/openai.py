@@ -98,12 +98,12 @@ from rcn_fast.llm.base import (
     Cost,
     CostTracker,
     Generation,
+    GenerationParams,
+    SampleBackend,
     check_tags,
-    generate_by_samples,
     normalise_labels,
     pad_rows,
     sample_costs,
-    sample_request,
 )
 from rcn_fast.llm.seeded import sample_seed
 
@@ -203,7 +203,7 @@ class OpenAIConfig:
 _RETRY_EXC = (http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError, OSError)
 
 
-class OpenAILLM:
+class OpenAILLM(SampleBackend):
     """An LLM behind an OpenAI-compatible server.
 
     Parameters
@@ -508,47 +508,10 @@ class OpenAILLM:
 
     # ------------------------------------------------------------ generation
 
-    def generate(
-        self,
-        chats: Sequence[Any],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        num_samples: int = 1,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """As :meth:`rcn_fast.llm.LLM.generate` (one request per row and sample)."""
-        return generate_by_samples(self, chats, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   num_samples=num_samples, seed=seed, stop=stop, tags=tags)
-
-    def generate_samples(
-        self,
-        chats: Sequence[Any],
-        sample_ids: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """Draw chosen sample indices of each chat, as
-        :meth:`rcn_fast.llm.hf.HFLLM.generate_samples` (sample ``s`` is
-        requested with ``sample_seed(seed, s)``, one request per sample).
-
-        Returns
-        -------
-        list (length B) of list of Generation, aligned with ``sample_ids``.
-        """
-        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
-                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                                                   tags=tags)
-        if not valid:
-            return []
+    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of each chat: sample ``s`` is requested
+        with ``sample_seed(seed, s)``, one request per row and sample."""
         self.prepare()
         tokens = self.uses_tokens
         ids = [self._ids(c) for c in valid] if tokens else None

@@ -33,19 +33,19 @@ from rcn_fast.llm.base import (
     Cost,
     CostTracker,
     Generation,
+    GenerationParams,
+    SampleBackend,
     check_tags,
-    generate_by_samples,
     normalise_labels,
     pad_rows,
     sample_costs,
-    sample_request,
 )
 from rcn_fast.llm.seeded import sample_seed
 
 HINT = "pip install vllm (needs a CUDA GPU; it installs its own torch build)"
 
 
-class VLLMEngine:
+class VLLMEngine(SampleBackend):
     """An LLM run by ``vllm.LLM``.
 
     Parameters
@@ -86,45 +86,11 @@ class VLLMEngine:
         texts = [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
         return [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
 
-    def generate(
-        self,
-        chats: Sequence[Any],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        num_samples: int = 1,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """As :meth:`rcn_fast.llm.LLM.generate`."""
-        return generate_by_samples(self, chats, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   num_samples=num_samples, seed=seed, stop=stop, tags=tags)
-
-    def generate_samples(
-        self,
-        chats: Sequence[Any],
-        sample_ids: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """Draw chosen sample indices of each chat: one vLLM request per
+    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of each chat: one vLLM request per
         sample (``n=1``) seeded with ``sample_seed(seed, s)``, so a sample
-        does not depend on the other requests or on ``num_samples``.
-
-        Returns
-        -------
-        list (length B) of list of Generation, aligned with ``sample_ids``.
-        """
-        valid, params, sids, tags = sample_request(chats, sample_ids, max_new_tokens=max_new_tokens,
-                                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                                                   tags=tags)
+        does not depend on the other requests or on ``num_samples``."""
         ids = self._prompts(valid)
         jobs = [(i, s) for i in range(len(valid)) for s in sids[i]]
         sps = [
