@@ -199,7 +199,11 @@ def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[
              "text_field": cfg.text_field, "parts": os.path.abspath(prep.parts), "dtype": cfg.dtype,
              "batch_size": cfg.batch_size}
     expected = {k: v for k, v in desc.items() if k != "model_dir"}
-    ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+    try:  # one block per chunk
+        ds = ray.data.from_items(items, override_num_blocks=len(items))
+    except TypeError:  # Ray < 2.10
+        ds = ray.data.from_items(items, parallelism=len(items))
+    ds = ds.map_batches(
         _ChunkEmbedder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=num_workers),
         num_gpus=gpus or None, num_cpus=cpus,
         fn_constructor_kwargs={"encoder_config": enc_cfg.to_dict(), "expected": expected, "build": build,
