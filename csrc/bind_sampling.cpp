@@ -4,7 +4,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include <cmath>
 #include <string>
 
 #include "bind_util.h"
@@ -36,18 +35,9 @@ void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_
   const DType ct = bind::float_dtype(cand, "cand_emb", uint16_is_bf16);
   const int64_t B = int64_t(cand.shape(0)), n = int64_t(cand.shape(1)), d = int64_t(cand.shape(2));
   if (B > 0 && n > 0) bind::require_unit_inner_stride(cand, "cand_emb");  // empty: any strides
-  if (int64_t(query.shape(0)) != B || int64_t(query.shape(1)) != d)
-    throw nb::value_error(("query_emb: expected shape [" + std::to_string(B) + ", " +
-                           std::to_string(d) + "] to match cand_emb [B, n, d]")
-                              .c_str());
-  if (d > 1 && query.stride(1) != 1)
-    throw nb::value_error("query_emb: the last dimension must be contiguous");
-  if (int64_t(keys.shape(0)) != B)
-    throw nb::value_error(("keys: expected " + std::to_string(B) + " entries").c_str());
-  if (!(tau > 0.0) || !std::isfinite(tau) || !std::isfinite(1.0f / float(tau)))
-    throw nb::value_error(("tau: expected a finite float > 0 (and 1/tau finite in float32), got " +
-                           std::to_string(tau))
-                              .c_str());
+  bind::check_sampling_query(query, B, d);
+  bind::check_sampling_keys(keys, B);
+  bind::check_sampling_tau(tau);
   const uint8_t* mask = nullptr;
   if (!mask_obj.is_none()) {
     const MaskIn m = nb::cast<MaskIn>(mask_obj);
@@ -67,25 +57,8 @@ void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_
     logp = l.data();
   }
 
-  SamplingProblem p{};
-  p.query = query.data();
-  p.query_stride = B > 1 ? int64_t(query.stride(0)) : d;
-  p.cand = cand.data();
-  p.cand_dtype = ct;
-  p.cand_stride_b = B > 1 ? int64_t(cand.stride(0)) : n * d;
-  p.cand_stride_n = n > 1 ? int64_t(cand.stride(1)) : d;
-  p.mask = mask;
-  p.keys = keys.data();
-  p.B = B;
-  p.n = n;
-  p.d = d;
-  p.num_subsets = N;
-  p.subset_size = K;
-  p.inv_tau = float(1.0 / tau);
-  p.seed = seed;
-  p.first_relevance = first_relevance;
-  p.ids_out = ids_out.data();
-  p.logp_out = logp;
+  const SamplingProblem p = bind::sampling_problem(query, cand, ct, mask, keys, tau, seed, first_relevance, N,
+                                                   K, ids_out.data(), logp);
   SamplingResult r;
   {
     nb::gil_scoped_release release;

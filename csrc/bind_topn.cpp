@@ -2,8 +2,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include <string>
-
 #include "bind_util.h"
 #include "cpu/topn.h"
 
@@ -22,39 +20,8 @@ void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, ScoresOut 
   bind::require_ndim(corpus, 2, "corpus", "[N, d]");
   bind::require_device(queries, nb::device::cpu::value, "queries", "CPU");
   bind::require_device(corpus, nb::device::cpu::value, "corpus", "CPU");
-  const DType qt = bind::float_dtype(queries, "queries", uint16_is_bf16);
-  const DType ct = bind::float_dtype(corpus, "corpus", uint16_is_bf16);
-  if (qt != DType::F32 && qt != ct)
-    throw nb::type_error((std::string("queries: expected float32 or the corpus dtype (") +
-                          dtype_name(ct) + "), got " + dtype_name(qt))
-                             .c_str());
-  bind::require_unit_inner_stride(queries, "queries");
-  bind::require_unit_inner_stride(corpus, "corpus");
-  const int64_t Q = int64_t(queries.shape(0)), d = int64_t(queries.shape(1));
-  const int64_t N = int64_t(corpus.shape(0));
-  if (int64_t(corpus.shape(1)) != d)
-    throw nb::value_error(("corpus: expected " + std::to_string(d) +
-                           " columns to match queries, got " + std::to_string(corpus.shape(1)))
-                              .c_str());
-  if (k < 1) throw nb::value_error(("k: expected k >= 1, got " + std::to_string(k)).c_str());
-  if (int64_t(scores_out.shape(0)) != Q || int64_t(scores_out.shape(1)) != k)
-    throw nb::value_error("scores_out: expected a float32 [Q, k] array");
-  if (int64_t(ids_out.shape(0)) != Q || int64_t(ids_out.shape(1)) != k)
-    throw nb::value_error("ids_out: expected an int64 [Q, k] array");
-
-  TopnProblem p{};
-  p.queries = queries.data();
-  p.query_dtype = qt;
-  p.query_stride = Q > 1 ? int64_t(queries.stride(0)) : d;
-  p.corpus = corpus.data();
-  p.corpus_dtype = ct;
-  p.corpus_stride = N > 1 ? int64_t(corpus.stride(0)) : d;
-  p.Q = Q;
-  p.N = N;
-  p.d = d;
-  p.k = k;
-  p.scores_out = scores_out.data();
-  p.ids_out = ids_out.data();
+  const TopnProblem p = bind::topn_problem(queries, corpus, k, scores_out, ids_out, uint16_is_bf16,
+                                            /*max_k=*/0, /*cuda=*/false);
   nb::gil_scoped_release release;
   topn_cpu(p, num_threads);
 }

@@ -4,10 +4,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "common/dtypes.h"
+#include "common/problems.h"
 
 namespace rcn_fast::bind {
 
@@ -58,6 +60,109 @@ inline void require_unit_inner_stride(const AnyArray& a, const char* name) {
 inline void require_device(const AnyArray& a, int device_type, const char* name, const char* where) {
   if (a.device_type() != device_type)
     throw nb::value_error((std::string(name) + ": expected an array in " + where + " memory").c_str());
+}
+
+// ---------------------------------------------------------------- top-n
+// The checks the CPU and CUDA top-n bindings share once each has checked its
+// inputs' ndim and device, and the problem they describe. `max_k` > 0 bounds
+// k (the CUDA kernel); `cuda` names CUDA memory in the messages.
+template <class ScoresOut, class IdsOut>
+inline TopnProblem topn_problem(const AnyArray& queries, const AnyArray& corpus, int64_t k,
+                                const ScoresOut& scores_out, const IdsOut& ids_out,
+                                bool uint16_is_bf16, int64_t max_k, bool cuda) {
+  const DType qt = float_dtype(queries, "queries", uint16_is_bf16);
+  const DType ct = float_dtype(corpus, "corpus", uint16_is_bf16);
+  if (qt != DType::F32 && qt != ct)
+    throw nb::type_error((std::string("queries: expected float32 or the corpus dtype (") +
+                          dtype_name(ct) + "), got " + dtype_name(qt))
+                             .c_str());
+  require_unit_inner_stride(queries, "queries");
+  require_unit_inner_stride(corpus, "corpus");
+  const int64_t Q = int64_t(queries.shape(0)), d = int64_t(queries.shape(1));
+  const int64_t N = int64_t(corpus.shape(0));
+  if (int64_t(corpus.shape(1)) != d)
+    throw nb::value_error(("corpus: expected " + std::to_string(d) +
+                           " columns to match queries, got " + std::to_string(corpus.shape(1)))
+                              .c_str());
+  if (k < 1 || (max_k > 0 && k > max_k))
+    throw nb::value_error((max_k > 0 ? "k: expected 1 <= k <= " + std::to_string(max_k) +
+                                           (cuda ? " on CUDA" : "") + ", got " + std::to_string(k)
+                                     : "k: expected k >= 1, got " + std::to_string(k))
+                              .c_str());
+  const std::string mem = cuda ? " CUDA array" : " array";
+  if (int64_t(scores_out.shape(0)) != Q || int64_t(scores_out.shape(1)) != k)
+    throw nb::value_error(("scores_out: expected a float32 [Q, k]" + mem).c_str());
+  if (int64_t(ids_out.shape(0)) != Q || int64_t(ids_out.shape(1)) != k)
+    throw nb::value_error(("ids_out: expected an int64 [Q, k]" + mem).c_str());
+
+  TopnProblem p{};
+  p.queries = queries.data();
+  p.query_dtype = qt;
+  p.query_stride = Q > 1 ? int64_t(queries.stride(0)) : d;
+  p.corpus = corpus.data();
+  p.corpus_dtype = ct;
+  p.corpus_stride = N > 1 ? int64_t(corpus.stride(0)) : d;
+  p.Q = Q;
+  p.N = N;
+  p.d = d;
+  p.k = k;
+  p.scores_out = scores_out.data();
+  p.ids_out = ids_out.data();
+  return p;
+}
+
+// ---------------------------------------------------------------- sampling
+// The sampler's argument checks shared by the CPU and CUDA bindings.
+template <class QueryIn>
+inline void check_sampling_query(const QueryIn& query, int64_t B, int64_t d) {
+  if (int64_t(query.shape(0)) != B || int64_t(query.shape(1)) != d)
+    throw nb::value_error(("query_emb: expected shape [" + std::to_string(B) + ", " +
+                           std::to_string(d) + "] to match cand_emb [B, n, d]")
+                              .c_str());
+  if (d > 1 && query.stride(1) != 1)
+    throw nb::value_error("query_emb: the last dimension must be contiguous");
+}
+
+template <class KeysIn>
+inline void check_sampling_keys(const KeysIn& keys, int64_t B) {
+  if (int64_t(keys.shape(0)) != B)
+    throw nb::value_error(("keys: expected " + std::to_string(B) + " entries").c_str());
+}
+
+inline void check_sampling_tau(double tau) {
+  if (!(tau > 0.0) || !std::isfinite(tau) || !std::isfinite(1.0f / float(tau)))
+    throw nb::value_error(("tau: expected a finite float > 0 (and 1/tau finite in float32), got " +
+                           std::to_string(tau))
+                              .c_str());
+}
+
+// The sampling problem of checked arguments (N subsets of K per question).
+template <class QueryIn, class KeysIn>
+inline SamplingProblem sampling_problem(const QueryIn& query, const AnyArray& cand, DType ct,
+                                        const uint8_t* mask, const KeysIn& keys, double tau,
+                                        uint64_t seed, bool first_relevance, int64_t N, int64_t K,
+                                        int64_t* ids_out, float* logp_out) {
+  const int64_t B = int64_t(cand.shape(0)), n = int64_t(cand.shape(1)), d = int64_t(cand.shape(2));
+  SamplingProblem p{};
+  p.query = query.data();
+  p.query_stride = B > 1 ? int64_t(query.stride(0)) : d;
+  p.cand = cand.data();
+  p.cand_dtype = ct;
+  p.cand_stride_b = B > 1 ? int64_t(cand.stride(0)) : n * d;
+  p.cand_stride_n = n > 1 ? int64_t(cand.stride(1)) : d;
+  p.mask = mask;
+  p.keys = keys.data();
+  p.B = B;
+  p.n = n;
+  p.d = d;
+  p.num_subsets = N;
+  p.subset_size = K;
+  p.inv_tau = float(1.0 / tau);
+  p.seed = seed;
+  p.first_relevance = first_relevance;
+  p.ids_out = ids_out;
+  p.logp_out = logp_out;
+  return p;
 }
 
 }  // namespace rcn_fast::bind

@@ -3,27 +3,9 @@
 #pragma once
 #include <cstdint>
 
-#include "common/dtypes.h"
+#include "common/problems.h"
 
 namespace rcn_fast {
-
-struct SamplingProblem {
-  const float* query;       // [B, d] float32, unit inner stride
-  int64_t query_stride;     // elements between query rows
-  const void* cand;         // [B, n, d] of `cand_dtype`, unit inner stride
-  DType cand_dtype;
-  int64_t cand_stride_b;    // elements between questions
-  int64_t cand_stride_n;    // elements between candidates
-  const uint8_t* mask;      // [B, n] contiguous (1 = valid), or null: all valid
-  const int64_t* keys;      // [B] stream id of each question
-  int64_t B, n, d;
-  int64_t num_subsets, subset_size;
-  float inv_tau;            // 1 / tau, finite and > 0
-  uint64_t seed;
-  bool first_relevance;     // false: first document uniform
-  int64_t* ids_out;         // [B, num_subsets, subset_size] contiguous
-  float* logp_out;          // same shape, or null
-};
 
 enum class SamplingStatus : int {
   Ok = 0,

@@ -4,8 +4,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include <string>
-
 #include "bind_util.h"
 #include "cuda/topn.h"
 
@@ -27,40 +25,8 @@ void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, ScoresOut 
   if (queries.device_id() != corpus.device_id() || scores_out.device_id() != corpus.device_id() ||
       ids_out.device_id() != corpus.device_id())
     throw nb::value_error("corpus: queries, corpus and outputs must be on the same CUDA device");
-  const DType qt = bind::float_dtype(queries, "queries");
-  const DType ct = bind::float_dtype(corpus, "corpus");
-  if (qt != DType::F32 && qt != ct)
-    throw nb::type_error((std::string("queries: expected float32 or the corpus dtype (") +
-                          dtype_name(ct) + "), got " + dtype_name(qt))
-                             .c_str());
-  bind::require_unit_inner_stride(queries, "queries");
-  bind::require_unit_inner_stride(corpus, "corpus");
-  const int64_t Q = int64_t(queries.shape(0)), d = int64_t(queries.shape(1));
-  const int64_t N = int64_t(corpus.shape(0));
-  if (int64_t(corpus.shape(1)) != d)
-    throw nb::value_error(("corpus: expected " + std::to_string(d) + " columns to match queries").c_str());
-  if (k < 1 || k > cuda::kTopnMaxK)
-    throw nb::value_error(("k: expected 1 <= k <= " + std::to_string(cuda::kTopnMaxK) +
-                           " on CUDA, got " + std::to_string(k))
-                              .c_str());
-  if (int64_t(scores_out.shape(0)) != Q || int64_t(scores_out.shape(1)) != k)
-    throw nb::value_error("scores_out: expected a float32 [Q, k] CUDA array");
-  if (int64_t(ids_out.shape(0)) != Q || int64_t(ids_out.shape(1)) != k)
-    throw nb::value_error("ids_out: expected an int64 [Q, k] CUDA array");
-
-  cuda::TopnProblemCuda p{};
-  p.queries = queries.data();
-  p.query_dtype = qt;
-  p.query_stride = Q > 1 ? int64_t(queries.stride(0)) : d;
-  p.corpus = corpus.data();
-  p.corpus_dtype = ct;
-  p.corpus_stride = N > 1 ? int64_t(corpus.stride(0)) : d;
-  p.Q = Q;
-  p.N = N;
-  p.d = d;
-  p.k = k;
-  p.scores_out = scores_out.data();
-  p.ids_out = ids_out.data();
+  const TopnProblem p = bind::topn_problem(queries, corpus, k, scores_out, ids_out, /*uint16_is_bf16=*/false,
+                                            cuda::kTopnMaxK, /*cuda=*/true);
   nb::gil_scoped_release release;
   cuda::topn_cuda(p, reinterpret_cast<cudaStream_t>(stream));
 }

@@ -77,7 +77,7 @@ struct WarpGroup {
 };
 
 template <DType T>
-__device__ __forceinline__ const typename Storage<T>::type* cand_row(const SamplingProblemCuda& p,
+__device__ __forceinline__ const typename Storage<T>::type* cand_row(const SamplingProblem& p,
                                                                      int64_t b, int64_t j) {
   return static_cast<const typename Storage<T>::type*>(p.cand) + b * p.cand_stride_b +
          j * p.cand_stride_n;
@@ -93,7 +93,7 @@ __device__ __forceinline__ float warp_dot(const WarpGroup& g, const typename Sto
 }
 
 template <DType T>
-__global__ void rel_kernel(SamplingProblemCuda p, float* __restrict__ rel,
+__global__ void rel_kernel(SamplingProblem p, float* __restrict__ rel,
                            unsigned long long* __restrict__ bad_candidate) {
   const WarpGroup g;
   const int64_t b = blockIdx.x;
@@ -110,7 +110,7 @@ __global__ void rel_kernel(SamplingProblemCuda p, float* __restrict__ rel,
 }
 
 template <DType T>
-__global__ void sample_kernel(SamplingProblemCuda p, const float* __restrict__ rel,
+__global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel,
                               int64_t item0, int64_t items, float* acc_all, uint8_t* elig_all,
                               float* w_all, unsigned long long* __restrict__ bad_score) {
   const WarpGroup g;
@@ -163,7 +163,7 @@ __global__ void sample_kernel(SamplingProblemCuda p, const float* __restrict__ r
 }
 
 template <DType T>
-void launch(const SamplingProblemCuda& p, cudaStream_t stream, float* rel, uint8_t* scratch,
+void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
             int64_t chunk, unsigned long long* flags) {
   rel_kernel<T><<<unsigned(p.B), kWarps * 32, 0, stream>>>(p, rel, flags);
   check(cudaGetLastError(), "sampler rel kernel");
@@ -181,7 +181,7 @@ void launch(const SamplingProblemCuda& p, cudaStream_t stream, float* rel, uint8
 
 }  // namespace
 
-SamplingErrorCuda sample_subsets_cuda(const SamplingProblemCuda& p, cudaStream_t stream) {
+SamplingErrorCuda sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream) {
   SamplingErrorCuda ok{0, -1, -1};
   const int64_t items = p.B * p.num_subsets, n = p.n, K = p.subset_size;
   if (items == 0 || K == 0) return ok;

@@ -224,14 +224,14 @@ __global__ void fill_padding_kernel(float* s, int64_t* ids, int64_t n) {
 }
 
 template <DType QT, DType CT>
-void launch_scores(const TopnProblemCuda& p, int64_t row0, int64_t rows, float* out,
+void launch_scores(const TopnProblem& p, int64_t row0, int64_t rows, float* out,
                    int64_t out_stride, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + TILE - 1) / TILE), unsigned((p.Q + TILE - 1) / TILE));
   score_block_kernel<QT, CT><<<grid, SCORE_THREADS, 0, stream>>>(
       p.queries, p.query_stride, p.corpus, p.corpus_stride, p.Q, rows, row0, p.d, out, out_stride);
 }
 
-void scores_for_chunk(const TopnProblemCuda& p, int64_t row0, int64_t rows, float* out,
+void scores_for_chunk(const TopnProblem& p, int64_t row0, int64_t rows, float* out,
                       int64_t out_stride, cudaStream_t stream) {
   const DType qt = p.query_dtype, ct = p.corpus_dtype;
   if (qt == DType::F32 && ct == DType::F32) return launch_scores<DType::F32, DType::F32>(p, row0, rows, out, out_stride, stream);
@@ -244,7 +244,7 @@ void scores_for_chunk(const TopnProblemCuda& p, int64_t row0, int64_t rows, floa
 
 }  // namespace
 
-void topn_cuda(const TopnProblemCuda& p, cudaStream_t stream) {
+void topn_cuda(const TopnProblem& p, cudaStream_t stream) {
   if (p.k < 1 || p.k > kTopnMaxK) throw std::invalid_argument("k: out of the CUDA kernel's range");
   if (p.Q == 0) return;
   const int64_t total = p.Q * p.k;
