@@ -63,6 +63,15 @@ def check_rank(x: Any, ndim: int, name: str, shape: str) -> None:
         raise ValueError(f"{name}: expected a {ndim}-d array of shape {shape}, got shape {tuple(x.shape)}")
 
 
+def check_same_place(x: Any, ref: Any, name: str, ref_name: str) -> None:
+    """``x`` comes from the array library of ``ref`` (TypeError) and lives on
+    its device (ValueError)."""
+    if library(ref) != library(x):
+        raise TypeError(f"{name}: expected the same array library as {ref_name} ({library(ref)}), got {library(x)}")
+    if device_of(ref) != device_of(x):
+        raise ValueError(f"{name}: expected the device of {ref_name} ({device_of(ref)}), got {device_of(x)}")
+
+
 def check_float_dtype(x: Any, name: str, allowed: tuple[str, ...] = FLOAT_DTYPES) -> str:
     dt = dtype_name(x)
     if dt not in allowed:

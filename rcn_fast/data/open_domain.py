@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rcn_fast.data.loaders import DataFormatError, _get, _take, check_limit, hf_split, read_records, split_file
+from rcn_fast.data.questions import check_question_text
 
 
 @dataclass
@@ -60,10 +61,7 @@ class OpenQuestion:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str):
-            self.id = str(self.id)
-        if not isinstance(self.question, str) or not self.question.strip():
-            raise ValueError(f"question: expected non-empty text (question id {self.id!r})")
+        self.id = check_question_text(self.id, self.question)
         if isinstance(self.answers, str) or not isinstance(self.answers, (list, tuple)):
             raise TypeError(f"answers: expected a list of strings (question id {self.id!r}), "
                             f"got {type(self.answers).__name__}")
@@ -128,6 +126,12 @@ def _aliases(answers: str | Sequence[str]) -> list[str]:
     return list(answers)
 
 
+def _normalised_prediction(prediction: Any) -> str:
+    if not isinstance(prediction, str):
+        raise TypeError(f"prediction: expected str, got {type(prediction).__name__}")
+    return normalize_answer(prediction)
+
+
 def string_em(prediction: str, answers: str | Sequence[str]) -> bool:
     """ActiveRAG's StringEM: does any gold alias occur in the prediction?
 
@@ -146,9 +150,7 @@ def string_em(prediction: str, answers: str | Sequence[str]) -> bool:
     -------
     bool
     """
-    if not isinstance(prediction, str):
-        raise TypeError(f"prediction: expected str, got {type(prediction).__name__}")
-    pred = normalize_answer(prediction)
+    pred = _normalised_prediction(prediction)
     return any(a and a in pred for a in (normalize_answer(x) for x in _aliases(answers)))
 
 
@@ -164,9 +166,7 @@ def exact_match(prediction: str, answers: str | Sequence[str]) -> bool:
     -------
     bool
     """
-    if not isinstance(prediction, str):
-        raise TypeError(f"prediction: expected str, got {type(prediction).__name__}")
-    pred = normalize_answer(prediction)
+    pred = _normalised_prediction(prediction)
     return any(pred == normalize_answer(x) for x in _aliases(answers))
 
 
@@ -188,13 +188,8 @@ def _parse_record(rec: Any, where: str) -> OpenQuestion:
 
 
 def read_open_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[OpenQuestion]:
-    """Open-domain questions of a JSON-lines file (or a JSON array).
-
-    Raises
-    ------
-    DataFormatError
-        On a malformed line, naming the file and line number.
-    """
+    """Open-domain questions of a JSON-lines file (or a JSON array), read as
+    :func:`rcn_fast.data.loaders.read_jsonl` reads multiple-choice ones."""
     return read_records(path, lambda rec, where, _: _parse_record(rec, where), limit)
 
 

@@ -12,6 +12,14 @@ MAX_CHOICES = 26
 DEFAULT_LABELS = tuple(string.ascii_uppercase)
 
 
+def check_question_text(qid: Any, question: Any) -> str:
+    """The question id as str; ValueError unless ``question`` is non-empty text."""
+    qid = qid if isinstance(qid, str) else str(qid)
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question: expected non-empty text (question id {qid!r})")
+    return qid
+
+
 @dataclass
 class MCQuestion:
     """One multiple-choice question.
@@ -41,10 +49,7 @@ class MCQuestion:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str):
-            self.id = str(self.id)
-        if not isinstance(self.question, str) or not self.question.strip():
-            raise ValueError(f"question: expected non-empty text (question id {self.id!r})")
+        self.id = check_question_text(self.id, self.question)
         if isinstance(self.choices, str) or not isinstance(self.choices, (list, tuple)):
             raise TypeError(f"choices: expected a list of strings (question id {self.id!r})")
         self.choices = [str(c) for c in self.choices]

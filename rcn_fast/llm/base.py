@@ -194,6 +194,18 @@ def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: i
     )
 
 
+def cached_label_ids(cache: dict[tuple[str, ...], list[list[int]]], tokenizer: Any, labels: Sequence[str],
+                     spellings: Sequence[str]) -> list[list[int]]:
+    """Spelling token ids of each label (:func:`rcn_fast.llm.scoring.label_token_ids`),
+    kept in ``cache`` by label tuple."""
+    key = tuple(labels)
+    if key not in cache:
+        from rcn_fast.llm import scoring
+
+        cache[key] = scoring.label_token_ids(tokenizer, labels, spellings)
+    return cache[key]
+
+
 class SampleBackend:
     """Base of the backends that draw samples by index (HF, OpenAI server,
     vLLM): :meth:`generate` and :meth:`generate_samples` check their

@@ -37,6 +37,7 @@ from rcn_fast.llm.base import (
     Generation,
     GenerationParams,
     SampleBackend,
+    cached_label_ids,
     check_tags,
     context_length,
     normalise_labels,
@@ -356,10 +357,7 @@ class HFLLM(SampleBackend):
         return out
 
     def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
-        key = tuple(labels)
-        if key not in self._label_cache:
-            self._label_cache[key] = scoring.label_token_ids(self.tokenizer, labels, self.config.label_spellings)
-        return self._label_cache[key]
+        return cached_label_ids(self._label_cache, self.tokenizer, labels, self.config.label_spellings)
 
     # ---------------------------------------------------------------- generation
 

@@ -100,6 +100,7 @@ from rcn_fast.llm.base import (
     Generation,
     GenerationParams,
     SampleBackend,
+    cached_label_ids,
     check_tags,
     normalise_labels,
     pad_rows,
@@ -554,12 +555,7 @@ class OpenAILLM(SampleBackend):
 
     def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
         """Spelling token ids of each label (as the local backend's)."""
-        from rcn_fast.llm import scoring
-
-        key = tuple(labels)
-        if key not in self._label_cache:
-            self._label_cache[key] = scoring.label_token_ids(self._tokenizer, labels, self.config.label_spellings)
-        return self._label_cache[key]
+        return cached_label_ids(self._label_cache, self._tokenizer, labels, self.config.label_spellings)
 
     def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
         """As :meth:`rcn_fast.llm.LLM.label_logprobs` (see the module notes:

@@ -132,6 +132,18 @@ def question_key(question_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(question_id.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
+def mc_questions(questions: Any) -> list[MCQuestion]:
+    """``questions`` as a list, checked to hold MCQuestion objects (a single
+    question is refused: batch first)."""
+    if isinstance(questions, MCQuestion):
+        raise TypeError("questions: expected a list of MCQuestion (batch first); use run() for one question")
+    questions = list(questions)
+    for i, q in enumerate(questions):
+        if not isinstance(q, MCQuestion):
+            raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
+    return questions
+
+
 def run_in_batches(questions: list[Any], batch_size: int | None, run_chunk: Callable[[list[Any]], list[Any]], *,
                    ids_key: str | None = "random streams") -> list[Any]:
     """``run_chunk`` over consecutive batches of ``batch_size`` questions
@@ -439,13 +451,7 @@ class StagedPipeline:
         -------
         list of Prediction, in the order of ``questions``
         """
-        if isinstance(questions, MCQuestion):
-            raise TypeError("questions: expected a list of MCQuestion (batch first); use run() for one question")
-        questions = list(questions)
-        for i, q in enumerate(questions):
-            if not isinstance(q, MCQuestion):
-                raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
-        return run_in_batches(questions, self.config.batch_size, self._run_chunk)
+        return run_in_batches(mc_questions(questions), self.config.batch_size, self._run_chunk)
 
     # ------------------------------------------------------------ internals
     def runner(self) -> StageRunner:
@@ -492,4 +498,4 @@ class StagedPipeline:
 
 
 __all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
-           "question_key", "run_in_batches"]
+           "question_key", "run_in_batches", "mc_questions"]

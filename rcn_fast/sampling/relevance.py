@@ -120,16 +120,7 @@ def sample_subsets(
     A.check_rank(cand_emb, 3, "cand_emb", "[B, n, d]")
     A.check_float_dtype(query_emb, "query_emb")
     ct = A.check_float_dtype(cand_emb, "cand_emb")
-    if A.library(query_emb) != A.library(cand_emb):
-        raise TypeError(
-            f"cand_emb: expected the same array library as query_emb ({A.library(query_emb)}), "
-            f"got {A.library(cand_emb)}"
-        )
-    if A.device_of(query_emb) != A.device_of(cand_emb):
-        raise ValueError(
-            f"cand_emb: expected the device of query_emb ({A.device_of(query_emb)}), "
-            f"got {A.device_of(cand_emb)}"
-        )
+    A.check_same_place(cand_emb, query_emb, "cand_emb", "query_emb")
     B, n, d = (int(x) for x in cand_emb.shape)
     if tuple(query_emb.shape) != (B, d):
         raise ValueError(

@@ -82,16 +82,7 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         )
     if queries.shape[1] < 1:
         raise ValueError("queries: expected d >= 1 columns, got 0")
-    if A.library(queries) != A.library(corpus):
-        raise TypeError(
-            f"corpus: expected the same array library as queries ({A.library(queries)}), "
-            f"got {A.library(corpus)}"
-        )
-    if A.device_of(queries) != A.device_of(corpus):
-        raise ValueError(
-            f"corpus: expected the device of queries ({A.device_of(queries)}), "
-            f"got {A.device_of(corpus)}"
-        )
+    A.check_same_place(corpus, queries, "corpus", "queries")
     if A.device_of(corpus) == "cpu":
         check_result_memory(int(queries.shape[0]), int(corpus.shape[0]), k)
     ctx = {

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rcn_fast.data import MCQuestion
-from rcn_fast.pipelines.base import Prediction, QuestionCost, run_in_batches
+from rcn_fast.pipelines.base import Prediction, QuestionCost, mc_questions, run_in_batches
 from rcn_fast.pipelines.config import SeptaConfig
 from rcn_fast.retrieval.types import Passage
 
@@ -128,13 +128,7 @@ class Septa:
     def run_batch(self, questions: Sequence[MCQuestion]) -> list[Prediction]:
         """Predictions for ``questions`` (batched: one encoder pass per batch
         for the queries, one index search)."""
-        if isinstance(questions, MCQuestion):
-            raise TypeError("questions: expected a list of MCQuestion (batch first); use run() for one question")
-        questions = list(questions)
-        for i, q in enumerate(questions):
-            if not isinstance(q, MCQuestion):
-                raise TypeError(f"questions[{i}]: expected an MCQuestion, got {type(q).__name__}")
-        return run_in_batches(questions, self.config.batch_size, self._run_chunk, ids_key=None)
+        return run_in_batches(mc_questions(questions), self.config.batch_size, self._run_chunk, ids_key=None)
 
     def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
         if not questions:
