@@ -31,6 +31,7 @@
 #include "common/dtypes.h"
 #include "common/macros.h"
 #include "common/philox.h"
+#include "common/problems.h"
 
 
 namespace rcn_fast::sampler {
@@ -191,6 +192,24 @@ struct StepArgs {
   uint64_t seed, stream;
   uint32_t subset;
 };
+
+// The step arguments of subset `s` of question `b` of `p` (CPU and CUDA):
+// `rel_row` is that question's relevance row, the rest per-subset scratch.
+RCN_HD StepArgs step_args(const SamplingProblem& p, int64_t b, int64_t s, const float* rel_row,
+                          const float* acc, uint8_t* eligible, float* w) {
+  StepArgs a{};
+  a.rel = rel_row;
+  a.acc = acc;
+  a.eligible = eligible;
+  a.w = w;
+  a.n = p.n;
+  a.inv_tau = p.inv_tau;
+  a.first_relevance = p.first_relevance;
+  a.seed = p.seed;
+  a.stream = uint64_t(p.keys[b]);
+  a.subset = uint32_t(s);
+  return a;
+}
 
 // Step t of a subset: the draw (no bookkeeping: the caller marks the chosen
 // candidate ineligible, adds its similarity row to acc, and writes outputs).

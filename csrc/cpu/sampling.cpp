@@ -420,17 +420,8 @@ SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
           elig[size_t(j)] = p.mask == nullptr ? 1 : (p.mask[b * n + j] != 0);
         }
       team.barrier();
-      sampler::StepArgs a{};
-      a.rel = rel.data() + b * n;
-      a.acc = acc.data();
-      a.eligible = elig.data();
-      a.w = w.data();
-      a.n = n;
-      a.inv_tau = p.inv_tau;
-      a.first_relevance = p.first_relevance;
-      a.seed = p.seed;
-      a.stream = uint64_t(p.keys[b]);
-      a.subset = uint32_t(s);
+      const sampler::StepArgs a =
+          sampler::step_args(p, b, s, rel.data() + b * n, acc.data(), elig.data(), w.data());
       bool stop = false;
       for (int64_t t = 0; t < K && !stop; ++t) {
         const sampler::Draw dr = sampler::sample_step(g, a, t);

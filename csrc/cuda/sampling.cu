@@ -126,17 +126,7 @@ __global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel,
     elig[j] = p.mask == nullptr ? 1 : (p.mask[b * n + j] != 0);
   }
   __syncwarp();
-  sampler::StepArgs a{};
-  a.rel = rel + b * n;
-  a.acc = acc;
-  a.eligible = elig;
-  a.w = w_all + local * n;
-  a.n = n;
-  a.inv_tau = p.inv_tau;
-  a.first_relevance = p.first_relevance;
-  a.seed = p.seed;
-  a.stream = uint64_t(p.keys[b]);
-  a.subset = uint32_t(s);
+  const sampler::StepArgs a = sampler::step_args(p, b, s, rel + b * n, acc, elig, w_all + local * n);
   const int64_t out0 = item * K;
   for (int64_t t = 0; t < K; ++t) {
     const sampler::Draw dr = sampler::sample_step(g, a, t);

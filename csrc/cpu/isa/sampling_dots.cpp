@@ -19,21 +19,10 @@ namespace rcn_fast {
 namespace RCN_ISA {
 namespace {
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef uint16_t v8u16 __attribute__((vector_size(16)));
-typedef uint32_t v8u32 __attribute__((vector_size(32)));
-#if defined(__FLT16_MAX__)  // the compiler has _Float16 for this target (GCC >= 12, clang >= 15 on x86-64)
-#define RCN_HAVE_FLOAT16 1
-typedef _Float16 v8h __attribute__((vector_size(16)));
-#endif
+#include "cpu/isa/vec8.h"
 
 constexpr int RE = 3;  // candidates per tile
 
-inline v8f vload(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 // acc + x * y: one rounding where the variant has FMA, two otherwise, and
 // the same in every instantiation. This file is compiled with
 // -ffp-contract=off (CMakeLists.txt), so the compiler never fuses on its own:
@@ -52,9 +41,6 @@ inline float madd1(float x, float y, float acc) {
 #else
   return acc + x * y;
 #endif
-}
-inline float hsum(v8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
 // RX x NE tile: out[r][j0 + c] for r < RX, c < NE (NE <= RE).

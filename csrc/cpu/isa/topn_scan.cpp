@@ -21,27 +21,13 @@ namespace rcn_fast {
 namespace RCN_ISA {
 namespace {
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef uint16_t v8u16 __attribute__((vector_size(16)));
-typedef uint32_t v8u32 __attribute__((vector_size(32)));
-#if defined(__FLT16_MAX__)  // the compiler has _Float16 for this target (GCC >= 12, clang >= 15 on x86-64)
-#define RCN_HAVE_FLOAT16 1
-typedef _Float16 v8h __attribute__((vector_size(16)));
-#endif
+#include "cpu/isa/vec8.h"
 
 constexpr int MR = 6;    // corpus rows per micro-tile
 constexpr int NR = 16;   // queries per micro-tile (two 8-lane vectors)
 
-inline v8f vload(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 inline void vstore(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 inline v8f splat(float f) { return v8f{f, f, f, f, f, f, f, f}; }
-inline float hsum(v8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
 
 // 8 consecutive elements of a corpus row as float32.
 template <DType T> inline v8f load8(const void* base, int64_t off) {
