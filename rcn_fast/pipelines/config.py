@@ -636,6 +636,13 @@ class RAGConfig(PipelineConfig):
     """
 
     name: ClassVar[str] = ""
+    #: the LLM calls of one question, declared by each pipeline's config:
+    #: generations (multiple choice), generations (open domain; None = the
+    #: same), scoring passes (multiple choice)
+    generations: ClassVar[int] = 0
+    open_generations: ClassVar[int | None] = None
+    scoring_passes: ClassVar[int] = 1
+
     top_k: int = 5
     query: str = "question"
     passage_format: str = "Passage {index}: {text}"
@@ -659,17 +666,17 @@ class RAGConfig(PipelineConfig):
     def generations_per_question(self) -> int:
         """Generations one multiple-choice question costs (open-domain mode
         may add the answer generation, see :meth:`open_generations_per_question`)."""
-        return 0
+        return self.generations
 
     @property
     def open_generations_per_question(self) -> int:
         """Generations one open-domain question costs."""
-        return self.generations_per_question
+        return self.generations_per_question if self.open_generations is None else self.open_generations
 
     @property
     def scoring_passes_per_question(self) -> int:
         """Scoring passes of one multiple-choice question (none in open-domain mode)."""
-        return 1
+        return self.scoring_passes
 
 
 @dataclass
@@ -730,10 +737,7 @@ class RAGVanillaConfig(RAGConfig):
     scoring pass; open domain: one answer generation)."""
 
     name: ClassVar[str] = "rag_vanilla"
-
-    @property
-    def open_generations_per_question(self) -> int:
-        return 1
+    open_generations: ClassVar[int | None] = 1
 
 
 @dataclass
@@ -742,10 +746,7 @@ class ChainOfNoteConfig(RAGConfig):
     then the answer."""
 
     name: ClassVar[str] = "chain_of_note"
-
-    @property
-    def generations_per_question(self) -> int:
-        return 1
+    generations: ClassVar[int] = 1
 
 
 @dataclass
@@ -754,14 +755,8 @@ class SelfRefineConfig(RAGConfig):
     the summary in place of the passages."""
 
     name: ClassVar[str] = "self_refine"
-
-    @property
-    def generations_per_question(self) -> int:
-        return 1
-
-    @property
-    def open_generations_per_question(self) -> int:
-        return 2
+    generations: ClassVar[int] = 1
+    open_generations: ClassVar[int | None] = 2
 
 
 @dataclass
@@ -779,20 +774,14 @@ class SelfRerankConfig(RAGConfig):
     """
 
     name: ClassVar[str] = "self_rerank"
+    generations: ClassVar[int] = 1
+    open_generations: ClassVar[int | None] = 2
     unparsed: str = "all"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.unparsed not in ("all", "none"):
             raise ValueError(f"unparsed: expected 'all' or 'none', got {self.unparsed!r}")
-
-    @property
-    def generations_per_question(self) -> int:
-        return 1
-
-    @property
-    def open_generations_per_question(self) -> int:
-        return 2
 
 
 @dataclass
@@ -811,15 +800,12 @@ class CoTConfig(RAGConfig):
     """
 
     name: ClassVar[str] = "cot"
+    generations: ClassVar[int] = 1
     use_passages: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _bool(self.use_passages, "use_passages")
-
-    @property
-    def generations_per_question(self) -> int:
-        return 1
 
 
 @dataclass
@@ -829,10 +815,7 @@ class GuidelineConfig(RAGConfig):
     answers. No retrieval."""
 
     name: ClassVar[str] = "guideline"
-
-    @property
-    def generations_per_question(self) -> int:
-        return 3
+    generations: ClassVar[int] = 3
 
 
 # ---------------------------------------------------------------- SEPTA (rcn_fast.septa)
