@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -192,6 +193,15 @@ def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: i
         valid, [list(range(params.num_samples))] * len(valid), max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, seed=seed, stop=stop, tags=tags,
     )
+
+
+def logsumexp(xs: Sequence[float]) -> float:
+    """log(sum(exp(x))) of plain floats (-inf for none, or all -inf)."""
+    xs = [x for x in xs if x != -math.inf]
+    if not xs:
+        return -math.inf
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
 
 
 def cached_label_ids(cache: dict[tuple[str, ...], list[list[int]]], tokenizer: Any, labels: Sequence[str],

@@ -102,6 +102,7 @@ from rcn_fast.llm.base import (
     SampleBackend,
     cached_label_ids,
     check_tags,
+    logsumexp,
     normalise_labels,
     pad_rows,
     sample_costs,
@@ -703,7 +704,7 @@ class OpenAILLM(SampleBackend):
 
         for job, v in zip(jobs, [v for part in self._map(one, chunks) for v in part]):
             vals[job] = v
-        return [_normalise([_logsumexp([vals[(b, c, t)] for t in ts]) for c, ts in enumerate(row)])
+        return [_normalise([logsumexp([vals[(b, c, t)] for t in ts]) for c, ts in enumerate(row)])
                 for b, row in enumerate(spell)]
 
     def _escalate(self, fetch: Callable[[list[int], int], list[tuple[dict[str, float], int]]], spell_strs: list[list[list[str]]],
@@ -751,7 +752,7 @@ class OpenAILLM(SampleBackend):
                     self._warn_once("partial", f"{self.base_url}: some label spellings are outside the server's top "
                                                f"log-probs (e.g. {lab!r} of row {i}); those labels are scored from "
                                                f"the spellings found (a lower bound)")
-                scores.append(_logsumexp(found))
+                scores.append(logsumexp(found))
             out.append(_normalise(scores))
         return out
 
@@ -801,16 +802,8 @@ def _resolvable(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
 
 
-def _logsumexp(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x != -math.inf]
-    if not xs:
-        return -math.inf
-    m = max(xs)
-    return m + math.log(sum(math.exp(x - m) for x in xs))
-
-
 def _normalise(scores: list[float]) -> list[float]:
-    z = _logsumexp(scores)
+    z = logsumexp(scores)
     return [s - z for s in scores]
 
 
@@ -858,7 +851,7 @@ def _merge(pairs: list[tuple[str, float]]) -> tuple[dict[str, float], int] | Non
     merged: dict[str, list[float]] = {}
     for t, v in pairs:
         merged.setdefault(t, []).append(v)
-    return {t: _logsumexp(v) for t, v in merged.items()}, len(pairs)
+    return {t: logsumexp(v) for t, v in merged.items()}, len(pairs)
 
 
 def _top_completion(choice: dict[str, Any]) -> tuple[dict[str, float], int] | None:

@@ -21,7 +21,6 @@ Not exercised by the test suite on machines without vLLM and a GPU (a fake
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from rcn_fast.llm.base import (
     GenerationParams,
     SampleBackend,
     check_tags,
+    logsumexp,
     normalise_labels,
     pad_rows,
     sample_costs,
@@ -139,16 +139,10 @@ class VLLMEngine(SampleBackend):
                 vals[(b, t)] = float(out.prompt_logprobs[-1][t].logprob)
         res = []
         for b, row in enumerate(spell):
-            scores = [_lse([vals[(b, t)] for t in ts]) for ts in row]
-            z = _lse(scores)
+            scores = [logsumexp([vals[(b, t)] for t in ts]) for ts in row]
+            z = logsumexp(scores)
             res.append([x - z for x in scores])
         self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
         return pad_rows(res)
 
 
-def _lse(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x != -math.inf]
-    if not xs:
-        return -math.inf
-    m = max(xs)
-    return m + math.log(sum(math.exp(x - m) for x in xs))

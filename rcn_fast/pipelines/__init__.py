@@ -51,10 +51,18 @@ from rcn_fast.pipelines.base import Pipeline, Prediction, QuestionCost, StagedPi
 from rcn_fast.pipelines.config import (
     ABLATIONS,
     CONFIGS,
+    ActiveRAGConfig,
+    ChainOfNoteConfig,
+    CoTConfig,
+    GuidelineConfig,
     PipelineConfig,
+    RAGVanillaConfig,
     ReConnectConfig,
     RRConfig,
     SelfConsistencyConfig,
+    SelfRefineConfig,
+    SelfRerankConfig,
+    SeptaConfig,
     SingleRetrievalConfig,
     VanillaConfig,
     ZebraConfig,
@@ -64,15 +72,6 @@ from rcn_fast.pipelines.config import (
     load_config,
 )
 from rcn_fast.pipelines.activerag import ActiveRAG
-from rcn_fast.pipelines.config import (
-    ActiveRAGConfig,
-    ChainOfNoteConfig,
-    CoTConfig,
-    GuidelineConfig,
-    RAGVanillaConfig,
-    SelfRefineConfig,
-    SelfRerankConfig,
-)
 from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
 from rcn_fast.pipelines.rag import OpenPrediction, RAGPipeline, agent_results, extract_answer
 from rcn_fast.pipelines.rag_baselines import CoT, ChainOfNote, Guideline, RAGVanilla, SelfRefine, SelfRerank
@@ -80,7 +79,6 @@ from rcn_fast.pipelines.reconnect import ReConnect
 from rcn_fast.pipelines.rr import RR, SelfConsistency
 from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
 from rcn_fast.pipelines.zebra import Zebra
-from rcn_fast.pipelines.config import SeptaConfig
 from rcn_fast.septa.pipeline import Septa
 
 #: Pipeline name -> class (fill it with :func:`register`).
