@@ -264,10 +264,10 @@ class _Connector(ReConnect):
             return super().answer_stage(states, runner)
         return [[] for _ in states]
 
-    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str]]:
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         if self.answer:
             return super().open_answer_stage(states, runner)
-        return [("", "") for _ in states]
+        return [("", "", {}) for _ in states]
 
 
 # -------------------------------------------------------------- entry point

@@ -231,39 +231,25 @@ class _OpenView:
         self.labels: list[str] = []
 
 
-# ------------------------------------------------------------------ base class
-class RAGPipeline(StagedPipeline):
-    """Base of ActiveRAG and its RAG baselines (see the module docstring).
-
-    Subclasses implement :meth:`knowledge_stages`, which must set
-    ``state.data["final"]`` to ``("passages", [texts])`` or
-    ``("reasoning", [(name, text), ...])``.
+class OpenAnswering(StagedPipeline):
+    """Base of the pipelines that answer open questions too (ActiveRAG and
+    its baselines, ReConnect): ``run_batch`` takes all-MCQuestion batches
+    (-> :class:`Prediction`) or all-OpenQuestion ones: the same
+    :meth:`knowledge_stages`, then :meth:`open_answer_stage`, which gives
+    per question ``(answer_text, output, meta)`` (-> :class:`OpenPrediction`).
     """
 
-    needs_retriever = False
+    #: what question ids key besides costs (for the duplicate-id message)
+    open_ids_key = "random streams"
 
-    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
-        super().__init__(llm, config, retriever=retriever, prompts=prompts)
-        self.source = None
-        if self.uses_retrieval():
-            if retriever is None:
-                raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
-            self.source = as_embedding_retriever(retriever)
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
+        raise NotImplementedError
 
-    def uses_retrieval(self) -> bool:
-        return True
-
-    def describe(self) -> dict[str, Any]:
-        """What produced the predictions, with the LLM calls one question
-        costs under these settings (``calls_per_question``)."""
-        d = super().describe()
+    def calls_per_question(self, mc_scoring_passes: int) -> dict[str, dict[str, int]]:
+        """The LLM calls one question costs under these settings, by kind of question."""
         c = self.config
-        d["calls_per_question"] = {
-            "multiple_choice": {"generations": c.generations_per_question,
-                                "scoring_passes": c.scoring_passes_per_question},
-            "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0},
-        }
-        return d
+        return {"multiple_choice": {"generations": c.generations_per_question, "scoring_passes": mc_scoring_passes},
+                "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0}}
 
     # ------------------------------------------------------------ public API
     def run(self, question: Any) -> Any:
@@ -294,7 +280,58 @@ class RAGPipeline(StagedPipeline):
             return super().run_batch(questions)
         if n_open != len(questions):
             raise TypeError("questions: expected all MCQuestion or all OpenQuestion, got a mix")
-        return run_in_batches(questions, self.config.batch_size, self._run_open_chunk, ids_key="the call cache")
+        return run_in_batches(questions, self.config.batch_size, self._run_open_chunk, ids_key=self.open_ids_key)
+
+    def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
+        if not questions:
+            return []
+        runner = self.runner()
+        states = runner.start(questions)
+        self.knowledge_stages(states, runner)
+        results = self.open_answer_stage(states, runner)
+        preds = []
+        for st, (ans, output, meta), cost in zip(states, results, runner.costs(states)):
+            q = st.question
+            gold = list(q.answers)
+            preds.append(OpenPrediction(
+                question_id=q.id, answer_text=ans, answers=gold,
+                string_em=string_em(ans, gold) if gold else None,
+                exact_match=exact_match(ans, gold) if gold else None,
+                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
+                output=output, meta=meta,
+            ))
+        return preds
+
+
+# ------------------------------------------------------------------ base class
+class RAGPipeline(OpenAnswering):
+    """Base of ActiveRAG and its RAG baselines (see the module docstring).
+
+    Subclasses implement :meth:`knowledge_stages`, which must set
+    ``state.data["final"]`` to ``("passages", [texts])`` or
+    ``("reasoning", [(name, text), ...])``.
+    """
+
+    needs_retriever = False
+    open_ids_key = "the call cache"
+
+    def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+        self.source = None
+        if self.uses_retrieval():
+            if retriever is None:
+                raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
+            self.source = as_embedding_retriever(retriever)
+
+    def uses_retrieval(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        """What produced the predictions, with the LLM calls one question
+        costs under these settings (``calls_per_question``)."""
+        d = super().describe()
+        d["calls_per_question"] = self.calls_per_question(self.config.scoring_passes_per_question)
+        return d
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -420,26 +457,6 @@ class RAGPipeline(StagedPipeline):
             res.append((answers[win], items[win][1], {"agents": agents, "winner": items[win][0]}))
         return res
 
-    def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
-        if not questions:
-            return []
-        runner = self.runner()
-        states = runner.start(questions)
-        self.knowledge_stages(states, runner)
-        results = self.open_answer_stage(states, runner)
-        preds = []
-        for st, (ans, output, meta), cost in zip(states, results, runner.costs(states)):
-            q = st.question
-            gold = list(q.answers)
-            preds.append(OpenPrediction(
-                question_id=q.id, answer_text=ans, answers=gold,
-                string_em=string_em(ans, gold) if gold else None,
-                exact_match=exact_match(ans, gold) if gold else None,
-                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
-                output=output, meta=meta,
-            ))
-        return preds
-
 
 def agent_results(prediction: Any) -> dict[str, Any]:
     """Per-agent results of an ActiveRAG ``agent="all"`` prediction.
@@ -460,6 +477,6 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "OpenPrediction", "RAGPipeline", "extract_answer", "combine_choice_logprobs", "vote_answers",
+    "OpenPrediction", "OpenAnswering", "RAGPipeline", "extract_answer", "combine_choice_logprobs", "vote_answers",
     "format_passages", "agent_results",
 ]

@@ -51,16 +51,16 @@ computed as the open-domain RAG pipelines do (``answer_extraction``).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from rcn_fast.data import MCQuestion
-from rcn_fast.data.open_domain import OpenQuestion, exact_match, string_em
-from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner, question_key
+from rcn_fast.data.open_domain import OpenQuestion
+from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
 from rcn_fast.pipelines.config import ReConnectConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings, retrieve_batch
-from rcn_fast.pipelines.rag import OpenPrediction, _OpenView, extract_answer
+from rcn_fast.pipelines.rag import OpenAnswering, _OpenView, extract_answer
 from rcn_fast.pipelines.simple import question_query
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
@@ -71,7 +71,7 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.where(n > 0, n, 1.0)
 
 
-class ReConnect(StagedPipeline):
+class ReConnect(OpenAnswering):
     """ReConnect with all its ablations.
 
     Parameters
@@ -113,76 +113,13 @@ class ReConnect(StagedPipeline):
         """What produced the predictions, with the LLM calls one question
         costs under these settings (``calls_per_question``)."""
         d = super().describe()
-        c = self.config
-        d["calls_per_question"] = {
-            "multiple_choice": {"generations": c.generations_per_question, "scoring_passes": 1},
-            "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0},
-        }
+        d["calls_per_question"] = self.calls_per_question(1)
         return d
 
-    # ------------------------------------------------------------ public API
-    def run(self, question: Any) -> Any:
-        """The prediction for one question (:class:`Prediction` for an
-        MCQuestion, :class:`OpenPrediction` for an OpenQuestion)."""
-        if isinstance(question, OpenQuestion):
-            return self.run_batch([question])[0]
-        return super().run(question)
-
-    def run_batch(self, questions: Sequence[Any]) -> list[Any]:
-        """Predictions for a list of questions, all multiple choice
-        (-> :class:`Prediction`) or all open (-> :class:`OpenPrediction`).
-
-        Parameters
-        ----------
-        questions : sequence of MCQuestion, or sequence of OpenQuestion
-            Ids must be distinct (they key costs and random streams).
-
-        Returns
-        -------
-        list, in the order of ``questions``
-        """
-        if isinstance(questions, (MCQuestion, OpenQuestion)):
-            raise TypeError("questions: expected a list of questions (batch first); use run() for one question")
-        questions = list(questions)
-        n_open = sum(isinstance(q, OpenQuestion) for q in questions)
-        if n_open == 0:
-            return super().run_batch(questions)
-        if n_open != len(questions):
-            raise TypeError("questions: expected all MCQuestion or all OpenQuestion, got a mix")
-        seen: set[str] = set()
-        for q in questions:
-            if q.id in seen:
-                raise ValueError(f"questions: duplicate question id {q.id!r} (ids key costs and random streams)")
-            seen.add(q.id)
-        bs = self.config.batch_size or max(len(questions), 1)
-        out: list[OpenPrediction] = []
-        for s in range(0, len(questions), bs):
-            out.extend(self._run_open_chunk(questions[s : s + bs]))
-        return out
-
-    def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
-        if not questions:
-            return []
-        runner = self.runner()
-        states = runner.start(questions)
-        self.knowledge_stages(states, runner)
-        results = self.open_answer_stage(states, runner)
-        preds = []
-        for st, (ans, output), cost in zip(states, results, runner.costs(states)):
-            q = st.question
-            gold = list(q.answers)
-            preds.append(OpenPrediction(
-                question_id=q.id, answer_text=ans, answers=gold,
-                string_em=string_em(ans, gold) if gold else None,
-                exact_match=exact_match(ans, gold) if gold else None,
-                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost, output=output,
-            ))
-        return preds
-
-    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str]]:
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open questions: one answer generation per question (one LLM call
         for the batch) with the connected explanation -> per question
-        (answer text by ``answer_extraction``, the whole generation)."""
+        (answer text by ``answer_extraction``, the whole generation, {})."""
         chats = [[self._chat("answer_with_knowledge", st, knowledge=self.prompts.format_list(st.knowledge))]
                  for st in states]
         outs = runner.generate("answer", states, chats)
@@ -190,7 +127,7 @@ class ReConnect(StagedPipeline):
         for st, o in zip(states, outs):
             ans = extract_answer(o[0], self.config.answer_extraction)
             st.trace[-1]["answer"] = ans
-            res.append((ans, o[0]))
+            res.append((ans, o[0], {}))
         return res
 
     # ------------------------------------------------------------ open questions
