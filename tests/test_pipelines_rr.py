@@ -389,7 +389,7 @@ def test_similarity_model_gives_M_and_function_1_uses_entailment_below_tm(parts)
 def test_similarity_model_default_and_loading(parts, monkeypatch):
     llm, retriever, _, nli = parts
     assert RRConfig().similarity_model == "sentence-transformers/all-mpnet-base-v2"
-    from rcn_fast.retrieval import encoder as encmod
+    from rcn_fast import model_files as encmod
 
     monkeypatch.setattr(encmod, "_HUB_DIRS", {})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
