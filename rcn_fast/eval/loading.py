@@ -186,12 +186,15 @@ class Components:
         self._retrievers[corpus] = r
         return r
 
-    # -- ZEBRA KB
-    def kb_retriever(self) -> Any:
+    # -- example KB (ZEBRA)
+    def kb_retriever(self, pipeline: str | None = None) -> Any:
+        """The example-KB retriever of ``--kb`` (``pipeline`` names the
+        pipeline that wants it in the messages)."""
         if self._kb_retriever is not None:
             return self._kb_retriever
         if self.cfg.kb is None:
-            raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE "
+            who = f"pipeline {pipeline!r}" if pipeline else "this pipeline"
+            raise EvalError(f"{who} needs an example knowledge base: pass --kb FILE "
                             "(build one with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
         p = Path(self.cfg.kb)
         if not p.is_file():

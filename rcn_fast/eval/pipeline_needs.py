@@ -24,15 +24,25 @@ def pipeline_config_class(name: str) -> Any:
     return CONFIGS[name]
 
 
+RETRIEVER_KINDS = ("none", "corpus", "optional_corpus", "example_kb")
+
+
+def retriever_kind(cls: Any) -> str:
+    """What a pipeline class retrieves from (its ``retriever_kind``):
+    "none", "corpus" (a passage corpus is required), "optional_corpus"
+    (used when its settings retrieve), "example_kb" (an example knowledge
+    base, ``--kb``)."""
+    kind = getattr(cls, "retriever_kind", "none")
+    if kind not in RETRIEVER_KINDS:
+        raise EvalError(f"pipeline {getattr(cls, 'name', cls)!r}: retriever_kind {kind!r} is not one of "
+                        f"{list(RETRIEVER_KINDS)}")
+    return kind
+
+
 def is_open_capable(cls: Any) -> bool:
-    """Whether a pipeline class answers open-domain questions."""
-    if getattr(cls, "supports_open", False):
-        return True
-    try:
-        from rcn_fast.pipelines.rag import RAGPipeline
-    except ImportError:
-        return False
-    return isinstance(cls, type) and issubclass(cls, RAGPipeline)
+    """Whether a pipeline class answers open-domain questions (its
+    ``answers_open``)."""
+    return bool(getattr(cls, "answers_open", False))
 
 
 def needs_llm(cls: Any) -> bool:
@@ -43,9 +53,12 @@ def needs_llm(cls: Any) -> bool:
 
 def may_use_retriever(cls: Any) -> bool:
     """Whether a pipeline class may want the corpus retriever."""
-    if getattr(cls, "needs_retriever", False):
-        return True
-    return is_open_capable(cls)  # the RAG family retrieves unless its config says otherwise
+    return retriever_kind(cls) in ("corpus", "optional_corpus")
+
+
+def needs_example_kb(cls: Any) -> bool:
+    """Whether a pipeline class retrieves from an example knowledge base (``--kb``)."""
+    return retriever_kind(cls) == "example_kb"
 
 
 def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str, dict[str, Any]]:
@@ -78,5 +91,5 @@ def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str,
     return out
 
 
-__all__ = ["pipeline_registry", "pipeline_config_class", "is_open_capable", "needs_llm", "may_use_retriever",
-           "split_pipeline_args"]
+__all__ = ["pipeline_registry", "pipeline_config_class", "retriever_kind", "is_open_capable", "needs_llm",
+           "may_use_retriever", "needs_example_kb", "split_pipeline_args", "RETRIEVER_KINDS"]

@@ -92,8 +92,7 @@ def _embed_corpus_files(cfg: EvalConfig, out: Path, units: list[Any]) -> None:
     files = []
     for u in units:
         corpus = cfg.corpus or task_corpus(u.task)
-        if (u.pending and corpus is not None and Path(corpus).is_file() and u.pipeline != "zebra"
-                and may_use_retriever(registry[u.pipeline])):
+        if u.pending and corpus is not None and Path(corpus).is_file() and may_use_retriever(registry[u.pipeline]):
             files.append(corpus)
     if files:
         comps = Components(cfg, out)

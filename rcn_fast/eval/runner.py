@@ -45,9 +45,11 @@ from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
+    needs_example_kb,
     needs_llm,
     pipeline_config_class,
     pipeline_registry,
+    retriever_kind,
     split_pipeline_args,
 )
 from rcn_fast.eval.progress import StageBars
@@ -140,16 +142,17 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                 raise EvalError(f"pipeline {p!r} answers multiple-choice questions only; task {spec.name!r} is "
                                 f"open-domain (pipelines that answer open questions: {', '.join(able) or 'none'})")
             corpus = cfg.corpus or task_corpus(spec)
-            if p == "zebra":
+            kind = retriever_kind(cls)
+            if kind == "example_kb":
                 if cfg.kb is None:
-                    raise EvalError("pipeline 'zebra' needs an example knowledge base: pass --kb FILE (build one "
+                    raise EvalError(f"pipeline {p!r} needs an example knowledge base: pass --kb FILE (build one "
                                     "with `python -m rcn_fast.kb build-silver --train FILE --llm SPEC --out FILE`)")
                 if not Path(cfg.kb).is_file():
                     raise EvalError(f"kb: {cfg.kb} does not exist")
-            elif getattr(cls, "needs_retriever", False) and corpus is None:
+            elif kind == "corpus" and corpus is None:
                 raise EvalError(f"pipeline {p!r} needs a knowledge corpus for task {spec.name!r}: pass --corpus "
                                 f"(a store folder from `python -m rcn_fast.corpus build`, or a .jsonl of passages)")
-            if corpus is not None and p != "zebra" and may_use_retriever(cls) and not Path(corpus).exists():
+            if corpus is not None and may_use_retriever(cls) and not Path(corpus).exists():
                 raise EvalError(f"corpus: {corpus} does not exist (give a corpus store folder built with "
                                 f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
         try:
@@ -184,13 +187,14 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                 # the pipeline's own checks (e.g. a trained checkpoint's files) and what else keys its answers
                 _pipeline_hook(cls, "check_config", p, conf)
                 extra = _pipeline_hook(cls, "result_key", p, conf)
-                uses_corpus = p != "zebra" and may_use_retriever(cls)
+                uses_corpus = may_use_retriever(cls)
+                uses_kb = needs_example_kb(cls)
                 key = run_key({
                     "task": tkey, "pipeline": p, "config": cdict,
                     "model": llm_key if with_llm else None, "model_args": cfg.model_args if with_llm else None,
                     "corpus": _corpus_key(corpus) if uses_corpus else None,
-                    "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or p == "zebra") else None,
-                    "kb": {"file": _sha_file(Path(cfg.kb))} if p == "zebra" and cfg.kb else None,
+                    "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or uses_kb) else None,
+                    "kb": {"file": _sha_file(Path(cfg.kb))} if uses_kb and cfg.kb else None,
                     **({"pipeline_key": extra} if extra is not None else {}),
                 })
                 path = out / "checkpoints" / spec.name / p / f"seed{seed}-{key}.jsonl"
@@ -228,8 +232,8 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
     cls = registry[unit.pipeline]
     corpus = cfg.corpus or task_corpus(unit.task)
     # retrieval first: an encoder or corpus that cannot load fails before the (slower) LLM loads
-    if unit.pipeline == "zebra":
-        retriever = comps.kb_retriever()
+    if needs_example_kb(cls):
+        retriever = comps.kb_retriever(unit.pipeline)
     elif may_use_retriever(cls) and corpus is not None:
         retriever = comps.retriever(corpus)
     else:
@@ -371,8 +375,8 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         default_llm = llm is None and isinstance(cfg.model, str) and cfg.model == DEFAULT_MODEL and any(
             needs_llm(reg[u.pipeline]) for u in todo)
         default_encoder = encoder is None and retriever is None and cfg.encoder is None and any(
-            (u.pipeline == "zebra" and kb_retriever is None)
-            or (u.pipeline != "zebra" and may_use_retriever(reg[u.pipeline])
+            (needs_example_kb(reg[u.pipeline]) and kb_retriever is None)
+            or (may_use_retriever(reg[u.pipeline])
                 and (cfg.corpus or task_corpus(u.task)) is not None and not _is_store(cfg.corpus or task_corpus(u.task)))
             for u in todo)
         _check_model_packages(default_llm, default_encoder)

@@ -12,7 +12,7 @@ import copy
 import hashlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -396,8 +396,21 @@ class StagedPipeline:
 
     name = ""
     config_class: type = object
-    needs_retriever = False
-    needs_llm = True  # the eval command loads a model only for pipelines that need one
+    #: What a pipeline class needs, declared once; the eval command asks only
+    #: these (never a pipeline's name). ``retriever_kind``: "none",
+    #: "corpus" (a passage retriever is required), "optional_corpus" (used
+    #: when the pipeline's settings retrieve), "example_kb" (ZEBRA's example
+    #: knowledge base). ``answers_open``: answers OpenQuestion too.
+    #: ``needs_llm``: False for a trained pipeline (no model is loaded).
+    retriever_kind: ClassVar[str] = "none"
+    answers_open: ClassVar[bool] = False
+    needs_llm: ClassVar[bool] = True
+
+    @property
+    def needs_retriever(self) -> bool:
+        """Whether construction requires a retriever (``retriever_kind`` is
+        "corpus" or "example_kb")."""
+        return self.retriever_kind in ("corpus", "example_kb")
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         from rcn_fast.llm.base import LLM

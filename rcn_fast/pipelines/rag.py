@@ -241,6 +241,7 @@ class OpenAnswering(StagedPipeline):
 
     #: what question ids key besides costs (for the duplicate-id message)
     open_ids_key = "random streams"
+    answers_open = True
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         raise NotImplementedError
@@ -312,7 +313,7 @@ class RAGPipeline(OpenAnswering):
     ``("reasoning", [(name, text), ...])``.
     """
 
-    needs_retriever = False
+    retriever_kind = "optional_corpus"  # the corpus is used when uses_retrieval() (the config retrieves)
     open_ids_key = "the call cache"
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:

@@ -95,8 +95,8 @@ class ReConnect(OpenAnswering):
 
     name = "reconnect"
     config_class = ReConnectConfig
-    needs_retriever = True
-    supports_open = True  # answers OpenQuestion too (rcn_fast's extension, see the module docstring)
+    retriever_kind = "corpus"
+    answers_open = True  # answers OpenQuestion too (rcn_fast's extension, see the module docstring)
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)

@@ -483,7 +483,7 @@ class SelfConsistency(StagedPipeline):
 
     name = "self_consistency"
     config_class = SelfConsistencyConfig
-    needs_retriever = False
+    retriever_kind = "none"
     uses_retrieval = False
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
@@ -653,7 +653,7 @@ class RR(SelfConsistency):
 
     name = "rr"
     config_class = RRConfig
-    needs_retriever = True
+    retriever_kind = "corpus"
     uses_retrieval = True
     component_args = ("nli", "similarity")
 

@@ -40,7 +40,7 @@ class SingleRetrieval(StagedPipeline):
 
     name = "single_retrieval"
     config_class = SingleRetrievalConfig
-    needs_retriever = True
+    retriever_kind = "corpus"
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)

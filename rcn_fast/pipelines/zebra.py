@@ -44,7 +44,7 @@ class Zebra(StagedPipeline):
 
     name = "zebra"
     config_class = ZebraConfig
-    needs_retriever = True
+    retriever_kind = "example_kb"
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)

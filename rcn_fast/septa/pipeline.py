@@ -6,7 +6,8 @@ What the evaluation runner reads from the class (each optional for a
 pipeline, looked up with ``getattr``):
 
 * ``needs_llm = False`` -- no LLM is loaded (nor its package checked) and
-  the LLM is not part of the result key;
+  the LLM is not part of the result key; ``retriever_kind = "none"`` and
+  ``answers_open = False`` (see :class:`rcn_fast.pipelines.base.StagedPipeline`);
 * ``usage_note`` -- shown by ``python -m rcn_fast.eval --list-pipelines``;
 * :meth:`Septa.check_config` -- called while planning, before anything
   loads: a missing or incomplete checkpoint is one clear message;
@@ -56,7 +57,8 @@ class Septa:
     config_class = SeptaConfig
     component_args = ("encoder",)
     needs_llm = False
-    needs_retriever = False
+    retriever_kind = "none"
+    answers_open = False
     usage_note = ("needs --pipeline-args septa.checkpoint=DIR, a directory built by python -m rcn_fast.septa "
                   "align, build-db, train; no LLM")
     stages = ("retrieve", "predict")
