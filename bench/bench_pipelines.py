@@ -136,3 +136,40 @@ def test_cost_per_question(benchmark, setup, N):
             print(f"{k} | {r['llm_calls']:.0f} | {r['generations']:.0f} | {r['prompt_tokens']:.0f} | "
                   f"{r['generated_tokens']:.0f}")
         print(json.dumps(TABLE))
+
+
+class StageClock:
+    """A StageObserver that adds up the wall time of each stage."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self.seconds: dict[str, float] = {}
+        self._t0: dict[str, float] = {}
+
+    def stage_start(self, stage: str) -> None:
+        self._t0[stage] = self._now()
+
+    def stage_done(self, stage: str, question_ids) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + self._now() - self._t0.pop(stage, self._now())
+
+
+def test_stage_costs(benchmark, setup):
+    """Questions/s of each ReConnect stage, batched (README "Scaling out"):
+    LLM stages timed by a StageObserver, retrieval + sampling as the rest."""
+    llm, retriever, qs = setup
+    pipe = build("reconnect", llm=llm, retriever=retriever, max_new_tokens=TOKENS)
+    clock = StageClock()
+    pipe.observers.append(clock)
+    benchmark.group = f"reconnect stages ({MODEL})"
+    benchmark.pedantic(lambda: pipe.run_batch(qs), rounds=1, warmup_rounds=0, iterations=1)
+    total = benchmark.stats.stats.mean
+    rows = dict(clock.seconds)
+    rows["retrieval + sampling (rest)"] = max(0.0, total - sum(clock.seconds.values()))
+    print(f"\nstage | s per question | questions/s   ({MODEL}, {len(qs)} questions batched, {TOKENS} new tokens)")
+    for stage, s in rows.items():
+        print(f"{stage} | {s / len(qs):.3f} | {len(qs) / s if s > 0 else float('inf'):.1f}")
+        benchmark.extra_info[f"{stage} q/s"] = round(len(qs) / s, 2) if s > 0 else None
+    print(f"total | {total / len(qs):.3f} | {len(qs) / total:.2f}")
+    assert set(clock.seconds) >= {"query_expansion", "knowledge_extraction", "knowledge_aggregation", "answer"}
