@@ -10,6 +10,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from rcn_fast._validate import is_int
 from rcn_fast.llm.chat import Chat
 
 
@@ -47,15 +48,15 @@ class GenerationParams:
     stop: list[str] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+        if not is_int(self.num_samples) or self.num_samples < 1:
             raise ValueError(f"num_samples: expected an int >= 1, got {self.num_samples!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise TypeError(f"seed: expected an int, got {type(self.seed).__name__}")
         if self.stop is not None:
             if isinstance(self.stop, str):

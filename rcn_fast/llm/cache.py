@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import is_number
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import (
     Cost,
@@ -99,7 +100,7 @@ def check_logprobs(value: Any) -> None:
             or not isinstance(value.get("prompt_tokens"), int) or isinstance(value.get("prompt_tokens"), bool):
         raise ValueError(f"expected a label-logprobs record, got {str(value)[:80]}")
     for v in value["logprobs"]:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not is_number(v):
             raise ValueError(f"a label-logprobs record with a value that is not a number: {v!r}")
 
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast import _arrays as A
+from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring, seeded
 from rcn_fast.llm.base import (
@@ -89,7 +90,7 @@ class HFConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype: expected 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if not is_int(self.batch_size) or self.batch_size < 1:
             raise ValueError(f"batch_size: expected an int >= 1, got {self.batch_size!r}")
         if self.scoring not in ("auto", "hidden", "logits"):
             raise ValueError(f"scoring: expected 'auto', 'hidden' or 'logits', got {self.scoring!r}")

@@ -93,6 +93,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import is_int, is_number
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import (
     Cost,
@@ -181,14 +182,14 @@ class OpenAIConfig:
         for name in ("max_retries", "concurrency", "prompts_per_request", "top_logprobs"):
             v = getattr(self, name)
             lo = 0 if name == "max_retries" else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            if not is_int(v) or v < lo:
                 raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
         m = self.max_top_logprobs
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < self.top_logprobs):
+        if m is not None and (not is_int(m) or m < self.top_logprobs):
             raise ValueError(f"max_top_logprobs: expected None or an int >= top_logprobs ({self.top_logprobs}), got {m!r}")
         for name in ("timeout", "backoff", "max_backoff"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (name == "timeout" and v == 0):
+            if not is_number(v) or v < 0 or (name == "timeout" and v == 0):
                 raise ValueError(f"{name}: expected seconds {'> 0' if name == 'timeout' else '>= 0'}, got {v!r}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
             raise ValueError(f"tokenizer: expected a path, 'package:<module>' or hub id, got {self.tokenizer!r}")

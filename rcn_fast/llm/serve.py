@@ -68,6 +68,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import GenerationParams
 from rcn_fast.llm.hf import HFLLM
@@ -104,7 +105,7 @@ class OpenAIServer(ThreadingHTTPServer):
             raise TypeError(f"llm: expected an HFLLM (the local backend), got {type(llm).__name__}")
         for f in faults or []:
             _check_fault(f)
-        if max_logprobs is not None and (isinstance(max_logprobs, bool) or not isinstance(max_logprobs, int) or max_logprobs < 0):
+        if max_logprobs is not None and (not is_int(max_logprobs) or max_logprobs < 0):
             raise ValueError(f"max_logprobs: expected an int >= 0 or None, got {max_logprobs!r}")
         if not isinstance(latency, (int, float)) or latency < 0:
             raise ValueError(f"latency: expected seconds >= 0, got {latency!r}")
@@ -179,7 +180,7 @@ class OpenAIServer(ThreadingHTTPServer):
     # ------------------------------------------------------------ helpers
 
     def _check_k(self, k: Any, name: str) -> int:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if not is_int(k) or k < 0:
             raise APIError(400, f"{name}: expected an int >= 0, got {k!r}")
         cap = len(self.llm.tokenizer) if self.max_logprobs is None else self.max_logprobs
         if k > cap:
