@@ -185,14 +185,27 @@ class CallCache:
             else:
                 con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
             con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-            if self.journal == "wal":
-                con.execute("PRAGMA journal_mode=WAL")
-                con.execute("PRAGMA synchronous=NORMAL")
-            else:  # a rollback journal; a file left in WAL mode by an earlier run is switched back
-                con.execute("PRAGMA journal_mode=DELETE")
-                con.execute("PRAGMA synchronous=FULL")
+            # a rollback journal for "delete"/"dotfile"; a file left in WAL mode by an earlier run is switched back
+            self._set_journal(con, "wal" if self.journal == "wal" else "delete")
+            con.execute("PRAGMA synchronous=NORMAL" if self.journal == "wal" else "PRAGMA synchronous=FULL")
             self._local.con = con
         return con
+
+    def _set_journal(self, con: sqlite3.Connection, mode: str) -> None:
+        """Switch ``con``'s file to journal ``mode`` unless it is in it
+        already. Changing the mode needs the file to itself, and sqlite may
+        answer "database is locked" at once (without its busy handler) while
+        other connections open the same new file: retry until ``timeout``."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if str(con.execute("PRAGMA journal_mode").fetchone()[0]).lower() != mode:
+                    con.execute(f"PRAGMA journal_mode={mode.upper()}")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     @staticmethod
     def key(model: str, kind: str, request: Any) -> str:
