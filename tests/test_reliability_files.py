@@ -61,7 +61,7 @@ def test_a_missing_manifest_key_is_named(store, key):
     m = json.loads(mf.read_text())
     del m[key]
     mf.write_text(json.dumps(m))
-    with pytest.raises(ValueError, match=rf"manifest.json needs '{key}' as a \w+ \(no such key\)"):
+    with pytest.raises(ValueError, match=rf"manifest.json needs '{key}' of type \w+ \(no such key\)"):
         CorpusStore.open(store.path)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcn_fast.llm.base import LLM, Cost, CostTracker, Generation, GenerationParams
+from rcn_fast.llm.base import LLM, ContextLengthWarning, Cost, CostTracker, Generation, GenerationParams
 from rcn_fast.llm.chat import render_chat, validate_chats
 
 _LAZY = {
@@ -50,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "LLM",
+    "ContextLengthWarning",
     "Cost",
     "CostTracker",
     "Generation",

@@ -244,8 +244,8 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
     fmt : {"jsonl", "tsv", "parquet"}
     chunk_size : int
     memo : bool
-        Reuse (and save) the answer in ``$RCN_FAST_CACHE_DIR/corpus_scan``
-        (default ``~/.cache/rcn_fast/corpus_scan``), keyed by the file's
+        Reuse (and save) the answer in ``<rcn_fast cache>/corpus_scan``
+        (``$RCN_FAST_CACHE``, else ``~/.cache/rcn_fast``), keyed by the file's
         real path, device, inode, size, mtime and ctime (ctime cannot be set
         back by a user, so a rewritten file always misses). Files under
         64 MiB, and files changed less than 2 s before their scan, are
@@ -295,10 +295,9 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
 
 
 def _scan_memo_dir() -> Path:
-    env = os.environ.get("RCN_FAST_CACHE_DIR")
-    if env:
-        return Path(env).expanduser() / "corpus_scan"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rcn_fast" / "corpus_scan"
+    from rcn_fast._cache_dirs import cache_root
+
+    return cache_root() / "corpus_scan"
 
 
 def _is_blank(raw: bytes, lineno: int) -> bool:

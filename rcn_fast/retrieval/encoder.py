@@ -109,8 +109,8 @@ class EncoderConfig:
         Rankings can change where scores are within that error; check
         recall on your own data before building a large int8 store.
     cache_dir : str or None
-        Where ONNX exports are cached. None: ``$RCN_FAST_CACHE_DIR`` or
-        ``~/.cache/rcn_fast/onnx``; ``"model"``: an ``onnx/`` folder inside
+        Where ONNX exports are cached. None: ``$RCN_FAST_CACHE/onnx``
+        (or ``$RCN_FAST_CACHE_DIR/onnx``, else ``~/.cache/rcn_fast/onnx``); ``"model"``: an ``onnx/`` folder inside
         the model directory.
     providers : list of str or None
         ONNX Runtime execution providers, first = the one that must run.

@@ -31,11 +31,10 @@ logger = logging.getLogger("rcn_fast.retrieval")
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("RCN_FAST_CACHE_DIR")
-    if env:
-        return Path(env).expanduser() / "onnx"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rcn_fast" / "onnx"
+    """``<rcn_fast cache>/onnx`` (see :func:`rcn_fast._cache_dirs.cache_root`)."""
+    from rcn_fast._cache_dirs import cache_root
+
+    return cache_root() / "onnx"
 
 
 def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",

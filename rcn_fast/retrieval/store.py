@@ -312,7 +312,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     for key, typ in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
             got = "no such key" if key not in manifest else f"a {type(manifest[key]).__name__}"
-            raise ValueError(f"path: {path} needs {key!r} as a {typ.__name__} ({got}); restore it or rebuild the "
+            raise ValueError(f"path: {path} needs {key!r} of type {typ.__name__} ({got}); restore it or rebuild the "
                              "store")
     return manifest
 
