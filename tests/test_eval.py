@@ -571,3 +571,12 @@ def test_corpus_store_with_its_own_encoder(files, tiny_hf, tiny_encoder):
     assert doc["corpora"] == {str(store): str(store)}
     lines = [json.loads(x) for x in (files["out"] / "samples_mini_single_retrieval.jsonl").read_text().splitlines()]
     assert all(len(x["passages"]) == 2 and x["passages"][0]["id"].startswith("fact-") for x in lines)
+
+
+def test_cli_config_file_that_is_not_utf8(tmp_path, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(b"pipelines: [vanilla]\nlimit: 2\ntasks: [caf\xe9]\n")
+    code = main(["--config", str(cfg), "--output-path", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"config: {cfg}:3: not valid UTF-8 (byte 0xe9)" in err and "Traceback" not in err

@@ -281,6 +281,10 @@ def load_run_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise EvalError(f"config: {p} does not exist")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise EvalError(f"config: {p}:{line}: not valid UTF-8 (byte {exc.object[exc.start]:#04x}); save the file "
+                        "as UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
