@@ -169,7 +169,9 @@ def load_tokenizer(spec: str) -> Any:
     tf = A.require("transformers", HINT)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"tokenizer: expected a path or hub id, got {spec!r}")
-    path = _resolve(spec)
+    given = Path(spec).expanduser()
+    # a folder holding only tokenizer files (no config.json) is a tokenizer too
+    path = given if given.is_dir() else _resolve(spec)
     if path.is_file():  # a .gguf file
         return tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return tf.AutoTokenizer.from_pretrained(str(path))

@@ -319,3 +319,17 @@ def test_scoring_backend_triton_in_the_model_path(tiny_llama_dir, mode):
     tri = load_llm(tiny_llama_dir, scoring=mode, scoring_backend="triton").label_logprobs(chats, list("ABCD"))
     ref = load_llm(tiny_llama_dir, scoring=mode, scoring_backend="torch").label_logprobs(chats, list("ABCD"))
     np.testing.assert_allclose(tri, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_load_tokenizer_takes_a_tokenizer_only_folder_and_resolves_the_rest(tmp_path):
+    """A folder of tokenizer files alone (no config.json) is a tokenizer; a
+    model folder, a .gguf or a package resolve as load_llm resolves them."""
+    from rcn_fast.llm.load import load_tokenizer
+
+    tok = build_tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    assert not (tmp_path / "tok" / "config.json").exists()
+    again = load_tokenizer(str(tmp_path / "tok"))
+    assert again("hello world")["input_ids"] == tok("hello world")["input_ids"]
+    with pytest.raises(ValueError, match="is not a directory, a .gguf file"):
+        load_tokenizer(str(tmp_path / "missing"))
