@@ -59,16 +59,16 @@ def plan_slices(cfg: EvalConfig) -> list[dict[str, Any]]:
     answered already are left out.
     """
     from rcn_fast.eval.runner import plan
+    from rcn_fast.eval.shards import shard_of
 
     out = Path(cfg.output_path).expanduser()
     base = dataclasses.replace(cfg, executor="local", num_shards=1, shard_id=None)
-    _, _, units = plan(base, out)
-    entries = {spec_name: entry for entry, spec_name in _task_entries(cfg, units)}
+    specs, _, units = plan(base, out)
+    # plan() resolves cfg.tasks in order: each task name -> the entry as the user gave it
+    entries = {spec.name: entry for spec, entry in zip(specs, cfg.tasks)}
     _embed_corpus_files(base, out, units)
     slices = []
     threads = cfg.threads if cfg.threads is not None else max(1, int(cfg.ray_num_cpus))
-    from rcn_fast.eval.shards import shard_of
-
     for u in units:
         if not u.pending:
             continue
@@ -98,14 +98,6 @@ def _embed_corpus_files(cfg: EvalConfig, out: Path, units: list[Any]) -> None:
         comps = Components(cfg, out)
         for corpus in dict.fromkeys(files):
             comps.retriever(corpus)
-
-
-def _task_entries(cfg: EvalConfig, units: list[Any]) -> list[tuple[str, str]]:
-    """(the ``tasks`` entry as the user gave it, the resolved task name)."""
-    from rcn_fast.eval.tasks import resolve_task
-
-    return [(entry, resolve_task(entry, split=cfg.split, include_paths=cfg.include_path).name)
-            for entry in cfg.tasks]
 
 
 def evaluate_on_ray(cfg: EvalConfig, *, llm: Any = None, encoder: Any = None, retriever: Any = None,

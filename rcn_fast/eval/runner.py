@@ -33,7 +33,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any, Callable
 
 from rcn_fast.eval.checkpoint import Checkpoint, run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, EvalConfig, EvalError, encoder_defaults
-from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file
+from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file, log
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
@@ -62,10 +61,6 @@ THROTTLE_ENV = "RCN_FAST_EVAL_THROTTLE"
 
 # settings of the default encoder (all-MiniLM-L6-v2 takes no E5 prefixes); see encoder_defaults
 DEFAULT_ENCODER_ARGS = encoder_defaults(DEFAULT_ENCODER)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # -------------------------------------------------------------------- units
