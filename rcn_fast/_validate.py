@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 from numbers import Integral, Real
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -47,6 +47,14 @@ def check_bool(v: Any, name: str) -> None:
         raise TypeError(f"{name}: expected true or false, got {v!r}")
 
 
+def check_choice(v: Any, name: str, allowed: Sequence[Any]) -> None:
+    """``v`` is one of ``allowed``; else ValueError ("expected 'a' or 'b'" for
+    two choices, "expected one of [...]" for more)."""
+    if v not in allowed:
+        expected = " or ".join(repr(a) for a in allowed) if len(allowed) == 2 else f"one of {list(allowed)}"
+        raise ValueError(f"{name}: expected {expected}, got {v!r}")
+
+
 def unknown_keys(cls: type, d: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(sorted keys of ``d`` that are not fields of dataclass ``cls``, sorted field names)."""
     known = {f.name for f in fields(cls)}
@@ -74,4 +82,5 @@ class Settings:
         return cls(**d)
 
 
-__all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "unknown_keys", "Settings"]
+__all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "check_choice", "unknown_keys",
+           "Settings"]

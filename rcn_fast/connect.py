@@ -56,7 +56,7 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
-from rcn_fast.pipelines.config import ReConnectConfig
+from rcn_fast.pipelines.reconnect import ReConnectConfig
 from rcn_fast.pipelines.knowledge import _f32, has_embeddings
 from rcn_fast.pipelines.rag import OpenPrediction
 from rcn_fast.pipelines.reconnect import ReConnect

@@ -191,7 +191,7 @@ def test_stage_flow_and_calls_per_question_multiple_choice(name, agent, retrieve
     assert llm.calls == [(kind, rows * B) for kind, rows in FLOWS[(name, agent)][0]]
     gens = sum(r for k, r in FLOWS[(name, agent)][0] if k == "generate")
     scores = sum(r for k, r in FLOWS[(name, agent)][0] if k == "score")
-    assert p.config.generations_per_question == gens and p.config.scoring_passes_per_question == scores
+    assert p.generations_per_question == gens and p.scoring_passes_per_question == scores
     assert p.describe()["calls_per_question"]["multiple_choice"] == {"generations": gens, "scoring_passes": scores}
     for q, pr in zip(QS, preds):
         assert isinstance(pr, Prediction) and pr.question_id == q.id and pr.answer == q.answer
@@ -216,7 +216,7 @@ def test_stage_flow_and_calls_per_question_open_domain(name, agent, retriever):
     flow = FLOWS[(name, agent)][1]
     assert llm.calls == [(kind, rows * len(OQS)) for kind, rows in flow]
     gens = sum(r for _, r in flow)
-    assert p.config.open_generations_per_question == gens
+    assert p.open_generations_per_question == gens
     assert p.describe()["calls_per_question"]["open_domain"] == {"generations": gens, "scoring_passes": 0}
     for q, pr in zip(OQS, preds):
         assert isinstance(pr, OpenPrediction) and pr.question_id == q.id and pr.answers == q.answers

@@ -25,11 +25,15 @@ API:
 * :class:`Pipeline` -- ``run_batch(questions) -> list[Prediction]``, ``run(question)``.
 * :class:`Prediction` -- pred, label, choice log-probs, knowledge, passages,
   trace, cost.
-* Configs: :class:`VanillaConfig`, :class:`SingleRetrievalConfig`,
-  :class:`ReConnectConfig` (+ :data:`ABLATIONS`), :class:`ZebraConfig`,
-  :class:`RRConfig`, :class:`SelfConsistencyConfig`,
-  :class:`ActiveRAGConfig` and one per RAG baseline, :class:`SeptaConfig`;
-  JSON/YAML via ``to_json`` / ``to_yaml`` / :func:`load_config`.
+* Configs, each defined beside its pipeline: :class:`VanillaConfig`,
+  :class:`SingleRetrievalConfig`, :class:`ReConnectConfig` (+
+  :data:`ABLATIONS`), :class:`ZebraConfig`, :class:`RRConfig`,
+  :class:`SelfConsistencyConfig`, :class:`ActiveRAGConfig` and one per RAG
+  baseline, :class:`SeptaConfig`; JSON/YAML via ``to_json`` / ``to_yaml`` /
+  :func:`load_config` (:mod:`rcn_fast.pipelines.config`).
+* Costs: ``pipe.calls_per_question()`` (ReConnect, ActiveRAG and its
+  baselines; also in ``describe()``) -- the LLM calls one question costs
+  under the pipeline's settings.
 
 Examples
 --------
@@ -48,38 +52,29 @@ from __future__ import annotations
 from typing import Any
 
 from rcn_fast.pipelines.base import Pipeline, Prediction, QuestionCost, StagedPipeline, StageRunner, question_key
-from rcn_fast.pipelines.config import (
-    ABLATIONS,
-    CONFIGS,
-    ActiveRAGConfig,
-    ChainOfNoteConfig,
-    CoTConfig,
-    GuidelineConfig,
-    PipelineConfig,
-    RAGVanillaConfig,
-    ReConnectConfig,
-    RRConfig,
-    SelfConsistencyConfig,
-    SelfRefineConfig,
-    SelfRerankConfig,
-    SeptaConfig,
-    SingleRetrievalConfig,
-    VanillaConfig,
-    ZebraConfig,
-    ablation_settings,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-)
-from rcn_fast.pipelines.activerag import ActiveRAG
+from rcn_fast.pipelines.config import CONFIGS, PipelineConfig, config_from_dict, config_to_dict, load_config
+from rcn_fast.pipelines.activerag import ActiveRAG, ActiveRAGConfig
 from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
-from rcn_fast.pipelines.rag import OpenPrediction, RAGPipeline, agent_results, extract_answer
-from rcn_fast.pipelines.rag_baselines import CoT, ChainOfNote, Guideline, RAGVanilla, SelfRefine, SelfRerank
-from rcn_fast.pipelines.reconnect import ReConnect
-from rcn_fast.pipelines.rr import RR, SelfConsistency
-from rcn_fast.pipelines.simple import SingleRetrieval, Vanilla
-from rcn_fast.pipelines.zebra import Zebra
-from rcn_fast.septa.pipeline import Septa
+from rcn_fast.pipelines.rag import OpenPrediction, RAGConfig, RAGPipeline, agent_results, extract_answer
+from rcn_fast.pipelines.rag_baselines import (
+    ChainOfNote,
+    ChainOfNoteConfig,
+    CoT,
+    CoTConfig,
+    Guideline,
+    GuidelineConfig,
+    RAGVanilla,
+    RAGVanillaConfig,
+    SelfRefine,
+    SelfRefineConfig,
+    SelfRerank,
+    SelfRerankConfig,
+)
+from rcn_fast.pipelines.reconnect import ABLATIONS, ReConnect, ReConnectConfig, ablation_settings
+from rcn_fast.pipelines.rr import RR, RRConfig, SelfConsistency, SelfConsistencyConfig
+from rcn_fast.pipelines.simple import SingleRetrieval, SingleRetrievalConfig, Vanilla, VanillaConfig
+from rcn_fast.pipelines.zebra import Zebra, ZebraConfig
+from rcn_fast.septa.pipeline import Septa, SeptaConfig
 
 #: Pipeline name -> class (fill it with :func:`register`).
 PIPELINES: dict[str, type[StagedPipeline]] = {}
@@ -184,7 +179,7 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
 __all__ = [
     "ActiveRAG", "RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "RAGPipeline",
     "OpenPrediction", "agent_results", "extract_answer", "ActiveRAGConfig", "RAGVanillaConfig", "ChainOfNoteConfig",
-    "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig",
+    "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig", "RAGConfig",
     "build", "register", "PIPELINES", "CONFIGS",
     "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",

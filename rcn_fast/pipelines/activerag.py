@@ -66,10 +66,56 @@ sampled gpt-3.5-turbo at temperature 0.2 (``temperature=0.2`` follows it).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import ClassVar
 
+from rcn_fast._validate import check_choice
 from rcn_fast.pipelines.base import QuestionState, StageRunner
-from rcn_fast.pipelines.config import ActiveRAGConfig
-from rcn_fast.pipelines.rag import RAGPipeline
+from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline
+
+
+#: The paper's four knowledge-construction agents.
+ACTIVERAG_AGENTS = ("associate", "anchoring", "logician", "cognition")
+# ActiveRAG Table 3 ablations: "CoT w. Note", "CoT w. Passage"
+ACTIVERAG_ABLATIONS = ("note", "passage")
+
+
+@dataclass
+class ActiveRAGConfig(RAGConfig):
+    """ActiveRAG: knowledge construction agents + cognitive nexus.
+
+    Attributes
+    ----------
+    agent : {"associate", "anchoring", "logician", "cognition", "all", "note", "passage"}
+        The knowledge construction agent(s) to run (paper's main result:
+        associate). ``"all"`` runs the four and combines them (see
+        :class:`rcn_fast.pipelines.activerag.ActiveRAG`). The ablations of
+        the paper's Table 3: ``"note"`` ("CoT w. Note": the passages refined
+        into reading notes, then the cognitive nexus with the chain of
+        thought) and ``"passage"`` ("CoT w. Passage": the raw passages go to
+        the cognitive nexus; no construction call).
+    nexus_context : {"conversation", "fresh"}
+        ``"conversation"`` (default, the reference code): the cognitive
+        nexus continues the agent's own chat -- its construction prompt and
+        reply stay in context and the nexus instruction (which also quotes
+        the construction, as the paper's Table 7 prompts do) comes as the
+        next user turn. ``"fresh"``: the nexus is a new chat with the chain
+        of thought and the construction only (fewer prompt tokens). The
+        ``"passage"`` ablation has no construction chat: always fresh.
+    """
+
+    name: ClassVar[str] = "activerag"
+    agent: str = "associate"
+    nexus_context: str = "conversation"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.agent, "agent", (*ACTIVERAG_AGENTS, "all", *ACTIVERAG_ABLATIONS))
+        check_choice(self.nexus_context, "nexus_context", ("conversation", "fresh"))
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return ACTIVERAG_AGENTS if self.agent == "all" else (self.agent,)
 
 
 def continue_chat(history: list[dict[str, str]], reply: str, nxt: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -137,6 +183,17 @@ class ActiveRAG(RAGPipeline):
     name = "activerag"
     config_class = ActiveRAGConfig
 
+    @property
+    def generations_per_question(self) -> int:
+        """1 chain of thought + per agent 1 construction (none for
+        ``"passage"``) and 1 nexus."""
+        return 1 + sum(1 if a == "passage" else 2 for a in self.config.agents)
+
+    @property
+    def scoring_passes_per_question(self) -> int:
+        """One answer-scoring pass per agent's nexus output."""
+        return len(self.config.agents)
+
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         c = self.config
         agents = c.agents
@@ -169,4 +226,4 @@ class ActiveRAG(RAGPipeline):
             st.data["final"] = ("reasoning", list(zip(agents, outs)))
 
 
-__all__ = ["ActiveRAG", "continue_chat"]
+__all__ = ["ActiveRAG", "ActiveRAGConfig", "ACTIVERAG_AGENTS", "ACTIVERAG_ABLATIONS", "continue_chat"]

@@ -32,16 +32,69 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import check_choice
+from rcn_fast._validate import check_int as _int
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion, exact_match, normalize_answer, string_em
 from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner, run_in_batches
+from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
-from rcn_fast.pipelines.simple import question_query
+from rcn_fast.pipelines.simple import QUERY_MODES, question_query
 from rcn_fast.retrieval.types import Passage
+
+
+#: What open-domain answers are read from: the whole generation, or its final ``Answer:`` line.
+ANSWER_EXTRACTIONS = ("final", "full")
+
+
+# ------------------------------------------------------------------ settings
+@dataclass
+class RAGConfig(PipelineConfig):
+    """Settings shared by ActiveRAG and its RAG baselines (not a pipeline itself).
+
+    Attributes
+    ----------
+    top_k : int
+        Passages retrieved per question (ActiveRAG paper: 5, also 10).
+    query : {"question", "question_choices"}
+        Retrieval query of a multiple-choice question: its text, or text
+        followed by its options (open-domain questions use their text).
+    passage_format : str
+        How each passage is written into a prompt's ``{passages}`` list;
+        placeholders ``{index}`` (1-based; Self-Rerank's labels refer to it)
+        and ``{text}``.
+    answer_extraction : {"full", "final"}
+        Open-domain mode: what StringEM and exact match are computed on.
+        ``"full"`` (default, the paper's metric: its code tests the gold
+        aliases against the whole final output) -- the whole generation;
+        ``"final"`` -- the text after its last ``Answer:`` marker up to the
+        end of that line (the first non-empty line when there is no
+        marker). ActiveRAG ``agent="all"`` votes on the ``"final"`` answers
+        either way (whole outputs rarely agree word for word) and reports
+        the winner's text in this mode.
+    """
+
+    name: ClassVar[str] = ""
+    top_k: int = 5
+    query: str = "question"
+    passage_format: str = "Passage {index}: {text}"
+    answer_extraction: str = "full"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.top_k, "top_k")
+        check_choice(self.query, "query", QUERY_MODES)
+        if not isinstance(self.passage_format, str):
+            raise TypeError(f"passage_format: expected a string, got {type(self.passage_format).__name__}")
+        try:
+            self.passage_format.format(index=1, text="x")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"passage_format: only {{index}} and {{text}} may be used ({exc!r})") from None
+        check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
 
 
 # ------------------------------------------------------------------ records
@@ -246,11 +299,33 @@ class OpenAnswering(StagedPipeline):
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         raise NotImplementedError
 
-    def calls_per_question(self, mc_scoring_passes: int) -> dict[str, dict[str, int]]:
+    @property
+    def generations_per_question(self) -> int:
+        """Generations one multiple-choice question costs under these settings."""
+        raise NotImplementedError
+
+    @property
+    def open_generations_per_question(self) -> int:
+        """Generations (the only LLM calls) one open question costs."""
+        raise NotImplementedError
+
+    @property
+    def scoring_passes_per_question(self) -> int:
+        """Answer-scoring passes one multiple-choice question costs."""
+        raise NotImplementedError
+
+    def calls_per_question(self) -> dict[str, dict[str, int]]:
         """The LLM calls one question costs under these settings, by kind of question."""
-        c = self.config
-        return {"multiple_choice": {"generations": c.generations_per_question, "scoring_passes": mc_scoring_passes},
-                "open_domain": {"generations": c.open_generations_per_question, "scoring_passes": 0}}
+        return {"multiple_choice": {"generations": self.generations_per_question,
+                                    "scoring_passes": self.scoring_passes_per_question},
+                "open_domain": {"generations": self.open_generations_per_question, "scoring_passes": 0}}
+
+    def describe(self) -> dict[str, Any]:
+        """What produced the predictions, with the LLM calls one question
+        costs under these settings (``calls_per_question``)."""
+        d = super().describe()
+        d["calls_per_question"] = self.calls_per_question()
+        return d
 
     # ------------------------------------------------------------ public API
     def run(self, question: Any) -> Any:
@@ -315,6 +390,12 @@ class RAGPipeline(OpenAnswering):
 
     retriever_kind = "optional_corpus"  # the corpus is used when uses_retrieval() (the config retrieves)
     open_ids_key = "the call cache"
+    #: The LLM calls of one question, declared by each pipeline class:
+    #: generations (multiple choice), generations (open domain; None = the
+    #: same), scoring passes (multiple choice).
+    generations: ClassVar[int] = 0
+    open_generations: ClassVar[int | None] = None
+    scoring_passes: ClassVar[int] = 1
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -327,12 +408,17 @@ class RAGPipeline(OpenAnswering):
     def uses_retrieval(self) -> bool:
         return True
 
-    def describe(self) -> dict[str, Any]:
-        """What produced the predictions, with the LLM calls one question
-        costs under these settings (``calls_per_question``)."""
-        d = super().describe()
-        d["calls_per_question"] = self.calls_per_question(self.config.scoring_passes_per_question)
-        return d
+    @property
+    def generations_per_question(self) -> int:
+        return self.generations
+
+    @property
+    def open_generations_per_question(self) -> int:
+        return self.generations_per_question if self.open_generations is None else self.open_generations
+
+    @property
+    def scoring_passes_per_question(self) -> int:
+        return self.scoring_passes
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -479,5 +565,5 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
 __all__ = [
     "OpenPrediction", "OpenAnswering", "RAGPipeline", "extract_answer", "combine_choice_logprobs", "vote_answers",
-    "format_passages", "agent_results",
+    "format_passages", "agent_results", "RAGConfig", "ANSWER_EXTRACTIONS",
 ]

@@ -23,25 +23,100 @@ guideline       chain of thought, guiding analysis, merge       3 G + 1 S  3 G
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import ClassVar
 
+from rcn_fast._validate import check_bool as _bool
+from rcn_fast._validate import check_choice
 from rcn_fast.pipelines.base import QuestionState, StageRunner
-from rcn_fast.pipelines.config import (
-    ChainOfNoteConfig,
-    CoTConfig,
-    GuidelineConfig,
-    RAGVanillaConfig,
-    SelfRefineConfig,
-    SelfRerankConfig,
-)
-from rcn_fast.pipelines.rag import RAGPipeline
+from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline
 
 
+# ------------------------------------------------------------------ settings
+# RAGVanilla, ChainOfNote, SelfRefine and Guideline take exactly RAGConfig's
+# settings; each has a config class of its own only so that its ``name`` is
+# written into saved configs (``to_yaml``) and read back by ``load_config``.
+# What a question costs is declared on the pipeline classes below.
+@dataclass
+class RAGVanillaConfig(RAGConfig):
+    """Settings of :class:`RAGVanilla` (:class:`RAGConfig`'s)."""
+
+    name: ClassVar[str] = "rag_vanilla"
+
+
+@dataclass
+class ChainOfNoteConfig(RAGConfig):
+    """Settings of :class:`ChainOfNote` (:class:`RAGConfig`'s)."""
+
+    name: ClassVar[str] = "chain_of_note"
+
+
+@dataclass
+class SelfRefineConfig(RAGConfig):
+    """Settings of :class:`SelfRefine` (:class:`RAGConfig`'s)."""
+
+    name: ClassVar[str] = "self_refine"
+
+
+@dataclass
+class SelfRerankConfig(RAGConfig):
+    """Settings of :class:`SelfRerank`: :class:`RAGConfig`'s, and
+
+    Attributes
+    ----------
+    unparsed : {"all", "none"}
+        Passages kept when the labelling output names no passage at all
+        (the model ignored the format): all of them, or none. When some
+        passages are labelled, exactly the ones labelled useful are kept
+        (possibly none).
+    """
+
+    name: ClassVar[str] = "self_rerank"
+    unparsed: str = "all"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.unparsed, "unparsed", ("all", "none"))
+
+
+@dataclass
+class CoTConfig(RAGConfig):
+    """Settings of :class:`CoT`: :class:`RAGConfig`'s, and
+
+    Attributes
+    ----------
+    use_passages : bool
+        False (the paper's prompt-learning baseline): no retrieval. True:
+        retrieve ``top_k`` passages and show them above the question in
+        the one chain-of-thought call (rcn_fast's own variant; the paper's
+        "CoT w. Passage" row of Table 3 passes the passages to a cognitive
+        nexus after the chain of thought: ``activerag`` with
+        ``agent="passage"``).
+    """
+
+    name: ClassVar[str] = "cot"
+    use_passages: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _bool(self.use_passages, "use_passages")
+
+
+@dataclass
+class GuidelineConfig(RAGConfig):
+    """Settings of :class:`Guideline` (:class:`RAGConfig`'s; it retrieves nothing)."""
+
+    name: ClassVar[str] = "guideline"
+
+
+# ------------------------------------------------------------------ pipelines
 class RAGVanilla(RAGPipeline):
     """Vanilla RAG: the top ``top_k`` passages, then the question
     (``rag_answer`` scoring pass; open domain: ``rag_answer_open`` generation)."""
 
     name = "rag_vanilla"
     config_class = RAGVanillaConfig
+    open_generations = 1
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
@@ -55,6 +130,7 @@ class ChainOfNote(RAGPipeline):
 
     name = "chain_of_note"
     config_class = ChainOfNoteConfig
+    generations = 1
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
@@ -72,6 +148,8 @@ class SelfRefine(RAGPipeline):
 
     name = "self_refine"
     config_class = SelfRefineConfig
+    generations = 1
+    open_generations = 2
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
@@ -135,6 +213,8 @@ class SelfRerank(RAGPipeline):
 
     name = "self_rerank"
     config_class = SelfRerankConfig
+    generations = 1
+    open_generations = 2
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
@@ -159,6 +239,7 @@ class CoT(RAGPipeline):
 
     name = "cot"
     config_class = CoTConfig
+    generations = 1
 
     def uses_retrieval(self) -> bool:
         return self.config.use_passages
@@ -183,6 +264,7 @@ class Guideline(RAGPipeline):
 
     name = "guideline"
     config_class = GuidelineConfig
+    generations = 3
 
     def uses_retrieval(self) -> bool:
         return False
@@ -198,4 +280,7 @@ class Guideline(RAGPipeline):
             st.data["final"] = ("reasoning", [("guideline", o[0])])
 
 
-__all__ = ["RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "parse_rerank"]
+__all__ = [
+    "RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "parse_rerank", "RAGVanillaConfig",
+    "ChainOfNoteConfig", "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig",
+]

@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from rcn_fast._validate import check_choice
+from rcn_fast._validate import check_int as _int
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
-from rcn_fast.pipelines.config import SingleRetrievalConfig, VanillaConfig
+from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+
+#: Retrieval queries of a multiple-choice question: its text, or text + options.
+QUERY_MODES = ("question", "question_choices")
+
+
+@dataclass
+class VanillaConfig(PipelineConfig):
+    """The LLM answers with no knowledge (one scoring pass per question)."""
+
+    name: ClassVar[str] = "vanilla"
+
+
+@dataclass
+class SingleRetrievalConfig(PipelineConfig):
+    """Retrieve ``top_n`` passages for the question and answer with them.
+
+    Attributes
+    ----------
+    top_n : int
+        Passages retrieved for the question.
+    query : {"question", "question_choices"}
+        The query text: the question alone, or the question followed by
+        its options.
+    """
+
+    name: ClassVar[str] = "single_retrieval"
+    top_n: int = 5
+    query: str = "question"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.top_n, "top_n")
+        check_choice(self.query, "query", QUERY_MODES)
 
 
 def question_query(question: Any, mode: str) -> str:
@@ -54,3 +90,6 @@ class SingleRetrieval(StagedPipeline):
             st.knowledge = [p.text for p in res]
             st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
                              "results": [[p.id for p in res]]})
+
+
+__all__ = ["Vanilla", "SingleRetrieval", "VanillaConfig", "SingleRetrievalConfig", "QUERY_MODES", "question_query"]

@@ -20,11 +20,41 @@ markers; on bullet lists the two agree (see ``docs/FIDELITY.md``).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from rcn_fast._validate import check_bool as _bool
+from rcn_fast._validate import check_int as _int
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
-from rcn_fast.pipelines.config import ZebraConfig
+from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.prompts import parse_bullets
+
+
+@dataclass
+class ZebraConfig(PipelineConfig):
+    """ZEBRA (example retrieval + few-shot knowledge generation).
+
+    Attributes
+    ----------
+    top_k : int
+        Examples retrieved from the example knowledge base (paper: 5).
+    exclude_same_id : bool
+        Never use a KB example whose id equals the question's id (a KB
+        built from the evaluated split would otherwise leak the answer).
+    max_explanations : int or None
+        Explanations of each example shown in the prompt (None = all).
+    """
+
+    name: ClassVar[str] = "zebra"
+    top_k: int = 5
+    exclude_same_id: bool = True
+    max_explanations: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _int(self.top_k, "top_k")
+        _bool(self.exclude_same_id, "exclude_same_id")
+        _int(self.max_explanations, "max_explanations", 1, allow_none=True)
 
 
 class Zebra(StagedPipeline):
@@ -68,3 +98,6 @@ class Zebra(StagedPipeline):
         for st, o in zip(states, outs):
             st.knowledge = parse_bullets(o[0])
             st.trace[-1]["parsed"] = st.knowledge
+
+
+__all__ = ["Zebra", "ZebraConfig"]

@@ -23,16 +23,45 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+import os
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import check_int as _int
 from rcn_fast.data import MCQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, mc_questions, run_in_batches
-from rcn_fast.pipelines.config import SeptaConfig
+from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.retrieval.types import Passage
 
 logger = logging.getLogger("rcn_fast.septa")
+
+
+@dataclasses.dataclass
+class SeptaConfig(PipelineConfig):
+    """SEPTA: a trained predictor over retrieved knowledge-graph subgraph
+    vectors (no LLM). The LLM decoding fields are unused.
+
+    Attributes
+    ----------
+    checkpoint : str or None
+        A SEPTA directory built by ``python -m rcn_fast.septa align`` /
+        ``build-db`` / ``train`` (required to run).
+    top_k : int or None
+        Subgraph vectors retrieved per choice; None: the value it was trained with.
+    """
+
+    name: ClassVar[str] = "septa"
+    checkpoint: str | None = None
+    top_k: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.checkpoint, os.PathLike):
+            self.checkpoint = os.fspath(self.checkpoint)
+        if self.checkpoint is not None and not isinstance(self.checkpoint, str):
+            raise TypeError(f"checkpoint: expected a directory path or None, got {type(self.checkpoint).__name__}")
+        _int(self.top_k, "top_k", 1, allow_none=True)
 
 
 class Septa:
