@@ -119,3 +119,26 @@ def test_an_unknown_retriever_kind_is_named():
 
     with pytest.raises(EvalError, match="retriever_kind 'web' is not one of"):
         retriever_kind(Odd)
+
+
+def test_each_config_lives_beside_its_pipeline_and_old_imports_still_work():
+    """Each registered pipeline's config class is defined in the pipeline's
+    own module; the names rcn_fast.pipelines.config held before the move
+    still import from it (the same objects), and a name it never had is an
+    AttributeError."""
+    import importlib
+
+    from rcn_fast.pipelines import config as config_module
+
+    builtin = ["vanilla", "single_retrieval", "reconnect", "zebra", "rr", "self_consistency", "activerag",
+               "rag_vanilla", "chain_of_note", "self_refine", "self_rerank", "cot", "guideline", "septa"]
+    for name in builtin:
+        cls = PIPELINES[name]
+        assert CONFIGS[name] is cls.config_class
+        assert cls.config_class.__module__ == cls.__module__, name
+        assert cls.config_class.name == name
+    for old_name, module in config_module._MOVED.items():
+        home = importlib.import_module(module if "." in module else f"rcn_fast.pipelines.{module}")
+        assert getattr(config_module, old_name) is getattr(home, old_name)
+    with pytest.raises(AttributeError, match="no attribute 'NotAConfig'"):
+        config_module.NotAConfig  # noqa: B018
