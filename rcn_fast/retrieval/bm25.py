@@ -46,8 +46,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
-from rcn_fast.retrieval.types import Passage
-from rcn_fast._validate import is_int, is_number
+from rcn_fast.retrieval.types import Passage, check_k, check_texts
+from rcn_fast._validate import is_number
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -86,22 +86,6 @@ def _stemmer(name: str | None) -> Any:
     except KeyError:
         raise ValueError(f"stemmer: PyStemmer has no {name!r} stemmer; known: "
                          f"{sorted(mod.algorithms()) if hasattr(mod, 'algorithms') else '?'}") from None
-
-
-def _check_k(k: Any) -> int:
-    if not is_int(k, numpy=True) or k < 1:
-        raise ValueError(f"k: expected a positive int, got {k!r}")
-    return int(k)
-
-
-def _check_queries(queries: Any) -> list[str]:
-    if isinstance(queries, str):
-        raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
-    queries = list(queries)
-    bad = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
-    if bad is not None:
-        raise TypeError(f"queries: expected str items, item {bad} is {type(queries[bad]).__name__}")
-    return queries
 
 
 class BM25Index:
@@ -206,8 +190,8 @@ class BM25Index:
             Passage rows; ``-1`` (score ``-inf``) where fewer than ``k``
             passages share a token with the query.
         """
-        queries = _check_queries(queries)
-        k = _check_k(k)
+        queries = check_texts(queries, "queries")
+        k = check_k(k)
         Q = len(queries)
         scores = np.full((Q, k), -np.inf, np.float32)
         rows = np.full((Q, k), -1, np.int64)
@@ -436,7 +420,7 @@ class BM25Reranker:
         if encoder is None or not hasattr(encoder, "encode_queries"):
             raise TypeError("encoder: expected an encoder with encode_queries / encode_passages, got "
                             f"{type(encoder).__name__}")
-        self.candidates = _check_k(candidates)
+        self.candidates = check_k(candidates, "candidates")
         self.bm25, self.encoder = bm25, encoder
         self.passage_emb = None
         if passage_embeddings is not None:
@@ -496,8 +480,8 @@ class BM25Reranker:
     def retrieve_with_candidates(self, queries: Sequence[str],
                                  k: int = 1) -> tuple[list[list[Passage]], list[list[str]]]:
         """:meth:`retrieve`, plus each query's BM25 candidate ids in BM25 order."""
-        queries = _check_queries(queries)
-        k = _check_k(k)
+        queries = check_texts(queries, "queries")
+        k = check_k(k)
         if not queries:
             return [], []
         bm25_scores, rows = self.bm25.search(queries, self.candidates)

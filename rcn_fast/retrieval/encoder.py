@@ -47,6 +47,7 @@ from rcn_fast.retrieval.st_folder import (
     is_sentence_transformers_folder,
     read_sentence_transformers,
 )
+from rcn_fast.retrieval.types import check_texts
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -436,12 +437,7 @@ class Encoder:
     def encode(self, texts: Sequence[str], *, prefix: str = "", batch_size: int | None = None,
                output: str = "numpy", show_progress: bool = False) -> Any:
         """Embed ``texts`` with ``prefix`` prepended; float32 [n, dim]."""
-        if isinstance(texts, str):
-            raise TypeError("texts: expected a sequence of str (batch first), got a single str; wrap it in a list")
-        texts = list(texts)
-        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-        if bad is not None:
-            raise TypeError(f"texts: expected str items, item {bad} is {type(texts[bad]).__name__}")
+        texts = check_texts(texts)
         if output not in ("numpy", "torch"):
             raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
         bs = self.config.batch_size if batch_size is None else batch_size

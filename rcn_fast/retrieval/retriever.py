@@ -17,7 +17,7 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.store import CorpusStore
-from rcn_fast.retrieval.types import Passage
+from rcn_fast.retrieval.types import Passage, check_k, check_texts
 from rcn_fast._validate import is_int
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -158,8 +158,7 @@ class Retriever:
     # ------------------------------------------------------------------ search
     def search(self, query_emb: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw top-k: scores float32 [Q, k], rows int64 [Q, k] (-1 padded)."""
-        if not is_int(k, numpy=True) or k < 1:
-            raise ValueError(f"k: expected a positive int, got {k!r}")
+        check_k(k)
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
             q = q[None, :]
@@ -192,8 +191,7 @@ class Retriever:
         -------
         list (length Q) of lists of :class:`Passage`, best first.
         """
-        if not is_int(k, numpy=True) or k < 1:
-            raise ValueError(f"k: expected a positive int, got {k!r}")
+        check_k(k)
         dedup = self.dedup if dedup is None else dedup
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
@@ -244,11 +242,8 @@ class Retriever:
         """
         if self.encoder is None:
             raise ValueError("encoder: this retriever has none; use retrieve_embeddings or pass an encoder")
-        if isinstance(queries, str):
-            raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
-        queries = list(queries)
-        if not is_int(k, numpy=True) or k < 1:
-            raise ValueError(f"k: expected a positive int, got {k!r}")
+        queries = check_texts(queries, "queries")
+        check_k(k)
         if not queries:
             return []
         emb = self.encoder.encode_queries(queries, batch_size=batch_size)
@@ -323,8 +318,7 @@ def faiss_index(store: CorpusStore, factory: str = "Flat", *, nprobe: int = 16, 
     faiss = require("faiss", _FAISS_HINT)
     if not isinstance(factory, str) or not factory.strip():
         raise ValueError(f"faiss_factory: expected a faiss index_factory string, got {factory!r}")
-    if not is_int(nprobe, numpy=True) or nprobe < 1:
-        raise ValueError(f"nprobe: expected a positive int, got {nprobe!r}")
+    check_k(nprobe, "nprobe")
     if train_size is not None and (not is_int(train_size, numpy=True)
                                    or train_size < 1):
         raise ValueError(f"faiss_train_size: expected a positive int or None, got {train_size!r}")
