@@ -27,17 +27,18 @@ Each module offers
   :func:`rcn_fast.connect.connect` and the pipelines accept.
 
 This package's own helpers (framework-free): :class:`CallableEncoder`, the
-encoder protocol over any batch embedding function.
+encoder protocol over any batch embedding function; :class:`RcnRetrieverBase`,
+what the four ``RcnRetriever`` classes share.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rcn_fast.retrieval.types import Passage
+from rcn_fast._arrays import require
+from rcn_fast.retrieval.types import Passage, check_k, check_texts
 
 EXTRAS = {
     "langchain_core": "pip install 'rcn_fast[langchain]'  (langchain-core)",
@@ -49,10 +50,7 @@ EXTRAS = {
 
 def require_framework(module: str) -> Any:
     """Import ``module`` or raise ImportError with the extra to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{module} is not installed: {EXTRAS.get(module, 'pip install ' + module)}") from exc
+    return require(module, EXTRAS.get(module, f"pip install {module}"))
 
 
 def as_rows(x: Any, what: str, n: int | None = None) -> np.ndarray:
@@ -138,20 +136,9 @@ class FrameworkSource:
         raise NotImplementedError
 
 
-def check_k(k: Any, name: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"{name}: expected a positive int, got {k!r}")
-    return int(k)
-
-
 def check_queries(queries: Any) -> list[str]:
-    if isinstance(queries, str):
-        raise TypeError("queries: expected a sequence of str (batch first), got a single str; wrap it in a list")
-    queries = list(queries)
-    bad = next((i for i, q in enumerate(queries) if not isinstance(q, str)), None)
-    if bad is not None:
-        raise TypeError(f"queries[{bad}]: expected a str, got {type(queries[bad]).__name__}")
-    return queries
+    """``queries`` as a list of str (batch first; TypeError otherwise)."""
+    return check_texts(queries, "queries")
 
 
 def check_rcn_retriever(retriever: Any) -> Any:
@@ -162,5 +149,34 @@ def check_rcn_retriever(retriever: Any) -> Any:
     return retriever
 
 
-__all__ = ["CallableEncoder", "FrameworkSource", "require_framework", "as_rows", "passages_from", "check_k",
-           "check_queries", "check_rcn_retriever", "EXTRAS"]
+class RcnRetrieverBase:
+    """Mixin of the ``RcnRetriever`` adapters (an rcn_fast retriever as a
+    framework's retriever): :meth:`_bind` checks and keeps the rcn_fast
+    retriever and the default ``k``; :meth:`_retrieve_batch` runs one
+    batched retrieval, whose passages each framework converts to its own
+    result type.
+
+    Parameters
+    ----------
+    retriever : rcn_fast Retriever
+        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
+    k : int
+        Results per query.
+    """
+
+    def _bind(self, retriever: Any, k: Any) -> None:
+        """Check and keep ``retriever`` and ``k``."""
+        self.retriever = check_rcn_retriever(retriever)
+        self.k = check_k(k)
+
+    def _retrieve_batch(self, queries: Sequence[str], k: int | None = None) -> list[list[Passage]]:
+        """``retriever.retrieve(queries, k)`` (default ``k``: the bound one):
+        one encoder call and one index search for the whole batch."""
+        queries = check_queries(queries)
+        if not queries:
+            return []
+        return self.retriever.retrieve(queries, self.k if k is None else k)
+
+
+__all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows", "passages_from",
+           "check_k", "check_queries", "check_rcn_retriever", "EXTRAS"]

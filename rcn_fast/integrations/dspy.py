@@ -33,14 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rcn_fast.integrations import (
-    CallableEncoder,
-    FrameworkSource,
-    check_k,
-    check_queries,
-    check_rcn_retriever,
-    require_framework,
-)
+from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
+from rcn_fast.integrations import check_k, check_queries, require_framework
 from rcn_fast.retrieval.types import Passage
 
 dspy = require_framework("dspy")
@@ -52,21 +46,14 @@ def _prediction(res: list[Passage]) -> Any:
 
 
 # ------------------------------------------------------------ rcn_fast -> DSPy
-class RcnRetriever(dspy.Module):
-    """An rcn_fast retriever as a DSPy retriever module.
-
-    Parameters
-    ----------
-    retriever : rcn_fast Retriever
-        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
-    k : int
-        Passages per query.
-    """
+class RcnRetriever(dspy.Module, RcnRetrieverBase):
+    """An rcn_fast retriever as a DSPy retriever module: ``retriever`` and
+    ``k`` (passages per query) as in
+    :class:`~rcn_fast.integrations.RcnRetrieverBase`."""
 
     def __init__(self, retriever: Any, k: int = 5) -> None:
         super().__init__()
-        self.retriever = check_rcn_retriever(retriever)
-        self.k = check_k(k)
+        self._bind(retriever, k)
 
     def forward(self, query: str | Sequence[str], k: int | None = None) -> Any:
         """One query -> ``dspy.Prediction(passages, ids, scores,
@@ -74,11 +61,8 @@ class RcnRetriever(dspy.Module):
         retrieval (one encoder call)."""
         kk = self.k if k is None else check_k(k)
         if isinstance(query, str):
-            return _prediction(self.retriever.retrieve([query], kk)[0])
-        queries = check_queries(query)
-        if not queries:
-            return []
-        return [_prediction(res) for res in self.retriever.retrieve(queries, kk)]
+            return _prediction(self._retrieve_batch([query], kk)[0])
+        return [_prediction(res) for res in self._retrieve_batch(query, kk)]
 
 
 class RcnConnect(dspy.Module):

@@ -31,14 +31,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Sequence
 
-from rcn_fast.integrations import (
-    CallableEncoder,
-    FrameworkSource,
-    check_k,
-    check_queries,
-    check_rcn_retriever,
-    require_framework,
-)
+from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
+from rcn_fast.integrations import check_k, check_queries, require_framework
 from rcn_fast.retrieval.types import Passage
 
 require_framework("haystack")
@@ -63,20 +57,13 @@ def to_passage(d: Any, rank: int) -> Passage:
 
 # -------------------------------------------------------- rcn_fast -> Haystack
 @component
-class RcnRetriever:
-    """An rcn_fast retriever as a Haystack retriever component.
-
-    Parameters
-    ----------
-    retriever : rcn_fast Retriever
-        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
-    k : int
-        Documents per query (``top_k`` of a run overrides it).
-    """
+class RcnRetriever(RcnRetrieverBase):
+    """An rcn_fast retriever as a Haystack retriever component: ``retriever``
+    and ``k`` (documents per query; ``top_k`` of a run overrides it) as in
+    :class:`~rcn_fast.integrations.RcnRetrieverBase`."""
 
     def __init__(self, retriever: Any, k: int = 5) -> None:
-        self.retriever = check_rcn_retriever(retriever)
-        self.k = check_k(k)
+        self._bind(retriever, k)
 
     @component.output_types(documents=list[Document])
     def run(self, query: str, top_k: int | None = None) -> dict[str, list[Document]]:
@@ -86,11 +73,8 @@ class RcnRetriever:
     def run_batch(self, queries: Sequence[str], top_k: int | None = None) -> dict[str, list[list[Document]]]:
         """``{"documents": [[...] per query]}`` from one batched retrieval
         (one encoder call for all queries)."""
-        queries = check_queries(queries)
-        k = self.k if top_k is None else check_k(top_k, "top_k")
-        if not queries:
-            return {"documents": []}
-        return {"documents": [[to_document(p) for p in res] for res in self.retriever.retrieve(queries, k)]}
+        k = None if top_k is None else check_k(top_k, "top_k")
+        return {"documents": [[to_document(p) for p in res] for res in self._retrieve_batch(queries, k)]}
 
 
 @component

@@ -24,14 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from rcn_fast.integrations import (
-    CallableEncoder,
-    FrameworkSource,
-    check_k,
-    check_queries,
-    check_rcn_retriever,
-    require_framework,
-)
+from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
+from rcn_fast.integrations import check_k, check_queries, require_framework
 from rcn_fast.retrieval.types import Passage
 
 require_framework("langchain_core")
@@ -64,15 +58,10 @@ def to_passage(doc: Any, rank: int) -> Passage:
 
 
 # ------------------------------------------------------- rcn_fast -> LangChain
-class RcnRetriever(BaseRetriever):
-    """An rcn_fast retriever as a LangChain retriever.
-
-    Parameters
-    ----------
-    retriever : rcn_fast Retriever
-        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
-    k : int
-        Documents per query.
+class RcnRetriever(BaseRetriever, RcnRetrieverBase):
+    """An rcn_fast retriever as a LangChain retriever: ``retriever`` and
+    ``k`` (documents per query) as in
+    :class:`~rcn_fast.integrations.RcnRetrieverBase`.
 
     Notes
     -----
@@ -87,11 +76,10 @@ class RcnRetriever(BaseRetriever):
     k: int = 5
 
     def model_post_init(self, __context: Any) -> None:
-        check_rcn_retriever(self.retriever)
-        check_k(self.k)
+        self._bind(self.retriever, self.k)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        return [to_document(p) for p in self.retriever.retrieve([query], self.k)[0]]
+        return [to_document(p) for p in self._retrieve_batch([query])[0]]
 
     def batch(self, inputs: list[str], config: RunnableConfig | list[RunnableConfig] | None = None, *,
               return_exceptions: bool = False, **kwargs: Any) -> list[list[Document]]:
@@ -109,7 +97,7 @@ class RcnRetriever(BaseRetriever):
                                            local_metadata=self.metadata)
             managers.append(cm.on_retriever_start(None, q, name=cfg.get("run_name") or self.get_name()))
         try:
-            results = self.retriever.retrieve(queries, self.k)
+            results = self._retrieve_batch(queries)
         except Exception as exc:
             for rm in managers:
                 rm.on_retriever_error(exc)

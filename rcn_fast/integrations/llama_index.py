@@ -26,14 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from rcn_fast.integrations import (
-    CallableEncoder,
-    FrameworkSource,
-    check_k,
-    check_queries,
-    check_rcn_retriever,
-    require_framework,
-)
+from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
+from rcn_fast.integrations import check_k, check_queries, require_framework
 from rcn_fast.retrieval.types import Passage
 
 require_framework("llama_index.core")
@@ -81,34 +75,25 @@ def _query_str(q: str | QueryBundle) -> str:
 
 
 # ------------------------------------------------------ rcn_fast -> LlamaIndex
-class RcnRetriever(BaseRetriever):
-    """An rcn_fast retriever as a LlamaIndex retriever.
-
-    Parameters
-    ----------
-    retriever : rcn_fast Retriever
-        Anything with ``retrieve(queries, k) -> list[list[Passage]]``.
-    k : int
-        Nodes per query.
-    """
+class RcnRetriever(BaseRetriever, RcnRetrieverBase):
+    """An rcn_fast retriever as a LlamaIndex retriever: ``retriever`` and
+    ``k`` (nodes per query) as in
+    :class:`~rcn_fast.integrations.RcnRetrieverBase`; ``kwargs`` go to
+    LlamaIndex's ``BaseRetriever``."""
 
     def __init__(self, retriever: Any, k: int = 5, **kwargs: Any) -> None:
-        self.retriever = check_rcn_retriever(retriever)
-        self.k = check_k(k)
+        self._bind(retriever, k)
         super().__init__(**kwargs)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        return [to_node(p) for p in self.retriever.retrieve([query_bundle.query_str], self.k)[0]]
+        return [to_node(p) for p in self._retrieve_batch([query_bundle.query_str])[0]]
 
     def retrieve_batch(self, queries: Sequence[str | QueryBundle]) -> list[list[NodeWithScore]]:
         """Nodes for many queries from one batched retrieval (one encoder
         call; LlamaIndex's ``retrieve`` takes one query at a time)."""
         if isinstance(queries, (str, QueryBundle)):
             raise TypeError("queries: expected a sequence of queries (batch first), got a single query")
-        texts = [_query_str(q) for q in queries]
-        if not texts:
-            return []
-        return [[to_node(p) for p in res] for res in self.retriever.retrieve(texts, self.k)]
+        return [[to_node(p) for p in res] for res in self._retrieve_batch([_query_str(q) for q in queries])]
 
 
 class RcnConnectPostprocessor(BaseNodePostprocessor):
