@@ -141,6 +141,24 @@ def check_queries(queries: Any) -> list[str]:
     return check_texts(queries, "queries")
 
 
+def mc_or_open(queries: Any, choices: Sequence[Sequence[str] | None] | None, per: str = "question") -> list[Any]:
+    """Questions for :func:`rcn_fast.connect.connect`: query ``i`` as a
+    multiple-choice mapping ``{"question", "choices", "id": "q<i>"}`` when
+    ``choices[i]`` is given, else as a str (an open question).
+
+    ``choices`` (None, or one list or None per query) must match the
+    queries in length: ValueError (``per`` names a query in the message).
+    """
+    queries = check_queries(queries)
+    if choices is not None and len(choices) != len(queries):
+        raise ValueError(f"choices: expected one list per {per} ({len(queries)}), got {len(choices)}")
+    qs: list[Any] = []
+    for i, q in enumerate(queries):
+        ch = None if choices is None else choices[i]
+        qs.append({"question": q, "choices": list(ch), "id": f"q{i}"} if ch else q)
+    return qs
+
+
 def check_rcn_retriever(retriever: Any) -> Any:
     """An rcn_fast retriever: ``retrieve(queries, k)`` over a batch."""
     if not callable(getattr(retriever, "retrieve", None)):
@@ -179,4 +197,4 @@ class RcnRetrieverBase:
 
 
 __all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows", "passages_from",
-           "check_k", "check_queries", "check_rcn_retriever", "EXTRAS"]
+           "check_k", "check_queries", "check_rcn_retriever", "mc_or_open", "EXTRAS"]

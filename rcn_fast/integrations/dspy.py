@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
-from rcn_fast.integrations import check_k, check_queries, require_framework
+from rcn_fast.integrations import check_k, check_queries, mc_or_open, require_framework
 from rcn_fast.retrieval.types import Passage
 
 dspy = require_framework("dspy")
@@ -99,13 +99,7 @@ class RcnConnect(dspy.Module):
         :class:`Passage` items (e.g. ``RcnRetriever(...)(q).passages``)."""
         from rcn_fast.connect import connect
 
-        questions = check_queries(questions)
-        if choices is not None and len(choices) != len(questions):
-            raise ValueError(f"choices: expected one list per question ({len(questions)}), got {len(choices)}")
-        qs: list[Any] = []
-        for i, q in enumerate(questions):
-            ch = None if choices is None else choices[i]
-            qs.append({"question": q, "choices": list(ch), "id": f"q{i}"} if ch else q)
+        qs = mc_or_open(questions, choices)
         if passages is None:
             if self.source is None:
                 raise ValueError("passages: none given and RcnConnect has no retriever")

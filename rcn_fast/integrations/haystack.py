@@ -32,7 +32,7 @@ import inspect
 from typing import Any, Sequence
 
 from rcn_fast.integrations import CallableEncoder, FrameworkSource, RcnRetrieverBase
-from rcn_fast.integrations import check_k, check_queries, require_framework
+from rcn_fast.integrations import check_k, check_queries, mc_or_open, require_framework
 from rcn_fast.retrieval.types import Passage
 
 require_framework("haystack")
@@ -111,15 +111,9 @@ class RcnConnector:
         (one LLM call per stage for the batch); lists per question."""
         from rcn_fast.connect import connect
 
-        queries = check_queries(queries)
-        if len(documents) != len(queries):
-            raise ValueError(f"documents: expected one list per query ({len(queries)}), got {len(documents)}")
-        if choices is not None and len(choices) != len(queries):
-            raise ValueError(f"choices: expected one list per query ({len(queries)}), got {len(choices)}")
-        qs: list[Any] = []
-        for i, q in enumerate(queries):
-            ch = None if choices is None else choices[i]
-            qs.append({"question": q, "choices": list(ch), "id": f"q{i}"} if ch else q)
+        qs = mc_or_open(queries, choices, per="query")
+        if len(documents) != len(qs):
+            raise ValueError(f"documents: expected one list per query ({len(qs)}), got {len(documents)}")
         conns = connect(qs, llm=self.llm, passages=[[to_passage(d, r) for r, d in enumerate(ds)] for ds in documents],
                         encoder=self.encoder, **self.settings)
         return {"explanation": [c.text for c in conns],
