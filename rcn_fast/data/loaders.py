@@ -381,14 +381,37 @@ def load_questions(path_or_name: str | os.PathLike[str], split: str | None = Non
     -------
     list[MCQuestion]
     """
+    return load_local_or_hf(path_or_name, split, limit, config, read_jsonl,
+                            lambda name, cfg: load_hf(name, config=cfg, split=split, fmap=fields, limit=limit,
+                                                      dataset_kwargs=dataset_kwargs))
+
+
+def load_local_or_hf(path_or_name: str | os.PathLike[str], split: str | None, limit: int | None,
+                     config: str | None, read_local: Callable[[Path, int | None], list[T]],
+                     load_dataset: Callable[[str, str | None], list[T]]) -> list[T]:
+    """What :func:`load_questions` and
+    :func:`rcn_fast.data.load_open_questions` share: a file, or the
+    ``*<split>*.jsonl`` file of a directory (:func:`split_file`), is read
+    with ``read_local(path, limit)``; anything else is a Hugging Face
+    dataset id ``"name"`` or ``"name:config"`` loaded with
+    ``load_dataset(name, config)``.
+
+    Raises
+    ------
+    ValueError
+        ``limit`` is not None or a positive int.
+    FileNotFoundError
+        A ``.jsonl``/``.json`` path that does not exist, or a directory
+        without a file of the split.
+    """
     check_limit(limit)
     path = Path(path_or_name)
     local = path if path.is_file() else split_file(path, split)
     if local is not None:
-        return read_jsonl(local, limit)
+        return read_local(local, limit)
     name = str(path_or_name)
-    if ":" in name and config is None and not path.exists():
-        name, config = name.split(":", 1)
     if name.endswith((".jsonl", ".json")):
         raise FileNotFoundError(f"path_or_name: {name} does not exist")
-    return load_hf(name, config=config, split=split, fmap=fields, limit=limit, dataset_kwargs=dataset_kwargs)
+    if ":" in name and config is None and not path.exists():
+        name, config = name.split(":", 1)
+    return load_dataset(name, config)

@@ -31,10 +31,9 @@ import re
 import string
 import unicodedata
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
-from rcn_fast.data.loaders import DataFormatError, _get, _take, check_limit, hf_split, read_records, split_file
+from rcn_fast.data.loaders import DataFormatError, _get, _take, hf_split, load_local_or_hf, read_records
 from rcn_fast.data.questions import check_question_text
 
 
@@ -327,11 +326,10 @@ def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None 
     split : str, optional
         For directories: the file whose name contains it (default ``dev``;
         ``validation`` also matches ``dev``). For datasets: the split.
-    limit : int, optional
-        Keep the first ``limit`` questions.
-    config, fields : Hugging Face dataset configuration and field map.
-    dataset_kwargs : dict, optional
-        More ``datasets.load_dataset`` arguments (``revision``, ``data_dir`` ...).
+    limit, config, fields, dataset_kwargs
+        As for :func:`rcn_fast.data.load_questions` (``fields`` is an
+        :class:`OpenFieldMap`); both loaders share
+        :func:`rcn_fast.data.loaders.load_local_or_hf`.
 
     Returns
     -------
@@ -344,19 +342,11 @@ def load_open_questions(path_or_name: str | os.PathLike[str], split: str | None 
     FileNotFoundError
         A local path that does not exist.
     """
-    check_limit(limit)
     if fields is not None and not isinstance(fields, OpenFieldMap):
         raise TypeError(f"fields: expected an OpenFieldMap, got {type(fields).__name__}")
-    path = Path(path_or_name)
-    local = path if path.is_file() else split_file(path, split)
-    if local is not None:
-        return read_open_jsonl(local, limit)
-    name = str(path_or_name)
-    if name.endswith((".jsonl", ".json")):
-        raise FileNotFoundError(f"path_or_name: {name} does not exist")
-    if ":" in name and config is None and not path.exists():
-        name, config = name.split(":", 1)
-    return load_open_hf(name, config=config, split=split, fmap=fields, limit=limit, dataset_kwargs=dataset_kwargs)
+    return load_local_or_hf(path_or_name, split, limit, config, read_open_jsonl,
+                            lambda name, cfg: load_open_hf(name, config=cfg, split=split, fmap=fields, limit=limit,
+                                                           dataset_kwargs=dataset_kwargs))
 
 
 __all__ = [
