@@ -10,15 +10,8 @@ from rcn_fast.data.loaders import (
     parse_csqa_record,
     read_jsonl,
 )
-from rcn_fast.data.open_domain import (
-    OPEN_FIELD_MAPS,
-    OpenFieldMap,
-    OpenQuestion,
-    exact_match,
-    load_open_questions,
-    normalize_answer,
-    string_em,
-)
+from rcn_fast.data.open_domain import OPEN_FIELD_MAPS, OpenFieldMap, OpenQuestion, load_open_questions
+from rcn_fast.data.open_domain import exact_match, normalize_answer, string_em
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no, load_yes_no_questions, yes_no_question
 
