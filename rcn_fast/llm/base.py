@@ -219,8 +219,9 @@ def cached_label_ids(cache: dict[tuple[str, ...], list[list[int]]], tokenizer: A
 
 class SampleBackend:
     """Base of the backends that draw samples by index (HF, OpenAI server,
-    vLLM): :meth:`generate` and :meth:`generate_samples` check their
-    arguments here; a subclass implements :meth:`_draw`."""
+    vLLM) and of the call cache's :class:`~rcn_fast.llm.cache.CachedLLM`:
+    :meth:`generate` and :meth:`generate_samples` check their arguments
+    here; a subclass implements :meth:`_draw`."""
 
     def generate(
         self,

@@ -50,15 +50,8 @@ import numpy as np
 
 from rcn_fast._validate import is_number
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.base import (
-    Cost,
-    CostTracker,
-    Generation,
-    GenerationParams,
-    check_tags,
-    normalise_labels,
-    pad_rows,
-)
+from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
+from rcn_fast.llm.base import normalise_labels, pad_rows
 
 DEFAULT_NAME = "llm_cache.sqlite"
 JOURNAL_MODES = ("wal", "delete", "dotfile")
@@ -293,8 +286,14 @@ class CallCache:
             self._local.con = None
 
 
-class CachedLLM:
+class CachedLLM(SampleBackend):
     """An LLM whose answers come from a :class:`CallCache` when present.
+
+    A :class:`~rcn_fast.llm.base.SampleBackend`: :meth:`generate` and
+    :meth:`generate_samples` check their arguments there; every requested
+    sample is then looked up in the cache, rows with all samples cached
+    skip the model, and only the missing sample indices are drawn from the
+    wrapped LLM (and stored).
 
     Its ``cost`` counts every row (cached rows with ``cached_calls`` and
     the tokens recorded when they were first computed), so a resumed run
@@ -315,22 +314,10 @@ class CachedLLM:
             raise AttributeError(name)
         return getattr(self.llm, name)
 
-    def generate(
-        self,
-        chats: Sequence[Any],
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        num_samples: int = 1,
-        seed: int = 0,
-        stop: Sequence[str] | None = None,
-        tags: Sequence[str] | None = None,
-    ) -> list[list[Generation]]:
-        """As :meth:`LLM.generate`; rows with all samples cached skip the model."""
-        params = GenerationParams(max_new_tokens, temperature, top_p, num_samples, seed, list(stop) if stop else None)
-        valid = chatlib.validate_chats(chats)
-        tags = check_tags(tags, len(valid))
+    def _draw(self, chats: list[Any], params: GenerationParams, sample_ids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of ``chats[b]``: the stored ones from the
+        cache, the others from the wrapped LLM (then stored)."""
         model = self.identity
         base = params.to_dict()
         base.pop("num_samples")
@@ -341,33 +328,34 @@ class CachedLLM:
         def req(chat: Any, s: int) -> dict[str, Any]:
             return {"chat": chat, "params": base, "sample": s}
 
-        keys = [[self.cache.key(model, "generate", req(c, s)) for s in range(params.num_samples)] for c in valid]
-        found = self.cache.get_many([k for row in keys for k in row], check=check_generation)
-        missing = {i: [s for s, k in enumerate(row) if k not in found] for i, row in enumerate(keys)}
+        keys = [{s: self.cache.key(model, "generate", req(c, s)) for s in ss} for c, ss in zip(chats, sample_ids)]
+        found = self.cache.get_many([k for row in keys for k in row.values()], check=check_generation)
+        missing = {i: [s for s, k in row.items() if k not in found] for i, row in enumerate(keys)}
         missing = {i: ss for i, ss in missing.items() if ss}
         fresh: dict[tuple[int, int], Generation] = {}
         if missing:
             rows = list(missing)
-            drawn = self._draw([valid[i] for i in rows], [missing[i] for i in rows], params)
+            drawn = self._draw_uncached([chats[i] for i in rows], [missing[i] for i in rows], params)
             items = []
             for i, gens in zip(rows, drawn):
                 for s, g in zip(missing[i], gens):
                     fresh[(i, s)] = g
-                    items.append((keys[i][s], model, "generate", req(valid[i], s), g.to_dict()))
+                    items.append((keys[i][s], model, "generate", req(chats[i], s), g.to_dict()))
             self.cache.put_many(items)
             # another writer may have stored some of these keys first: its answer wins
             found.update(self.cache.get_many([keys[i][s] for i, s in fresh], count=False, check=check_generation))
         out: list[list[Generation]] = []
         costs: list[Cost] = []
         for i, row in enumerate(keys):
-            gens = [Generation.from_dict(found[k]) if k in found else fresh[(i, s)] for s, k in enumerate(row)]
+            gens = [Generation.from_dict(found[k]) if k in found else fresh[(i, s)] for s, k in row.items()]
             out.append(gens)
             cached = 0 if i in missing else 1
             costs.append(Cost(1, gens[0].prompt_tokens, sum(g.generated_tokens for g in gens), cached))
         self.cost.record_rows(costs, tags)
         return out
 
-    def _draw(self, chats: list[Any], sample_ids: list[list[int]], params: GenerationParams) -> list[list[Generation]]:
+    def _draw_uncached(self, chats: list[Any], sample_ids: list[list[int]],
+                       params: GenerationParams) -> list[list[Generation]]:
         """Samples ``sample_ids[b]`` of ``chats[b]`` from the wrapped LLM."""
         kw = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                   seed=params.seed, stop=params.stop)
