@@ -144,6 +144,22 @@ def _check_float(x: Any, name: str, shape: str) -> Any:
     return x
 
 
+def _dispatch_ctx(op: _dispatch.Op, backend: str | None, x: Any, ids: Any, **dims: int) -> dict[str, Any]:
+    """The dispatch context of a choice-scoring call: the device and dtype
+    of the float tensor ``x``, the label grid ``B, C, S`` of ``ids`` (int
+    [B, C, S]), the other ``dims``, and whether a backend of ``op`` is
+    forced (by ``backend`` or the environment)."""
+    return {
+        "device": x.device.type,
+        "dtype": str(x.dtype).removeprefix("torch."),
+        "B": int(ids.shape[0]),
+        "C": int(ids.shape[1]),
+        "S": int(ids.shape[2]),
+        **dims,
+        "forced": op.requested(backend) is not None,
+    }
+
+
 # ------------------------------------------------------------ public ops
 
 
@@ -184,15 +200,7 @@ def choice_logprobs(logits: Any, label_ids: Any, *, backend: str | None = None) 
     """
     logits = _check_float(logits, "logits", "[B, V]")
     ids = _check_ids(label_ids, logits.shape[0], logits.shape[1]).to(logits.device)
-    ctx = {
-        "device": logits.device.type,
-        "dtype": str(logits.dtype).removeprefix("torch."),
-        "B": int(ids.shape[0]),
-        "C": int(ids.shape[1]),
-        "S": int(ids.shape[2]),
-        "V": int(logits.shape[1]),
-        "forced": CHOICE_LOGPROBS.requested(backend) is not None,
-    }
+    ctx = _dispatch_ctx(CHOICE_LOGPROBS, backend, logits, ids, V=int(logits.shape[1]))
     return CHOICE_LOGPROBS(ctx, backend, logits=logits, label_ids=ids)
 
 
@@ -244,16 +252,7 @@ def choice_logprobs_from_hidden(
         if bias.ndim != 1 or bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape [{weight.shape[0]}], got {tuple(bias.shape)}")
     ids = _check_ids(label_ids, hidden.shape[0], weight.shape[0]).to(hidden.device)
-    ctx = {
-        "device": hidden.device.type,
-        "dtype": str(hidden.dtype).removeprefix("torch."),
-        "B": int(ids.shape[0]),
-        "C": int(ids.shape[1]),
-        "S": int(ids.shape[2]),
-        "H": int(hidden.shape[1]),
-        "V": int(weight.shape[0]),
-        "forced": CHOICE_LOGPROBS_HIDDEN.requested(backend) is not None,
-    }
+    ctx = _dispatch_ctx(CHOICE_LOGPROBS_HIDDEN, backend, hidden, ids, H=int(hidden.shape[1]), V=int(weight.shape[0]))
     return CHOICE_LOGPROBS_HIDDEN(ctx, backend, hidden=hidden, weight=weight, label_ids=ids, bias=bias)
 
 
