@@ -32,20 +32,9 @@ from rcn_fast import _arrays as A
 from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring, seeded
-from rcn_fast.llm.base import (
-    Cost,
-    CostTracker,
-    Generation,
-    GenerationParams,
-    SampleBackend,
-    cached_label_ids,
-    check_tags,
-    context_length,
-    normalise_labels,
-    pad_rows,
-    sample_costs,
-    warn_long_prompts,
-)
+from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend
+from rcn_fast.llm.base import cached_label_ids, check_tags, context_length, normalise_labels, pad_rows
+from rcn_fast.llm.base import sample_costs, warn_long_prompts
 
 HINT = "pip install 'rcn_fast[llm]'"
 

@@ -39,14 +39,8 @@ from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
 from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
 from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
-from rcn_fast.septa.predictor import (
-    FinetunedText,
-    PredictorConfig,
-    QuestionFeatures,
-    SeptaPredictor,
-    accuracy,
-    train_predictor,
-)
+from rcn_fast.septa.predictor import FinetunedText, PredictorConfig, QuestionFeatures, SeptaPredictor
+from rcn_fast.septa.predictor import accuracy, train_predictor
 from rcn_fast.septa.query import QueryEnhancer
 from rcn_fast.septa.vectordb import SubgraphDB
 
