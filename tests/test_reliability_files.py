@@ -185,3 +185,37 @@ def test_corpus_cli_reports_bad_input_and_offers_overwrite(tmp_path, capsys):
                         "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"error: [Errno 20] Not a directory: '{blocked / 'sub'}'" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------ stamped directories
+def _saved_graph(tmp_path: Path) -> Path:
+    from rcn_fast.kg import KnowledgeGraph
+
+    g = KnowledgeGraph.from_triples([("plant", "needs", "light"), ("plant", "needs", "water")])
+    g.save(tmp_path / "kg")
+    return tmp_path / "kg"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"graph\.json is not valid JSON"),
+    (b"\xff\xfe{}", r"graph\.json is not valid JSON"),
+    (b"[1, 2]", r"graph\.json holds a JSON list, expected an object"),
+    (b'{"format": "other/1"}', r"holds format 'other/1', expected"),
+])
+def test_a_damaged_stamp_file_is_one_message_naming_it(tmp_path, content, message):
+    """KnowledgeGraph.load (like FlatIndex, the corpus store and the SEPTA
+    subgraph DB) reads its stamp file through one reader: a damaged file is
+    a ValueError naming it, never a bare JSONDecodeError or KeyError."""
+    from rcn_fast.kg import KnowledgeGraph
+
+    d = _saved_graph(tmp_path)
+    assert KnowledgeGraph.load(d).num_edges == 2
+    (d / "graph.json").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        KnowledgeGraph.load(d)
+    (d / "graph.json").unlink()
+    (d / "graph.json").mkdir()
+    with pytest.raises(ValueError, match=r"graph\.json is a directory, expected a JSON file"):
+        KnowledgeGraph.load(d)
+    with pytest.raises(FileNotFoundError, match=r"has no graph\.json \(not a saved KnowledgeGraph\)"):
+        KnowledgeGraph.load(tmp_path / "nothing")

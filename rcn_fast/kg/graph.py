@@ -16,6 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from rcn_fast._stamped_json import read_stamped_json
+
 _FORMAT = "rcn_fast.KnowledgeGraph/1"
 
 
@@ -175,12 +177,7 @@ class KnowledgeGraph:
     def load(cls, path: str | os.PathLike[str]) -> "KnowledgeGraph":
         """Read a graph written by :meth:`save`."""
         path = Path(path)
-        try:
-            meta = json.loads((path / "graph.json").read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"path: {path} has no graph.json (not a saved KnowledgeGraph)") from None
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"path: {path} holds format {meta.get('format')!r}, expected {_FORMAT!r}")
+        meta = read_stamped_json(path / "graph.json", _FORMAT, what="a saved KnowledgeGraph")
         z = np.load(path / "edges.npz")
         return cls(meta["node_names"], meta["relation_names"], z["heads"], z["relations"], z["tails"],
                    node_keys=meta.get("node_keys"), source=meta.get("source", ""))

@@ -28,6 +28,8 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from rcn_fast._stamped_json import read_stamped_json
+
 FORMAT = "rcn_fast.CorpusStore/1"
 FLAT_INDEX_FORMAT = "rcn_fast.FlatIndex/1"  # the header FlatIndex.load reads
 DATA_FILES = ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy", "id_table.npy")
@@ -301,14 +303,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """The parsed ``manifest.json`` of a store; ValueError naming the file
     when it is not UTF-8 JSON, holds another format, or lacks a key the
     store needs (or has it with the wrong type)."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"path: {path} is not valid JSON ({exc}); restore it or rebuild the store") from None
-    if not isinstance(manifest, dict):
-        raise ValueError(f"path: {path} holds a JSON {type(manifest).__name__}, expected an object")
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"path: {path.parent} holds format {manifest.get('format')!r}, expected {FORMAT!r}")
+    manifest = read_stamped_json(path, FORMAT, what="a finished corpus store", fix="; restore it or rebuild the store")
     for key, typ in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
             got = "no such key" if key not in manifest else f"a {type(manifest[key]).__name__}"

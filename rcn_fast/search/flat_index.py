@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast.search.topn import topn
+from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import is_int
+from rcn_fast.search.topn import topn
 
 _FORMAT = "rcn_fast.FlatIndex/1"
 _METRICS = ("ip", "cosine")
@@ -199,20 +200,8 @@ class FlatIndex:
         """
         path = Path(path)
         head = path / "index.json"
-        try:
-            text = head.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"path: {path} has no index.json (not a FlatIndex directory)") from None
-        except (UnicodeDecodeError, IsADirectoryError) as exc:
-            raise ValueError(f"path: {head} cannot be read as text ({exc})") from None
-        try:
-            meta = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"path: {head} is not valid JSON ({exc}); restore it or save the index again") from None
-        if not isinstance(meta, dict):
-            raise ValueError(f"path: {head} holds a JSON {type(meta).__name__}, expected an object")
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"path: {path} holds format {meta.get('format')!r}, expected {_FORMAT!r}")
+        meta = read_stamped_json(head, _FORMAT, what="a FlatIndex directory",
+                                 fix="; restore it or save the index again")
         missing = [key for key in ("dim", "metric", "dtype", "count") if key not in meta]
         if missing:
             raise ValueError(f"path: {head} lacks the key(s) {missing}; restore it or save the index again")

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.search import FlatIndex
 from rcn_fast.septa.align import subgraph_vectors
 
@@ -102,12 +103,7 @@ class SubgraphDB:
     @classmethod
     def load(cls, path: str | os.PathLike[str], mmap: bool = True) -> "SubgraphDB":
         path = Path(path)
-        try:
-            meta = json.loads((path / "db.json").read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"path: {path} has no db.json (not a SEPTA subgraph database)") from None
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"path: {path} holds format {meta.get('format')!r}, expected {_FORMAT!r}")
+        read_stamped_json(path / "db.json", _FORMAT, what="a SEPTA subgraph database")  # the format check
         with open(path / "texts.jsonl") as f:
             texts = [json.loads(line) for line in f]
         return cls(None, np.load(path / "centres.npy"), texts, index=FlatIndex.load(path / "index", mmap=mmap),
