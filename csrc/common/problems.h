@@ -1,6 +1,7 @@
 // The problem descriptions shared by the CPU and CUDA launchers (one struct
 // each, so the bindings fill them the same way; pointers are host memory for
-// the CPU launchers and device memory for the CUDA ones).
+// the CPU launchers and device memory for the CUDA ones), and the result the
+// sampling launchers report.
 #pragma once
 #include <cstdint>
 
@@ -39,6 +40,20 @@ struct SamplingProblem {
   bool first_relevance;     // false: first document uniform
   int64_t* ids_out;         // [B, num_subsets, subset_size] contiguous
   float* logp_out;          // same shape, or null
+};
+
+// What a sampling launcher reports (CPU and CUDA alike): the first question
+// (lowest index) that failed, if any.
+enum class SamplingStatus : int {
+  Ok = 0,
+  NonFiniteCandidate = 1,  // dot(e_q, e_j) is NaN/inf: e_j (or e_q) holds NaN/inf or overflows
+  NonFiniteScore = 2,      // a step's score / tau is NaN/inf (overflow)
+};
+
+struct SamplingResult {
+  SamplingStatus status;
+  int64_t question;   // the first question (lowest index) that failed
+  int64_t candidate;  // the candidate, for NonFiniteCandidate
 };
 
 }  // namespace rcn_fast

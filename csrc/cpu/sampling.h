@@ -7,20 +7,9 @@
 
 namespace rcn_fast {
 
-enum class SamplingStatus : int {
-  Ok = 0,
-  NonFiniteCandidate = 1,  // dot(e_q, e_j) is NaN/inf: e_j (or e_q) holds NaN/inf or overflows
-  NonFiniteScore = 2,      // a step's score / tau is NaN/inf (overflow)
-};
-
-struct SamplingResult {
-  SamplingStatus status;
-  int64_t question;   // the first question (lowest index) that failed
-  int64_t candidate;  // the candidate, for NonFiniteCandidate
-};
-
-// Fills ids_out (and logp_out). Results depend only on each question's
-// inputs, seed and key: not on num_threads (<= 0: default_num_threads()).
+// Fills ids_out (and logp_out); a failure is reported in the SamplingResult
+// (common/problems.h). Results depend only on each question's inputs, seed
+// and key: not on num_threads (<= 0: default_num_threads()).
 SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads);
 
 }  // namespace rcn_fast

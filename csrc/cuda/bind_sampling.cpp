@@ -57,18 +57,18 @@ void sample_subsets(const QueryIn& query, const AnyArray& cand, nb::object mask_
 
   const SamplingProblem p = bind::sampling_problem(query, cand, ct, mask, keys, tau, seed, first_relevance, N,
                                                    K, ids_out.data(), logp);
-  cuda::SamplingErrorCuda r;
+  SamplingResult r;
   {
     nb::gil_scoped_release release;
     r = cuda::sample_subsets_cuda(p, reinterpret_cast<cudaStream_t>(stream));
   }
-  if (r.status == 1)
+  if (r.status == SamplingStatus::NonFiniteCandidate)
     throw nb::value_error(("cand_emb: question " + std::to_string(r.question) + ", candidate " +
                            std::to_string(r.candidate) +
                            ": its relevance dot(query_emb, cand_emb) is NaN or inf (the "
                            "embeddings hold NaN/inf values or overflow float32)")
                               .c_str());
-  if (r.status == 2)
+  if (r.status == SamplingStatus::NonFiniteScore)
     throw nb::value_error(("tau: scores / tau overflow float32 for question " +
                            std::to_string(r.question) + " (use a larger tau or smaller embeddings)")
                               .c_str());

@@ -171,8 +171,8 @@ void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* 
 
 }  // namespace
 
-SamplingErrorCuda sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream) {
-  SamplingErrorCuda ok{0, -1, -1};
+SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream) {
+  SamplingResult ok{SamplingStatus::Ok, -1, -1};
   const int64_t items = p.B * p.num_subsets, n = p.n, K = p.subset_size;
   if (items == 0 || K == 0) return ok;
   if (n == 0) {
@@ -204,8 +204,9 @@ SamplingErrorCuda sample_subsets_cuda(const SamplingProblem& p, cudaStream_t str
   check(cudaStreamSynchronize(stream), "sampler kernels");
   const unsigned long long none = ~0ull;
   if (host_flags[0] != none)
-    return SamplingErrorCuda{1, int64_t(host_flags[0] / uint64_t(n)), int64_t(host_flags[0] % uint64_t(n))};
-  if (host_flags[1] != none) return SamplingErrorCuda{2, int64_t(host_flags[1]), -1};
+    return SamplingResult{SamplingStatus::NonFiniteCandidate, int64_t(host_flags[0] / uint64_t(n)),
+                          int64_t(host_flags[0] % uint64_t(n))};
+  if (host_flags[1] != none) return SamplingResult{SamplingStatus::NonFiniteScore, int64_t(host_flags[1]), -1};
   return ok;
 }
 

@@ -8,18 +8,11 @@
 
 namespace rcn_fast::cuda {
 
-// What went wrong, if anything (mirrors cpu/sampling.h's SamplingResult).
-struct SamplingErrorCuda {
-  int status;          // 0 ok, 1 non-finite candidate relevance, 2 non-finite score
-  int64_t question;
-  int64_t candidate;
-};
-
 // Two kernels on `stream`: one warp per candidate scores rel = dot(e_q, e_j)
 // (and flags NaN/inf); then one warp per (question, subset) runs every step
 // of that subset (common/subset_sampler.h with a 32-lane group, Philox in
 // the kernel). Scratch comes from cudaMallocAsync. Synchronises the stream
-// once at the end to read the error flags.
-SamplingErrorCuda sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream);
+// once at the end to read the error flags, reported as on the CPU.
+SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream);
 
 }  // namespace rcn_fast::cuda
