@@ -8,22 +8,14 @@
 namespace nb = nanobind;
 using namespace rcn_fast;
 using bind::AnyArray;
+using Arrays = bind::DeviceArrays<nb::device::cpu>;
 
 namespace {
 
-using ScoresOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using IdsOut = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-
-void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, ScoresOut scores_out,
-          IdsOut ids_out, int num_threads, bool uint16_is_bf16) {
-  bind::require_ndim(queries, 2, "queries", "[Q, d]");
-  bind::require_ndim(corpus, 2, "corpus", "[N, d]");
-  bind::require_device(queries, nb::device::cpu::value, "queries", "CPU");
-  bind::require_device(corpus, nb::device::cpu::value, "corpus", "CPU");
-  const TopnProblem p = bind::topn_problem(queries, corpus, k, scores_out, ids_out, uint16_is_bf16,
-                                            /*max_k=*/0, /*cuda=*/false);
-  nb::gil_scoped_release release;
-  topn_cpu(p, num_threads);
+void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, Arrays::TopnScores scores_out,
+          Arrays::TopnIds ids_out, int num_threads, bool uint16_is_bf16) {
+  bind::run_topn<nb::device::cpu>(queries, corpus, k, scores_out, ids_out, uint16_is_bf16, /*max_k=*/0,
+                                  [&](const TopnProblem& p) { topn_cpu(p, num_threads); });
 }
 
 }  // namespace

@@ -62,10 +62,28 @@ inline void require_device(const AnyArray& a, int device_type, const char* name,
     throw nb::value_error((std::string(name) + ": expected an array in " + where + " memory").c_str());
 }
 
+// The typed arrays of the bindings on one device (nb::device::cpu or
+// nb::device::cuda): the same ops take the same arrays on either, and the
+// messages name the device's memory.
+template <class Device>
+struct DeviceArrays {
+  static constexpr bool cuda = Device::value == nb::device::cuda::value;
+  static constexpr const char* memory = cuda ? "CUDA" : "CPU";
+  // top-n outputs, [Q, k]
+  using TopnScores = nb::ndarray<float, nb::ndim<2>, nb::c_contig, Device>;
+  using TopnIds = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, Device>;
+  // the sampler's inputs (query [B, d], mask [B, n], keys [B]) and outputs [B, N, K]
+  using Query = nb::ndarray<const float, nb::ndim<2>, Device>;
+  using Mask = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, Device>;
+  using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, Device>;
+  using SubsetIds = nb::ndarray<int64_t, nb::ndim<3>, nb::c_contig, Device>;
+  using SubsetLogp = nb::ndarray<float, nb::ndim<3>, nb::c_contig, Device>;
+};
+
 // ---------------------------------------------------------------- top-n
-// The checks the CPU and CUDA top-n bindings share once each has checked its
-// inputs' ndim and device, and the problem they describe. `max_k` > 0 bounds
-// k (the CUDA kernel); `cuda` names CUDA memory in the messages.
+// The checks of a top-n call once its inputs' ndim and device are checked
+// (run_topn), and the problem they describe. `max_k` > 0 bounds k (the CUDA
+// kernel); `cuda` names CUDA memory in the messages.
 template <class ScoresOut, class IdsOut>
 inline TopnProblem topn_problem(const AnyArray& queries, const AnyArray& corpus, int64_t k,
                                 const ScoresOut& scores_out, const IdsOut& ids_out,
@@ -109,6 +127,29 @@ inline TopnProblem topn_problem(const AnyArray& queries, const AnyArray& corpus,
   p.scores_out = scores_out.data();
   p.ids_out = ids_out.data();
   return p;
+}
+
+// The body of the CPU and CUDA top-n bindings: checks the arguments for
+// `Device` (on CUDA: all on one device), then runs launch(problem) with the
+// GIL released.
+template <class Device, class Launch>
+inline void run_topn(const AnyArray& queries, const AnyArray& corpus, int64_t k,
+                     const typename DeviceArrays<Device>::TopnScores& scores_out,
+                     const typename DeviceArrays<Device>::TopnIds& ids_out, bool uint16_is_bf16,
+                     int64_t max_k, const Launch& launch) {
+  using Arrays = DeviceArrays<Device>;
+  require_ndim(queries, 2, "queries", "[Q, d]");
+  require_ndim(corpus, 2, "corpus", "[N, d]");
+  require_device(queries, Device::value, "queries", Arrays::memory);
+  require_device(corpus, Device::value, "corpus", Arrays::memory);
+  if (Arrays::cuda && (queries.device_id() != corpus.device_id() ||
+                       scores_out.device_id() != corpus.device_id() ||
+                       ids_out.device_id() != corpus.device_id()))
+    throw nb::value_error("corpus: queries, corpus and outputs must be on the same CUDA device");
+  const TopnProblem p =
+      topn_problem(queries, corpus, k, scores_out, ids_out, uint16_is_bf16, max_k, Arrays::cuda);
+  nb::gil_scoped_release release;
+  launch(p);
 }
 
 // ---------------------------------------------------------------- sampling
@@ -163,6 +204,78 @@ inline SamplingProblem sampling_problem(const QueryIn& query, const AnyArray& ca
   p.ids_out = ids_out;
   p.logp_out = logp_out;
   return p;
+}
+
+inline std::string shape_str(int64_t a, int64_t b, int64_t c) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + "]";
+}
+
+// The body of the CPU and CUDA sampling bindings: checks the arguments for
+// `Device` (on CUDA: all on cand_emb's device), runs launch(problem) ->
+// SamplingResult with the GIL released, and raises the failure it reports.
+template <class Device, class Launch>
+inline void run_sample_subsets(const typename DeviceArrays<Device>::Query& query, const AnyArray& cand,
+                               const nb::object& mask_obj, const typename DeviceArrays<Device>::Keys& keys,
+                               double tau, uint64_t seed, bool first_relevance,
+                               const typename DeviceArrays<Device>::SubsetIds& ids_out,
+                               const nb::object& logp_obj, bool uint16_is_bf16, const Launch& launch) {
+  using Arrays = DeviceArrays<Device>;
+  require_ndim(cand, 3, "cand_emb", "[B, n, d]");
+  require_device(cand, Device::value, "cand_emb", Arrays::memory);
+  const DType ct = float_dtype(cand, "cand_emb", uint16_is_bf16);
+  require_unit_inner_stride(cand, "cand_emb");  // an empty cand_emb passes with any strides
+  const int dev = cand.device_id();
+  const int64_t B = int64_t(cand.shape(0)), n = int64_t(cand.shape(1)), d = int64_t(cand.shape(2));
+  check_sampling_query(query, B, d);
+  check_sampling_keys(keys, B);
+  if (Arrays::cuda && (query.device_id() != dev || keys.device_id() != dev || ids_out.device_id() != dev))
+    throw nb::value_error("cand_emb: query_emb, cand_emb, keys and outputs must be on one CUDA device");
+  check_sampling_tau(tau);
+  const uint8_t* mask = nullptr;
+  if (!mask_obj.is_none()) {
+    const auto m = nb::cast<typename Arrays::Mask>(mask_obj);
+    if (int64_t(m.shape(0)) != B || int64_t(m.shape(1)) != n || (Arrays::cuda && m.device_id() != dev))
+      throw nb::value_error(Arrays::cuda
+                                ? "mask: expected a contiguous uint8 [B, n] array on the inputs' device"
+                                : "mask: expected a contiguous uint8 [B, n] array");
+    mask = m.data();
+  }
+  if (int64_t(ids_out.shape(0)) != B)
+    throw nb::value_error("ids_out: expected an int64 [B, num_subsets, subset_size] array");
+  const int64_t N = int64_t(ids_out.shape(1)), K = int64_t(ids_out.shape(2));
+  if (K < 1) throw nb::value_error("subset_size: expected subset_size >= 1");
+  float* logp = nullptr;
+  if (!logp_obj.is_none()) {
+    const auto l = nb::cast<typename Arrays::SubsetLogp>(logp_obj);
+    if (int64_t(l.shape(0)) != B || int64_t(l.shape(1)) != N || int64_t(l.shape(2)) != K ||
+        (Arrays::cuda && l.device_id() != dev))
+      throw nb::value_error(("logp_out: expected a float32 " +
+                             (Arrays::cuda ? std::string("[B, num_subsets, subset_size] CUDA")
+                                           : shape_str(B, N, K)) +
+                             " array")
+                                .c_str());
+    logp = l.data();
+  }
+
+  const SamplingProblem p =
+      sampling_problem(query, cand, ct, mask, keys, tau, seed, first_relevance, N, K, ids_out.data(), logp);
+  const SamplingResult r = [&] {
+    nb::gil_scoped_release release;
+    return launch(p);
+  }();
+  switch (r.status) {
+    case SamplingStatus::Ok: return;
+    case SamplingStatus::NonFiniteCandidate:
+      throw nb::value_error(("cand_emb: question " + std::to_string(r.question) + ", candidate " +
+                             std::to_string(r.candidate) +
+                             ": its relevance dot(query_emb, cand_emb) is NaN or inf (the "
+                             "embeddings hold NaN/inf values or overflow float32)")
+                                .c_str());
+    case SamplingStatus::NonFiniteScore:
+      throw nb::value_error(("tau: scores / tau overflow float32 for question " +
+                             std::to_string(r.question) + " (use a larger tau or smaller embeddings)")
+                                .c_str());
+  }
 }
 
 }  // namespace rcn_fast::bind

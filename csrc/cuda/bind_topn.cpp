@@ -10,25 +10,15 @@
 namespace nb = nanobind;
 using namespace rcn_fast;
 using bind::AnyArray;
+using Arrays = bind::DeviceArrays<nb::device::cuda>;
 
 namespace {
 
-using ScoresOut = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
-using IdsOut = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cuda>;
-
-void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, ScoresOut scores_out,
-          IdsOut ids_out, uintptr_t stream) {
-  bind::require_ndim(queries, 2, "queries", "[Q, d]");
-  bind::require_ndim(corpus, 2, "corpus", "[N, d]");
-  bind::require_device(queries, nb::device::cuda::value, "queries", "CUDA");
-  bind::require_device(corpus, nb::device::cuda::value, "corpus", "CUDA");
-  if (queries.device_id() != corpus.device_id() || scores_out.device_id() != corpus.device_id() ||
-      ids_out.device_id() != corpus.device_id())
-    throw nb::value_error("corpus: queries, corpus and outputs must be on the same CUDA device");
-  const TopnProblem p = bind::topn_problem(queries, corpus, k, scores_out, ids_out, /*uint16_is_bf16=*/false,
-                                            cuda::kTopnMaxK, /*cuda=*/true);
-  nb::gil_scoped_release release;
-  cuda::topn_cuda(p, reinterpret_cast<cudaStream_t>(stream));
+void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, Arrays::TopnScores scores_out,
+          Arrays::TopnIds ids_out, uintptr_t stream) {
+  bind::run_topn<nb::device::cuda>(
+      queries, corpus, k, scores_out, ids_out, /*uint16_is_bf16=*/false, cuda::kTopnMaxK,
+      [&](const TopnProblem& p) { cuda::topn_cuda(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace
