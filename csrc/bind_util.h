@@ -231,9 +231,13 @@ inline void run_sample_subsets(const typename DeviceArrays<Device>::Query& query
   if (Arrays::cuda && (query.device_id() != dev || keys.device_id() != dev || ids_out.device_id() != dev))
     throw nb::value_error("cand_emb: query_emb, cand_emb, keys and outputs must be on one CUDA device");
   check_sampling_tau(tau);
+  // The optional arrays are held until the launch returns: one that nanobind
+  // converted (another dtype or order) lives only as long as its ndarray.
+  typename Arrays::Mask m;
+  typename Arrays::SubsetLogp l;
   const uint8_t* mask = nullptr;
   if (!mask_obj.is_none()) {
-    const auto m = nb::cast<typename Arrays::Mask>(mask_obj);
+    m = nb::cast<typename Arrays::Mask>(mask_obj);
     if (int64_t(m.shape(0)) != B || int64_t(m.shape(1)) != n || (Arrays::cuda && m.device_id() != dev))
       throw nb::value_error(Arrays::cuda
                                 ? "mask: expected a contiguous uint8 [B, n] array on the inputs' device"
@@ -246,7 +250,7 @@ inline void run_sample_subsets(const typename DeviceArrays<Device>::Query& query
   if (K < 1) throw nb::value_error("subset_size: expected subset_size >= 1");
   float* logp = nullptr;
   if (!logp_obj.is_none()) {
-    const auto l = nb::cast<typename Arrays::SubsetLogp>(logp_obj);
+    l = nb::cast<typename Arrays::SubsetLogp>(logp_obj);
     if (int64_t(l.shape(0)) != B || int64_t(l.shape(1)) != N || int64_t(l.shape(2)) != K ||
         (Arrays::cuda && l.device_id() != dev))
       throw nb::value_error(("logp_out: expected a float32 " +
