@@ -280,3 +280,34 @@ def test_verify_catches_a_same_size_replacement(saved):
     assert len(rcn_fast.FlatIndex.load(saved)) == 50  # size and header agree: only a checksum can tell
     with pytest.raises(ValueError, match=r"embeddings.npy does not match its recorded sha256"):
         rcn_fast.FlatIndex.load(saved, verify=True)
+
+
+def test_a_converted_mask_lives_until_the_sampler_returns():
+    """The binding converts a mask of another dtype (int64 here) to uint8;
+    the converted copy must outlive the kernel call. With freed memory
+    filled with garbage (MALLOC_PERTURB_), an int64 mask used to give other
+    subsets than the same mask as uint8 (a use-after-free); now they agree."""
+    body = textwrap.dedent("""
+        import numpy as np
+        from rcn_fast import _native
+        mod, _ = _native.cpu_module()
+        rng = np.random.default_rng(0)
+        B, n, d, S, K = 64, 300, 16, 4, 6
+        q = rng.standard_normal((B, d)).astype(np.float32)
+        c = rng.standard_normal((B, n, d)).astype(np.float32)
+        mask = (rng.random((B, n)) < 0.5)
+        mask[:, :K] = True
+        keys = np.arange(B, dtype=np.int64)
+        out = []
+        for m in (mask.astype(np.uint8), mask.astype(np.int64)):
+            ids = np.empty((B, S, K), np.int64)
+            logp = np.empty((B, S, K), np.float32)
+            mod.sample_subsets(q, c, m, keys, 0.5, 3, False, ids, logp, 0, False)
+            out.append(ids)
+        assert (out[0] == out[1]).all(), "an int64 mask gave other subsets than the same uint8 mask"
+        assert mask[np.arange(B)[:, None, None], out[0]].all(), "a masked-out candidate was drawn"
+        print("ok")
+    """)
+    env = dict(os.environ, MALLOC_PERTURB_="165")
+    res = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
