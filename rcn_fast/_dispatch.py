@@ -140,6 +140,30 @@ def register(op: Op) -> Op:
     return op
 
 
+def register_kernel_op(name: str, *, cuda: tuple[Callable, Callable, str], native: tuple[Callable, Callable, str],
+                       torch: tuple[Callable, str], numpy: tuple[Callable, str]) -> Op:
+    """Register an op of the native kernels with the one priority list they
+    share: cuda (passed over where :mod:`rcn_fast._crossovers` measured it
+    slower than torch for the call) -> native -> torch -> numpy reference.
+
+    Parameters
+    ----------
+    name : str
+        The op's name (also its key in the measured crossovers).
+    cuda, native : (check, run, description)
+    torch, numpy : (run, description)
+        Checked by :func:`check_torch` / :func:`check_numpy`.
+    """
+    from rcn_fast import _crossovers
+
+    return register(Op(name, [
+        Backend("cuda", *cuda, slower=lambda ctx: _crossovers.cuda_slower_reason(name, ctx)),
+        Backend("native", *native),
+        Backend("torch", check_torch, *torch),
+        Backend("numpy", check_numpy, *numpy),
+    ]))
+
+
 def get(name: str) -> Op:
     return _REGISTRY[name]
 

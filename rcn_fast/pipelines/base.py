@@ -473,14 +473,22 @@ class StagedPipeline:
         return StageRunner(self.llm, self.prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                            top_p=c.top_p, seed=c.seed, observers=self.observers)
 
-    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
+    def run_stages(self, questions: list[Any],
+                   final_stage: Callable[[list[QuestionState], StageRunner], Sequence[Any]]
+                   ) -> list[tuple[QuestionState, Any, QuestionCost]]:
+        """One batch through the stages: :meth:`knowledge_stages`, then
+        ``final_stage`` (the answer) -> per question (state, its final
+        result, its cost)."""
         if not questions:
             return []
         runner = self.runner()
         states = runner.start(questions)
         self.knowledge_stages(states, runner)
-        scores = self.answer_stage(states, runner)
-        return [self.prediction(st, lp, cost) for st, lp, cost in zip(states, scores, runner.costs(states))]
+        results = final_stage(states, runner)
+        return list(zip(states, results, runner.costs(states)))
+
+    def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
+        return [self.prediction(st, lp, cost) for st, lp, cost in self.run_stages(questions, self.answer_stage)]
 
     def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
         """The record of one question: the argmax of ``lp`` (first on ties)."""

@@ -359,14 +359,8 @@ class OpenAnswering(StagedPipeline):
         return run_in_batches(questions, self.config.batch_size, self._run_open_chunk, ids_key=self.open_ids_key)
 
     def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
-        if not questions:
-            return []
-        runner = self.runner()
-        states = runner.start(questions)
-        self.knowledge_stages(states, runner)
-        results = self.open_answer_stage(states, runner)
         preds = []
-        for st, (ans, output, meta), cost in zip(states, results, runner.costs(states)):
+        for st, (ans, output, meta), cost in self.run_stages(questions, self.open_answer_stage):
             q = st.question
             gold = list(q.answers)
             preds.append(OpenPrediction(
@@ -465,6 +459,17 @@ class RAGPipeline(OpenAnswering):
         outs = runner.generate(stage, states, [[c for _, c in r] for r in rows])
         self._name_rows(states, rows)
         return outs
+
+    def generate_with_passages(self, stage: str, states: list[QuestionState], runner: StageRunner, *,
+                               prompt: str | None = None) -> list[str]:
+        """Retrieve (:meth:`retrieve`), then one generation per question with
+        its passages in the ``prompt`` stage's template (default ``stage``),
+        traced as ``stage``: one LLM call for the batch -> per question, the
+        generation."""
+        self.retrieve(states)
+        rows = [[(None, self.chat(prompt or stage, st, passages=self.passages_text([p.text for p in st.passages])))]
+                for st in states]
+        return [o[0] for o in self.generate_rows(stage, states, runner, rows)]
 
     def score_rows(self, stage: str, states: list[QuestionState], runner: StageRunner,
                    rows: Sequence[Sequence[tuple[str | None, list[dict[str, str]]]]]) -> list[list[list[float]]]:

@@ -133,12 +133,9 @@ class ChainOfNote(RAGPipeline):
     generations = 1
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        self.retrieve(states)
-        rows = [[(None, self.chat("rag_chain_of_note", st, passages=self.passages_text([p.text for p in st.passages])))]
-                for st in states]
-        outs = self.generate_rows("rag_chain_of_note", states, runner, rows)
+        outs = self.generate_with_passages("rag_chain_of_note", states, runner)
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("chain_of_note", o[0])])
+            st.data["final"] = ("reasoning", [("chain_of_note", o)])
 
 
 class SelfRefine(RAGPipeline):
@@ -152,12 +149,9 @@ class SelfRefine(RAGPipeline):
     open_generations = 2
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        self.retrieve(states)
-        rows = [[(None, self.chat("rag_summarize", st, passages=self.passages_text([p.text for p in st.passages])))]
-                for st in states]
-        outs = self.generate_rows("rag_summarize", states, runner, rows)
+        outs = self.generate_with_passages("rag_summarize", states, runner)
         for st, o in zip(states, outs):
-            summary = o[0].strip()
+            summary = o.strip()
             st.data["final"] = ("passages", [summary] if summary else [])
 
 
@@ -217,13 +211,10 @@ class SelfRerank(RAGPipeline):
     open_generations = 2
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        self.retrieve(states)
-        rows = [[(None, self.chat("rag_rerank", st, passages=self.passages_text([p.text for p in st.passages])))]
-                for st in states]
-        outs = self.generate_rows("rag_rerank", states, runner, rows)
+        outs = self.generate_with_passages("rag_rerank", states, runner)
         prefill = self.prompts.stage("rag_rerank").get("prefill", "")
         for st, o in zip(states, outs):
-            labels = parse_rerank(prefill + o[0], len(st.passages))
+            labels = parse_rerank(prefill + o, len(st.passages))
             if labels:
                 keep = [i for i in range(len(st.passages)) if labels.get(i + 1)]
             else:
@@ -246,14 +237,12 @@ class CoT(RAGPipeline):
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         if self.config.use_passages:
-            self.retrieve(states)
-            rows = [[(None, self.chat("rag_cot_passages", st,
-                                      passages=self.passages_text([p.text for p in st.passages])))] for st in states]
+            outs = self.generate_with_passages("rag_cot", states, runner, prompt="rag_cot_passages")
         else:
-            rows = [[(None, self.chat("rag_cot", st))] for st in states]
-        outs = self.generate_rows("rag_cot", states, runner, rows)
+            outs = [o[0] for o in self.generate_rows("rag_cot", states, runner,
+                                                     [[(None, self.chat("rag_cot", st))] for st in states])]
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("cot", o[0])])
+            st.data["final"] = ("reasoning", [("cot", o)])
 
 
 class Guideline(RAGPipeline):

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _crossovers, _dispatch, _native
+from rcn_fast import _dispatch, _native
 from rcn_fast.sampling.reference import sample_subsets_reference
 from rcn_fast._validate import is_integral, is_real
 
@@ -310,15 +310,10 @@ def _run_numpy(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: f
     return A.from_numpy_like(cand, ids), A.from_numpy_like(cand, logp)
 
 
-SAMPLE_SUBSETS = _dispatch.register(
-    _dispatch.Op(
-        "sample_subsets",
-        [
-            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset",
-                              slower=lambda ctx: _crossovers.cuda_slower_reason("sample_subsets", ctx)),
-            _dispatch.Backend("native", _check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
-            _dispatch.Backend("torch", _dispatch.check_torch, _run_torch, "torch ops on the inputs' device"),
-            _dispatch.Backend("numpy", _dispatch.check_numpy, _run_numpy, "plain numpy reference"),
-        ],
-    )
+SAMPLE_SUBSETS = _dispatch.register_kernel_op(
+    "sample_subsets",
+    cuda=(_check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset"),
+    native=(_check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
+    torch=(_run_torch, "torch ops on the inputs' device"),
+    numpy=(_run_numpy, "plain numpy reference"),
 )

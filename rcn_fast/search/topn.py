@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _crossovers, _dispatch, _native
+from rcn_fast import _dispatch, _native
 from rcn_fast.search.reference import select_topn, topn_reference
 from rcn_fast._validate import is_int
 
@@ -262,17 +262,12 @@ def _check_native(ctx: Mapping[str, Any]) -> str | None:
                                   "rcn_fast._C was built without top-n; reinstall with `pip install .`")
 
 
-TOPN = _dispatch.register(
-    _dispatch.Op(
-        "topn",
-        [
-            _dispatch.Backend("cuda", _check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)",
-                              slower=lambda ctx: _crossovers.cuda_slower_reason("topn", ctx)),
-            _dispatch.Backend("native", _check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
-            _dispatch.Backend("torch", _dispatch.check_torch, _run_torch, "blocked torch.mm + topk"),
-            _dispatch.Backend("numpy", _dispatch.check_numpy, _run_numpy, "plain numpy reference"),
-        ],
-    )
+TOPN = _dispatch.register_kernel_op(
+    "topn",
+    cuda=(_check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)"),
+    native=(_check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
+    torch=(_run_torch, "blocked torch.mm + topk"),
+    numpy=(_run_numpy, "plain numpy reference"),
 )
 
 __all__ = ["topn", "select_topn", "topn_reference", "TOPN"]
