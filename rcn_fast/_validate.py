@@ -55,6 +55,32 @@ def check_choice(v: Any, name: str, allowed: Sequence[Any]) -> None:
         raise ValueError(f"{name}: expected {expected}, got {v!r}")
 
 
+def check_texts(texts: Any, name: str = "texts") -> list[str]:
+    """``texts`` as a list of str (the API is batch first).
+
+    Raises
+    ------
+    TypeError
+        A single str, or an item that is not a str (the message names
+        ``name`` and the item's index).
+    """
+    if isinstance(texts, str):
+        raise TypeError(f"{name}: expected a sequence of str (batch first), got a single str; wrap it in a list")
+    texts = list(texts)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name}: expected str items, item {bad} is {type(texts[bad]).__name__}")
+    return texts
+
+
+def check_k(k: Any, name: str = "k") -> int:
+    """``k`` (a count of results) as an int >= 1; a numpy integer counts, a
+    bool does not. ValueError naming ``name`` otherwise."""
+    if not is_int(k, numpy=True) or k < 1:
+        raise ValueError(f"{name}: expected a positive int, got {k!r}")
+    return int(k)
+
+
 def unknown_keys(cls: type, d: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(sorted keys of ``d`` that are not fields of dataclass ``cls``, sorted field names)."""
     known = {f.name for f in fields(cls)}
@@ -82,5 +108,5 @@ class Settings:
         return cls(**d)
 
 
-__all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "check_choice", "unknown_keys",
-           "Settings"]
+__all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "check_choice", "check_texts",
+           "check_k", "unknown_keys", "Settings"]

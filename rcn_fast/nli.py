@@ -33,7 +33,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast._arrays import require
-from rcn_fast._validate import is_int
+from rcn_fast._validate import check_texts, is_int
 
 logger = logging.getLogger("rcn_fast.nli")
 HINT = 'pip install "rcn_fast[llm]"  (torch, transformers)'
@@ -208,16 +208,9 @@ class NLIModel:
         ``probs`` float32 [n, L])
         """
         torch = require("torch", HINT)
-        for name, v in (("premises", premises), ("hypotheses", hypotheses)):
-            if isinstance(v, str):
-                raise TypeError(f"{name}: expected a sequence of str (batch first), got a single str")
-        premises, hypotheses = list(premises), list(hypotheses)
+        premises, hypotheses = check_texts(premises, "premises"), check_texts(hypotheses, "hypotheses")
         if len(premises) != len(hypotheses):
             raise ValueError(f"hypotheses: expected {len(premises)} items (one per premise), got {len(hypotheses)}")
-        for name, v in (("premises", premises), ("hypotheses", hypotheses)):
-            bad = next((i for i, t in enumerate(v) if not isinstance(t, str)), None)
-            if bad is not None:
-                raise TypeError(f"{name}: expected str items, item {bad} is {type(v[bad]).__name__}")
         n, L = len(premises), len(self.labels)
         probs = np.zeros((n, L), np.float32)
         if n:

@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
-from rcn_fast.retrieval.types import Passage, check_k, check_texts
+from rcn_fast._validate import check_k, check_texts
+from rcn_fast.retrieval.types import Passage
 
 EXTRAS = {
     "langchain_core": "pip install 'rcn_fast[langchain]'  (langchain-core)",
@@ -90,9 +91,7 @@ class CallableEncoder:
         self.calls = 0
 
     def _run(self, fn: Callable[[list[str]], Any], texts: Sequence[str], what: str) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("texts: expected a sequence of str (batch first), got a single str")
-        texts = list(texts)
+        texts = check_texts(texts)
         if not texts:
             return np.zeros((0, self.dim if self._dim is not None else 0), np.float32)
         self.calls += 1

@@ -24,7 +24,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast.retrieval.types import Passage
-from rcn_fast._validate import is_int
+from rcn_fast._validate import check_k, check_texts
 
 
 @runtime_checkable
@@ -214,9 +214,7 @@ class InMemoryRetriever:
         return self.index.search(q, k)
 
     def retrieve_embeddings(self, query_emb: Any, k: int) -> list[list[Passage]]:
-        if not is_int(k, numpy=True) or k < 1:
-            raise ValueError(f"k: expected a positive int, got {k!r}")
-        scores, rows = self.search(query_emb, int(k))
+        scores, rows = self.search(query_emb, check_k(k))
         out = []
         for s_row, r_row in zip(scores, rows):
             out.append([
@@ -226,9 +224,7 @@ class InMemoryRetriever:
         return out
 
     def retrieve(self, queries: Sequence[str], k: int = 5) -> list[list[Passage]]:
-        if isinstance(queries, str):
-            raise TypeError("queries: expected a sequence of str (batch first), got a single str")
-        queries = list(queries)
+        queries = check_texts(queries, "queries")
         if not queries:
             return []
         return self.retrieve_embeddings(self.embed_queries(queries), k)

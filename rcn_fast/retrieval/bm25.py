@@ -46,8 +46,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
-from rcn_fast.retrieval.types import Passage, check_k, check_texts
-from rcn_fast._validate import is_number
+from rcn_fast.retrieval.types import Passage
+from rcn_fast._validate import check_k, check_texts, is_number
 
 logger = logging.getLogger("rcn_fast.retrieval")
 

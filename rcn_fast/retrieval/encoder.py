@@ -38,6 +38,7 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast._validate import check_texts
 from rcn_fast.model_files import SETTINGS_FILE, hub_offline, model_fingerprint, resolve_model_dir
 from rcn_fast.retrieval.st_folder import (
     E5_PREFIXES,
@@ -47,7 +48,6 @@ from rcn_fast.retrieval.st_folder import (
     is_sentence_transformers_folder,
     read_sentence_transformers,
 )
-from rcn_fast.retrieval.types import check_texts
 
 logger = logging.getLogger("rcn_fast.retrieval")
 

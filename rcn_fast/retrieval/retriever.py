@@ -17,8 +17,8 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.store import CorpusStore
-from rcn_fast.retrieval.types import Passage, check_k, check_texts
-from rcn_fast._validate import is_int
+from rcn_fast.retrieval.types import Passage
+from rcn_fast._validate import check_k, check_texts, is_int
 
 logger = logging.getLogger("rcn_fast.retrieval")
 _BACKENDS = ("native", "faiss")
