@@ -1,7 +1,8 @@
 """Reading the small JSON file that stamps a saved directory with its format
 (``index.json`` of a FlatIndex, ``manifest.json`` of a corpus store,
-``graph.json`` of a knowledge graph, ``db.json`` of a SEPTA subgraph
-database): one set of checks and messages for all of them.
+``rcn_fast_bm25.json`` of a BM25 index, ``graph.json`` of a knowledge
+graph, ``db.json`` of a SEPTA subgraph database, ``septa.json`` of a SEPTA
+directory): one set of checks and messages for all of them.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.types import Passage
 from rcn_fast._validate import check_k, check_texts, is_number
 
@@ -283,9 +284,7 @@ class BM25Index:
         mf = path / MANIFEST
         if not mf.is_file():
             raise FileNotFoundError(f"path: {path} has no {MANIFEST}, so it is not a saved BM25 index")
-        m = json.loads(mf.read_text())
-        if m.get("format") != FORMAT:
-            raise ValueError(f"path: {path} holds format {m.get('format')!r}, expected {FORMAT!r}")
+        m = read_stamped_json(mf, FORMAT, what="a saved BM25 index")
         if texts is None:
             if not m.get("texts"):
                 raise ValueError(f"texts: the index at {path} was saved without its passages; "

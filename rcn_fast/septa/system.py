@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import Settings, is_int
 from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
@@ -108,13 +109,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
                                 f"predictor.pt; build one with `python -m rcn_fast.septa align`, `build-db`, `train`)")
     if not f.is_file():
         raise FileNotFoundError(f"checkpoint: {d} has no {MANIFEST} (run `python -m rcn_fast.septa align` first)")
-    try:
-        m = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"checkpoint: {f} is not valid JSON ({exc})") from None
-    if m.get("format") != _FORMAT:
-        raise ValueError(f"checkpoint: {f} holds format {m.get('format')!r}, expected {_FORMAT!r}")
-    return m
+    return read_stamped_json(f, _FORMAT, what="a SEPTA directory", arg="checkpoint")
 
 
 def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> None:
