@@ -259,3 +259,17 @@ def test_reranker_picks_the_best_cosine_among_candidates(store):
         BM25Reranker.from_retriever(object())
     with pytest.raises(ValueError, match="passage_embeddings:"):
         BM25Reranker(BM25Index(FACTS), enc, passage_embeddings=np.zeros((3, 64)))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json", r"rcn_fast_bm25\.json is not valid JSON"),
+    (b"[]", r"rcn_fast_bm25\.json holds a JSON list, expected an object"),
+    (b'{"format": "other/1"}', r"holds format 'other/1', expected"),
+])
+def test_a_damaged_manifest_is_one_message_naming_it(tmp_path, content, message):
+    BM25Index(FACTS).save(tmp_path / "bm25")
+    (tmp_path / "bm25" / "rcn_fast_bm25.json").write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        BM25Index.load(tmp_path / "bm25")
+    with pytest.raises(FileNotFoundError, match="so it is not a saved BM25 index"):
+        BM25Index.load(tmp_path / "nothing")
