@@ -36,6 +36,18 @@ The model runs under a lock (requests are answered in threads, one model
 call at a time); it is meant for tests, demos and small jobs. To scale, run
 vLLM or SGLang and point ``load_llm("openai:<url>#<model>")`` at them.
 
+Limits (:mod:`rcn_fast.llm.serve_limits`, each a constructor keyword and a
+CLI option): a prompt longer than the context window or ``max_tokens``
+beyond what is left of it is HTTP 400 with the numbers (as vLLM); ``n``,
+prompts x ``n``, top log-probs and prompt-log-prob entries are capped;
+non-finite or out-of-range numbers are 400 naming the field; a body over
+``max_body_bytes`` is 413, a malformed ``Content-Length`` 400; a request
+must arrive within ``read_timeout``; at most ``max_connections``
+connections and ``max_queue`` waiting requests (503 with ``Retry-After``
+beyond); a request holds the model at most ``request_timeout`` seconds
+(504) and stops when its client disconnects. ``api_key``: every ``/v1``
+request needs ``Authorization: Bearer KEY`` (401 otherwise).
+
 Test switches (constructor only):
 
 * ``faults``: the next requests misbehave on purpose, one fault each, in
@@ -52,7 +64,8 @@ Test switches (constructor only):
   completions ``prompt`` (HTTP 422 otherwise), as llama-cpp-python's server.
 * ``prompt_logprobs=False``: ignore ``echo`` and ``prompt_logprobs``, as a
   server without prompt log-probs (OpenAI's current models).
-* ``max_logprobs``: the cap on requested top log-probs (None: the vocabulary).
+* ``max_logprobs`` (a limit): the cap on requested top log-probs (None: the
+  vocabulary).
 * ``latency``: seconds added to every answer (outside the model lock), to
   measure a client's throughput against a remote server.
 """
@@ -60,29 +73,28 @@ Test switches (constructor only):
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import socket
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
-from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.base import GenerationParams
 from rcn_fast.llm.hf import HFLLM
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+from rcn_fast.llm.serve_limits import (
+    APIError, Cancelled, ReadWatchdog, RequestGuard, ServeLimits, check_k, client_gone, content_length,
+    resolve_context, sampling_params,
+)
 
 
 class OpenAIServer(ThreadingHTTPServer):
     """``ThreadingHTTPServer`` answering the OpenAI API from an :class:`HFLLM`
-    (the switches are described in the module notes)."""
+    (the switches are described in the module notes; ``limits`` are the
+    fields of :class:`~rcn_fast.llm.serve_limits.ServeLimits`, e.g.
+    ``max_logprobs=20``, ``request_timeout=300.0``, ``api_key=None``)."""
 
     daemon_threads = True
     request_queue_size = 256
@@ -98,17 +110,18 @@ class OpenAIServer(ThreadingHTTPServer):
         extensions: bool = True,
         token_prompts: bool = True,
         prompt_logprobs: bool = True,
-        max_logprobs: int | None = 20,
         latency: float = 0.0,
+        **limits: Any,
     ) -> None:
         if not isinstance(llm, HFLLM):
             raise TypeError(f"llm: expected an HFLLM (the local backend), got {type(llm).__name__}")
         for f in faults or []:
             _check_fault(f)
-        if max_logprobs is not None and (not is_int(max_logprobs) or max_logprobs < 0):
-            raise ValueError(f"max_logprobs: expected an int >= 0 or None, got {max_logprobs!r}")
         if not isinstance(latency, (int, float)) or latency < 0:
             raise ValueError(f"latency: expected seconds >= 0, got {latency!r}")
+        self.limits = ServeLimits(**limits)
+        #: The context window enforced on prompt + max_tokens.
+        self.context = resolve_context(self.limits, llm.context_length, llm.name)
         super().__init__((host, port), _Handler)
         self.llm = llm
         self.model_name = model_name
@@ -116,12 +129,19 @@ class OpenAIServer(ThreadingHTTPServer):
         self.extensions = bool(extensions)
         self.token_prompts = bool(token_prompts)
         self.prompt_logprobs = bool(prompt_logprobs)
-        self.max_logprobs = max_logprobs
         self.latency = float(latency)
         self.requests_seen = 0
         self.prompts_seen = 0  # completions prompts answered (a list prompt counts each)
+        self.cancelled = 0  # requests stopped because their client went away
+        self.queued = 0  # requests waiting for or holding the model
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(self.limits.max_connections)
+        self.watchdog = ReadWatchdog()
+
+    @property
+    def max_logprobs(self) -> int | None:
+        return self.limits.max_logprobs
 
     @property
     def base_url(self) -> str:
@@ -139,9 +159,58 @@ class OpenAIServer(ThreadingHTTPServer):
         t.start()
         return t
 
+    def server_close(self) -> None:
+        self.watchdog.close()
+        super().server_close()
+
+    # ------------------------------------------------------------ connections
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, at most ``max_connections`` at once;
+        a connection beyond that is answered 503 and closed."""
+        if not self._slots.acquire(blocking=False):
+            _refuse(request, self.limits.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def run_model(self, sock: socket.socket | None, fn: Callable[[RequestGuard], Any]) -> Any:
+        """``fn(guard)`` under the model lock, for a request of connection
+        ``sock``: 503 when ``max_queue`` requests already wait for or hold
+        the model; stopped (:class:`Cancelled`) when the client leaves
+        while it waits or runs, or when it runs past ``request_timeout``."""
+        with self._lock:
+            if self.queued >= self.limits.max_queue:
+                raise APIError(503, f"the server is busy ({self.queued} requests queued, max_queue "
+                                    f"{self.limits.max_queue}); retry later", {"Retry-After": "1"})
+            self.queued += 1
+        try:
+            while not self._model_lock.acquire(timeout=0.05):
+                if sock is not None and client_gone(sock):
+                    raise Cancelled("disconnected")
+            try:
+                guard = RequestGuard(sock, self.limits.request_timeout)
+                with guard.installed(self.llm.model):
+                    return fn(guard)
+            finally:
+                self._model_lock.release()
+        finally:
+            with self._lock:
+                self.queued -= 1
+
     # ------------------------------------------------------------ endpoints
 
-    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+    def chat_completions(self, body: dict[str, Any], sock: socket.socket | None = None) -> dict[str, Any]:
         messages = body.get("messages")
         try:
             (chat,) = chatlib.validate_chats([messages], "messages")
@@ -157,35 +226,30 @@ class OpenAIServer(ThreadingHTTPServer):
             folded = chat if self.llm.system_role else chatlib.fold_system(chat)
             gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
             text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=gen_prompt)
-        ids = self.llm.encode_texts([text])[0]
+        ids = list(tok.encode(text, add_special_tokens=not chatlib.has_chat_template(tok)))
+        if not ids:
+            raise APIError(400, "messages: the chat encodes to no tokens")
         want = bool(body.get("logprobs", False))
-        k = self._check_k(body.get("top_logprobs") or 0, "top_logprobs") if want else None
-        choices, usage = self._complete([ids], body, chat=True, k=k, echo=False, prompt_k=None)
+        k = (check_k(body, "top_logprobs", self._cap()) or 0) if want else None
+        choices, usage = self._complete([ids], body, sock, chat=True, k=k, echo=False, prompt_k=None)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": usage}
 
-    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+    def completions(self, body: dict[str, Any], sock: socket.socket | None = None) -> dict[str, Any]:
         prompts = self._prompt_ids(body.get("prompt"), body.get("add_special_tokens", True))
+        k = check_k(body, "logprobs", self._cap())
+        echo = bool(body.get("echo", False)) and self.prompt_logprobs
+        pk = check_k(body, "prompt_logprobs", self._cap()) if self.prompt_logprobs else None
         with self._lock:
             self.prompts_seen += len(prompts)
-        k = body.get("logprobs")
-        k = None if k is None else self._check_k(k, "logprobs")
-        echo = bool(body.get("echo", False)) and self.prompt_logprobs
-        pk = body.get("prompt_logprobs") if self.prompt_logprobs else None
-        pk = None if pk is None else self._check_k(pk, "prompt_logprobs")
-        choices, usage = self._complete(prompts, body, chat=False, k=k, echo=echo, prompt_k=pk)
+        choices, usage = self._complete(prompts, body, sock, chat=False, k=k, echo=echo, prompt_k=pk)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "usage": usage}
 
     # ------------------------------------------------------------ helpers
 
-    def _check_k(self, k: Any, name: str) -> int:
-        if not is_int(k) or k < 0:
-            raise APIError(400, f"{name}: expected an int >= 0, got {k!r}")
-        cap = len(self.llm.tokenizer) if self.max_logprobs is None else self.max_logprobs
-        if k > cap:
-            raise APIError(400, f"{name}: requested {k} log-probs, more than the server's max_logprobs ({cap})")
-        return k
+    def _cap(self) -> int:
+        return len(self.llm.tokenizer) if self.limits.max_logprobs is None else self.limits.max_logprobs
 
     def _prompt_ids(self, prompt: Any, add_special: Any) -> list[list[int]]:
         """``prompt`` (string, strings, token ids, lists of token ids) -> token ids per prompt."""
@@ -213,50 +277,78 @@ class OpenAIServer(ThreadingHTTPServer):
                 raise APIError(400, f"prompt[{i}]: expected a non-empty string or a non-empty list of token ids < {V}")
         return out
 
-    def _prompt_logprobs(self, prompts: list[list[int]], k: int) -> list[list[tuple[float, list[tuple[int, float]]] | None]]:
+    def _prompt_logprobs(self, prompts: list[list[int]], k: int, guard: RequestGuard) -> list[list[Any]]:
         """Per prompt, per position: None at 0, then (log-prob of the prompt
         token, the top ``k`` (id, log-prob)) under the full-vocabulary
-        log-softmax of the previous position."""
+        log-softmax of the previous position.
+
+        Memory: the model runs on a batch of rows; the head (or, for models
+        whose logits are not a plain head over the final hidden state, the
+        model's logits of one row) is turned into log-softmax rows
+        ``logprob_chunk`` positions at a time, keeping only the prompt
+        token's log-prob and the top ``k`` of each position: never a
+        ``[T, vocab]`` float list in Python, at most ``[chunk, vocab]``
+        floats at once beyond the model's own activations."""
         torch = __import__("torch")
         llm = self.llm
+        model = llm.model
+        hidden = llm.scoring_mode == "hidden"
         out: list[list[Any]] = [[] for _ in prompts]
-        for batch in llm._batches(prompts):
-            rows = [prompts[i] for i in batch]
-            ids, mask, pos = llm._pad_left(rows)
-            with torch.inference_mode():
-                logits = llm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-            T = ids.shape[1]
-            for j, i in enumerate(batch):
-                n = len(rows[j])
-                lp = torch.log_softmax(logits[j, T - n : T - 1].float(), dim=-1)  # predicts tokens 1..n-1
-                nxt = torch.tensor(rows[j][1:], device=lp.device)
-                got = lp.gather(1, nxt[:, None])[:, 0].tolist()
-                tops: list[list[tuple[int, float]]] = [[] for _ in got]
-                if k > 0:
-                    tv, ti = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
-                    tops = [list(zip(a, b)) for a, b in zip(ti.tolist(), tv.tolist())]
-                out[i] = [None, *zip(got, tops)]
+        with torch.inference_mode():
+            for batch in llm._batches(prompts) if hidden else [[i] for i in range(len(prompts))]:
+                guard.check()
+                rows = [prompts[i] for i in batch]
+                ids, mask, pos = llm._pad_left(rows)
+                if hidden:
+                    base = getattr(model, model.base_model_prefix)
+                    states = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+                    head = model.get_output_embeddings()
+                else:
+                    states = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+                T = ids.shape[1]
+                for j, i in enumerate(batch):
+                    n = len(rows[j])
+                    got: list[float] = []
+                    tops: list[list[tuple[int, float]]] = []
+                    for a in range(T - n, T - 1, self.limits.logprob_chunk):  # positions predicting tokens 1..n-1
+                        guard.check()
+                        b = min(a + self.limits.logprob_chunk, T - 1)
+                        x = head(states[j, a:b]) if hidden else states[j, a:b]
+                        lp = torch.log_softmax(x.float(), dim=-1)
+                        nxt = torch.tensor(rows[j][a - (T - n) + 1 : b - (T - n) + 1], device=lp.device)
+                        got += lp.gather(1, nxt[:, None])[:, 0].tolist()
+                        if k > 0:
+                            tv, ti = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
+                            tops += [list(zip(c, d)) for c, d in zip(ti.tolist(), tv.tolist())]
+                        else:
+                            tops += [[] for _ in range(b - a)]
+                        del x, lp
+                    out[i] = [None, *zip(got, tops)]
+                del states
         return out
 
-    def _complete(self, prompts: list[list[int]], body: dict[str, Any], *, chat: bool, k: int | None, echo: bool,
-                  prompt_k: int | None) -> tuple[list[dict], dict]:
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
-        try:
-            params = GenerationParams(
-                max_new_tokens=max_tokens, temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-                num_samples=body.get("n", 1), seed=body.get("seed") or 0, stop=body.get("stop"),
-            )
-        except (TypeError, ValueError) as exc:
-            raise APIError(400, str(exc)) from None
+    def _complete(self, prompts: list[list[int]], body: dict[str, Any], sock: socket.socket | None, *, chat: bool,
+                  k: int | None, echo: bool, prompt_k: int | None) -> tuple[list[dict], dict]:
+        params = sampling_params(body, [len(p) for p in prompts], self.limits, self.context)
         want = k is not None
         if want and params.max_new_tokens != 1:
             raise APIError(400, "logprobs: this server returns logprobs only with max_tokens=1 (next-token scoring)")
         echo_text, echo = echo, echo and want
+        plp_k = max(k or 0, prompt_k or 0) if echo or prompt_k is not None else None
+        if plp_k is not None:
+            entries = sum(len(p) for p in prompts) * params.num_samples * (plp_k + 1)
+            if entries > self.limits.max_logprob_entries:
+                raise APIError(400, f"prompt_logprobs: the answer would hold {entries} prompt log-probs (prompt tokens x "
+                                    f"n x (top-k + 1)), more than the server's max_logprob_entries "
+                                    f"({self.limits.max_logprob_entries}); send fewer or shorter prompts per request")
         tok = self.llm.tokenizer
-        with self._model_lock:
+
+        def work(guard: RequestGuard) -> tuple[Any, Any, Any]:
             top = self.llm.top_logprobs_ids(prompts, max(k or 0, 1)) if want else None
-            plp = self._prompt_logprobs(prompts, max(k or 0, prompt_k or 0)) if echo or prompt_k is not None else None
-            gens = self.llm.generate_ids(prompts, params)
+            plp = self._prompt_logprobs(prompts, plp_k, guard) if plp_k is not None else None
+            return top, plp, self.llm.generate_ids(prompts, params)
+
+        top, plp, gens = self.run_model(sock, work)
         choices = []
         for p, ids in enumerate(prompts):
             for s, g in enumerate(gens[p]):
@@ -321,6 +413,21 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def setup(self) -> None:
+        self.timeout = self.server.limits.read_timeout  # a socket timeout on every read and write
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        """One request; its line, headers and body must arrive within
+        ``read_timeout`` (the watchdog closes the connection otherwise)."""
+        self.server.watchdog.arm(self.connection, self.server.limits.read_timeout)
+        try:
+            super().handle_one_request()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+        finally:
+            self.server.watchdog.disarm(self.connection)
+
     def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         try:
@@ -329,13 +436,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
+        except OSError:  # the client gave up (e.g. its timeout) or stalled past read_timeout
             self.close_connection = True
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error", "code": status}}, headers)
+        kind = {401: "authentication_error", 413: "invalid_request_error", 503: "server_busy"}.get(
+            status, "invalid_request_error" if status < 500 else "server_error")
+        self._send(status, {"error": {"message": message, "type": kind, "code": status}}, headers)
+
+    def _authorise(self) -> None:
+        """``Authorization: Bearer KEY`` when the server has an API key (as
+        vLLM's ``--api-key``, for every ``/v1`` route)."""
+        key = self.server.limits.api_key
+        if key is None:
+            return
+        got = self.headers.get("Authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     def _fault(self) -> bool:
         """Apply the next injected fault; True when the request is answered
@@ -360,17 +482,44 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:
+        self.server.watchdog.disarm(self.connection)
+        try:
+            self._authorise()
+        except APIError as exc:
+            self._error(exc.status, str(exc))
+            return
         if self._fault():
             return
         if self.path.rstrip("/") == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model", "owned_by": "rcn_fast"}]})
+            self._send(200, {"object": "list", "data": [{
+                "id": self.server.model_name, "object": "model", "owned_by": "rcn_fast",
+                "max_model_len": self.server.context}]})
         else:
             self._error(404, f"no route {self.path}")
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
+    def _read_body(self) -> bytes | None:
+        """The request body (None: answered with an error, or the client
+        went away); the connection is closed after an error that leaves the
+        body unread."""
+        try:
+            self._authorise()
+            if self.headers.get("Transfer-Encoding"):
+                raise APIError(411, "send the request body with a Content-Length (no Transfer-Encoding)")
+            length = content_length(self.headers.get("Content-Length"), self.server.limits.max_body_bytes)
+        except APIError as exc:
+            self.close_connection = True
+            self._error(exc.status, str(exc), exc.headers)
+            return None
         raw = self.rfile.read(length) if length else b""
-        if self._fault():
+        if len(raw) < length:  # closed, or stalled past read_timeout
+            self.close_connection = True
+            return None
+        self.server.watchdog.disarm(self.connection)
+        return raw
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        if raw is None or self._fault():
             return
         try:
             body = json.loads(raw or b"{}")
@@ -378,16 +527,27 @@ class _Handler(BaseHTTPRequestHandler):
                 raise APIError(400, "expected a JSON object")
             route = self.path.rstrip("/")
             if route == "/v1/chat/completions":
-                out = self.server.chat_completions(body)
+                out = self.server.chat_completions(body, self.connection)
             elif route == "/v1/completions":
-                out = self.server.completions(body)
+                out = self.server.completions(body, self.connection)
             else:
                 raise APIError(404, f"no route {self.path}")
         except APIError as exc:
-            self._error(exc.status, str(exc))
+            self._error(exc.status, str(exc), exc.headers)
             return
-        except json.JSONDecodeError as exc:
+        except Cancelled as exc:
+            if exc.reason == "disconnected":
+                with self.server._lock:
+                    self.server.cancelled += 1
+                self.close_connection = True
+            else:
+                self._error(504, str(exc))
+            return
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             self._error(400, f"invalid JSON: {exc}")
+            return
+        except RecursionError:
+            self._error(400, "invalid JSON: nested too deeply")
             return
         except Exception as exc:  # an internal error is a 500 with its message
             self._error(500, f"{type(exc).__name__}: {exc}")
@@ -399,6 +559,19 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.latency:
             time.sleep(self.server.latency)
         self._send(200, out)
+
+
+def _refuse(sock: socket.socket, cap: int) -> None:
+    """Answer a connection over ``max_connections`` with 503 (best effort)."""
+    data = json.dumps({"error": {"message": f"the server is serving its max_connections ({cap}); retry later",
+                                 "type": "server_busy", "code": 503}}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(head + data)
+    except OSError:
+        pass
 
 
 def _check_fault(fault: str) -> None:
@@ -420,27 +593,10 @@ def make_server(llm: HFLLM, host: str = "127.0.0.1", port: int = 0, **kwargs: An
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rcn_fast.llm.load import load_llm
+    """``python -m rcn_fast.serve`` (see :mod:`rcn_fast.llm.serve_cli`)."""
+    from rcn_fast.llm.serve_cli import main as cli_main
 
-    ap = argparse.ArgumentParser(prog="python -m rcn_fast.serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="model directory, .gguf file, package:<module> or hub id")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--name", default=None, help="model name clients send (default: --model)")
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--max-logprobs", type=int, default=20, help="cap on requested top log-probs (vLLM's default 20)")
-    args = ap.parse_args(argv)
-    llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
-    server = make_server(llm, args.host, args.port, model_name=args.name or args.model, max_logprobs=args.max_logprobs)
-    print(f"serving {args.model} at {server.base_url}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    cli_main(argv)
 
 
 if __name__ == "__main__":
