@@ -122,7 +122,8 @@ class OpenAIServer(ThreadingHTTPServer):
         self.limits = ServeLimits(**limits)
         #: The context window enforced on prompt + max_tokens.
         self.context = resolve_context(self.limits, llm.context_length, llm.name)
-        super().__init__((host, port), _Handler)
+        self.watchdog = ReadWatchdog()
+        super().__init__((host, port), _Handler)  # a failed bind calls server_close, which stops the watchdog
         self.llm = llm
         self.model_name = model_name
         self.faults = list(faults or [])
@@ -137,7 +138,6 @@ class OpenAIServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._model_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
-        self.watchdog = ReadWatchdog()
 
     @property
     def max_logprobs(self) -> int | None:
