@@ -159,9 +159,10 @@ def test_prompt_over_the_context_and_max_tokens_beyond_it_are_400_with_the_numbe
 
 def test_n_sequences_and_log_probs_are_capped(llm):
     ids = list(llm.tokenizer.encode(TEXT))
-    with serve(llm, max_seqs=4, max_logprobs=3) as srv:
+    with serve(llm) as srv:  # the defaults: n <= 128
         msg = error_of(*complete(srv, {"prompt": ids, "n": 129, "max_tokens": 1})[::2], 400)
         assert msg.startswith("n:") and "128" in msg
+    with serve(llm, max_seqs=4, max_logprobs=3) as srv:
         msg = error_of(*complete(srv, {"prompt": [ids, ids, ids], "n": 2, "max_tokens": 1})[::2], 400)
         assert "6 sequences" in msg and "max_seqs (4)" in msg
         for field in ("logprobs", "prompt_logprobs"):
@@ -180,10 +181,15 @@ def test_prompt_logprobs_run_in_chunks_and_their_size_is_capped(llm):
     import torch
 
     ids = list(llm.tokenizer.encode(TEXT * 4))
+    long = (ids * 40)[:300]
     head = llm.model.get_output_embeddings()
     widths: list[int] = []
     h = head.register_forward_hook(lambda m, a, out: widths.append(out.reshape(-1, out.shape[-1]).shape[0]))
     try:
+        with serve(llm) as srv:  # the defaults: 256 positions at a time
+            assert complete(srv, {"prompt": long, "max_tokens": 1, "prompt_logprobs": 1})[0] == 200
+            assert widths and max(widths) <= 256  # never the [T, vocab] logits of the whole prompt
+            widths.clear()
         with serve(llm, logprob_chunk=4, max_logprob_entries=len(ids) * 3) as srv:
             status, _, echo = complete(srv, {"prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 2,
                                              "temperature": 0})
@@ -195,7 +201,7 @@ def test_prompt_logprobs_run_in_chunks_and_their_size_is_capped(llm):
             assert "max_logprob_entries" in msg
     finally:
         h.remove()
-    assert widths and max(widths) <= 4  # never the [T, vocab] logits of the whole prompt
+    assert widths and max(widths) <= 4
     with torch.no_grad():
         base = getattr(llm.model, llm.model.base_model_prefix)
         full = torch.log_softmax(head(base(torch.tensor([ids])).last_hidden_state[0]).double(), -1)
@@ -212,14 +218,15 @@ def test_prompt_logprobs_run_in_chunks_and_their_size_is_capped(llm):
 
 
 def test_malformed_content_length_is_400_and_a_huge_body_413(llm):
-    with serve(llm, max_body_bytes=1000) as srv:
+    with serve(llm) as srv:  # the defaults
         for value in (b"abc", b"-5", b"1e3", b" "):
             out = raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\n{}")
             assert out.startswith(b"HTTP/1.1 400"), (value, out[:200])
             assert b"Content-Length" in out
         # the body is never read: the answer comes before it is sent
         out = raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
-        assert out.startswith(b"HTTP/1.1 413") and b"max_body_bytes (1000)" in out
+        assert out.startswith(b"HTTP/1.1 413") and b"max_body_bytes (8388608)" in out
+    with serve(llm, max_body_bytes=1000) as srv:
         big = json.dumps({"model": "tiny", "prompt": "x" * 2000}).encode()
         assert error_of(*request(srv, "POST", "/v1/completions", big)[::2], 413)
         status, _, _ = request(srv, "GET", "/v1/models")
