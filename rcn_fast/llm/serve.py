@@ -72,7 +72,6 @@ Test switches (constructor only):
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import socket

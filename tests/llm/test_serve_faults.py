@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import select
 import socket
 import threading
 import time
@@ -40,8 +41,6 @@ KNOBS = Knobs()
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
-    import torch
-
     llm = load_llm(tiny_llama_dir, batch_size=3, device="cpu")
     banned = sorted(set(llm.eos_ids) | {llm.pad_id})
 
@@ -59,7 +58,6 @@ def llm(tiny_llama_dir):
     h1.remove()
     h2.remove()
     KNOBS.delay = 0.0
-    del torch
 
 
 @contextlib.contextmanager
@@ -281,8 +279,6 @@ def test_stalled_and_dripping_connections_are_dropped(llm):
                 if time.monotonic() - start > 30:
                     break
                 time.sleep(0.05)
-                import select
-
                 if select.select([s], [], [], 0)[0]:
                     try:
                         closed = s.recv(1) == b""
