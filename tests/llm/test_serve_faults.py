@@ -379,6 +379,30 @@ def test_a_full_queue_is_503_with_retry_after(llm):
         assert complete(srv, {"prompt": ids, "max_tokens": 1})[0] == 200
 
 
+def test_a_request_whose_client_leaves_while_queued_leaves_the_queue(llm):
+    ids = list(llm.tokenizer.encode(TEXT))
+    body = json.dumps({"model": "tiny", "prompt": ids, "max_tokens": 300, "temperature": 0}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    with serve(llm, max_queue=2, request_timeout=60) as srv:
+        KNOBS.delay = 0.05
+        before = KNOBS.forwards
+        first = socket.create_connection(srv.server_address[:2], timeout=20)
+        second = socket.create_connection(srv.server_address[:2], timeout=20)
+        try:
+            first.sendall(head + body)
+            wait_until(lambda: KNOBS.forwards - before >= 1, "the first request to hold the model")
+            second.sendall(head + body)
+            wait_until(lambda: srv.queued == 2, "the second request to queue")
+            second.close()
+            wait_until(lambda: srv.queued == 1, "the second request to leave the queue")
+            assert srv._model_lock.locked()  # while the first still runs
+        finally:
+            first.close()
+            second.close()
+        wait_until(lambda: srv.queued == 0, "the first request to stop")
+        assert srv.cancelled == 2
+
+
 # ------------------------------------------------------------ access
 
 
@@ -424,3 +448,39 @@ def test_cli_bad_model_busy_port_and_bad_limits_are_one_message_and_exit_2(tiny_
     assert "max_n" in fails(["--model", str(tiny_llama_dir), "--max-n", "0"])
     assert "larger than the 512-token context" in fails(["--model", str(tiny_llama_dir), "--port", "0",
                                                         "--max-model-len", "100000", "--device", "cpu"])
+
+
+def test_cli_reads_the_api_key_from_the_environment(tiny_llama_dir):
+    """``python -m rcn_fast.serve`` with ``RCN_FAST_API_KEY`` set (and no
+    ``--api-key``) refuses requests without that key; no warning on loopback."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RCN_FAST_API_KEY": "from-env"}
+    proc = subprocess.Popen([sys.executable, "-m", "rcn_fast.serve", "--model", str(tiny_llama_dir), "--port", "0",
+                             "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line, end = "", time.monotonic() + 120
+        while "serving" not in line:
+            if time.monotonic() > end or proc.poll() is not None:
+                pytest.fail(f"the server did not start: {proc.stderr.read() if proc.poll() is not None else ''}")
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                line = proc.stdout.readline()
+        host, port = re.search(r"http://([\d.]+):(\d+)/v1", line).groups()
+
+        def models(headers: dict[str, str]) -> int:
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("GET", "/v1/models", headers=headers)
+                return conn.getresponse().status
+            finally:
+                conn.close()
+
+        assert models({}) == 401 and models({"Authorization": "Bearer nope"}) == 401
+        assert models({"Authorization": "Bearer from-env"}) == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "warning" not in proc.stderr.read()
