@@ -84,7 +84,7 @@ from typing import Any, Callable
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.hf import HFLLM
 from rcn_fast.llm.serve_limits import (
-    APIError, Cancelled, ReadWatchdog, RequestGuard, ServeLimits, check_k, client_gone, content_length,
+    APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, client_gone, content_length,
     resolve_context, sampling_params,
 )
 
@@ -135,7 +135,7 @@ class OpenAIServer(ThreadingHTTPServer):
         self.cancelled = 0  # requests stopped because their client went away
         self.queued = 0  # requests waiting for or holding the model
         self._lock = threading.Lock()
-        self._model_lock = threading.Lock()
+        self._model_lock = FifoLock()  # first come, first served
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
 
     @property
@@ -184,8 +184,8 @@ class OpenAIServer(ThreadingHTTPServer):
             self._slots.release()
 
     def run_model(self, sock: socket.socket | None, fn: Callable[[RequestGuard], Any]) -> Any:
-        """``fn(guard)`` under the model lock, for a request of connection
-        ``sock``: 503 when ``max_queue`` requests already wait for or hold
+        """``fn(guard)`` under the model lock (granted in arrival order), for
+        a request of connection ``sock``: 503 when ``max_queue`` requests already wait for or hold
         the model; stopped (:class:`Cancelled`) when the client leaves
         while it waits or runs, or when it runs past ``request_timeout``."""
         with self._lock:
@@ -194,9 +194,7 @@ class OpenAIServer(ThreadingHTTPServer):
                                     f"{self.limits.max_queue}); retry later", {"Retry-After": "1"})
             self.queued += 1
         try:
-            while not self._model_lock.acquire(timeout=0.05):
-                if sock is not None and client_gone(sock):
-                    raise Cancelled("disconnected")
+            self._model_lock.acquire_unless(lambda: sock is not None and client_gone(sock))
             try:
                 guard = RequestGuard(sock, self.limits.request_timeout)
                 with guard.installed(self.llm.model):

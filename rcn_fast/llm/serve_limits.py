@@ -17,7 +17,7 @@ cannot take it over:
   at most ``max_connections`` connections are served at once (more are
   answered 503 and closed);
 * at most ``max_queue`` requests wait for or hold the model (more are 503
-  with ``Retry-After``); a request holds the model for at most
+  with ``Retry-After``); they get it first come, first served; a request holds the model for at most
   ``request_timeout`` seconds (then HTTP 504) and stops as soon as its
   client disconnects (checked before every forward pass of the model:
   between generated tokens, batches and prompt-log-prob chunks).
@@ -31,8 +31,9 @@ import select
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from rcn_fast._validate import is_int
 from rcn_fast.llm.base import GenerationParams
@@ -306,6 +307,56 @@ class ReadWatchdog:
                     pass
 
 
+class FifoLock:
+    """A lock granted in arrival order (a plain lock lets any waiter win), so
+    the queued requests hold the model first come, first served. A waiter
+    that gives up (``cancelled()`` true, checked every ``poll`` seconds)
+    leaves the queue with :class:`Cancelled`."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self._held = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As ``threading.Lock.acquire`` (in arrival order)."""
+        end = None if timeout < 0 else time.monotonic() + timeout
+        try:
+            self.acquire_unless(lambda: not blocking or (end is not None and time.monotonic() >= end))
+        except Cancelled:
+            return False
+        return True
+
+    def acquire_unless(self, cancelled: Callable[[], bool], poll: float = 0.05) -> None:
+        """Wait for the lock in turn; :class:`Cancelled` ("disconnected")
+        when ``cancelled()`` turns true first."""
+        me = object()
+        with self._cond:
+            self._waiting.append(me)
+            try:
+                while self._held or self._waiting[0] is not me:
+                    if cancelled():
+                        raise Cancelled("disconnected")
+                    self._cond.wait(poll)
+                self._waiting.popleft()
+                self._held = True
+            except BaseException:
+                if me in self._waiting:
+                    self._waiting.remove(me)
+                    self._cond.notify_all()
+                raise
+
+    def release(self) -> None:
+        with self._cond:
+            if not self._held:
+                raise RuntimeError("release of an unlocked FifoLock")
+            self._held = False
+            self._cond.notify_all()
+
+    def locked(self) -> bool:
+        return self._held
+
+
 class RequestGuard:
     """Stops the model work of one request: :meth:`check` raises
     :class:`Cancelled` when the client of ``sock`` is gone or the request
@@ -348,4 +399,4 @@ class RequestGuard:
 
 
 __all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_k", "sampling_params",
-           "content_length", "is_loopback", "exposure_warning", "client_gone", "ReadWatchdog", "RequestGuard"]
+           "content_length", "is_loopback", "exposure_warning", "client_gone", "ReadWatchdog", "FifoLock", "RequestGuard"]

@@ -379,6 +379,36 @@ def test_a_full_queue_is_503_with_retry_after(llm):
         assert complete(srv, {"prompt": ids, "max_tokens": 1})[0] == 200
 
 
+def test_the_model_goes_to_waiting_requests_in_arrival_order():
+    from rcn_fast.llm.serve_limits import Cancelled, FifoLock
+
+    lock, order, gone = FifoLock(), [], threading.Event()
+    lock.acquire()
+
+    def waiter(i: int) -> None:
+        try:
+            lock.acquire_unless(lambda: i == 2 and gone.is_set(), poll=0.01)
+        except Cancelled:
+            order.append(-i)
+            return
+        order.append(i)
+        lock.release()
+
+    threads = []
+    for i in range(5):
+        threads.append(threading.Thread(target=waiter, args=(i,), daemon=True))
+        threads[-1].start()
+        wait_until(lambda: len(lock._waiting) == i + 1, f"waiter {i} to queue", 10)
+    gone.set()  # waiter 2's client leaves
+    wait_until(lambda: order == [-2], "waiter 2 to leave", 10)
+    lock.release()
+    for t in threads:
+        t.join(10)
+    assert order == [-2, 0, 1, 3, 4] and not lock.locked()
+    assert lock.acquire(timeout=0.01) and not lock.acquire(blocking=False) and not lock.acquire(timeout=0.01)
+    lock.release()
+
+
 def test_a_request_whose_client_leaves_while_queued_leaves_the_queue(llm):
     ids = list(llm.tokenizer.encode(TEXT))
     body = json.dumps({"model": "tiny", "prompt": ids, "max_tokens": 300, "temperature": 0}).encode()
