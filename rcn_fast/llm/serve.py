@@ -185,9 +185,10 @@ class OpenAIServer(ThreadingHTTPServer):
 
     def run_model(self, sock: socket.socket | None, fn: Callable[[RequestGuard], Any]) -> Any:
         """``fn(guard)`` under the model lock (granted in arrival order), for
-        a request of connection ``sock``: 503 when ``max_queue`` requests already wait for or hold
-        the model; stopped (:class:`Cancelled`) when the client leaves
-        while it waits or runs, or when it runs past ``request_timeout``."""
+        a request of connection ``sock``: 503 when ``max_queue`` requests
+        already wait for or hold the model; stopped (:class:`Cancelled`)
+        when the client leaves while it waits or runs, or when it runs past
+        ``request_timeout``."""
         with self._lock:
             if self.queued >= self.limits.max_queue:
                 raise APIError(503, f"the server is busy ({self.queued} requests queued, max_queue "
@@ -335,7 +336,7 @@ class OpenAIServer(ThreadingHTTPServer):
         if plp_k is not None:
             entries = sum(len(p) for p in prompts) * params.num_samples * (plp_k + 1)
             if entries > self.limits.max_logprob_entries:
-                raise APIError(400, f"prompt_logprobs: the answer would hold {entries} prompt log-probs (prompt tokens x "
+                raise APIError(400, f"{'prompt_logprobs' if prompt_k is not None else 'echo'}: the answer would hold {entries} prompt log-probs (prompt tokens x "
                                     f"n x (top-k + 1)), more than the server's max_logprob_entries "
                                     f"({self.limits.max_logprob_entries}); send fewer or shorter prompts per request")
         tok = self.llm.tokenizer
