@@ -85,7 +85,7 @@ from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.hf import HFLLM
 from rcn_fast.llm.serve_limits import (
     APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, client_gone, content_length,
-    resolve_context, sampling_params,
+    refuse_connection, resolve_context, sampling_params,
 )
 
 
@@ -168,7 +168,7 @@ class OpenAIServer(ThreadingHTTPServer):
         """One thread per connection, at most ``max_connections`` at once;
         a connection beyond that is answered 503 and closed."""
         if not self._slots.acquire(blocking=False):
-            _refuse(request, self.limits.max_connections)
+            refuse_connection(request, self.limits.max_connections)
             self.shutdown_request(request)
             return
         try:
@@ -557,19 +557,6 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.latency:
             time.sleep(self.server.latency)
         self._send(200, out)
-
-
-def _refuse(sock: socket.socket, cap: int) -> None:
-    """Answer a connection over ``max_connections`` with 503 (best effort)."""
-    data = json.dumps({"error": {"message": f"the server is serving its max_connections ({cap}); retry later",
-                                 "type": "server_busy", "code": 503}}).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-            "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
-    try:
-        sock.settimeout(1.0)
-        sock.sendall(head + data)
-    except OSError:
-        pass
 
 
 def _check_fault(fault: str) -> None:

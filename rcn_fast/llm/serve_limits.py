@@ -26,6 +26,7 @@ cannot take it over:
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import select
 import socket
@@ -269,6 +270,19 @@ def client_gone(sock: socket.socket) -> bool:
         return True
 
 
+def refuse_connection(sock: socket.socket, cap: int) -> None:
+    """Answer a connection over ``max_connections`` with 503 (best effort)."""
+    data = json.dumps({"error": {"message": f"the server is serving its max_connections ({cap}); retry later",
+                                 "type": "server_busy", "code": 503}}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(head + data)
+    except OSError:
+        pass
+
+
 class ReadWatchdog:
     """Closes connections whose request takes longer than its deadline to
     arrive: a socket timeout alone bounds each ``recv``, not a client that
@@ -399,4 +413,4 @@ class RequestGuard:
 
 
 __all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_k", "sampling_params",
-           "content_length", "is_loopback", "exposure_warning", "client_gone", "ReadWatchdog", "FifoLock", "RequestGuard"]
+           "content_length", "is_loopback", "exposure_warning", "client_gone", "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]
