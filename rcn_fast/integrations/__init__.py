@@ -18,13 +18,13 @@ Each module offers
   :meth:`rcn_fast.retrieval.Retriever.retrieve` for the same queries
   (passage id, text and score carried over, the store row in the
   metadata).
-* knowledge connection (:func:`rcn_fast.connect.connect`) as the
+* knowledge connection (:func:`rcn_fast.connect`) as the
   framework's component (a LangChain Runnable, a LlamaIndex node
   postprocessor, a Haystack component, a DSPy module);
 * the framework's retrievers (and embedding models, which relevance
   sampling needs) as rcn_fast passage sources: objects with
   ``retrieve(queries, k)`` and an ``encoder`` that
-  :func:`rcn_fast.connect.connect` and the pipelines accept.
+  :func:`rcn_fast.connect` and the pipelines accept.
 
 This package's own helpers (framework-free): :class:`CallableEncoder`, the
 encoder protocol over any batch embedding function; :class:`RcnRetrieverBase`,
@@ -141,7 +141,7 @@ def check_queries(queries: Any) -> list[str]:
 
 
 def mc_or_open(queries: Any, choices: Sequence[Sequence[str] | None] | None, per: str = "question") -> list[Any]:
-    """Questions for :func:`rcn_fast.connect.connect`: query ``i`` as a
+    """Questions for :func:`rcn_fast.connect`: query ``i`` as a
     multiple-choice mapping ``{"question", "choices", "id": "q<i>"}`` when
     ``choices[i]`` is given, else as a str (an open question).
 

@@ -9,7 +9,7 @@
   ``forward(question, choices=..., passages=...)`` returns
   ``dspy.Prediction(explanation=str, knowledge=[...], connection=...)``;
   :meth:`RcnConnect.forward_batch` runs many questions in one
-  :func:`rcn_fast.connect.connect` call.
+  :func:`rcn_fast.connect` call.
 * :class:`DSPySource` -- a DSPy retriever (``dspy.retrievers.Embeddings`` or
   any ``query -> passages`` callable) and its embedder as an rcn_fast
   passage source.
@@ -94,10 +94,10 @@ class RcnConnect(dspy.Module):
 
     def forward_batch(self, questions: Sequence[str], choices: Sequence[Sequence[str] | None] | None = None,
                       passages: Sequence[Sequence[Any]] | None = None) -> list[Any]:
-        """Many questions in one :func:`~rcn_fast.connect.connect` call (one
+        """Many questions in one :func:`~rcn_fast.connect` call (one
         LLM call per stage). ``passages``: per question, str or
         :class:`Passage` items (e.g. ``RcnRetriever(...)(q).passages``)."""
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         qs = mc_or_open(questions, choices)
         if passages is None:

@@ -107,9 +107,9 @@ class RcnConnector:
 
     def run_batch(self, queries: Sequence[str], documents: Sequence[Sequence[Document]],
                   choices: Sequence[Sequence[str] | None] | None = None) -> dict[str, list[Any]]:
-        """Many questions in one :func:`~rcn_fast.connect.connect` call
+        """Many questions in one :func:`~rcn_fast.connect` call
         (one LLM call per stage for the batch); lists per question."""
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         qs = mc_or_open(queries, choices, per="query")
         if len(documents) != len(qs):

@@ -6,8 +6,8 @@
 * :class:`RcnConnect` -- knowledge connection as a LangChain ``Runnable``:
   ``{"question", "choices", "documents"}`` in, the same dict plus
   ``"explanation"`` (str) and ``"connection"``
-  (:class:`rcn_fast.connect.Connection`) out; ``batch`` is one
-  :func:`rcn_fast.connect.connect` call.
+  (:class:`rcn_fast.connection.Connection`) out; ``batch`` is one
+  :func:`rcn_fast.connect` call.
 * :class:`LangChainSource` -- a LangChain retriever (and ``Embeddings``)
   as an rcn_fast passage source.
 
@@ -160,7 +160,7 @@ class RcnConnect(Runnable):
     [Document, ...]}`` (``documents`` optional with a ``retriever``), or
     an :class:`~rcn_fast.data.MCQuestion`. Output: the input mapping plus
     ``"explanation"`` (the connected explanation, one item per line) and
-    ``"connection"`` (:class:`rcn_fast.connect.Connection`).
+    ``"connection"`` (:class:`rcn_fast.connection.Connection`).
     """
 
     def __init__(self, llm: Any, *, retriever: Any = None, encoder: Any = None, config: Any = None,
@@ -169,7 +169,7 @@ class RcnConnect(Runnable):
         self.config, self.prompts, self.settings = config, prompts, settings
 
     def _run(self, inputs: list[Any]) -> list[dict[str, Any]]:
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         questions, given = _connect_inputs(inputs)
         if given is None and self.retriever is None:
@@ -189,7 +189,7 @@ class RcnConnect(Runnable):
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, *,
               return_exceptions: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
-        """All inputs in one :func:`~rcn_fast.connect.connect` call (one LLM
+        """All inputs in one :func:`~rcn_fast.connect` call (one LLM
         call per stage for the whole batch)."""
         if not inputs:
             return []

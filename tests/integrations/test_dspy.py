@@ -17,7 +17,7 @@ pytest.importorskip("dspy", reason="dspy not installed (pip install 'rcn_fast[ds
 
 import dspy  # noqa: E402
 
-from rcn_fast.connect import Connection, connect  # noqa: E402
+from rcn_fast.connection import Connection, connect  # noqa: E402
 from rcn_fast.integrations.dspy import DSPySource, RcnConnect, RcnRetriever  # noqa: E402
 from tests.integrations.helpers import (  # noqa: E402,F401
     FACTS,

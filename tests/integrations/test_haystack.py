@@ -16,7 +16,7 @@ from haystack import Document, Pipeline, component  # noqa: E402
 from haystack.components.retrievers.in_memory import InMemoryBM25Retriever, InMemoryEmbeddingRetriever  # noqa: E402
 from haystack.document_stores.in_memory import InMemoryDocumentStore  # noqa: E402
 
-from rcn_fast.connect import Connection, connect  # noqa: E402
+from rcn_fast.connection import Connection, connect  # noqa: E402
 from rcn_fast.integrations.haystack import HaystackSource, RcnConnector, RcnRetriever, to_passage  # noqa: E402
 from tests.integrations.helpers import (  # noqa: E402,F401
     FACTS,

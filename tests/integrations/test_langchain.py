@@ -15,7 +15,7 @@ from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.runnables import RunnableLambda, RunnableParallel  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
-from rcn_fast.connect import Connection, connect  # noqa: E402
+from rcn_fast.connection import Connection, connect  # noqa: E402
 from rcn_fast.integrations.langchain import LangChainSource, RcnConnect, RcnRetriever, to_passage  # noqa: E402
 from tests.integrations.helpers import (  # noqa: E402,F401
     FACTS,
