@@ -186,13 +186,41 @@ class RcnRetrieverBase:
         self.retriever = check_rcn_retriever(retriever)
         self.k = check_k(k)
 
-    def _retrieve_batch(self, queries: Sequence[str], k: int | None = None) -> list[list[Passage]]:
+    def _retrieve_batch(self, queries: Sequence[str], k: int | None = None,
+                        keep: Callable[[Passage], bool] | None = None) -> list[list[Passage]]:
         """``retriever.retrieve(queries, k)`` (default ``k``: the bound one):
-        one encoder call and one index search for the whole batch."""
+        one encoder call and one index search for the whole batch.
+
+        With ``keep`` (a filter), each query gets the top ``k`` passages for
+        which ``keep`` is true, as if the store held only those: the search
+        is widened (4k, 8k, ... passages) for the queries with fewer than
+        ``k`` matches until they have ``k`` or the store is exhausted. An
+        rcn_fast :class:`~rcn_fast.retrieval.Retriever` encodes the queries
+        once for all rounds."""
         queries = check_queries(queries)
         if not queries:
             return []
-        return self.retriever.retrieve(queries, self.k if k is None else k)
+        k = self.k if k is None else k
+        if keep is None:
+            return self.retriever.retrieve(queries, k)
+        r = self.retriever
+        emb = None
+        if callable(getattr(r, "retrieve_embeddings", None)) and getattr(r, "encoder", None) is not None:
+            emb = r.encoder.encode_queries(queries)
+        out: list[list[Passage]] = [[] for _ in queries]
+        todo, fetch = list(range(len(queries))), 4 * k
+        while todo:
+            res = r.retrieve_embeddings(emb[todo], fetch) if emb is not None else r.retrieve(
+                [queries[i] for i in todo], fetch)
+            widen = []
+            for i, got in zip(todo, res):
+                kept = [p for p in got if keep(p)]
+                if len(kept) >= k or len(got) < fetch:
+                    out[i] = kept[:k]
+                else:
+                    widen.append(i)
+            todo, fetch = widen, fetch * 2
+        return out
 
 
 __all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows", "passages_from",
