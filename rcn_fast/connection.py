@@ -216,12 +216,13 @@ def as_question(q: QuestionInput, index: int) -> MCQuestion | OpenQuestion:
     if not isinstance(q, Mapping):
         raise TypeError(f"{where}: expected an MCQuestion, OpenQuestion, str or mapping, got {type(q).__name__}")
     text, raw_choices = q.get("question", q.get("question_stem")), q.get("choices")
-    if isinstance(text, Mapping):  # CommonsenseQA: {"question": {"stem", "choices"}}
+    extra = {k: v for k, v in q.items() if k not in _QUESTION_KEYS}
+    if isinstance(text, Mapping):  # CommonsenseQA: {"question": {"stem", "choices", "question_concept"}}
+        extra.update({k: v for k, v in text.items() if k not in ("stem", "choices")})
         text, raw_choices = text.get("stem"), text.get("choices", raw_choices)
     if not isinstance(text, str):
         raise ValueError(f"{where}: a mapping needs a 'question' str (or {{'stem', 'choices'}}), got keys {sorted(q)}")
     qid = str(q["id"]) if q.get("id") is not None else f"q{index}"
-    extra = {k: v for k, v in q.items() if k not in _QUESTION_KEYS}
     meta = {**extra, **dict(q.get("meta") or {})}
     try:
         if raw_choices:

@@ -207,7 +207,7 @@ def test_dataset_answer_keys_and_layouts_are_read():
     Face {text, label} choices, OpenBookQA's question_stem."""
     from rcn_fast.connection import as_question
 
-    csqa = {"id": "c1", "question": {"stem": "Where do fish live?", "choices": [
+    csqa = {"id": "c1", "question": {"stem": "Where do fish live?", "question_concept": "fish", "choices": [
         {"label": "A", "text": "trees"}, {"label": "B", "text": "water"}]}, "answerKey": "B", "fact1": "f"}
     arc = {"id": "a1", "question": "What melts ice?", "choices": {"text": ["heat", "cold"], "label": ["1", "2"]},
            "answerKey": "1"}
@@ -219,7 +219,7 @@ def test_dataset_answer_keys_and_layouts_are_read():
         ("a1", "What melts ice?", ["heat", "cold"], ["1", "2"], 0),
         ("o1", "What attracts iron?", ["a magnet", "wood"], ["A", "B"], 0),
         ("q3", "What do plants need?", ["light", "rocks"], ["A", "B"], 0)]
-    assert got[0].meta == {"fact1": "f"}
+    assert got[0].meta == {"fact1": "f", "question_concept": "fish"}
     open_ = as_question({"question": "Who wrote Hamlet?", "answer": "Shakespeare"}, 4)
     assert isinstance(open_, OpenQuestion) and open_.answers == ["Shakespeare"]
     out = connect([csqa, obqa], llm=ScriptedLLM(), passages=[FACTS[:3], FACTS[3:6]], encoder=HashEncoder(),
