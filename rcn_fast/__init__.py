@@ -6,6 +6,8 @@ Stable entry points (other systems call these names):
 * :func:`topn` -- exact top-n inner product search (native CPU / CUDA).
 * :class:`FlatIndex` -- an exact, saveable, memory-mappable index.
 * :func:`build_info` -- what was compiled and which backend each op uses.
+* :func:`connect` -- ReConnect's knowledge connection for any RAG system
+  (:mod:`rcn_fast.connection`, imported on first use of the name).
 """
 
 from __future__ import annotations
@@ -55,4 +57,26 @@ def build_info() -> dict:
     return _build_info()
 
 
-__all__ = ["__version__", "MCQuestion", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError"]
+#: Names served lazily from submodules (imported on first access, so ``import
+#: rcn_fast`` stays light): name -> module.
+_LAZY = {"connect": "rcn_fast.connection", "Connection": "rcn_fast.connection"}
+
+
+def __getattr__(name: str) -> object:
+    """``rcn_fast.connect`` / ``rcn_fast.Connection`` from
+    :mod:`rcn_fast.connection`, imported on first access."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rcn_fast' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["__version__", "MCQuestion", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError",
+           "connect", "Connection"]

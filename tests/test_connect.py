@@ -1,4 +1,4 @@
-"""rcn_fast.connect: knowledge connection for a batch of questions over a
+"""rcn_fast.connect (rcn_fast.connection.connect): knowledge connection for a batch of questions over a
 retriever or over passages given per question (scripted LLM + hashed
 encoder; SmolLM2 + all-MiniLM-L6-v2 when installed)."""
 
@@ -9,7 +9,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from rcn_fast.connect import Connection, connect
+from rcn_fast.connection import Connection, connect
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines import InMemoryRetriever, ReConnectConfig, build
 from rcn_fast.retrieval.types import Passage
@@ -157,9 +157,6 @@ def test_open_questions_get_the_open_prompts_and_a_generated_answer():
     assert isinstance(c.prediction, OpenPrediction) and c.prediction.answer_text.startswith(c.explanation[0])
     assert c.prediction.string_em is (c.prediction.answer_text.lower().find("sunlight") >= 0)
     assert c.cost.generations == 6 and c.cost.scoring_passes == 0 and c.cost.llm_calls == 6
-    with pytest.raises(TypeError, match="expected all MCQuestion or all OpenQuestion, got a mix"):
-        connect([questions()[0], "What do plants need?"], llm=ScriptedLLM(), passages=[[FACTS[0]], [FACTS[1]]],
-                encoder=HashEncoder())
 
 
 def test_bad_arguments_name_the_argument():
@@ -181,6 +178,90 @@ def test_bad_arguments_name_the_argument():
         connect(qs, llm=llm, passages=[[FACTS[0], 3], [FACTS[1]]], encoder=HashEncoder())
     with pytest.raises(ValueError, match="passage_embeddings: only with passages="):
         connect(qs, llm=llm, retriever=r, passage_embeddings=[np.zeros((1, 64))] * 2)
+
+
+def test_rcn_fast_connect_is_the_function_and_import_stays_light():
+    """``rcn_fast.connect(...)`` is the function README shows (it was an
+    AttributeError, or the module after ``import rcn_fast.connect``), and
+    ``import rcn_fast`` does not import it until it is used."""
+    import subprocess
+    import sys
+
+    import rcn_fast
+    import rcn_fast.connection
+
+    assert rcn_fast.connect is rcn_fast.connection.connect and rcn_fast.Connection is Connection
+    out = rcn_fast.connect([{"question": "What do plants need?", "choices": ["light", "rocks"]}], llm=ScriptedLLM(),
+                           passages=[FACTS[:4]], encoder=HashEncoder(), num_subsets=2, subset_size=2)
+    assert isinstance(out[0], Connection) and out[0].explanation[0].startswith("merged 2 items")
+    code = ("import sys, rcn_fast; assert 'rcn_fast.connection' not in sys.modules; "
+            "from rcn_fast import connect; assert callable(connect); print(connect.__module__)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "rcn_fast.connection"
+
+
+def test_dataset_answer_keys_and_layouts_are_read():
+    """The datasets' own records: ``answerKey`` / ``"answer": "A"`` (a
+    label), CommonsenseQA's nested stem and {label, text} choices, the Hugging
+    Face {text, label} choices, OpenBookQA's question_stem."""
+    from rcn_fast.connection import as_question
+
+    csqa = {"id": "c1", "question": {"stem": "Where do fish live?", "question_concept": "fish", "choices": [
+        {"label": "A", "text": "trees"}, {"label": "B", "text": "water"}]}, "answerKey": "B", "fact1": "f"}
+    arc = {"id": "a1", "question": "What melts ice?", "choices": {"text": ["heat", "cold"], "label": ["1", "2"]},
+           "answerKey": "1"}
+    obqa = {"id": "o1", "question_stem": "What attracts iron?", "choices": ["a magnet", "wood"], "answer": "A"}
+    index = {"question": "What do plants need?", "choices": ["light", "rocks"], "answer": 0}
+    got = [as_question(r, i) for i, r in enumerate([csqa, arc, obqa, index])]
+    assert [(q.id, q.question, q.choices, q.labels, q.answer) for q in got] == [
+        ("c1", "Where do fish live?", ["trees", "water"], ["A", "B"], 1),
+        ("a1", "What melts ice?", ["heat", "cold"], ["1", "2"], 0),
+        ("o1", "What attracts iron?", ["a magnet", "wood"], ["A", "B"], 0),
+        ("q3", "What do plants need?", ["light", "rocks"], ["A", "B"], 0)]
+    assert got[0].meta == {"fact1": "f", "question_concept": "fish"}
+    open_ = as_question({"question": "Who wrote Hamlet?", "answer": "Shakespeare"}, 4)
+    assert isinstance(open_, OpenQuestion) and open_.answers == ["Shakespeare"]
+    out = connect([csqa, obqa], llm=ScriptedLLM(), passages=[FACTS[:3], FACTS[3:6]], encoder=HashEncoder(),
+                  answer=True)
+    assert [c.question_id for c in out] == ["c1", "o1"] and all(c.prediction is not None for c in out)
+    with pytest.raises(ValueError, match=r"questions\[0\]: answerKey 'E' is not one of the labels \['A', 'B'\]"):
+        as_question({**csqa, "answerKey": "E"}, 0)
+    with pytest.raises(ValueError, match=r"questions\[2\]: answer 'water' is not one of the labels"):
+        as_question({**obqa, "answer": "water"}, 2)
+    with pytest.raises(ValueError, match=r"questions\[1\]: answer index 5 is out of range for 2 choices"):
+        as_question({**index, "answer": 5}, 1)
+    with pytest.raises(ValueError, match="answerKey 'A' and answer 'B' disagree"):
+        as_question({**obqa, "answerKey": "A", "answer": "B"}, 0)
+    with pytest.raises(ValueError, match="answerKey names a choice label, but the question has no choices"):
+        as_question({"question": "Who?", "answerKey": "A"}, 0)
+
+
+def test_a_batch_mixing_open_and_multiple_choice_questions_is_split_and_rejoined():
+    """Each kind runs as its own batch (one LLM call per stage per kind);
+    the Connections come back in the input order and equal those of the
+    kinds run alone (the random streams are keyed by question id)."""
+    from rcn_fast.pipelines import OpenPrediction, Prediction
+
+    mixed = ["What do plants need to grow?", questions()[0], {"question": "What does a magnet attract?", "id": "o2",
+                                                              "answers": ["iron"]}, questions()[1]]
+    given = [FACTS[0:6], FACTS[0:5], FACTS[2:8], FACTS[1:6]]
+    out = connect(mixed, llm=ScriptedLLM(), passages=given, encoder=HashEncoder(), num_subsets=2, subset_size=2,
+                  answer=True)
+    op = connect([mixed[0], mixed[2]], llm=ScriptedLLM(), passages=[given[0], given[2]], encoder=HashEncoder(),
+                 num_subsets=2, subset_size=2, answer=True)
+    mc = connect([mixed[1], mixed[3]], llm=ScriptedLLM(), passages=[given[1], given[3]], encoder=HashEncoder(),
+                 num_subsets=2, subset_size=2, answer=True)
+    ref = [op[0], mc[0], op[1], mc[1]]
+    assert [c.question_id for c in out] == ["q0", "q1", "o2", "q2"]
+    assert [c.question_id for c in out] == [c.question_id for c in ref]
+    assert [c.explanation for c in out] == [c.explanation for c in ref]
+    assert [[[p.text for p in s] for s in c.subsets] for c in out] == [[[p.text for p in s] for s in c.subsets]
+                                                                      for c in ref]
+    assert [type(c.prediction) for c in out] == [OpenPrediction, Prediction, OpenPrediction, Prediction]
+    with pytest.raises(ValueError, match=r"questions\[1\]: duplicate question id 'q1' \(also questions\[0\]\)"):
+        connect([questions()[0], {"question": "Why?", "id": "q1"}], llm=ScriptedLLM(), passages=[[FACTS[0]]] * 2,
+                encoder=HashEncoder())
 
 
 @pytest.mark.slow

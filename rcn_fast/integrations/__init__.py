@@ -18,13 +18,13 @@ Each module offers
   :meth:`rcn_fast.retrieval.Retriever.retrieve` for the same queries
   (passage id, text and score carried over, the store row in the
   metadata).
-* knowledge connection (:func:`rcn_fast.connect.connect`) as the
+* knowledge connection (:func:`rcn_fast.connect`) as the
   framework's component (a LangChain Runnable, a LlamaIndex node
   postprocessor, a Haystack component, a DSPy module);
 * the framework's retrievers (and embedding models, which relevance
   sampling needs) as rcn_fast passage sources: objects with
   ``retrieve(queries, k)`` and an ``encoder`` that
-  :func:`rcn_fast.connect.connect` and the pipelines accept.
+  :func:`rcn_fast.connect` and the pipelines accept.
 
 This package's own helpers (framework-free): :class:`CallableEncoder`, the
 encoder protocol over any batch embedding function; :class:`RcnRetrieverBase`,
@@ -141,7 +141,7 @@ def check_queries(queries: Any) -> list[str]:
 
 
 def mc_or_open(queries: Any, choices: Sequence[Sequence[str] | None] | None, per: str = "question") -> list[Any]:
-    """Questions for :func:`rcn_fast.connect.connect`: query ``i`` as a
+    """Questions for :func:`rcn_fast.connect`: query ``i`` as a
     multiple-choice mapping ``{"question", "choices", "id": "q<i>"}`` when
     ``choices[i]`` is given, else as a str (an open question).
 
@@ -186,13 +186,41 @@ class RcnRetrieverBase:
         self.retriever = check_rcn_retriever(retriever)
         self.k = check_k(k)
 
-    def _retrieve_batch(self, queries: Sequence[str], k: int | None = None) -> list[list[Passage]]:
+    def _retrieve_batch(self, queries: Sequence[str], k: int | None = None,
+                        keep: Callable[[Passage], bool] | None = None) -> list[list[Passage]]:
         """``retriever.retrieve(queries, k)`` (default ``k``: the bound one):
-        one encoder call and one index search for the whole batch."""
+        one encoder call and one index search for the whole batch.
+
+        With ``keep`` (a filter), each query gets the top ``k`` passages for
+        which ``keep`` is true, as if the store held only those: the search
+        is widened (4k, 8k, ... passages) for the queries with fewer than
+        ``k`` matches until they have ``k`` or the store is exhausted. An
+        rcn_fast :class:`~rcn_fast.retrieval.Retriever` encodes the queries
+        once for all rounds."""
         queries = check_queries(queries)
         if not queries:
             return []
-        return self.retriever.retrieve(queries, self.k if k is None else k)
+        k = self.k if k is None else k
+        if keep is None:
+            return self.retriever.retrieve(queries, k)
+        r = self.retriever
+        emb = None
+        if callable(getattr(r, "retrieve_embeddings", None)) and getattr(r, "encoder", None) is not None:
+            emb = r.encoder.encode_queries(queries)
+        out: list[list[Passage]] = [[] for _ in queries]
+        todo, fetch = list(range(len(queries))), 4 * k
+        while todo:
+            res = r.retrieve_embeddings(emb[todo], fetch) if emb is not None else r.retrieve(
+                [queries[i] for i in todo], fetch)
+            widen = []
+            for i, got in zip(todo, res):
+                kept = [p for p in got if keep(p)]
+                if len(kept) >= k or len(got) < fetch:
+                    out[i] = kept[:k]
+                else:
+                    widen.append(i)
+            todo, fetch = widen, fetch * 2
+        return out
 
 
 __all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows", "passages_from",

@@ -1,9 +1,11 @@
 """Haystack adapters (``pip install 'rcn_fast[haystack]'``: haystack-ai).
 
 * :class:`RcnRetriever` -- an rcn_fast corpus store as a Haystack
-  component: ``run(query=..., top_k=None)`` returns ``{"documents":
-  [...]}``; :meth:`RcnRetriever.run_batch` answers many queries with one
-  encoder call (Haystack components run one input at a time).
+  component: ``run(query=..., filters=None, top_k=None)`` (and
+  ``run_async``) returns ``{"documents": [...]}``;
+  :meth:`RcnRetriever.run_batch` answers many queries with one encoder call
+  (Haystack components run one input at a time). It serialises (``to_dict``,
+  ``Pipeline.dumps``) by the store's path and load settings.
 * :class:`RcnConnector` -- knowledge connection as a Haystack component:
   ``run(query=..., documents=[...], choices=[...])`` returns
   ``{"explanation": str, "documents": [the explanation as one Document],
@@ -28,6 +30,8 @@ Examples
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 from typing import Any, Sequence
 
@@ -37,7 +41,10 @@ from rcn_fast.retrieval.types import Passage
 
 require_framework("haystack")
 
-from haystack import Document, component  # noqa: E402
+from haystack import Document, component, default_from_dict, default_to_dict  # noqa: E402
+from haystack.core.errors import SerializationError  # noqa: E402
+from haystack.document_stores.types import FilterPolicy, apply_filter_policy  # noqa: E402
+from haystack.utils.filters import document_matches_filter  # noqa: E402
 
 
 def to_document(p: Passage) -> Document:
@@ -56,25 +63,166 @@ def to_passage(d: Any, rank: int) -> Passage:
 
 
 # -------------------------------------------------------- rcn_fast -> Haystack
+#: The ``settings`` a serialised RcnRetriever reloads its store with
+#: (:meth:`rcn_fast.retrieval.Retriever.load` keywords).
+LOAD_SETTINGS = ("backend", "encoder_backend", "device", "check", "verify", "dedup", "faiss_factory", "nprobe",
+                 "faiss_train_size", "faiss_index_dir")
+
+
+def _load_spec(retriever: Any) -> tuple[str, dict[str, Any]]:
+    """The store path and :data:`LOAD_SETTINGS` that reload ``retriever``
+    (an rcn_fast Retriever whose encoder is the one its manifest names).
+
+    Raises
+    ------
+    SerializationError
+        A retriever that is not an rcn_fast store on disk, a faiss backend
+        (its factory is not recorded: build with ``path=`` and
+        ``settings=``), or an encoder the manifest cannot restore.
+    """
+    from rcn_fast.retrieval.retriever import Retriever
+
+    name = type(retriever).__name__
+    if not isinstance(retriever, Retriever):
+        raise SerializationError(f"RcnRetriever: a {name} cannot be serialised (it is not a store on disk); "
+                                 "serialise RcnRetriever(path=<store directory>) or Retriever.load(<store directory>)")
+    if retriever.backend != "native":
+        raise SerializationError("RcnRetriever: the faiss settings of this Retriever are not recorded; build it as "
+                                 "RcnRetriever(path=..., settings={'backend': 'faiss', 'faiss_factory': ..., ...})")
+    enc, m = retriever.encoder, retriever.store.manifest["encoder"]
+    cfg = getattr(enc, "config", None)
+    if not (type(enc).__module__.startswith("rcn_fast.retrieval") and cfg is not None and hasattr(enc, "describe")):
+        raise SerializationError(f"RcnRetriever: the encoder {type(enc).__name__} is not an rcn_fast Encoder, so the "
+                                 f"store manifest cannot restore it")
+    have = enc.describe()
+    diff = [k for k in ("fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "dim")
+            if have.get(k) != m.get(k)]
+    if diff:
+        raise SerializationError(f"RcnRetriever: the encoder differs from the one {retriever.store.path} was built "
+                                 f"with ({', '.join(diff)}), so reloading the store would not restore it")
+    settings: dict[str, Any] = {"dedup": bool(retriever.dedup)}
+    if cfg.backend != m.get("backend"):
+        settings["encoder_backend"] = cfg.backend
+    if cfg.device is not None:
+        settings["device"] = str(cfg.device)
+    return str(retriever.store.path), settings
+
+
+def _check_settings(settings: Any) -> dict[str, Any]:
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings: expected a dict of Retriever.load keywords, got {type(settings).__name__}")
+    unknown = sorted(set(settings) - set(LOAD_SETTINGS))
+    if unknown:
+        raise ValueError(f"settings: unknown key(s) {unknown}; expected some of {list(LOAD_SETTINGS)}")
+    bad = sorted(k for k, v in settings.items() if v is not None and not isinstance(v, (str, int, float, bool)))
+    if bad:
+        raise TypeError(f"settings: {bad} must be str, number, bool or None (they are serialised)")
+    return dict(settings)
+
+
 @component
 class RcnRetriever(RcnRetrieverBase):
-    """An rcn_fast retriever as a Haystack retriever component: ``retriever``
-    and ``k`` (documents per query; ``top_k`` of a run overrides it) as in
-    :class:`~rcn_fast.integrations.RcnRetrieverBase`."""
+    """An rcn_fast retriever as a Haystack retriever component.
 
-    def __init__(self, retriever: Any, k: int = 5) -> None:
+    Parameters
+    ----------
+    retriever : rcn_fast Retriever, optional
+        The store to search (see
+        :class:`~rcn_fast.integrations.RcnRetrieverBase`).
+    k : int
+        Documents per query (``top_k`` of a run overrides it).
+    path : str, optional
+        Instead of ``retriever``: a store directory, opened with
+        :meth:`rcn_fast.retrieval.Retriever.load` and ``settings``.
+    settings : dict, optional
+        With ``path``: :data:`LOAD_SETTINGS` keywords of
+        ``Retriever.load`` (``backend``, ``encoder_backend``, ``device``,
+        ``dedup``, ``faiss_factory``, ``nprobe``, ...).
+    filters : dict, optional
+        Haystack filters (``{"field": "meta.row", "operator": "<", "value":
+        10}``, ``{"operator": "AND", "conditions": [...]}``) on the
+        documents' ``id``, ``content``, ``score`` and ``meta`` (an rcn_fast
+        store gives ``meta.row``). A run returns the top ``k`` documents
+        that match, as if the store held only those: the search is widened
+        until ``k`` match or the store is exhausted.
+    filter_policy : FilterPolicy or str
+        How a run's ``filters`` combine with these (Haystack's ``replace``,
+        the default, or ``merge``).
+
+    Notes
+    -----
+    ``to_dict``/``from_dict`` (and so ``Pipeline.dumps``/``loads``)
+    serialise the store by its path and load settings and reopen it with
+    ``Retriever.load``: the encoder is the one the store's manifest names
+    (an rcn_fast Encoder; a retriever over texts in memory, or with another
+    encoder, raises ``SerializationError``). Haystack loads classes only
+    from trusted modules: ``Pipeline.loads(text,
+    allowed_modules=["rcn_fast.integrations.haystack"])`` (or Haystack's
+    ``HAYSTACK_DESERIALIZATION_ALLOWLIST``); rcn_fast does not widen that
+    allowlist itself. ``run_async`` runs ``run`` in an executor (Haystack's
+    ``AsyncPipeline``).
+    """
+
+    def __init__(self, retriever: Any = None, k: int = 5, *, path: str | None = None,
+                 settings: dict[str, Any] | None = None, filters: dict[str, Any] | None = None,
+                 filter_policy: FilterPolicy | str = FilterPolicy.REPLACE) -> None:
+        if (retriever is None) == (path is None):
+            raise ValueError("retriever, path: give exactly one (an rcn_fast Retriever, or a store directory)")
+        self.path, self.settings = (None if path is None else str(path)), _check_settings(settings)
+        if path is not None:
+            from rcn_fast.retrieval.retriever import Retriever
+
+            retriever = Retriever.load(path, **self.settings)
+        elif self.settings:
+            raise ValueError("settings: only with path= (a Retriever given is used as it is)")
         self._bind(retriever, k)
+        if filters is not None and not isinstance(filters, dict):
+            raise TypeError(f"filters: expected a Haystack filter dict, got {type(filters).__name__}")
+        self.filters = filters
+        self.filter_policy = filter_policy if isinstance(filter_policy, FilterPolicy) else \
+            FilterPolicy.from_str(str(filter_policy))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Haystack serialisation: the store's path and load settings, ``k``,
+        ``filters`` and ``filter_policy`` (SerializationError for a
+        retriever that cannot be reopened from a path)."""
+        path, settings = (self.path, self.settings) if self.path is not None else _load_spec(self.retriever)
+        return default_to_dict(self, path=path, settings=settings, k=self.k, filters=self.filters,
+                               filter_policy=self.filter_policy.value)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RcnRetriever":
+        """Reopen the store of :meth:`to_dict`'s ``path`` with its settings."""
+        init = data.get("init_parameters", {})
+        if "filter_policy" in init:
+            init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
+        return default_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
-    def run(self, query: str, top_k: int | None = None) -> dict[str, list[Document]]:
-        """``{"documents": [...]}``: the top ``top_k`` (default ``k``) documents."""
-        return {"documents": self.run_batch([query], top_k)["documents"][0]}
+    def run(self, query: str, filters: dict[str, Any] | None = None, top_k: int | None = None) -> dict[str, Any]:
+        """``{"documents": [...]}``: the top ``top_k`` (default ``k``)
+        documents matching the filters (see the class docstring)."""
+        return {"documents": self.run_batch([query], filters, top_k)["documents"][0]}
 
-    def run_batch(self, queries: Sequence[str], top_k: int | None = None) -> dict[str, list[list[Document]]]:
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query: str, filters: dict[str, Any] | None = None,
+                        top_k: int | None = None) -> dict[str, Any]:
+        """:meth:`run` in an executor (for ``AsyncPipeline``)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.run, query, filters, top_k))
+
+    def run_batch(self, queries: Sequence[str], filters: dict[str, Any] | None = None,
+                  top_k: int | None = None) -> dict[str, list[list[Document]]]:
         """``{"documents": [[...] per query]}`` from one batched retrieval
         (one encoder call for all queries)."""
         k = None if top_k is None else check_k(top_k, "top_k")
-        return {"documents": [[to_document(p) for p in res] for res in self._retrieve_batch(queries, k)]}
+        if filters is not None and not isinstance(filters, dict):
+            raise TypeError(f"filters: expected a Haystack filter dict, got {type(filters).__name__}")
+        active = apply_filter_policy(self.filter_policy, self.filters, filters)
+        keep = None if not active else (lambda p: document_matches_filter(active, to_document(p)))
+        return {"documents": [[to_document(p) for p in res] for res in self._retrieve_batch(queries, k, keep)]}
 
 
 @component
@@ -107,9 +255,9 @@ class RcnConnector:
 
     def run_batch(self, queries: Sequence[str], documents: Sequence[Sequence[Document]],
                   choices: Sequence[Sequence[str] | None] | None = None) -> dict[str, list[Any]]:
-        """Many questions in one :func:`~rcn_fast.connect.connect` call
+        """Many questions in one :func:`~rcn_fast.connect` call
         (one LLM call per stage for the batch); lists per question."""
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         qs = mc_or_open(queries, choices, per="query")
         if len(documents) != len(qs):
@@ -187,4 +335,5 @@ class HaystackSource(FrameworkSource):
         return out
 
 
-__all__ = ["RcnRetriever", "RcnConnector", "HaystackSource", "embedders_encoder", "to_document", "to_passage"]
+__all__ = ["RcnRetriever", "RcnConnector", "HaystackSource", "embedders_encoder", "to_document", "to_passage",
+           "LOAD_SETTINGS"]

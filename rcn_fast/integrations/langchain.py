@@ -6,8 +6,8 @@
 * :class:`RcnConnect` -- knowledge connection as a LangChain ``Runnable``:
   ``{"question", "choices", "documents"}`` in, the same dict plus
   ``"explanation"`` (str) and ``"connection"``
-  (:class:`rcn_fast.connect.Connection`) out; ``batch`` is one
-  :func:`rcn_fast.connect.connect` call.
+  (:class:`rcn_fast.connection.Connection`) out; ``batch`` is one
+  :func:`rcn_fast.connect` call.
 * :class:`LangChainSource` -- a LangChain retriever (and ``Embeddings``)
   as an rcn_fast passage source.
 
@@ -30,12 +30,19 @@ from rcn_fast.retrieval.types import Passage
 
 require_framework("langchain_core")
 
-from langchain_core.callbacks import CallbackManager, CallbackManagerForRetrieverRun  # noqa: E402
+from langchain_core.callbacks import (  # noqa: E402
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManager,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
 from langchain_core.runnables import Runnable, RunnableConfig  # noqa: E402
 from langchain_core.runnables.config import ensure_config, get_config_list, run_in_executor  # noqa: E402
-from pydantic import ConfigDict  # noqa: E402
+from pydantic import ConfigDict, Field  # noqa: E402
+
+#: The search keywords RcnRetriever takes (in ``search_kwargs`` or per call).
+_SEARCH_KEYS = frozenset({"k"})
 
 
 def to_document(p: Passage) -> Document:
@@ -63,28 +70,66 @@ class RcnRetriever(BaseRetriever, RcnRetrieverBase):
     ``k`` (documents per query) as in
     :class:`~rcn_fast.integrations.RcnRetrieverBase`.
 
+    Parameters
+    ----------
+    retriever : rcn_fast Retriever
+    k : int
+        Documents per query (default 5).
+    search_kwargs : dict, optional
+        LangChain's spelling (``as_retriever(search_kwargs={"k": 1})``):
+        ``{"k": n}`` sets ``k``; any other key is a ValueError (nothing is
+        dropped silently).
+
     Notes
     -----
-    ``batch(queries)`` runs one ``retriever.retrieve(queries, k)`` (one
-    encoder call, one index search), with LangChain's retriever callbacks
-    for every query; ``abatch`` runs that in an executor.
+    ``invoke(query, k=n)`` and ``batch(queries, k=n)`` override ``k`` for
+    that call, as LangChain's vector-store retrievers take their search
+    keywords. ``batch(queries)`` runs one ``retriever.retrieve(queries, k)``
+    (one encoder call, one index search), with LangChain's retriever
+    callbacks for every query; ``abatch`` runs that in an executor.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     retriever: Any
     k: int = 5
+    search_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     def model_post_init(self, __context: Any) -> None:
-        self._bind(self.retriever, self.k)
+        unknown = sorted(set(self.search_kwargs) - _SEARCH_KEYS)
+        if unknown:
+            raise ValueError(f"search_kwargs: unknown key(s) {unknown}; RcnRetriever takes {sorted(_SEARCH_KEYS)}")
+        k = self.k
+        if "k" in self.search_kwargs:
+            sk = check_k(self.search_kwargs["k"], "search_kwargs['k']")
+            if "k" in self.model_fields_set and self.k != sk:
+                raise ValueError(f"k, search_kwargs: k={self.k} and search_kwargs['k']={sk} disagree; give one")
+            k = sk
+        self._bind(self.retriever, k)
 
-    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        return [to_document(p) for p in self._retrieve_batch([query])[0]]
+    def _call_k(self, kwargs: dict[str, Any]) -> int | None:
+        """The ``k`` of one call (None: the bound one); other keywords are a TypeError."""
+        unknown = sorted(set(kwargs) - _SEARCH_KEYS - {"verbose"})
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {unknown}; RcnRetriever takes {sorted(_SEARCH_KEYS)}")
+        return None if kwargs.get("k") is None else check_k(kwargs["k"])
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                **kwargs: Any) -> list[Document]:
+        return [to_document(p) for p in self._retrieve_batch([query], self._call_k(kwargs))[0]]
+
+    async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       **kwargs: Any) -> list[Document]:
+        """:meth:`_get_relevant_documents` in an executor (``ainvoke(q, k=n)``)."""
+        return await run_in_executor(None, self._get_relevant_documents, query,
+                                     run_manager=run_manager.get_sync(), **kwargs)
 
     def batch(self, inputs: list[str], config: RunnableConfig | list[RunnableConfig] | None = None, *,
               return_exceptions: bool = False, **kwargs: Any) -> list[list[Document]]:
-        """Documents for every query, from one batched retrieval."""
+        """Documents for every query, from one batched retrieval (``k=``
+        overrides ``k`` for the call)."""
         queries = check_queries(inputs)
+        k = self._call_k(kwargs)
         if not queries:
             return []
         configs = get_config_list(config, len(queries))
@@ -97,7 +142,7 @@ class RcnRetriever(BaseRetriever, RcnRetrieverBase):
                                            local_metadata=self.metadata)
             managers.append(cm.on_retriever_start(None, q, name=cfg.get("run_name") or self.get_name()))
         try:
-            results = self._retrieve_batch(queries)
+            results = self._retrieve_batch(queries, k)
         except Exception as exc:
             for rm in managers:
                 rm.on_retriever_error(exc)
@@ -160,7 +205,7 @@ class RcnConnect(Runnable):
     [Document, ...]}`` (``documents`` optional with a ``retriever``), or
     an :class:`~rcn_fast.data.MCQuestion`. Output: the input mapping plus
     ``"explanation"`` (the connected explanation, one item per line) and
-    ``"connection"`` (:class:`rcn_fast.connect.Connection`).
+    ``"connection"`` (:class:`rcn_fast.connection.Connection`).
     """
 
     def __init__(self, llm: Any, *, retriever: Any = None, encoder: Any = None, config: Any = None,
@@ -169,7 +214,7 @@ class RcnConnect(Runnable):
         self.config, self.prompts, self.settings = config, prompts, settings
 
     def _run(self, inputs: list[Any]) -> list[dict[str, Any]]:
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         questions, given = _connect_inputs(inputs)
         if given is None and self.retriever is None:
@@ -183,22 +228,35 @@ class RcnConnect(Runnable):
             out.append({**base, "explanation": c.text, "connection": c})
         return out
 
+    @staticmethod
+    def _no_kwargs(kwargs: dict[str, Any]) -> None:
+        if kwargs:
+            raise TypeError(f"unexpected keyword argument(s) {sorted(kwargs)}; RcnConnect's settings are given "
+                            "when it is built")
+
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> dict[str, Any]:
-        """One input -> its connected explanation (see the class docstring)."""
-        return self._run([input])[0]
+        """One input -> its connected explanation (see the class docstring),
+        as one chain run: ``config``'s callbacks, tags, metadata and
+        ``run_name`` see it (``on_chain_start`` / ``on_chain_end``)."""
+        self._no_kwargs(kwargs)
+        return self._call_with_config(lambda x: self._run([x])[0], input, config, run_type="chain")
 
     def batch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, *,
               return_exceptions: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
-        """All inputs in one :func:`~rcn_fast.connect.connect` call (one LLM
-        call per stage for the whole batch)."""
+        """All inputs in one :func:`~rcn_fast.connect` call (one LLM
+        call per stage for the whole batch), one chain run per input for
+        the callbacks."""
+        self._no_kwargs(kwargs)
         if not inputs:
             return []
-        try:
-            return self._run(list(inputs))
-        except Exception as exc:
-            if return_exceptions:
-                return [exc for _ in inputs]  # type: ignore[misc]
-            raise
+        return self._batch_with_config(lambda xs: self._run(list(xs)), list(inputs), config,
+                                       return_exceptions=return_exceptions, run_type="chain")
+
+    async def abatch(self, inputs: list[Any], config: RunnableConfig | list[RunnableConfig] | None = None, *,
+                     return_exceptions: bool = False, **kwargs: Any) -> list[dict[str, Any]]:
+        """:meth:`batch` in an executor (still one ``connect`` call)."""
+        return await run_in_executor(None, self.batch, inputs, config, return_exceptions=return_exceptions,
+                                     **kwargs)
 
 
 # ------------------------------------------------------- LangChain -> rcn_fast

@@ -131,7 +131,7 @@ class RcnConnectPostprocessor(BaseNodePostprocessor):
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
                            query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
-        from rcn_fast.connect import connect
+        from rcn_fast.connection import connect
 
         if query_bundle is None:
             raise ValueError("query_bundle: knowledge connection needs the question (pass query_bundle or "
@@ -155,7 +155,7 @@ class RcnConnectPostprocessor(BaseNodePostprocessor):
 
     @property
     def last_connection(self) -> Any:
-        """The :class:`rcn_fast.connect.Connection` of the last call."""
+        """The :class:`rcn_fast.connection.Connection` of the last call."""
         return self._last[0] if self._last else None
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("dspy", reason="dspy not installed (pip install 'rcn_fast[ds
 
 import dspy  # noqa: E402
 
-from rcn_fast.connect import Connection, connect  # noqa: E402
+from rcn_fast.connection import Connection, connect  # noqa: E402
 from rcn_fast.integrations.dspy import DSPySource, RcnConnect, RcnRetriever  # noqa: E402
 from tests.integrations.helpers import (  # noqa: E402,F401
     FACTS,
@@ -75,3 +75,60 @@ def test_dspy_embeddings_retriever_as_the_passage_source():
     assert all(c.subsets and c.explanation and c.queries for c in out)
     plain = DSPySource(lambda q: FACTS[:4])
     assert plain.encoder is None and [p.text for p in plain.retrieve(["x"], 2)[0]] == FACTS[:2]
+
+
+def test_rcn_connect_keeps_the_retrievers_ids_and_scores(store_retriever):
+    """Passages given as the retriever's Prediction keep their ids, scores
+    and store rows in the connection and in the result (they came back as
+    Passage(id='0', score=0.0, meta={}))."""
+    retrieve = RcnRetriever(retriever=store_retriever, k=4)
+    mod = RcnConnect(llm=ScriptedLLM(), encoder=HashEncoder(), num_subsets=2, subset_size=2)
+    q = questions()[0]
+    hits = retrieve(q.question)
+    ref = store_retriever.retrieve([q.question], 4)[0]
+    out = mod(question=q.question, choices=q.choices, passages=hits)
+    assert [(p.id, p.text, p.score, p.meta) for p in out.connection.passages] == \
+        [(p.id, p.text, p.score, p.meta) for p in ref]
+    assert out.ids == [p.id for p in ref] and out.scores == [p.score for p in ref] and out.passages == hits.passages
+    assert {p.id for s in out.connection.subsets for p in s} <= set(hits.ids)
+    batch = mod.forward_batch([x.question for x in questions()], [x.choices for x in questions()],
+                              [retrieve(x.question) for x in questions()])
+    assert [b.ids for b in batch] == [[p.id for p in r] for r in store_retriever.retrieve(
+        [x.question for x in questions()], 4)]
+    with pytest.raises(ValueError, match=r"passages\[0\]: the Prediction holds 2 passages but 1 scores"):
+        mod(question="q?", passages=dspy.Prediction(passages=["a", "b"], scores=[0.5]))
+    # dspy.retrievers.Embeddings' own Prediction: indices become the ids (and rows)
+    embedder = dspy.Embedder(lambda texts: HashEncoder().encode_passages(texts), caching=False)
+    emb = dspy.retrievers.Embeddings(corpus=FACTS, embedder=embedder, k=3)
+    res = emb("what does a magnet attract?")
+    src = DSPySource(emb).retrieve(["what does a magnet attract?"], 3)[0]
+    assert [p.id for p in src] == [str(i) for i in res.indices] and [p.meta["row"] for p in src] == list(res.indices)
+
+
+def test_deepcopy_shares_the_llm_retriever_and_encoder_without_a_warning(store_retriever, caplog):
+    """DSPy copies modules while it optimises (``module.deepcopy()``): an
+    LLM that cannot be deep-copied (a lock, a server connection, model
+    weights) is shared, not warned about and copied shallowly."""
+    import copy
+    import logging
+    import threading
+
+    class LockedLLM(ScriptedLLM):
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()
+
+    enc = HashEncoder()
+    mod = RcnConnect(llm=LockedLLM(), retriever=store_retriever, encoder=enc, num_subsets=2)
+    ret = RcnRetriever(retriever=store_retriever, k=2)
+    with caplog.at_level(logging.WARNING):
+        c = mod.deepcopy()
+        r = ret.deepcopy()
+        c2 = copy.deepcopy(mod)
+    assert not [rec for rec in caplog.records if "deep copy" in rec.getMessage()], caplog.text
+    assert c is not mod and c.llm is mod.llm and c.source is store_retriever and c.encoder is enc
+    assert c.settings == mod.settings and c.settings is not mod.settings and c2.llm is mod.llm
+    assert r.retriever is store_retriever and r.k == 2
+    q = questions()[0]
+    assert c(question=q.question, choices=q.choices, passages=FACTS[:4]).explanation  # the copy runs
+    assert r(q.question).ids == ret(q.question).ids and len(r(q.question).ids) == 2

@@ -5,6 +5,8 @@ Embeddings as rcn_fast's passage source."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 pytest.importorskip("langchain_core", reason="langchain-core not installed (pip install 'rcn_fast[langchain]')")
@@ -15,7 +17,7 @@ from langchain_core.embeddings import Embeddings  # noqa: E402
 from langchain_core.runnables import RunnableLambda, RunnableParallel  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
-from rcn_fast.connect import Connection, connect  # noqa: E402
+from rcn_fast.connection import Connection, connect  # noqa: E402
 from rcn_fast.integrations.langchain import LangChainSource, RcnConnect, RcnRetriever, to_passage  # noqa: E402
 from tests.integrations.helpers import (  # noqa: E402,F401
     FACTS,
@@ -141,6 +143,75 @@ def test_langchain_retriever_and_embeddings_as_the_passage_source():
         connect(questions(), llm=ScriptedLLM(), retriever=LangChainSource(store.as_retriever()))
     rnd = connect(questions(), llm=ScriptedLLM(), retriever=LangChainSource(store.as_retriever()), sampling="random")
     assert all(c.subsets for c in rnd)
+
+
+class ChainRecorder(BaseCallbackHandler):
+    """Records chain and retriever runs by name, as tracing sees them."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_chain_start(self, serialized, inputs, **kw):
+        self.events.append(("chain_start", kw.get("name"), kw.get("tags") or []))
+
+    def on_chain_end(self, outputs, **kw):
+        self.events.append(("chain_end", sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__))
+
+    def on_retriever_start(self, serialized, query, **kw):
+        self.events.append(("retriever_start", kw.get("name"), query))
+
+
+def test_rcn_connect_runs_with_the_config_callbacks(store_retriever):
+    """RcnConnect.invoke/batch take ``config``: callbacks see a chain run per
+    input (named, tagged), next to the retriever runs of the chain (before,
+    invoke ignored config and RcnConnect never appeared)."""
+    llm = ScriptedLLM()
+    retriever = RcnRetriever(retriever=store_retriever, k=3)
+    chain = RunnableParallel(
+        question=RunnableLambda(lambda x: x["question"]), choices=RunnableLambda(lambda x: x["choices"]),
+        documents=RunnableLambda(lambda x: x["question"]) | retriever,
+    ) | RcnConnect(llm, encoder=HashEncoder(), num_subsets=2, subset_size=2)
+    q = questions()[0]
+    rec = ChainRecorder()
+    out = chain.invoke({"question": q.question, "choices": q.choices}, config={"callbacks": [rec], "tags": ["t"]})
+    names = [e[1] for e in rec.events if e[0] == "chain_start"]
+    assert "RcnConnect" in names and ("retriever_start", "RcnRetriever", q.question) in rec.events
+    start = [e for e in rec.events if e[:2] == ("chain_start", "RcnConnect")]
+    assert len(start) == 1 and "t" in start[0][2]  # the chain's tags are inherited
+    ends = rec.events[rec.events.index(start[0]) + 1:]
+    assert ends[0][0] == "chain_end" and {"connection", "explanation"} <= set(ends[0][1])
+    assert out["explanation"] == out["connection"].text
+
+    rec = ChainRecorder()
+    llm = ScriptedLLM()
+    outs = RcnConnect(llm, encoder=HashEncoder()).batch(
+        [{"question": x.question, "choices": x.choices, "documents": FACTS[:4]} for x in questions()],
+        config={"callbacks": [rec], "run_name": "connect"})
+    assert [e for e in rec.events if e[0] == "chain_start"] == [("chain_start", "connect", [])] * 2
+    assert len([e for e in rec.events if e[0] == "chain_end"]) == 2 and len(outs) == 2
+    assert [n for _, n in llm.calls][-1] == 2  # still one connect() call: the aggregation of both is one LLM call
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['num_subsets'\]"):
+        RcnConnect(ScriptedLLM()).invoke({"question": "q?", "documents": [FACTS[0]]}, num_subsets=2)
+
+
+def test_rcn_retriever_search_kwargs_and_k(store_retriever):
+    """``search_kwargs={"k": 1}`` and ``invoke(q, k=1)`` are honoured (both
+    were dropped: 3 documents came back); other keys are refused."""
+    q = QUERIES[0]
+    assert len(RcnRetriever(retriever=store_retriever, search_kwargs={"k": 1}).invoke(q)) == 1
+    r = RcnRetriever(retriever=store_retriever, k=3)
+    assert len(r.invoke(q)) == 3 and len(r.invoke(q, k=1)) == 1
+    assert [len(d) for d in r.batch(QUERIES[:2], k=2)] == [2, 2]
+    one = asyncio.run(r.ainvoke(q, k=1))
+    assert [d.id for d in one] == [d.id for d in r.invoke(q)[:1]]
+    with pytest.raises(ValueError, match=r"search_kwargs: unknown key\(s\) \['fetch_k'\]"):
+        RcnRetriever(retriever=store_retriever, search_kwargs={"fetch_k": 10})
+    with pytest.raises(ValueError, match="k, search_kwargs: k=3 and search_kwargs\\['k'\\]=1 disagree"):
+        RcnRetriever(retriever=store_retriever, k=3, search_kwargs={"k": 1})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['filter'\]"):
+        r.invoke(q, filter={"a": 1})
+    with pytest.raises(ValueError, match="k: expected a positive int"):
+        r.invoke(q, k=0)
 
 
 def test_to_passage_reads_ids_and_scores():

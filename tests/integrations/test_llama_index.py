@@ -13,7 +13,7 @@ from llama_index.core import VectorStoreIndex  # noqa: E402
 from llama_index.core.embeddings import BaseEmbedding  # noqa: E402
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
-from rcn_fast.connect import connect  # noqa: E402
+from rcn_fast.connection import connect  # noqa: E402
 from rcn_fast.integrations.llama_index import (  # noqa: E402
     LlamaIndexSource,
     MCQueryBundle,

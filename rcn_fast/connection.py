@@ -34,12 +34,15 @@ Questions are :class:`~rcn_fast.data.MCQuestion` (or a dict with
 :class:`~rcn_fast.data.OpenQuestion`, a dict without ``choices``), which
 get ReConnect's open-question prompts (explanations of how to answer; see
 :mod:`rcn_fast.pipelines.reconnect`) and, with ``answer=True``, a
-generated answer (:class:`~rcn_fast.pipelines.OpenPrediction`). One batch
-is all of one kind.
+generated answer (:class:`~rcn_fast.pipelines.OpenPrediction`). A batch
+mixing both kinds is split by kind, each kind run as its own batch, and the
+results rejoined in the input order. Dataset records with their own answer
+keys (``"answerKey": "A"``, ``"answer": "A"``) are accepted as they are.
 
 Examples
 --------
->>> from rcn_fast.connect import connect                         # doctest: +SKIP
+>>> import rcn_fast                                                # doctest: +SKIP
+>>> connect = rcn_fast.connect     # this module's connect(), imported on first use
 >>> out = connect([{"question": "Where do fish live?", "choices": ["water", "trees"]}],
 ...               llm=llm, passages=[["Fish live in water.", "Trees grow on land."]],
 ...               encoder=encoder)
@@ -54,6 +57,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rcn_fast._validate import is_int
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
 from rcn_fast.pipelines.reconnect import ReConnectConfig
@@ -129,27 +133,107 @@ class Connection:
 
 
 # ------------------------------------------------------------ input checks
+_QUESTION_KEYS = ("id", "question", "question_stem", "choices", "labels", "answer", "answerKey", "answers", "meta")
+
+
+def _choices_of(raw: Any, labels: Any, where: str) -> tuple[list[str], list[str] | None]:
+    """Choice texts and labels from the layouts of the datasets: a list of
+    str, a list of ``{"label", "text"}`` (CommonsenseQA), or
+    ``{"text": [...], "label": [...]}`` (the Hugging Face ARC/CSQA rows)."""
+    if isinstance(raw, Mapping):
+        if not isinstance(raw.get("text"), (list, tuple)):
+            raise ValueError(f"{where}: choices as a mapping needs a 'text' list, got keys {sorted(raw)}")
+        texts = [str(t) for t in raw["text"]]
+        got = raw.get("label")
+        return texts, ([str(x) for x in got] if got else None) if labels is None else list(labels)
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
+        raise TypeError(f"{where}: choices: expected a list of str or of {{'label', 'text'}}, got "
+                        f"{type(raw).__name__}")
+    if all(isinstance(c, Mapping) for c in raw):
+        if not all("text" in c for c in raw):
+            raise ValueError(f"{where}: choices: every {{'label', 'text'}} needs a 'text'")
+        found = [str(c.get("label", chr(ord("A") + j))) for j, c in enumerate(raw)]
+        return [str(c["text"]) for c in raw], found if labels is None else list(labels)
+    return [str(c) for c in raw], None if labels is None else list(labels)
+
+
+def _answer_index(q: Mapping[str, Any], labels: list[str], where: str) -> int | None:
+    """The answer of a multiple-choice mapping as a choice index: ``answerKey``
+    (a label, the datasets' own key) or ``answer`` (a label such as ``"A"``,
+    or a 0-based index); both given must agree."""
+    found: list[tuple[str, int]] = []
+    for key in ("answerKey", "answer"):
+        a = q.get(key)
+        if a is None or a == "":
+            continue
+        if is_int(a) and key == "answer":
+            if not 0 <= a < len(labels):
+                raise ValueError(f"{where}: answer index {a} is out of range for {len(labels)} choices")
+            found.append((key, int(a)))
+        elif isinstance(a, str) and a in labels:
+            found.append((key, labels.index(a)))
+        else:
+            raise ValueError(f"{where}: {key} {a!r} is not one of the labels {labels}"
+                             + (" or a choice index" if key == "answer" else ""))
+    if len({i for _, i in found}) > 1:
+        raise ValueError(f"{where}: answerKey {q['answerKey']!r} and answer {q['answer']!r} disagree")
+    return found[0][1] if found else None
+
+
+def _open_answers(q: Mapping[str, Any], where: str) -> list[str]:
+    """Gold answers of an open-question mapping: ``answers`` (a list), or
+    ``answer`` (a str or a list of str)."""
+    if q.get("answerKey") not in (None, ""):
+        raise ValueError(f"{where}: answerKey names a choice label, but the question has no choices")
+    a = q.get("answers")
+    if a is None:
+        a = q.get("answer")
+    if a is None:
+        return []
+    return [a] if isinstance(a, str) else list(a)
+
+
 def as_question(q: QuestionInput, index: int) -> MCQuestion | OpenQuestion:
     """One question input -> an :class:`MCQuestion` (with choices) or an
     :class:`OpenQuestion` (without). A str or a mapping without ids gets the
-    id ``"q<index>"``."""
+    id ``"q<index>"``.
+
+    A mapping may be a dataset's own record: the question in ``question``
+    (a str, or CommonsenseQA's ``{"stem", "choices"}``) or
+    ``question_stem`` (OpenBookQA); choices as a list of str, of
+    ``{"label", "text"}``, or ``{"text": [...], "label": [...]}``; the
+    answer as ``answerKey`` or ``answer`` (a label such as ``"A"``, or a
+    0-based index). An open question's gold answers are ``answers`` or
+    ``answer``. Keys not read here are kept in ``meta``.
+    """
     if isinstance(q, (MCQuestion, OpenQuestion)):
         return q
+    where = f"questions[{index}]"
     if isinstance(q, str):
         if not q.strip():
-            raise ValueError(f"questions[{index}]: expected non-empty question text")
+            raise ValueError(f"{where}: expected non-empty question text")
         return OpenQuestion(id=f"q{index}", question=q)
-    if isinstance(q, Mapping):
-        if "question" not in q:
-            raise ValueError(f"questions[{index}]: a mapping needs a 'question' key, got keys {sorted(q)}")
-        qid = str(q.get("id", f"q{index}"))
-        meta = dict(q.get("meta") or {})
-        if q.get("choices"):
-            return MCQuestion(id=qid, question=str(q["question"]), choices=list(q["choices"]),
-                              labels=q.get("labels"), answer=q.get("answer"), meta=meta)
-        return OpenQuestion(id=qid, question=str(q["question"]), answers=list(q.get("answers") or []), meta=meta)
-    raise TypeError(f"questions[{index}]: expected an MCQuestion, OpenQuestion, str or mapping, got "
-                    f"{type(q).__name__}")
+    if not isinstance(q, Mapping):
+        raise TypeError(f"{where}: expected an MCQuestion, OpenQuestion, str or mapping, got {type(q).__name__}")
+    text, raw_choices = q.get("question", q.get("question_stem")), q.get("choices")
+    extra = {k: v for k, v in q.items() if k not in _QUESTION_KEYS}
+    if isinstance(text, Mapping):  # CommonsenseQA: {"question": {"stem", "choices", "question_concept"}}
+        extra.update({k: v for k, v in text.items() if k not in ("stem", "choices")})
+        text, raw_choices = text.get("stem"), text.get("choices", raw_choices)
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: a mapping needs a 'question' str (or {{'stem', 'choices'}}), got keys {sorted(q)}")
+    qid = str(q["id"]) if q.get("id") is not None else f"q{index}"
+    meta = {**extra, **dict(q.get("meta") or {})}
+    try:
+        if raw_choices:
+            texts, labels = _choices_of(raw_choices, q.get("labels"), where)
+            lab = labels or [chr(ord("A") + j) for j in range(len(texts))]
+            return MCQuestion(id=qid, question=text, choices=texts, labels=labels,
+                              answer=_answer_index(q, lab, where), meta=meta)
+        return OpenQuestion(id=qid, question=text, answers=_open_answers(q, where), meta=meta)
+    except (TypeError, ValueError) as exc:
+        msg = str(exc)
+        raise type(exc)(msg if msg.startswith(where) else f"{where}: {msg}") from None
 
 
 def as_passage(p: PassageInput, where: str, rank: int) -> Passage:
@@ -292,8 +376,12 @@ def connect(
         :class:`~rcn_fast.data.MCQuestion`, or a mapping ``{"question",
         "choices"[, "id", "labels", "answer", "meta"]}``; or open questions
         without choices: a str, an :class:`~rcn_fast.data.OpenQuestion`, a
-        mapping ``{"question"[, "id", "answers", "meta"]}``. All of one kind
-        (TypeError for a mix). Ids must be distinct (a str or a mapping
+        mapping ``{"question"[, "id", "answers", "meta"]}``; or a dataset's
+        own record (see :func:`as_question`: ``answerKey``, ``"answer":
+        "A"``, CommonsenseQA/ARC choice layouts). A batch may mix both
+        kinds: each kind runs as its own batch (one LLM call per stage per
+        kind) and the results come back in the input order. Ids must be
+        distinct (a str or a mapping
         without ``id`` gets ``"q<index>"``).
     llm : rcn_fast LLM
         See :func:`rcn_fast.llm.load_llm`.
@@ -329,13 +417,19 @@ def connect(
     ------
     ValueError / TypeError
         Naming the argument: both or neither of ``retriever`` and
-        ``passages``, a length mismatch, an unknown setting, a mix of
-        questions with and without choices.
+        ``passages``, a length mismatch, an unknown setting, duplicate
+        question ids, a dataset answer key that names no choice.
     """
     if isinstance(questions, (str, Mapping, MCQuestion, OpenQuestion)):
         raise TypeError("questions: expected a sequence of questions (batch first), got a single question; "
                         "wrap it in a list")
     qs = [as_question(q, i) for i, q in enumerate(questions)]
+    seen: dict[str, int] = {}
+    for i, q in enumerate(qs):
+        if q.id in seen:
+            raise ValueError(f"questions[{i}]: duplicate question id {q.id!r} (also questions[{seen[q.id]}]); ids key "
+                             "the results, costs and random streams")
+        seen[q.id] = i
     if (retriever is None) == (passages is None):
         raise ValueError("retriever, passages: give exactly one (a retriever for full ReConnect, or the passages "
                          "already retrieved for each question)")
@@ -387,7 +481,12 @@ def connect(
     pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer)
     if given is not None:
         pipe.given = {q.id: g for q, g in zip(qs, given)}
-    preds = pipe.run_batch(qs)
+    preds: list[Any] = [None] * len(qs)
+    for kind in (MCQuestion, OpenQuestion):  # a mixed batch: each kind is its own batch, rejoined in order
+        where = [i for i, q in enumerate(qs) if isinstance(q, kind)]
+        if where:
+            for i, pred in zip(where, pipe.run_batch([qs[i] for i in where])):
+                preds[i] = pred
     out = []
     for q, pred in zip(qs, preds):
         kept = pipe.kept.get(q.id, {})
