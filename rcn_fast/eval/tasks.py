@@ -206,6 +206,12 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
         raise TaskError(f"task file {source}: unknown key(s) {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise TaskError(f"task file {source}: missing 'name'")
+    from rcn_fast._paths import UnsafePathError, check_name
+
+    try:  # the name becomes folder and file names of the output (checkpoints, samples)
+        check_name(data["name"], "name")
+    except UnsafePathError as exc:
+        raise TaskError(f"task file {source}: {exc}") from None
     kind = data.get("kind", "multiple_choice")
     if kind not in KINDS:
         raise TaskError(f"task file {source}: kind must be one of {list(KINDS)}, got {kind!r}")
@@ -297,7 +303,10 @@ def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
 
 
 def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "task"
+    """A task name made from a file name (one safe path component)."""
+    from rcn_fast._paths import safe_component
+
+    return safe_component(text, "task")
 
 
 def _sniff_kind(path: Path) -> str:
