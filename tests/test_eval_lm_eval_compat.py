@@ -230,3 +230,12 @@ def test_lm_eval_task_end_to_end_with_lm_eval_flags(arc_folder, tmp_path, capsys
     assert doc["results"]["my_arc_easy"]["vanilla"]["n"] == 2
     samples = [json.loads(x) for x in (out / "samples_my_arc_easy_vanilla.jsonl").read_text().splitlines()]
     assert len(samples) == 2
+
+
+def test_lm_eval_template_fragments_with_function_do_not_break_the_folder(arc_folder):
+    """lm-eval's template files (no ``task``) often hold ``!function``: they are fragments, not errors."""
+    from rcn_fast.eval.tasks import available_tasks
+
+    _write(arc_folder, "_default_template_yaml", "dataset_path: x\nprocess_docs: !function utils.process_docs\n")
+    _write(arc_folder, "_frag.yaml", "doc_to_text: '{{q}}'\nprocess_docs: !function utils.process_docs\n")
+    assert "my-arc-easy" in available_tasks([str(arc_folder)])

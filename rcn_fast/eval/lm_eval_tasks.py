@@ -97,14 +97,21 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return data
 
 
+#: Keys only lm-eval's format has (a file with one of them and no rcn_fast ``name`` is read as lm-eval's).
+_LM_EVAL_KEYS = ("task", "group", "tag", "dataset_path", "output_type", "doc_to_text", "doc_to_choice",
+                 "doc_to_target", "test_split", "validation_split")
+
+
 def is_lm_eval_file(path: Path) -> bool:
-    """Whether a YAML file is in lm-eval's format (a ``task`` or ``group``
-    key and no rcn_fast ``name``); read leniently (``!function`` tags)."""
+    """Whether a YAML file is in lm-eval's format (one of its keys, or a
+    ``!function`` value, and no rcn_fast ``name``; template fragments
+    included); read leniently (``!function`` tags are markers)."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8", errors="replace"), Loader=_Loader)  # noqa: S506
     except (OSError, yaml.YAMLError):
         return False
-    return isinstance(data, dict) and "name" not in data and ("task" in data or "group" in data)
+    return isinstance(data, dict) and "name" not in data and (
+        any(k in data for k in _LM_EVAL_KEYS) or any(isinstance(v, _Function) for v in data.values()))
 
 
 def skip_reason(data: dict[str, Any]) -> str | None:
