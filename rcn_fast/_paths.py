@@ -9,11 +9,13 @@ YAML or an absolute name cannot write outside ``--output-path``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX = 200
 
 
 class UnsafePathError(ValueError):
@@ -24,7 +26,8 @@ def safe_component(text: object, fallback: str = "x") -> str:
     """``text`` as one file-name component: every run of characters other
     than letters, digits and ``. _ -`` becomes ``_`` (path separators,
     NUL, spaces), leading dots and ``_`` are dropped (no hidden files, no
-    ``.``/``..``), and an empty result is ``fallback``.
+    ``.``/``..``), and an empty result is ``fallback``. A result longer than
+    200 characters keeps its start, a digest of the whole and its suffix.
 
     >>> safe_component("../../../x")
     'x'
@@ -33,8 +36,11 @@ def safe_component(text: object, fallback: str = "x") -> str:
     >>> safe_component("arc-easy")
     'arc-easy'
     """
-    out = _UNSAFE.sub("_", str(text)).lstrip("._").rstrip("_")
-    return out[:200] or fallback
+    out = _UNSAFE.sub("_", str(text)).lstrip("._").rstrip("_") or fallback
+    if len(out) > _MAX:  # file systems take 255 bytes: keep the start, a digest of the whole and the suffix
+        suffix = os.path.splitext(out)[1][:16]
+        out = f"{out[:_MAX - 30]}-{hashlib.sha256(out.encode()).hexdigest()[:12]}{suffix}"
+    return out
 
 
 def child_path(base: str | os.PathLike[str], *parts: str) -> Path:

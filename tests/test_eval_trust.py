@@ -211,3 +211,10 @@ def test_config_values_of_the_wrong_type_are_one_message(tmp_path, capsys, key, 
 def test_yaml_booleans_still_work():
     cfg = EvalConfig.from_dict({"log_samples": True, "strict": False})
     assert cfg.log_samples is True and cfg.strict is False
+
+
+def test_long_names_keep_their_suffix_and_stay_distinct():
+    from rcn_fast._paths import safe_component
+
+    a, b = safe_component("samples_" + "x" * 300 + "_a.jsonl"), safe_component("samples_" + "x" * 300 + "_b.jsonl")
+    assert a != b and len(a) <= 200 and a.endswith(".jsonl") and b.endswith(".jsonl")

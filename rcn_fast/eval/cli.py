@@ -74,9 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--limit", type=_limit_arg, metavar="N", help="first N questions of each task; a fraction in (0, 1) "
       "takes that share of each task")
     a("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0); metrics are mean/std over seeds")
-    a("--batch-size", "--batch_size", dest="batch_size", type=int, metavar="N", help="questions per batch and per checkpoint write (default: 16)")
-    a("--output-path", "--output_path", dest="output_path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
-    a("--log-samples", "--log_samples", dest="log_samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
+    a("--batch-size", "--batch_size", dest="batch_size", type=int, metavar="N",
+      help="questions per batch and per checkpoint write (default: 16)")
+    a("--output-path", "--output_path", dest="output_path", metavar="DIR",
+      help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
+    a("--log-samples", "--log_samples", dest="log_samples", action="store_true", default=None,
+      help="write samples_<task>_<pipeline>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
     a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
       "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")
@@ -191,8 +194,9 @@ def lm_eval_model_args(items: Sequence[str], model: Any) -> tuple[str | None, di
     known = set(backend.__dataclass_fields__)
     unknown = sorted(set(kv) - known)
     if unknown:
-        raise EvalError(f"--model_args: unknown key(s) {unknown} for the {'server' if target.startswith('openai:') else 'local'} "
-                        f"backend; it takes pretrained, base_url, model and {sorted(known)}")
+        which = "server" if target.startswith("openai:") else "local"
+        raise EvalError(f"--model_args: unknown key(s) {unknown} for the {which} backend; it takes pretrained, "
+                        f"base_url, model and {sorted(known)}")
     return spec, kv
 
 
