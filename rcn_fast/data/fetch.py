@@ -76,9 +76,9 @@ def sha256_of(path: str | os.PathLike[str]) -> str:
 
 
 def _file_name(url: str) -> str:
-    name = Path(urllib.parse.urlparse(url).path).name
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
-    return name or "data"
+    from rcn_fast._paths import safe_component
+
+    return safe_component(Path(urllib.parse.urlparse(url).path).name, "data")
 
 
 def cached_path(url: str, sha256: str) -> Path:

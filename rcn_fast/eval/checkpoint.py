@@ -11,7 +11,9 @@ so a reader never mistakes another process's append in progress for a
 line cut short (on platforms without ``fcntl`` the repair is skipped: a
 cut-off line is ignored, and the next append starts on a new line). The file name carries a hash of
 everything that decides the answers (task data, pipeline settings and seed,
-model, corpus, KB), so changed settings never reuse stale answers.
+the model's weights or served identity -- see
+:func:`rcn_fast.eval.loading.model_key` --, corpus, KB), so changed
+settings or weights never reuse stale answers.
 
 Shards (``--num-shards S --shard-id I``) append to their own files beside
 the unsharded one (:mod:`rcn_fast.eval.shards`); every checkpoint also

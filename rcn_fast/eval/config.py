@@ -120,6 +120,15 @@ class EvalConfig:
         ``"delete"`` (a network file system with working locks, several
         machines), ``"dotfile"`` (lock files, for file systems without
         POSIX locks). See :class:`rcn_fast.llm.cache.CallCache`.
+    merge_fill_missing : bool
+        A merging run (no shard settings, over shards' checkpoints) answers
+        the questions a shard was given but did not finish. Off: such a
+        merge is refused, naming the shard and how many it misses (a merge
+        makes no model call); questions no shard was given (a larger
+        ``limit``) are answered either way.
+
+    Every setting is checked for its type (a path is a string, a switch
+    is true or false: ``"no"`` or ``"false"`` in quotes are refused).
     """
 
     pipelines: list[str] = field(default_factory=lambda: list(DEFAULT_PIPELINES))
@@ -151,8 +160,10 @@ class EvalConfig:
     ray_num_gpus: float = 0.0
     cache_path: str | None = None
     cache_journal: str = "wal"
+    merge_fill_missing: bool = False
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.tasks, str):
             self.tasks = [self.tasks]
         if isinstance(self.tasks, (list, tuple)) and all(isinstance(x, str) for x in self.tasks):
@@ -216,6 +227,35 @@ class EvalConfig:
         self._check_scale_out()
         if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
             raise EvalError(f"device: expected cpu, cuda (cuda:N) or auto, got {self.device!r}")
+
+    def _check_types(self) -> None:
+        """One message naming the setting and the type it takes, for a value
+        of the wrong type (before the checks of values)."""
+        def path(v: Any) -> bool:
+            return isinstance(v, (str, os.PathLike))
+
+        switches = ("log_samples", "strict", "progress", "plot", "merge_fill_missing")
+        for name in switches:
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise EvalError(f"{name}: expected true or false, got {v!r} ({type(v).__name__})")
+        kinds = {"output_path": (path, False, "a folder path (a string)"),
+                 "cache_path": (path, True, "a folder or .sqlite file path (a string)"),
+                 "corpus": (path, True, "a corpus store folder or passage file path (a string)"),
+                 "kb": (path, True, "a knowledge base file path (a string)"),
+                 "encoder": (path, True, "an encoder name or folder (a string)"),
+                 "ray_address": (lambda v: isinstance(v, str), True, "a Ray address (a string)"),
+                 "device": (lambda v: isinstance(v, str), False, "a device name (a string)"),
+                 "executor": (lambda v: isinstance(v, str), False, "an executor name (a string)"),
+                 "cache_journal": (lambda v: isinstance(v, str), False, "a journal mode (a string)")}
+        for name, (ok, none_ok, what) in kinds.items():
+            v = getattr(self, name)
+            if not (v is None and none_ok) and not ok(v):
+                raise EvalError(f"{name}: expected {what}, got {v!r} ({type(v).__name__})")
+        inc = self.include_path
+        if inc is not None and not path(inc) and (not isinstance(inc, (list, tuple))
+                                                  or not all(path(d) for d in inc)):
+            raise EvalError(f"include_path: expected a list of folder paths (strings), got {inc!r}")
 
     def _check_scale_out(self) -> None:
         """Shards, executor and cache settings."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._paths import child_path
 from rcn_fast.eval.checkpoint import run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, MODEL_PACKAGES_HINT, EvalConfig, EvalError, encoder_defaults
 
@@ -46,6 +47,55 @@ def _corpus_key(corpus: str | None) -> Any:
     if p.is_file():
         return {"file": _sha_file(p)}
     return {"missing": str(p)}
+
+
+def model_key(model: Any, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What identifies the LLM in checkpoint keys: its weights, not its name.
+
+    * a local model (a directory, a ``.gguf`` file, ``package:<module>``,
+      a hub id resolved from the local cache or downloaded, the model of a
+      ``vllm:<model>`` spec): the spec and the sha256 of its files
+      (:func:`rcn_fast.model_files.model_fingerprint` for a folder, the
+      file's sha256 for a ``.gguf``; memoised per process on path, size
+      and mtime), so overwriting ``model.safetensors`` in the same folder
+      gives new checkpoints;
+    * ``openai:<url>#<model>``: the client's ``identity``, the same
+      property the call cache keys its answers by (what the served model
+      is, as far as the client can tell);
+    * an LLM object: its ``identity``;
+    * a spec that resolves to no local file (it cannot be loaded either):
+      the spec alone.
+
+    Checkpoints written before this (keyed by the spec string alone) have
+    other keys and are never reused: their questions are answered again
+    (from the call cache when the model's identity is unchanged).
+
+    Raises
+    ------
+    EvalError
+        An ``openai:`` spec whose client cannot be built or identified.
+    """
+    if not isinstance(model, str):
+        return {"identity": getattr(model, "identity", type(model).__name__)}
+    if model.startswith("openai:"):
+        from rcn_fast.llm import load_llm
+
+        try:
+            client = load_llm(model, **dict(model_args or {}))
+            identity = client.identity
+        except Exception as exc:  # a bad option or an unidentifiable server is the user's to fix
+            raise EvalError(f"model: cannot identify {model!r}: {type(exc).__name__}: {exc}") from None
+        close = getattr(client, "close", None)
+        if callable(close):
+            close()
+        return {"spec": model, "identity": identity}
+    from rcn_fast.model_files import model_fingerprint, resolve_model_path
+
+    try:
+        path = resolve_model_path(model[len("vllm:"):] if model.startswith("vllm:") else model, allow_gguf=True)
+    except ValueError:
+        return {"spec": model, "weights": None}
+    return {"spec": model, "weights": model_fingerprint(path) if path.is_dir() else _sha_file(path)}
 
 
 def _check_model_packages(llm: bool, encoder: bool) -> None:
@@ -174,7 +224,7 @@ class Components:
             desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
             key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
                 "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")}})
-            store = self.out / "corpora" / f"{p.stem}-{key}"
+            store = child_path(self.out, "corpora", f"{p.stem}-{key}")
             if not (store / "manifest.json").is_file():
                 log(f"embedding corpus {p} into {store} (once; later runs reuse it) ...")
             try:
@@ -213,4 +263,4 @@ def _is_store(corpus: str | None) -> bool:
     return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
-__all__ = ["Components"]
+__all__ = ["Components", "model_key"]

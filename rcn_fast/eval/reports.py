@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._paths import safe_component
 from rcn_fast.eval.tasks import TaskSpec
 
 SCHEMA = "rcn_fast.eval.results/1"
@@ -293,7 +294,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                         rec = u.checkpoint.records.get(qid)
                         if rec is not None:
                             lines.append(json.dumps(sample_line(rec, q, spec, p), ensure_ascii=False, default=str))
-                name = f"samples_{spec.name}_{p}.jsonl"
+                name = safe_component(f"samples_{spec.name}_{p}.jsonl")  # one file in out, whatever the names
                 _write_atomic(out / name, "".join(x + "\n" for x in lines))
                 files.setdefault("samples", []).append(name)
     _write_atomic(out / files["results"], json.dumps(doc, indent=2, ensure_ascii=False, default=str))

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rcn_fast._paths import child_path
 from rcn_fast.eval.checkpoint import Checkpoint, run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, EvalConfig, EvalError, encoder_defaults
-from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file, log
+from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file, log, model_key
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
@@ -52,7 +53,7 @@ from rcn_fast.eval.pipeline_needs import (
     split_pipeline_args,
 )
 from rcn_fast.eval.progress import StageBars
-from rcn_fast.eval.shards import shard_of
+from rcn_fast.eval.shards import merge_guard, shard_of
 from rcn_fast.eval.tasks import TaskError, TaskSpec, load_task_questions, resolve_task, spec_key, task_corpus
 
 # Testing/debug hook: seconds to sleep after each checkpointed batch (lets a
@@ -126,7 +127,7 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
     if len(set(names)) != len(names):
         raise EvalError(f"tasks: two tasks share a name ({names}); rename a local file")
     user_args = split_pipeline_args(cfg.pipeline_args, cfg.pipelines)
-    llm_key = cfg.model if isinstance(cfg.model, str) else getattr(cfg.model, "identity", type(cfg.model).__name__)
+    llm_key = model_key(cfg.model, cfg.model_args) if any(needs_llm(registry[p]) for p in cfg.pipelines) else None
     questions: dict[str, list[Any]] = {}
     units: list[Unit] = []
     for spec in specs:
@@ -192,7 +193,7 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                     "kb": {"file": _sha_file(Path(cfg.kb))} if uses_kb and cfg.kb else None,
                     **({"pipeline_key": extra} if extra is not None else {}),
                 })
-                path = out / "checkpoints" / spec.name / p / f"seed{seed}-{key}.jsonl"
+                path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
                 ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, meta={
                                 "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                                 "model": llm_key if with_llm else None,
@@ -364,6 +365,7 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         raise EvalError(f"output-path: {out} is not writable (checkpoints, the call cache and the reports go "
                         "there); make it writable or choose another --output-path")
     specs, questions, units = plan(cfg, out)
+    merge_guard(cfg, units)  # a shard records what it was given; a merge refuses incomplete shards
     todo = [u for u in units if u.pending]
     if todo:  # say which model packages are missing before any work starts
         reg = pipeline_registry()

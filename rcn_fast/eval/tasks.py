@@ -113,6 +113,9 @@ class TaskSpec:
         Default knowledge corpus of the task (a file or a store folder).
     pipeline_args : dict
         ``{pipeline: {setting: value}}`` defaults (user settings win).
+    lm_eval : dict or None
+        ``doc_to_text``/``doc_to_choice``/``doc_to_target`` of a task read
+        from lm-evaluation-harness's format (:mod:`rcn_fast.eval.lm_eval_tasks`).
     source : str
         The file the spec was read from (or ``"<path>"``).
     """
@@ -137,6 +140,7 @@ class TaskSpec:
     corpus: str | None = None
     pipeline_args: dict[str, dict[str, Any]] = field(default_factory=dict)
     description: str = ""
+    lm_eval: dict[str, Any] | None = None
     source: str = ""
 
     @property
@@ -206,6 +210,12 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
         raise TaskError(f"task file {source}: unknown key(s) {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
     if not isinstance(data.get("name"), str) or not data["name"]:
         raise TaskError(f"task file {source}: missing 'name'")
+    from rcn_fast._paths import UnsafePathError, check_name
+
+    try:  # the name becomes folder and file names of the output (checkpoints, samples)
+        check_name(data["name"], "name")
+    except UnsafePathError as exc:
+        raise TaskError(f"task file {source}: {exc}") from None
     kind = data.get("kind", "multiple_choice")
     if kind not in KINDS:
         raise TaskError(f"task file {source}: kind must be one of {list(KINDS)}, got {kind!r}")
@@ -257,7 +267,7 @@ def _task_files(include_paths: Sequence[str] = ()) -> dict[str, Path]:
         if not folder.is_dir():
             raise TaskError(f"include_path: {d} is not a folder (expected a folder of task YAML files)")
         for f in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
-            name = _read_yaml(f).get("name")
+            name = lm_eval_tasks.scan(f) if lm_eval_tasks.is_lm_eval_file(f) else _read_yaml(f).get("name")
             if isinstance(name, str) and name:  # files without a name are include fragments
                 files.setdefault(normalize_name(name), f)
     for f in sorted(TASKS_DIR.glob("*.yaml")):
@@ -285,7 +295,10 @@ def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
     if path is None:
         raise TaskError(f"unknown task {name!r}; available tasks: {', '.join(sorted(files))} "
                         f"(or a path to a question file in the CommonsenseQA JSON-lines layout)")
-    spec = spec_from_dict(_read_yaml(path), str(path))
+    if path.parent != TASKS_DIR and lm_eval_tasks.is_lm_eval_file(path):  # lm-evaluation-harness's format
+        spec = lm_eval_tasks.spec_from_file(path)
+    else:
+        spec = spec_from_dict(_read_yaml(path), str(path))
     if normalize_name(spec.name) != key:
         raise TaskError(f"task file {path}: name {spec.name!r} differs from the file name {key!r}")
     if path.parent != TASKS_DIR:  # a user's task file: its relative paths are relative to it
@@ -297,7 +310,10 @@ def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
 
 
 def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "task"
+    """A task name made from a file name (one safe path component)."""
+    from rcn_fast._paths import safe_component
+
+    return safe_component(text, "task")
 
 
 def _sniff_kind(path: Path) -> str:
@@ -656,7 +672,9 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
     limit = check_limit(limit)
     split = split or spec.split
     expected = spec.expected_count if split == spec.split else None
-    if spec.url or spec.local:
+    if spec.lm_eval is not None:  # a task in lm-evaluation-harness's format
+        qs, total, where = lm_eval_tasks.load_questions(spec, limit, split or "validation")
+    elif spec.url or spec.local:
         if spec.url:
             from rcn_fast.data.fetch import fetch_pinned
 
@@ -716,7 +734,7 @@ def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it)."""
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
                                                              "pipeline_args", "expected_count", "paper_table")}
-    for k in ("revision", "url", "sha256"):  # keys of tasks without them stay what they were
+    for k in ("revision", "url", "sha256", "lm_eval"):  # keys of tasks without them stay what they were
         if d.get(k) is None:
             d.pop(k, None)
     d.pop("url", None)  # the checksum pins the content wherever it is served
@@ -725,6 +743,8 @@ def spec_key(spec: TaskSpec) -> str:
         d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+
+from rcn_fast.eval import lm_eval_tasks  # noqa: E402 - it imports TaskSpec from here
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "available_tasks", "registry", "get_task", "resolve_task",
            "load_task_questions", "task_corpus", "split_inline_choices", "spec_from_dict", "spec_key",
