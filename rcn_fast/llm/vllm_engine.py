@@ -13,7 +13,9 @@ prefix)``, read from the next-token top-``top_logprobs`` log-probs (keyed
 by token id) where ``t`` is among them, else from the prompt log-prob of
 ``prefix + [t]`` (``prompt_logprobs=0``, which returns the prompt token's
 own log-prob at every position). Spellings combine by logsumexp and labels
-by log-softmax, as the other backends do; no label is ever ``-inf``.
+by log-softmax, as the other backends do; no label is ever ``-inf``. A
+NaN, ``+inf`` or positive label log-prob is a
+:class:`~rcn_fast.llm.scoring.LabelScoreError` naming the question.
 
 Not exercised by the test suite on machines without vLLM and a GPU (a fake
 ``vllm`` module checks what is passed to it).
@@ -137,9 +139,10 @@ class VLLMEngine(SampleBackend):
             outs = self.engine.generate([{"prompt_token_ids": ids[b] + [t]} for b, t in missing], sp, use_tqdm=False)
             for (b, t), out in zip(missing, outs):
                 vals[(b, t)] = float(out.prompt_logprobs[-1][t].logprob)
+        raw = [[logsumexp([vals[(b, t)] for t in ts]) for ts in row] for b, row in enumerate(spell)]
+        scoring.check_label_scores(raw, rows, self.identity, tags)  # NaN, +inf, positive: the question fails
         res = []
-        for b, row in enumerate(spell):
-            scores = [logsumexp([vals[(b, t)] for t in ts]) for ts in row]
+        for scores in raw:
             z = logsumexp(scores)
             res.append([x - z for x in scores])
         self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
