@@ -114,6 +114,12 @@ class Components:
             except Exception as exc:  # any failure to load is a user-facing input problem
                 raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
             log(f"model loaded in {time.perf_counter() - t:.1f} s")
+            from rcn_fast.llm.preflight import PreflightError, preflight
+
+            try:  # a dead or misconfigured server: one message now, not a failed run
+                preflight(self._llm)
+            except PreflightError as exc:
+                raise EvalError(str(exc)) from None
         else:
             from rcn_fast.llm import load_llm
 
