@@ -80,8 +80,17 @@ class VLLMEngine(SampleBackend):
 
     @property
     def identity(self) -> str:
+        """``vllm:<model>:<engine kwargs>:<spellings>:<weights>``: the model
+        identity the call cache keys on. ``<weights>`` is 16 hex digits of
+        :func:`rcn_fast.model_files.model_fingerprint` over the model
+        folder's config, tokenizer and weight files (the folder the name
+        resolves to: a path, ``package:<module>`` or a hub id in the local
+        cache; hashed once per process), or ``unresolved`` when the name
+        resolves to no local folder."""
         kw = ",".join(f"{k}={v}" for k, v in sorted(self.engine_kwargs.items()))
-        return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}"
+        if getattr(self, "_weights", None) is None:
+            self._weights = _weights_fingerprint(self.name)
+        return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}:{self._weights}"
 
     def _prompts(self, chats: Sequence[Any]) -> list[list[int]]:
         special = not chatlib.has_chat_template(self.tokenizer)
@@ -149,3 +158,12 @@ class VLLMEngine(SampleBackend):
         return pad_rows(res)
 
 
+def _weights_fingerprint(name: str) -> str:
+    """16 hex digits of the model folder's fingerprint, or ``unresolved``."""
+    from rcn_fast.model_files import model_fingerprint, resolve_model_path
+
+    try:
+        path = resolve_model_path(name, local_files_only=True)
+    except (ValueError, OSError):
+        return "unresolved"
+    return model_fingerprint(path)[:16] if path.is_dir() else "unresolved"

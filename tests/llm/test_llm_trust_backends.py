@@ -142,3 +142,26 @@ def test_an_older_cache_without_a_recorded_mode_is_adopted(tmp_path):
     assert len(CallCache(p, journal="delete")) == 1
     with pytest.raises(CacheError, match="records journal mode 'delete'"):
         CallCache(p, journal="dotfile", timeout=2)
+
+
+def test_vllm_identity_covers_the_weights(tiny_llama_dir, tmp_path, monkeypatch):
+    """The one identity property of every backend: for the vLLM engine it
+    fingerprints the model folder's files, so other weights under the same
+    path are another model for the cache."""
+    import shutil
+
+    from test_llm_vllm_engine import fake_vllm
+
+    from rcn_fast.llm import load_llm
+
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(load_llm(tiny_llama_dir), []))
+    d = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, d)
+    a = load_llm(f"vllm:{d}").identity
+    assert a == load_llm(f"vllm:{d}").identity and not a.endswith("unresolved")
+    w = d / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF  # another weight value, same size and name
+    w.write_bytes(bytes(data))
+    assert load_llm(f"vllm:{d}").identity != a
+    assert load_llm("vllm:not-a-local-model").identity.endswith(":unresolved")
