@@ -33,8 +33,12 @@ corrupt the file ("invalid page number"). The first process to open a file
 records its mode in the table ``cache_meta``; a process asking for another
 mode is refused with a :class:`CacheError` naming the recorded one (and a
 ``"dotfile"`` writer on a file in WAL mode is told so, not to fix
-permissions). Two processes that *create* the same new file at the same
-instant with different modes are not caught: start one first.
+permissions). One change is safe and made: a WAL file that no process has
+open (no ``-wal`` / ``-shm`` file beside it) is switched to the rollback
+journal a ``"delete"`` or ``"dotfile"`` writer asks for;
+:meth:`CallCache.change_journal` switches any file no process uses. Two
+processes that *create* the same new file at the same instant with
+different modes are not caught: start one first.
 
 Faults: a cache path that cannot be opened (a folder in the way, a file
 that is not a sqlite database, a folder without write permission) raises
@@ -122,6 +126,12 @@ def _file_in_wal_mode(path: Path) -> bool:
     return len(head) == 20 and head.startswith(b"SQLite format 3\x00") and head[18] == 2
 
 
+def _wal_in_use(path: Path) -> bool:
+    """Whether a WAL writer has ``path`` open: its ``-wal`` / ``-shm``
+    files exist while any connection is open (and after a crash)."""
+    return any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+
+
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
@@ -172,8 +182,13 @@ class CallCache:
         if p.is_dir():
             raise CacheError(f"llm cache: {p} is a folder, where the cache file should be; move it away "
                              "or use another output folder")
-        if journal == "dotfile" and _file_in_wal_mode(p):  # the unix-dotfile VFS cannot open it at all
-            raise self._mode_error("wal", header=True)
+        if journal != "wal" and _file_in_wal_mode(p):
+            if _wal_in_use(p):  # a WAL writer has it open (the unix-dotfile VFS could not even open it)
+                raise self._mode_error("wal", header=True)
+            try:  # no process has it open: switch it to a rollback journal and record the new mode
+                CallCache.change_journal(p, journal, timeout=timeout)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
         try:
             con = self._conn()
             con.execute(_SCHEMA)
@@ -222,17 +237,44 @@ class CallCache:
         """Record this cache's journal mode in a new (or older, unrecorded)
         file; raise :class:`CacheError` when the file records another."""
         con.execute(_META)
-        con.execute("INSERT OR IGNORE INTO cache_meta VALUES ('journal', ?)", (self.journal,))
         row = con.execute("SELECT value FROM cache_meta WHERE key = 'journal'").fetchone()
+        if row is None:  # a new file (or one from before modes were recorded): the first writer's mode
+            con.execute("INSERT OR IGNORE INTO cache_meta VALUES ('journal', ?)", (self.journal,))
+            row = con.execute("SELECT value FROM cache_meta WHERE key = 'journal'").fetchone()
         if row is not None and row[0] != self.journal:
             raise self._mode_error(str(row[0]))
         self._mode_checked = True
 
     def _mode_error(self, recorded: str, header: bool = False) -> CacheError:
-        where = "is in WAL mode (its header says so)" if header else f"records journal mode {recorded!r}"
+        where = "is in WAL mode and open in a WAL writer" if header else f"records journal mode {recorded!r}"
         return CacheError(f"llm cache: {self.path} {where} and this process asks for {self.journal!r}: every process "
                           f"that opens a cache file must use the same journal mode (mixing them corrupts it); use "
-                          f"--cache-journal {recorded} (journal={recorded!r}) here, or another cache file")
+                          f"--cache-journal {recorded} (journal={recorded!r}) here, or another cache file (to change "
+                          f"the mode of a file no process uses: CallCache.change_journal(path, mode))")
+
+    @staticmethod
+    def change_journal(path: str | Path, journal: str, *, timeout: float = 60.0) -> None:
+        """Switch a cache file that **no process is using** to ``journal``
+        and record it (a WAL file left by finished runs is switched this way
+        when a rollback-journal writer opens it).
+
+        Parameters
+        ----------
+        path : str or Path
+            A cache file, or the folder holding ``llm_cache.sqlite``.
+        journal : {"wal", "delete", "dotfile"}
+        """
+        if journal not in JOURNAL_MODES:
+            raise ValueError(f"journal: expected one of {list(JOURNAL_MODES)}, got {journal!r}")
+        p = Path(path)
+        p = p / DEFAULT_NAME if p.is_dir() else p
+        con = sqlite3.connect(p, timeout=timeout, isolation_level=None)
+        try:
+            con.execute(f"PRAGMA journal_mode={'WAL' if journal == 'wal' else 'DELETE'}")
+            con.execute(_META)
+            con.execute("INSERT OR REPLACE INTO cache_meta VALUES ('journal', ?)", (journal,))
+        finally:
+            con.close()
 
     def _set_journal(self, con: sqlite3.Connection, mode: str) -> None:
         """Switch ``con``'s file to journal ``mode`` unless it is in it

@@ -111,24 +111,31 @@ def _filled(path, journal):
 
 
 @pytest.mark.parametrize("first, second", [("delete", "dotfile"), ("dotfile", "delete"), ("delete", "wal"),
-                                           ("wal", "delete"), ("dotfile", "wal")])
+                                           ("dotfile", "wal")])
 def test_a_writer_with_another_journal_mode_is_refused(tmp_path, first, second):
     a = _filled(tmp_path / "c.sqlite", first)
     with pytest.raises(CacheError, match=rf"records journal mode '{first}' and this process asks for '{second}'.*"
                                          rf"--cache-journal {first}"):
         CallCache(tmp_path / "c.sqlite", journal=second, timeout=2)
     assert len(a) == 1 and len(CallCache(tmp_path / "c.sqlite", journal=first)) == 1  # the same mode opens it
+    a.close()
+    CallCache.change_journal(tmp_path / "c.sqlite", second)  # a deliberate change, no process using the file
+    assert len(CallCache(tmp_path / "c.sqlite", journal=second)) == 1
 
 
-def test_dotfile_beside_wal_says_so_not_make_the_folder_writable(tmp_path):
+@pytest.mark.parametrize("second", ["dotfile", "delete"])
+def test_a_rollback_writer_beside_an_open_wal_writer_is_refused_and_told_why(tmp_path, second):
     a = _filled(tmp_path / "c.sqlite", "wal")
-    for open_writer in (True, False):
-        with pytest.raises(CacheError) as err:
-            CallCache(tmp_path / "c.sqlite", journal="dotfile", timeout=2)
-        msg = str(err.value)
-        assert "WAL mode" in msg and "--cache-journal wal" in msg and "writable" not in msg
-        a.close()
-    assert len(CallCache(tmp_path / "c.sqlite")) == 1
+    with pytest.raises(CacheError) as err:
+        CallCache(tmp_path / "c.sqlite", journal=second, timeout=2)
+    msg = str(err.value)
+    assert "WAL mode and open in a WAL writer" in msg and "--cache-journal wal" in msg and "writable" not in msg
+    assert len(a) == 1
+    a.close()
+    # no process has it open now: the file is switched to the rollback journal and records it
+    assert len(CallCache(tmp_path / "c.sqlite", journal=second)) == 1
+    with pytest.raises(CacheError, match=f"records journal mode '{second}'"):
+        CallCache(tmp_path / "c.sqlite", journal="wal", timeout=2)
 
 
 def test_an_older_cache_without_a_recorded_mode_is_adopted(tmp_path):
