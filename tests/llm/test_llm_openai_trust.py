@@ -67,7 +67,8 @@ def _completions_stub(top: dict[str, float]):
         choices = []
         for i, p in enumerate(prompts):
             if body.get("echo"):
-                lp = {"token_logprobs": [None] + [-1.5] * (len(p) - 1) + [-0.1], "top_logprobs": None}
+                # the prompt's tokens (None first, -0.1 for the last), then the generated token's
+                lp = {"token_logprobs": [None] + [-1.5] * (len(p) - 2) + [-0.1, -0.2], "top_logprobs": None}
             else:
                 lp = {"top_logprobs": [top]}
             choices.append({"index": i, "text": "A", "logprobs": lp})
@@ -86,6 +87,26 @@ def test_unusable_completion_top_logprobs_fail_the_question(scoring, bad, tok_di
         with pytest.raises(LabelScoreError, match=r"openai:.*question 'q0' \(chats\[0\]\).*label 'A'"):
             llm.label_logprobs([PREFILLED, [*USER, {"role": "assistant", "content": "So: "}]], ["A", "B"],
                                tags=["q0", "q1"])
+        assert len(cache) == 0
+
+
+@pytest.mark.parametrize("bad", [NAN, 0.3])
+def test_unusable_prompt_logprobs_of_the_exact_path_fail_the_question(bad, tok_dir, tmp_path):
+    """A spelling outside the top log-probs is read from the prompt log-prob of ``prefix + [token]``."""
+    base = _completions_stub({"B": -1.0, " B": -2.0})  # no spelling of A in the top: A comes from prompt log-probs
+
+    def handle(method, route, body):
+        status, payload, headers = base(method, route, body)
+        if body and body.get("echo"):
+            for c in payload["choices"]:
+                c["logprobs"]["token_logprobs"][-2] = bad  # the label token's, the last of the prompt
+        return status, payload, headers
+
+    with StubServer(handle) as srv:
+        cache = CallCache(tmp_path)
+        llm = CachedLLM(client(srv, tokenizer=str(tok_dir)), cache)
+        with pytest.raises(LabelScoreError, match=r"question 'q5'.*label 'A'"):
+            llm.label_logprobs([PREFILLED], ["A", "B"], tags=["q5"])
         assert len(cache) == 0
 
 

@@ -158,3 +158,20 @@ def test_eval_with_a_working_server_exits_0(task_dir, tmp_path, capsys):
     doc = json.loads(next((tmp_path / "out").glob("results_*.json")).read_text())
     assert doc["results"]["obqa"]["vanilla"]["n_failed"] == 0
     assert doc["model"]["identity"].startswith(f"openai:{srv.base_url}#x:") and ":served-" in doc["model"]["identity"]
+
+
+def test_eval_counts_a_question_with_nan_scores_as_failed_and_answers_the_others(task_dir, tmp_path, capsys):
+    good, bad = well_behaved(), well_behaved(top={c: NAN for c in LETTERS})
+
+    def handle(method, route, body):
+        text = json.dumps((body or {}).get("messages", ""))
+        return (bad if "Question 1?" in text else good)(method, route, body)
+
+    with StubServer(handle) as srv:
+        assert _eval(task_dir, tmp_path / "out", f"openai:{srv.base_url}#x") == 0
+    err = capsys.readouterr().err
+    doc = json.loads(next((tmp_path / "out").glob("results_*.json")).read_text())
+    assert doc["results"]["obqa"]["vanilla"]["n_failed"] == 1 and doc["results"]["obqa"]["vanilla"]["n"] == 2
+    [failure] = doc["failures"]
+    assert failure["question_id"] == "q1" and "LabelScoreError" in failure["error"] and "'q1'" in failure["error"]
+    assert "label 'A'" in failure["error"] and "openai:" in failure["error"]
