@@ -114,12 +114,6 @@ class Components:
             except Exception as exc:  # any failure to load is a user-facing input problem
                 raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
             log(f"model loaded in {time.perf_counter() - t:.1f} s")
-            from rcn_fast.llm.preflight import PreflightError, preflight
-
-            try:  # a dead or misconfigured server: one message now, not a failed run
-                preflight(self._llm)
-            except PreflightError as exc:
-                raise EvalError(str(exc)) from None
         else:
             from rcn_fast.llm import load_llm
 
@@ -127,6 +121,13 @@ class Components:
                 self._llm = load_llm(spec, cache=cache)
             except (TypeError, ValueError) as exc:
                 raise EvalError(f"model: {exc}") from None
+        from rcn_fast.llm.preflight import PreflightError, preflight
+
+        try:  # a dead or misconfigured model server: one message now, not a run of failed questions
+            preflight(self._llm)
+        except PreflightError as exc:
+            self._llm = None
+            raise EvalError(str(exc)) from None
         return self._llm
 
     # -- encoder

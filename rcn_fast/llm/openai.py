@@ -67,6 +67,15 @@ found is scored from those (a lower bound, with a warning).
 Costs are counted as the local backend counts them: one call per row,
 the prefix's tokens.
 
+A NaN, ``+inf`` or positive label score (before the log-softmax over the
+labels) is a :class:`~rcn_fast.llm.scoring.LabelScoreError` naming the
+question, the label and the server; an answer of the wrong shape is a
+:class:`ServerError` naming the field (:mod:`rcn_fast.llm.openai_responses`).
+``identity`` (the call cache's key) covers what the server says about the
+model behind the name (:mod:`rcn_fast.llm.openai_identity`); a dead or
+misconfigured server is best found before a run by
+:func:`rcn_fast.llm.preflight.preflight`.
+
 Samples: each sample of each row is its own request (``n=1``), sample ``s``
 with the seed :func:`rcn_fast.llm.seeded.sample_seed` ``(seed, s)``, so a
 sample depends only on (prompt, parameters, seed, sample index) wherever
