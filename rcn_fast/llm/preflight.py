@@ -6,7 +6,8 @@ seconds. For an OpenAI-compatible server (``openai:<url>#<model>``):
 
 1. the server answers at all (``GET /v1/models``, one attempt, at most
    ``timeout`` seconds): a refused connection, an unknown host or a
-   timeout is reported at once;
+   timeout is reported at once (the check's other requests retry at most
+   :data:`PREFLIGHT_RETRIES` times);
 2. it serves the named model: the name is among those ``/v1/models``
    lists, or the server answers a request with it (llama-cpp-python
    ignores the name); a name it rejects is reported with the names it
@@ -28,12 +29,15 @@ numbers are broken fails its questions with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rcn_fast.llm.openai_responses import ServerError
 
 #: Seconds the reachability check waits for the server.
 DEFAULT_TIMEOUT = 10.0
+#: Retries of each of the check's requests (backoff capped at 2 s).
+PREFLIGHT_RETRIES = 2
 
 
 class PreflightError(RuntimeError):
@@ -72,14 +76,20 @@ def preflight(llm: Any, *, label_scoring: bool = True, timeout: float = DEFAULT_
     inner = _unwrap(llm)
     if not isinstance(inner, OpenAILLM):
         return
+    config = inner.config
+    # the check's own requests give up sooner than a run's: a failing server is reported in seconds
+    inner.config = dataclasses.replace(config, max_retries=min(config.max_retries, PREFLIGHT_RETRIES),
+                                       max_backoff=min(config.max_backoff, 2.0))
     try:
-        _check_server(inner, label_scoring, min(float(timeout), inner.config.timeout))
+        _check_server(inner, label_scoring, min(float(timeout), config.timeout))
     except PreflightError:
         raise
     except ServerError as exc:
         raise PreflightError(f"model {inner.base_url}#{inner.model}: {exc}") from None
     except (OSError, ValueError, TypeError, ImportError, RuntimeError) as exc:
         raise PreflightError(f"model {inner.base_url}#{inner.model}: {type(exc).__name__}: {exc}") from None
+    finally:
+        inner.config = config
 
 
 def _check_server(llm: Any, label_scoring: bool, timeout: float) -> None:

@@ -175,3 +175,16 @@ def test_eval_counts_a_question_with_nan_scores_as_failed_and_answers_the_others
     [failure] = doc["failures"]
     assert failure["question_id"] == "q1" and "LabelScoreError" in failure["error"] and "'q1'" in failure["error"]
     assert "label 'A'" in failure["error"] and "openai:" in failure["error"]
+
+
+def test_a_server_that_fails_every_request_is_reported_after_few_retries():
+    def handle(method, route, body):
+        if method == "GET":
+            return 200, {"data": [{"id": "x"}]}, {}
+        return 503, {"error": {"message": "model is still loading"}}, {"Retry-After": "30"}
+
+    with StubServer(handle) as srv:
+        llm = load_llm(f"openai:{srv.base_url}#x", backoff=0.0)
+        with pytest.raises(PreflightError, match=r"gave up after 3 attempts; last error: HTTP 503: model is still"):
+            preflight(llm)
+        assert llm.config.max_retries == 6 and llm.retries == 2  # the client's own settings are back
