@@ -4,8 +4,10 @@ With no arguments it runs the embedded demo (vanilla, single retrieval and
 ReConnect on the built-in demo task, SmolLM2-135M-Instruct and
 all-MiniLM-L6-v2 on CPU) and prints the table. User mistakes (unknown
 names, missing files, malformed lines, models that cannot load) print one
-message and exit with status 2; Ctrl-C exits with 130 and keeps every
-finished question (the same command resumes).
+message and exit with status 2 (a model server that cannot serve the run
+too, checked before the first question); a run in which every question
+failed exits with 3; Ctrl-C exits with 130 and keeps every finished
+question (the same command resumes).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import yaml
 from rcn_fast.eval.config import DEFAULT_OUTPUT, EvalConfig, EvalError, load_run_config
 
 EXIT_USAGE = 2
+EXIT_ALL_FAILED = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -252,6 +255,17 @@ def _show_warning(message: Any, category: type, filename: str, lineno: int, file
         _default(message, category, filename, lineno, file, line)
 
 
+def _all_failed(doc: dict[str, Any]) -> bool:
+    """Whether a run had questions and answered none of them (a results
+    document, or one shard's summary)."""
+    units = doc.get("units") if "shard" in doc else None
+    if units is not None:
+        return sum(u["questions"] for u in units) > 0 and sum(u["answered"] for u in units) == 0
+    cells = [r for per_task in doc.get("results", {}).values() for r in per_task.values()]
+    asked = sum(r["n_questions"] * len(r["seeds"]) for r in cells)
+    return asked > 0 and sum(r["n_failed"] for r in cells) >= asked
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status."""
     ns = build_parser().parse_args(argv)
@@ -271,7 +285,11 @@ def _main(ns: argparse.Namespace) -> int:
         cfg = config_from_args(ns)
         from rcn_fast.eval.runner import evaluate
 
-        evaluate(cfg)
+        doc = evaluate(cfg)
+        if _all_failed(doc):
+            print("rcn_fast.eval: error: every question failed (see \"failures\" in the results JSON and the "
+                  "messages above); no result was produced", file=sys.stderr)
+            return EXIT_ALL_FAILED
         return 0
     except EvalError as exc:
         print(f"rcn_fast.eval: error: {exc}", file=sys.stderr)

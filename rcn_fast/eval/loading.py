@@ -171,6 +171,13 @@ class Components:
                 self._llm = load_llm(spec, cache=cache)
             except (TypeError, ValueError) as exc:
                 raise EvalError(f"model: {exc}") from None
+        from rcn_fast.llm.preflight import PreflightError, preflight
+
+        try:  # a dead or misconfigured model server: one message now, not a run of failed questions
+            preflight(self._llm)
+        except PreflightError as exc:
+            self._llm = None
+            raise EvalError(str(exc)) from None
         return self._llm
 
     # -- encoder

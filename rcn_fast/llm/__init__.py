@@ -9,8 +9,10 @@
   label-scoring op (Triton on CUDA, torch reference otherwise).
 * :mod:`rcn_fast.llm.seeded` -- seeded sampling whose draws do not depend
   on batching (sample ``s`` depends on prompt, parameters, seed and ``s``).
-* :class:`CallCache` / :class:`CachedLLM` -- the sqlite call cache;
+* :class:`CallCache` / :class:`CachedLLM` -- the sqlite call cache, keyed
+  on ``LLM.identity`` (every backend's one model identity);
   :class:`Cost` / :class:`CostTracker` -- usage accounting.
+* :func:`preflight` -- check a model server once before a run.
 * ``python -m rcn_fast.serve --model SPEC`` -- a small OpenAI-compatible
   server over the local backend (:mod:`rcn_fast.llm.serve`).
 
@@ -36,6 +38,9 @@ _LAZY = {
     "choice_logprobs": ("rcn_fast.llm.scoring", "choice_logprobs"),
     "choice_logprobs_from_hidden": ("rcn_fast.llm.scoring", "choice_logprobs_from_hidden"),
     "label_token_ids": ("rcn_fast.llm.scoring", "label_token_ids"),
+    "LabelScoreError": ("rcn_fast.llm.scoring", "LabelScoreError"),
+    "preflight": ("rcn_fast.llm.preflight", "preflight"),
+    "PreflightError": ("rcn_fast.llm.preflight", "PreflightError"),
 }
 
 

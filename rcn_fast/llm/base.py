@@ -383,7 +383,10 @@ class LLM(Protocol):
     """What pipelines need from a language model.
 
     ``identity`` names the model and every setting that changes its outputs
-    (the call cache keys on it); ``cost`` accumulates usage.
+    -- the one model identity of every backend: a weights fingerprint (HF,
+    vLLM), what the server says about its model (OpenAI-compatible
+    servers). The call cache keys on it, and so should anything else that
+    must change with the model (checkpoints); ``cost`` accumulates usage.
 
     Sampling: sample ``s`` of a chat should depend only on (model, prompt,
     parameters, seed, ``s``), not on the other chats of a call or on

@@ -25,7 +25,20 @@ key wins. The journal mode is a setting (``journal``):
   shared by processes on several machines.
 * ``"dotfile"``: a rollback journal with lock files (sqlite's
   ``unix-dotfile`` VFS) for network file systems without working POSIX
-  locks. Every process that opens the file must use the same mode.
+  locks.
+
+Every process that opens the file must use the same mode: writers with
+POSIX locks and writers with lock files do not see each other's locks and
+corrupt the file ("invalid page number"). The first process to open a file
+records its mode in the table ``cache_meta``; a process asking for another
+mode is refused with a :class:`CacheError` naming the recorded one (and a
+``"dotfile"`` writer on a file in WAL mode is told so, not to fix
+permissions). One change is safe and made: a WAL file that no process has
+open (no ``-wal`` / ``-shm`` file beside it) is switched to the rollback
+journal a ``"delete"`` or ``"dotfile"`` writer asks for;
+:meth:`CallCache.change_journal` switches any file no process uses. Two
+processes that *create* the same new file at the same instant with
+different modes are not caught: start one first.
 
 Faults: a cache path that cannot be opened (a folder in the way, a file
 that is not a sqlite database, a folder without write permission) raises
@@ -40,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -52,6 +66,7 @@ from rcn_fast._validate import is_number
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
 from rcn_fast.llm.base import normalise_labels, pad_rows
+from rcn_fast.llm.scoring import LOGPROB_TOLERANCE, check_label_scores
 
 DEFAULT_NAME = "llm_cache.sqlite"
 JOURNAL_MODES = ("wal", "delete", "dotfile")
@@ -71,6 +86,7 @@ CREATE TABLE IF NOT EXISTS calls (
     created REAL NOT NULL
 )
 """
+_META = "CREATE TABLE IF NOT EXISTS cache_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 _QUARANTINE = """
 CREATE TABLE IF NOT EXISTS calls_quarantine (
     key TEXT, model TEXT, kind TEXT, request TEXT, response TEXT, created REAL, reason TEXT, moved REAL
@@ -95,6 +111,25 @@ def check_logprobs(value: Any) -> None:
     for v in value["logprobs"]:
         if not is_number(v):
             raise ValueError(f"a label-logprobs record with a value that is not a number: {v!r}")
+        if math.isnan(v) or v == math.inf or v > LOGPROB_TOLERANCE:
+            raise ValueError(f"a label-logprobs record with a value that is not a log-probability: {v!r}")
+
+
+def _file_in_wal_mode(path: Path) -> bool:
+    """Whether ``path`` is a sqlite file whose header marks WAL mode (the
+    unix-dotfile VFS cannot open those)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head.startswith(b"SQLite format 3\x00") and head[18] == 2
+
+
+def _wal_in_use(path: Path) -> bool:
+    """Whether a WAL writer has ``path`` open: its ``-wal`` / ``-shm``
+    files exist while any connection is open (and after a crash)."""
+    return any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
 
 
 def _canonical(obj: Any) -> str:
@@ -141,11 +176,19 @@ class CallCache:
         self.path = p
         self.timeout = float(timeout)
         self._local = threading.local()
+        self._mode_checked = False
         self.hits = 0
         self.misses = 0
         if p.is_dir():
             raise CacheError(f"llm cache: {p} is a folder, where the cache file should be; move it away "
                              "or use another output folder")
+        if journal != "wal" and _file_in_wal_mode(p):
+            if _wal_in_use(p):  # a WAL writer has it open (the unix-dotfile VFS could not even open it)
+                raise self._mode_error("wal", header=True)
+            try:  # no process has it open: switch it to a rollback journal and record the new mode
+                CallCache.change_journal(p, journal, timeout=timeout)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
         try:
             con = self._conn()
             con.execute(_SCHEMA)
@@ -178,11 +221,60 @@ class CallCache:
             else:
                 con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
             con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            if not self._mode_checked:  # before switching the journal: refuse a file another mode uses
+                try:
+                    self._check_mode(con)
+                except BaseException:
+                    con.close()
+                    raise
             # a rollback journal for "delete"/"dotfile"; a file left in WAL mode by an earlier run is switched back
             self._set_journal(con, "wal" if self.journal == "wal" else "delete")
             con.execute("PRAGMA synchronous=NORMAL" if self.journal == "wal" else "PRAGMA synchronous=FULL")
             self._local.con = con
         return con
+
+    def _check_mode(self, con: sqlite3.Connection) -> None:
+        """Record this cache's journal mode in a new (or older, unrecorded)
+        file; raise :class:`CacheError` when the file records another."""
+        con.execute(_META)
+        row = con.execute("SELECT value FROM cache_meta WHERE key = 'journal'").fetchone()
+        if row is None:  # a new file (or one from before modes were recorded): the first writer's mode
+            con.execute("INSERT OR IGNORE INTO cache_meta VALUES ('journal', ?)", (self.journal,))
+            row = con.execute("SELECT value FROM cache_meta WHERE key = 'journal'").fetchone()
+        if row is not None and row[0] != self.journal:
+            raise self._mode_error(str(row[0]))
+        self._mode_checked = True
+
+    def _mode_error(self, recorded: str, header: bool = False) -> CacheError:
+        where = "is in WAL mode and open in a WAL writer" if header else f"records journal mode {recorded!r}"
+        return CacheError(f"llm cache: {self.path} {where} and this process asks for {self.journal!r}: every process "
+                          f"that opens a cache file must use the same journal mode (mixing them corrupts it); use "
+                          f"--cache-journal {recorded} (journal={recorded!r}) here, or another cache file (to change "
+                          f"the mode of a file no process uses: CallCache.change_journal(path, mode))")
+
+    @staticmethod
+    def change_journal(path: str | Path, journal: str, *, timeout: float = 60.0) -> None:
+        """Switch a cache file that **no process is using** to ``journal``
+        and record it (a WAL file left by finished runs is switched this way
+        when a rollback-journal writer opens it).
+
+        Parameters
+        ----------
+        path : str or Path
+            A cache file, or the folder holding ``llm_cache.sqlite``.
+        journal : {"wal", "delete", "dotfile"}
+        """
+        if journal not in JOURNAL_MODES:
+            raise ValueError(f"journal: expected one of {list(JOURNAL_MODES)}, got {journal!r}")
+        p = Path(path)
+        p = p / DEFAULT_NAME if p.is_dir() else p
+        con = sqlite3.connect(p, timeout=timeout, isolation_level=None)
+        try:
+            con.execute(f"PRAGMA journal_mode={'WAL' if journal == 'wal' else 'DELETE'}")
+            con.execute(_META)
+            con.execute("INSERT OR REPLACE INTO cache_meta VALUES ('journal', ?)", (journal,))
+        finally:
+            con.close()
 
     def _set_journal(self, con: sqlite3.Connection, mode: str) -> None:
         """Switch ``con``'s file to journal ``mode`` unless it is in it
@@ -378,8 +470,12 @@ class CachedLLM(SampleBackend):
         miss = [i for i, k in enumerate(keys) if k not in found]
         results: dict[int, tuple[list[float], int, int]] = {}
         if miss:
-            lp = self.llm.label_logprobs([valid[i] for i in miss], [rows[i] for i in miss])
+            lp = self.llm.label_logprobs([valid[i] for i in miss], [rows[i] for i in miss],
+                                         tags=None if tags is None else [tags[i] for i in miss])
             last = getattr(self.llm.cost, "last", None) or [Cost() for _ in miss]
+            # an LLM that does not check its own scores: a NaN/+inf/positive row fails here, before it is stored
+            check_label_scores([list(lp[j, : len(rows[i])]) for j, i in enumerate(miss)], [rows[i] for i in miss],
+                               model, None if tags is None else [tags[i] for i in miss])
             items = []
             for j, i in enumerate(miss):
                 vals = [float(v) for v in lp[j, : len(rows[i])]]

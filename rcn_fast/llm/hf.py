@@ -457,6 +457,12 @@ class HFLLM(SampleBackend):
             by the logsumexp of its single-token spellings (``"A"`` and
             ``" A"`` by default); a label with no single-token spelling is
             a ValueError.
+
+        Raises
+        ------
+        LabelScoreError
+            A row the model scores NaN or ``+inf`` (NaN logits, an
+            overflow): :func:`rcn_fast.llm.scoring.check_label_scores`.
         """
         valid = chatlib.validate_chats(chats)
         rows = normalise_labels(labels, len(valid))
@@ -466,5 +472,6 @@ class HFLLM(SampleBackend):
         prompt_ids = self.encode_texts(self.render(valid))
         label_ids = [self.label_ids_for(r) for r in rows]
         res = self.score_ids(prompt_ids, label_ids)
+        scoring.check_label_scores(res, rows, f"hf:{self.name}", tags)  # a NaN row fails its question
         self.cost.record_rows([Cost(1, len(p), 0) for p in prompt_ids], tags)
         return pad_rows(res)

@@ -67,6 +67,15 @@ found is scored from those (a lower bound, with a warning).
 Costs are counted as the local backend counts them: one call per row,
 the prefix's tokens.
 
+A NaN, ``+inf`` or positive label score (before the log-softmax over the
+labels) is a :class:`~rcn_fast.llm.scoring.LabelScoreError` naming the
+question, the label and the server; an answer of the wrong shape is a
+:class:`ServerError` naming the field (:mod:`rcn_fast.llm.openai_responses`).
+``identity`` (the call cache's key) covers what the server says about the
+model behind the name (:mod:`rcn_fast.llm.openai_identity`); a dead or
+misconfigured server is best found before a run by
+:func:`rcn_fast.llm.preflight.preflight`.
+
 Samples: each sample of each row is its own request (``n=1``), sample ``s``
 with the seed :func:`rcn_fast.llm.seeded.sample_seed` ``(seed, s)``, so a
 sample depends only on (prompt, parameters, seed, sample index) wherever
@@ -79,7 +88,6 @@ import hashlib
 import http.client
 import json
 import logging
-import math
 import os
 import queue
 import socket
@@ -108,6 +116,11 @@ from rcn_fast.llm.base import (
     pad_rows,
     sample_costs,
 )
+from rcn_fast.llm.openai_responses import NoPromptLogprobs as _NoPromptLogprobs
+from rcn_fast.llm.openai_responses import ServerError, answer_object, choices as _choices, error_message
+from rcn_fast.llm.openai_responses import prompt_lps as _prompt_lps, retry_after, top_chat as _top_chat
+from rcn_fast.llm.openai_responses import top_completion as _top_completion, usage_tokens
+from rcn_fast.llm.scoring import check_label_scores
 from rcn_fast.llm.seeded import sample_seed
 
 log = logging.getLogger("rcn_fast.llm.openai")
@@ -115,15 +128,6 @@ log = logging.getLogger("rcn_fast.llm.openai")
 _MODES = ("auto", "completions", "chat")
 _SCORING = ("auto", "prompt_logprobs", "top_logprobs")
 _PROMPT_FIELDS = ("echo", "vllm")
-
-
-class ServerError(RuntimeError):
-    """The server answered with an error that retrying does not fix
-    (``status``: the HTTP status, or None)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -240,6 +244,7 @@ class OpenAILLM(SampleBackend):
         self.cost = CostTracker()
         self.retries = 0
         self._lock = threading.Lock()
+        self._identity_lock = threading.Lock()
         self._pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
         self._executor: ThreadPoolExecutor | None = None
         self._prepared = False
@@ -255,9 +260,22 @@ class OpenAILLM(SampleBackend):
 
     @property
     def identity(self) -> str:
-        """``openai:<base_url>#<model>:<mode>:<label_scoring>:<spellings>:top<k>:<digest>``;
-        the digest covers ``extra_body`` (sent with every request), the
-        ``tokenizer`` and the prompt log-probs field."""
+        """The model identity (the call cache keys on it, as on every
+        backend's ``identity``): :attr:`config_identity` ``+ ":served-" +``
+        a digest of what the server says about the model behind the name
+        (:func:`rcn_fast.llm.openai_identity.served_identity`: its
+        ``/v1/models`` entry and a fixed probe's top log-probs), asked once
+        per client. Raises :class:`ServerError` when the server cannot be
+        reached."""
+        from rcn_fast.llm.openai_identity import served_digest
+
+        return f"{self.config_identity}:served-{served_digest(self)}"
+
+    @property
+    def config_identity(self) -> str:
+        """``openai:<base_url>#<model>:<mode>:<label_scoring>:<spellings>:top<k>:<digest>``
+        (no request): the digest covers ``extra_body`` (sent with every
+        request), the ``tokenizer`` and the prompt log-probs field."""
         c = self.config
         extra = json.dumps({"extra_body": c.extra_body, "tokenizer": c.tokenizer, "field": c.prompt_logprobs_field,
                             "max_top": c.max_top_logprobs, "first": c.top_logprobs_first}, sort_keys=True, default=str)
@@ -372,19 +390,13 @@ class OpenAILLM(SampleBackend):
                     wait = 0.0  # a kept-alive connection the server had closed: retry at once
             else:
                 if status < 400:
-                    try:
-                        return json.loads(raw)
-                    except json.JSONDecodeError:
-                        raise ServerError(f"{url}: the answer is not JSON: {raw[:200]!r}", status) from None
-                detail = _error_message(raw)
+                    return answer_object(raw, url, status)
+                detail = error_message(raw)
                 if status == 429 or (status >= 500 and not (probe and "prompt" in detail)):
                     last = f"HTTP {status}: {detail}"
-                    ra = resp.getheader("Retry-After")
-                    if ra:
-                        try:
-                            wait = min(self.config.max_backoff, float(ra))
-                        except ValueError:
-                            pass
+                    ra = retry_after(resp.getheader("Retry-After"))  # None: no usable hint
+                    if ra is not None:
+                        wait = min(self.config.max_backoff, ra)
                 else:
                     raise ServerError(f"{url}: HTTP {status}: {detail}", status)
             if attempt < self.config.max_retries:
@@ -426,7 +438,7 @@ class OpenAILLM(SampleBackend):
         """POST token-id prompts (or, to a server without them, their text)
         to ``/completions`` and check the server's prompt token count."""
         out = self._post("/completions", self._completions_body(prompts, fields))
-        got = (out.get("usage") or {}).get("prompt_tokens") if isinstance(out, dict) else None
+        got = usage_tokens(out, "prompt_tokens")
         want = sum(len(p) for p in prompts)
         if isinstance(got, int) and got != want:
             how = "tokenised the rendered text" if self._text_prompts else "received the token ids"
@@ -474,8 +486,8 @@ class OpenAILLM(SampleBackend):
             fields = {"max_tokens": 1, "temperature": 0.0}
             cont = self._post("/chat/completions", self._chat_body(chat, fields))
             plain = self._post("/chat/completions", {"model": self.model, "messages": chat, **fields})
-            n_cont = (cont.get("usage") or {}).get("prompt_tokens")
-            n_plain = (plain.get("usage") or {}).get("prompt_tokens")
+            n_cont = usage_tokens(cont, "prompt_tokens")
+            n_plain = usage_tokens(plain, "prompt_tokens")
             why = None
             if not isinstance(n_cont, int) or not isinstance(n_plain, int):
                 why = "the server reports no usage.prompt_tokens, so a pre-filled answer turn cannot be verified"
@@ -497,7 +509,7 @@ class OpenAILLM(SampleBackend):
         prompt token count is checked against the local rendering."""
         out = self._post("/chat/completions", self._chat_body(chat, fields))
         if self._tokenizer is not None and chat[-1]["role"] == "assistant":
-            got = (out.get("usage") or {}).get("prompt_tokens") if isinstance(out, dict) else None
+            got = usage_tokens(out, "prompt_tokens")
             if isinstance(got, int):
                 want = len(self._ids(chat))
                 if got > want + 1:  # one more for a BOS the template does not write
@@ -539,9 +551,8 @@ class OpenAILLM(SampleBackend):
             try:
                 choice = out["choices"][0]
                 text = choice["text"] if tokens else choice["message"]["content"]
-                usage = out.get("usage") or {}
-                return Generation(text=text or "", prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                                  generated_tokens=int(usage.get("completion_tokens", 0)),
+                return Generation(text=text or "", prompt_tokens=usage_tokens(out, "prompt_tokens") or 0,
+                                  generated_tokens=usage_tokens(out, "completion_tokens") or 0,
                                   finish_reason="length" if choice.get("finish_reason") == "length" else "stop")
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise ServerError(f"{self.base_url}: unexpected response shape ({exc!r}): {str(out)[:200]}") from None
@@ -589,6 +600,8 @@ class OpenAILLM(SampleBackend):
             self._warn_once("chat-top", f"{self.base_url}: label scoring in chat mode reads the next-token top "
                                         f"log-probs (no prompt log-probs there); pass tokenizer= for exact scores")
             res, lens = self._score_top_chat(valid, rows)
+        check_label_scores(res, rows, self.config_identity, tags)  # NaN, +inf, positive: the question fails
+        res = [_normalise(r) for r in res]
         self.cost.record_rows([Cost(1, n, 0) for n in lens], tags)
         return pad_rows(res)
 
@@ -667,7 +680,8 @@ class OpenAILLM(SampleBackend):
         return [t for part in self._map(one, chunks) for t in part]
 
     def _score_exact(self, prefixes: list[list[int]], spell: list[list[list[int]]]) -> list[list[float]]:
-        """Exact scores: each spelling's ``log p(t | prefix)`` read from the
+        """Exact label scores (logsumexp of the spellings, before the
+        log-softmax over the labels): each spelling's ``log p(t | prefix)`` read from the
         next-token top log-probs where it is there under a string only it
         decodes to (``top_logprobs_first``; one prompt per row, so the
         server's prefix cache serves it), else from the prompt log-probs
@@ -705,13 +719,13 @@ class OpenAILLM(SampleBackend):
 
         for job, v in zip(jobs, [v for part in self._map(one, chunks) for v in part]):
             vals[job] = v
-        return [_normalise([logsumexp([vals[(b, c, t)] for t in ts]) for c, ts in enumerate(row)])
-                for b, row in enumerate(spell)]
+        return [[logsumexp([vals[(b, c, t)] for t in ts]) for c, ts in enumerate(row)] for b, row in enumerate(spell)]
 
     def _escalate(self, fetch: Callable[[list[int], int], list[tuple[dict[str, float], int]]], spell_strs: list[list[list[str]]],
                   rows: list[list[str]], vocab: int | None) -> list[list[float]]:
         """The top-log-probs fallback over all rows: ask with ``k`` entries,
-        again with 8k for rows missing a spelling, up to the cap."""
+        again with 8k for rows missing a spelling, up to the cap; label
+        scores before the log-softmax over the labels."""
         cap = self.config.max_top_logprobs or vocab or (1 << 17)
         if self._top_cap is not None:
             cap = min(cap, self._top_cap)
@@ -754,7 +768,7 @@ class OpenAILLM(SampleBackend):
                                                f"log-probs (e.g. {lab!r} of row {i}); those labels are scored from "
                                                f"the spellings found (a lower bound)")
                 scores.append(logsumexp(found))
-            out.append(_normalise(scores))
+            out.append(scores)
         return out
 
     def _score_top_tokens(self, prefixes: list[list[int]], spell: list[list[list[int]]], rows: list[list[str]]) -> list[list[float]]:
@@ -776,7 +790,7 @@ class OpenAILLM(SampleBackend):
             def one(i: int) -> tuple[dict[str, float], int]:
                 out = self._ask_chat(valid[i], {"max_tokens": 1, "temperature": 0.0, "logprobs": True,
                                                 "top_logprobs": k})
-                lens[i] = int((out.get("usage") or {}).get("prompt_tokens", 0))
+                lens[i] = usage_tokens(out, "prompt_tokens") or 0
                 top = _top_chat(out)
                 if top is None:
                     raise RuntimeError(f"{self.base_url}/chat/completions: the server returned no next-token "
@@ -786,10 +800,6 @@ class OpenAILLM(SampleBackend):
             return self._map(one, todo)
 
         return self._escalate(fetch, spell_strs, rows, None), lens
-
-
-class _NoPromptLogprobs(Exception):
-    pass
 
 
 def _resolvable(name: str) -> bool:
@@ -806,84 +816,3 @@ def _resolvable(name: str) -> bool:
 def _normalise(scores: list[float]) -> list[float]:
     z = logsumexp(scores)
     return [s - z for s in scores]
-
-
-def _choices(out: Any, n: int) -> list[dict[str, Any]]:
-    """The ``n`` choices of a response (n=1 each), ordered by index."""
-    try:
-        ch = sorted(out["choices"], key=lambda c: c.get("index", 0))
-    except (KeyError, TypeError, AttributeError):
-        raise ServerError(f"unexpected response shape: {str(out)[:200]}") from None
-    if len(ch) != n:
-        raise ServerError(f"expected {n} choices (one per prompt), got {len(ch)}: the server does not take a list "
-                          f"of prompts; set prompts_per_request=1")
-    return ch
-
-
-def _prompt_lps(out: Any, prompts: list[list[int]], how: str) -> list[float]:
-    """log p(last token | the tokens before it) of each prompt, from the
-    response's prompt log-probs."""
-    vals = []
-    for c, p in zip(_choices(out, len(prompts)), prompts):
-        n = len(p)
-        if how == "vllm":
-            pl = c.get("prompt_logprobs")
-            if not isinstance(pl, list) or len(pl) < n or not isinstance(pl[n - 1], dict):
-                raise _NoPromptLogprobs("no prompt_logprobs in the answer")
-            entry = pl[n - 1].get(str(p[-1]))
-            v = entry.get("logprob") if isinstance(entry, dict) else entry
-        else:
-            lp = c.get("logprobs") or {}
-            tl = lp.get("token_logprobs") if isinstance(lp, dict) else None
-            if not isinstance(tl, list) or len(tl) < n or tl[0] is not None:
-                raise _NoPromptLogprobs("no prompt log-probs in the answer to echo=true, logprobs=1")
-            v = tl[n - 1]
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v > 1e-3:
-            raise ServerError(f"the server's prompt log-prob of the label token is {v!r}, not a log-probability")
-        vals.append(float(v))
-    return vals
-
-
-def _merge(pairs: list[tuple[str, float]]) -> tuple[dict[str, float], int] | None:
-    """(token string -> logprob, tokens spelled alike combined by
-    logsumexp; the number of entries the server sent)."""
-    if not pairs:
-        return None
-    merged: dict[str, list[float]] = {}
-    for t, v in pairs:
-        merged.setdefault(t, []).append(v)
-    return {t: logsumexp(v) for t, v in merged.items()}, len(pairs)
-
-
-def _top_completion(choice: dict[str, Any]) -> tuple[dict[str, float], int] | None:
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return None
-    tops = lp.get("top_logprobs") or []
-    if not tops or not tops[0]:
-        return None
-    return _merge([(t, float(v)) for t, v in tops[0].items()])
-
-
-def _top_chat(out: dict[str, Any]) -> tuple[dict[str, float], int] | None:
-    try:
-        lp = out["choices"][0].get("logprobs")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return None
-    if not lp:
-        return None
-    content = lp.get("content") or []
-    if not content:
-        return None
-    return _merge([(e["token"], float(e["logprob"])) for e in content[0].get("top_logprobs") or []])
-
-
-def _error_message(raw: bytes) -> str:
-    try:
-        body = json.loads(raw or b"{}")
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict):
-            return str(err.get("message") or body)[:300]
-        return str(err or body.get("detail") or body)[:300]
-    except Exception:
-        return raw[:300].decode("utf-8", "replace")

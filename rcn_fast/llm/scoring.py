@@ -40,10 +40,18 @@ scored -- every one of its ``C`` log-probabilities is NaN (padded labels
 included) and its argmax is ``-1``. Other rows are unaffected, and scores of
 absent spellings (``-1`` ids) are never read. Both backends follow this
 rule.
+
+The backends do not pass such a row on as an answer: a NaN, ``+inf`` or
+positive label log-probability (and a row whose labels all score ``-inf``)
+is a :class:`LabelScoreError` naming the question, the label and the
+backend (:func:`check_label_scores`, called by every backend and by the
+call cache before it stores a row), so the question fails instead of
+taking label A.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -56,6 +64,64 @@ _TRITON_HINT = "pip install 'rcn_fast[triton]'"
 
 def _torch() -> Any:
     return A.require("torch", _TORCH_HINT)
+
+
+# ------------------------------------------------------------ label checks
+
+#: A log-probability above this is "positive" (room for float rounding of 0).
+LOGPROB_TOLERANCE = 1e-3
+
+
+class LabelScoreError(ValueError):
+    """A label's log-probability is NaN, ``+inf`` or positive (or every
+    label of a row is ``-inf``): the model or server gave no usable score,
+    so the question has no answer (the eval counts it as failed)."""
+
+
+def _bad_logprob(v: float) -> str | None:
+    if math.isnan(v):
+        return "NaN"
+    if v == math.inf:
+        return "+inf"
+    if v > LOGPROB_TOLERANCE:
+        return "positive (a log-probability is <= 0)"
+    return None
+
+
+def check_label_scores(rows: Sequence[Sequence[float]], labels: Sequence[Sequence[str]], backend: str,
+                       tags: Sequence[str] | None = None) -> None:
+    """Refuse unusable label log-probabilities.
+
+    Parameters
+    ----------
+    rows : list (length B) of list of float
+        Per row, one score per label: a label's log-probability (before or
+        after the log-softmax over the labels).
+    labels : list (length B) of list of str
+        The labels of each row (aligned with ``rows``).
+    backend : str
+        Names the model or server in the message (e.g. its identity).
+    tags : list of str, optional
+        Question ids of the rows, named in the message.
+
+    Raises
+    ------
+    LabelScoreError
+        A score is NaN, ``+inf`` or above :data:`LOGPROB_TOLERANCE`, or
+        every label of a row is ``-inf``. ``-inf`` alone is a score
+        (probability 0).
+    """
+    for i, (row, labs) in enumerate(zip(rows, labels)):
+        where = f"question {tags[i]!r} (chats[{i}])" if tags is not None else f"chats[{i}]"
+        for v, lab in zip(row, labs):
+            why = _bad_logprob(float(v))
+            if why is not None:
+                raise LabelScoreError(f"{backend}: {where}: label {lab!r} has log-probability {float(v)!r}, which is "
+                                      f"{why}: the model's or server's numbers are broken (NaN logits, an overflow), "
+                                      f"so this question has no answer and nothing is cached")
+        if row and all(float(v) == -math.inf for v in row):
+            raise LabelScoreError(f"{backend}: {where}: every label ({', '.join(map(repr, labs))}) has "
+                                  f"log-probability -inf, so this question has no answer and nothing is cached")
 
 
 # ------------------------------------------------------------ reference
@@ -462,6 +528,9 @@ CHOICE_LOGPROBS_HIDDEN = _dispatch.register(
 )
 
 __all__ = [
+    "LabelScoreError",
+    "check_label_scores",
+    "LOGPROB_TOLERANCE",
     "choice_logprobs",
     "choice_logprobs_from_hidden",
     "choice_logprobs_reference",

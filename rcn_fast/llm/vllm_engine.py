@@ -13,7 +13,9 @@ prefix)``, read from the next-token top-``top_logprobs`` log-probs (keyed
 by token id) where ``t`` is among them, else from the prompt log-prob of
 ``prefix + [t]`` (``prompt_logprobs=0``, which returns the prompt token's
 own log-prob at every position). Spellings combine by logsumexp and labels
-by log-softmax, as the other backends do; no label is ever ``-inf``.
+by log-softmax, as the other backends do; no label is ever ``-inf``. A
+NaN, ``+inf`` or positive label log-prob is a
+:class:`~rcn_fast.llm.scoring.LabelScoreError` naming the question.
 
 Not exercised by the test suite on machines without vLLM and a GPU (a fake
 ``vllm`` module checks what is passed to it).
@@ -78,8 +80,17 @@ class VLLMEngine(SampleBackend):
 
     @property
     def identity(self) -> str:
+        """``vllm:<model>:<engine kwargs>:<spellings>:<weights>``: the model
+        identity the call cache keys on. ``<weights>`` is 16 hex digits of
+        :func:`rcn_fast.model_files.model_fingerprint` over the model
+        folder's config, tokenizer and weight files (the folder the name
+        resolves to: a path, ``package:<module>`` or a hub id in the local
+        cache; hashed once per process), or ``unresolved`` when the name
+        resolves to no local folder."""
         kw = ",".join(f"{k}={v}" for k, v in sorted(self.engine_kwargs.items()))
-        return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}"
+        if getattr(self, "_weights", None) is None:
+            self._weights = _weights_fingerprint(self.name)
+        return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}:{self._weights}"
 
     def _prompts(self, chats: Sequence[Any]) -> list[list[int]]:
         special = not chatlib.has_chat_template(self.tokenizer)
@@ -137,12 +148,22 @@ class VLLMEngine(SampleBackend):
             outs = self.engine.generate([{"prompt_token_ids": ids[b] + [t]} for b, t in missing], sp, use_tqdm=False)
             for (b, t), out in zip(missing, outs):
                 vals[(b, t)] = float(out.prompt_logprobs[-1][t].logprob)
+        raw = [[logsumexp([vals[(b, t)] for t in ts]) for ts in row] for b, row in enumerate(spell)]
+        scoring.check_label_scores(raw, rows, self.identity, tags)  # NaN, +inf, positive: the question fails
         res = []
-        for b, row in enumerate(spell):
-            scores = [logsumexp([vals[(b, t)] for t in ts]) for ts in row]
+        for scores in raw:
             z = logsumexp(scores)
             res.append([x - z for x in scores])
         self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
         return pad_rows(res)
 
 
+def _weights_fingerprint(name: str) -> str:
+    """16 hex digits of the model folder's fingerprint, or ``unresolved``."""
+    from rcn_fast.model_files import model_fingerprint, resolve_model_path
+
+    try:
+        path = resolve_model_path(name, local_files_only=True)
+    except (ValueError, OSError):
+        return "unresolved"
+    return model_fingerprint(path)[:16] if path.is_dir() else "unresolved"

