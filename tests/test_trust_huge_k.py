@@ -179,3 +179,30 @@ def test_topn_huge_k_is_refused_before_allocating(monkeypatch):
     corpus = np.eye(4, dtype=np.float32)
     with pytest.raises(MemoryError, match=r"k: .*the corpus has 4 rows"):
         rcn_fast.topn(corpus[:1], corpus, HUGE)
+
+
+def test_septa_top_k_beyond_the_database(tmp_path):
+    """SEPTA's retrieval slots (G [Q, C, k, d]) stop at the database size: a
+    top_k far beyond it allocates nothing more and scores the same."""
+    pytest.importorskip("torch")
+    from rcn_fast.data import MCQuestion
+    from rcn_fast.septa import (AlignConfig, GNNConfig, PredictorConfig, SamplerConfig, SeptaSystem,
+                                build_database, prepare_alignment, run_alignment)
+    from tests.septa.helpers import BagOfWordsEncoder, word_graph
+
+    g, enc, d = word_graph(240, 700, seed=1), BagOfWordsEncoder(32), tmp_path / "septa"
+    prepare_alignment(d, g, enc, num_pairs=48, eval_pairs=16, sampler=SamplerConfig(max_nodes=5, max_edges=8),
+                      gnn=GNNConfig(hidden=16, heads=2))
+    run_alignment(d, AlignConfig(dim=16, batch_size=16, max_steps=2))
+    db = build_database(d, encoder=enc, limit=6)
+    names = g.node_names
+    qs = [MCQuestion(id="q", question=f"What goes with {names[0]}?", choices=[names[1], names[2]], answer=0)]
+    out = {}
+    for top_k in (len(db), 10**6):
+        s = SeptaSystem(d, encoder=enc, predictor_config=PredictorConfig(top_k=top_k), load_predictor=False)
+        feats, _ = s.features(qs)
+        out[top_k] = (feats, s.score(feats))
+    wide, narrow = out[10**6][0], out[len(db)][0]
+    assert wide.G.shape == narrow.G.shape == (1, 2, len(db), 16) and (wide.G_ids >= 0).all()
+    np.testing.assert_array_equal(wide.G_ids, narrow.G_ids)
+    np.testing.assert_allclose(out[10**6][1], out[len(db)][1], rtol=1e-6)

@@ -468,9 +468,13 @@ class SeptaSystem:
         """Predictor inputs for ``questions`` and, per question, the enhanced
         queries of its choices (texts, linked nodes, triples). Subgraphs are
         retrieved with the frozen aligned encoder; after fine-tuning
-        (``finetune_encoder``) ``t`` and ``v`` come from the fine-tuned one."""
+        (``finetune_encoder``) ``t`` and ``v`` come from the fine-tuned one.
+        The ``k`` axis holds ``min(top_k, database size)`` slots: slots
+        beyond the database could only be padding, which the predictor
+        masks anyway."""
         torch = _torch()
-        k, C = self.config.top_k, max((len(q.choices) for q in questions), default=1)
+        k = min(self.config.top_k, max(1, len(self.db)))
+        C = max((len(q.choices) for q in questions), default=1)
         Q, d, dt = len(questions), self.align.dim, self.manifest["text_dim"]
         t = np.zeros((Q, C, d), np.float32)
         v = np.zeros((Q, C, dt), np.float32)
