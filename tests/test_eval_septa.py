@@ -146,7 +146,7 @@ def test_septa_through_evaluate(septa_dir, tmp_path, no_llm, capsys):
              on_batch=lambda u, n: batches.append(n))
     assert batches == []
     # retraining in place: the answers are computed again, not taken from the old results
-    (septa_dir / "predictor_state.pt").unlink()
+    (septa_dir / "predictor_state.safetensors").unlink()
     _train(septa_dir, epochs=3, seed=1)
     doc = evaluate(cfg, print_table=False, on_batch=lambda u, n: batches.append(n))
     assert batches == [4, 2] and doc["results"]["septa-mini"]["septa"]["n"] == 6
@@ -176,13 +176,22 @@ def test_bad_septa_checkpoints(septa_dir, tmp_path, no_llm, capsys):
     code, err = _run_cli([*base, "--pipeline-args", f"septa.checkpoint={tmp_path / 'nonexistent'}"], capsys)
     assert code == 2 and "nonexistent does not exist" in err and "septa.json" in err
 
-    (septa_dir / "predictor.pt").rename(tmp_path / "predictor.pt")
+    (septa_dir / "predictor.safetensors").rename(tmp_path / "predictor.safetensors")
     code, err = _run_cli([*base, "--pipeline-args", f"septa.checkpoint={septa_dir}"], capsys)
-    assert code == 2 and "has no predictor.pt (run `python -m rcn_fast.septa train` first)" in err
+    assert code == 2 and "has no predictor.safetensors (run `python -m rcn_fast.septa train` first)" in err
 
-    (septa_dir / "predictor.pt").write_bytes(b"not a checkpoint")
+    # a crafted pickle of an older rcn_fast's layout: refused, its code never runs (issue 26 item 1)
+    from tests.test_trust_septa_pickle import _crafted
+
+    _crafted(septa_dir / "predictor.pt", tmp_path / "pwned")
     code, err = _run_cli([*base, "--pipeline-args", f"septa.checkpoint={septa_dir}"], capsys)
-    assert code == 2 and "pipeline 'septa': cannot build it" in err
+    assert code == 2 and "predictor.pt is a pickle (torch.save) checkpoint" in err and "convert --dir" in err
+    assert not (tmp_path / "pwned").exists()
+    (septa_dir / "predictor.pt").unlink()
+
+    (septa_dir / "predictor.safetensors").write_bytes(b"not a checkpoint")
+    code, err = _run_cli([*base, "--pipeline-args", f"septa.checkpoint={septa_dir}"], capsys)
+    assert code == 2 and "predictor.safetensors is not a readable safetensors checkpoint" in err
 
     (septa_dir / "septa.json").write_text("{")
     code, err = _run_cli([*base, "--pipeline-args", f"septa.checkpoint={septa_dir}"], capsys)

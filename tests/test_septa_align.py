@@ -128,13 +128,13 @@ def test_resume_gives_the_uninterrupted_result(tmp_path):
 
     m1 = model()
     with pytest.raises(Killed):
-        train_alignment(m1, tab, temb, cfg, checkpoint=tmp_path / "state.pt", on_step=kill_at_5)
+        train_alignment(m1, tab, temb, cfg, checkpoint=tmp_path / "state.safetensors", on_step=kill_at_5)
     m2 = model()
-    h2 = train_alignment(m2, tab, temb, cfg, checkpoint=tmp_path / "state.pt")
+    h2 = train_alignment(m2, tab, temb, cfg, checkpoint=tmp_path / "state.safetensors")
     assert [h["step"] for h in h2] == list(range(1, 9))
     assert [h["loss"] for h in h2] == pytest.approx([h["loss"] for h in h_ref], rel=1e-5)
     for (k, a), (_, b) in zip(ref.module.state_dict().items(), m2.module.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-6), k
     with pytest.raises(ValueError, match="checkpoint"):
         train_alignment(model(), tab, temb, AlignConfig(dim=16, batch_size=8, max_steps=8),
-                        checkpoint=tmp_path / "state.pt")
+                        checkpoint=tmp_path / "state.safetensors")

@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rcn_fast.data import MCQuestion  # noqa: E402
+from rcn_fast.septa.checkpoint import load_checkpoint  # noqa: E402
 from tests.septa.helpers import one_torch_thread  # noqa: E402,F401
 
 QUESTIONS = [
@@ -80,7 +81,7 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, cap
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RCN_FAST_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "rcn_fast.septa", *align, "--quiet"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = d / "align_state.pt"
+    state = d / "align_state.safetensors"
     deadline = time.time() + 240
     while not state.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -88,7 +89,7 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, cap
         proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert state.exists(), "no alignment checkpoint was written"
-    done_before = torch.load(state, weights_only=False)["step"]
+    done_before = load_checkpoint(state)["step"]
     r = _cli(*align)
     assert r.returncode == 0, r.stderr
     assert f"resumed from {state} at step {done_before} of 300" in r.stderr

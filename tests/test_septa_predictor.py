@@ -200,7 +200,7 @@ def test_predictor_trains_on_real_questions(shared_data, tmp_path):
     assert 0.0 <= res["dev_acc"] <= 1.0  # the best dev epoch is kept (here an early one: 40 questions)
     # without a dev split the last epoch is kept: it fits its training questions far above chance
     # (1 in 5; measured 0.66 with seed 0 and 0.63 with seed 1 on these settings)
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     res = run_training(d, train, None, PredictorConfig(top_k=4, epochs=20, patience=20, lr=1e-2, dropout=0.0,
                                                        batch_size=16), encoder=enc)
     losses = [h["loss"] for h in res["history"]]

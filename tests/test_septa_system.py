@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rcn_fast.data import MCQuestion  # noqa: E402
+from rcn_fast.septa.checkpoint import load_checkpoint  # noqa: E402
 from rcn_fast.septa import (  # noqa: E402
     AlignConfig,
     GNNConfig,
@@ -94,13 +95,13 @@ def test_build_db_resumes_from_its_finished_chunks(aligned, monkeypatch):
 
 def test_checks_fingerprints_and_feature_cache(aligned):
     d, enc, g = aligned
-    with pytest.raises(FileNotFoundError, match=r"has no db/, predictor\.pt \(run `python -m rcn_fast\.septa "
+    with pytest.raises(FileNotFoundError, match=r"has no db/, predictor\.safetensors \(run `python -m rcn_fast\.septa "
                                                 r"build-db`, then `python -m rcn_fast\.septa train` first\)"):
         check_directory(d)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         check_directory(d / "nothing")
     build_database(d, encoder=enc)
-    with pytest.raises(FileNotFoundError, match=r"has no predictor\.pt \(run `python -m rcn_fast\.septa train`"):
+    with pytest.raises(FileNotFoundError, match=r"has no predictor\.safetensors \(run `python -m rcn_fast\.septa train`"):
         check_directory(d)
     qs = _questions(g)
     cfg = PredictorConfig(top_k=2, num_triples=2, epochs=1, batch_size=4)
@@ -114,7 +115,7 @@ def test_checks_fingerprints_and_feature_cache(aligned):
     assert len(features) == 1
 
     # retraining in place changes the fingerprint; the same questions reuse their features
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     run_training(d, qs, None, PredictorConfig(top_k=2, num_triples=2, epochs=2, batch_size=4, seed=1), encoder=enc)
     fp2 = checkpoint_fingerprint(d)
     assert fp2 != fp and set(d.glob("features_*.npz")) == features
@@ -122,18 +123,18 @@ def test_checks_fingerprints_and_feature_cache(aligned):
     # a rebuilt database (other centres) or another alignment: the features are computed afresh
     build_database(d, encoder=enc, limit=100)
     assert checkpoint_fingerprint(d) != fp2
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     run_training(d, qs, None, cfg, encoder=enc)
     assert len(set(d.glob("features_*.npz")) - features) == 1
     features = set(d.glob("features_*.npz"))
-    (d / "align_state.pt").unlink()
-    run_alignment(d, AlignConfig(dim=16, batch_size=16, max_steps=4, seed=1))  # align.pt rewritten
-    (d / "predictor_state.pt").unlink()
+    (d / "align_state.safetensors").unlink()
+    run_alignment(d, AlignConfig(dim=16, batch_size=16, max_steps=4, seed=1))  # align.safetensors rewritten
+    (d / "predictor_state.safetensors").unlink()
     run_training(d, qs, None, cfg, encoder=enc)
     assert len(set(d.glob("features_*.npz")) - features) == 1
     # another encoder (same width): afresh too
     features = set(d.glob("features_*.npz"))
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     run_training(d, qs, None, cfg, encoder=BagOfWordsEncoder(32, seed=5))
     assert len(set(d.glob("features_*.npz")) - features) == 1
 
@@ -185,7 +186,7 @@ def test_finetune_encoder_trains_the_text_encoder(tmp_path):
     cfg = PredictorConfig(top_k=2, num_triples=2, epochs=2, batch_size=4, finetune_encoder=True, encoder_lr=1e-3)
     res = run_training(d, qs, qs[:4], cfg, encoder=enc)
     assert res["epochs"] == 2 and 0.0 <= res["dev_acc"] <= 1.0
-    ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
+    ck = load_checkpoint(d / "predictor.safetensors")
     assert ck["config"]["finetune_encoder"] is True and ck["text_model"] is not None
     fresh = FinetunedText(enc, SeptaSystem(d, encoder=enc, load_predictor=False).align.module["text"])
     before = fresh.state_dict()
@@ -202,11 +203,11 @@ def test_finetune_encoder_trains_the_text_encoder(tmp_path):
     np.testing.assert_array_equal(feats.G_ids, feats0.G_ids)  # retrieval: the frozen aligned space
     assert not np.allclose(feats.t, feats0.t) and not np.allclose(feats.v, feats0.v)
     # default: frozen encoder, nothing of it saved
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     run_training(d, qs, None, PredictorConfig(top_k=2, num_triples=2, epochs=1, batch_size=4), encoder=enc)
-    ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
+    ck = load_checkpoint(d / "predictor.safetensors")
     assert ck["text_model"] is None and SeptaSystem(d, encoder=enc).text_model is None
     # fine-tuning needs a transformers encoder
-    (d / "predictor_state.pt").unlink()
+    (d / "predictor_state.safetensors").unlink()
     with pytest.raises(ValueError, match="finetune_encoder"):
         run_training(d, qs, None, cfg, encoder=BagOfWordsEncoder(32))

@@ -206,15 +206,31 @@ class InMemoryRetriever:
         return _f32(self.encoder.encode_queries(list(queries)))
 
     def search(self, query_emb: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw top-``k`` of :class:`rcn_fast.FlatIndex`.
+
+        Parameters
+        ----------
+        query_emb : float array [Q, d] (or [d])
+        k : int >= 1
+
+        Returns
+        -------
+        scores : float32 [Q, k]; rows : int64 [Q, k] (``(-inf, -1)`` padded
+            beyond the corpus; the search itself never looks for more rows
+            than there are texts).
+        """
+        k = check_k(k)
         q = _f32(query_emb)
         if q.ndim == 1:
             q = q[None]
-        if not len(self.texts):
-            return np.full((len(q), k), -np.inf, np.float32), np.full((len(q), k), -1, np.int64)
         return self.index.search(q, k)
 
     def retrieve_embeddings(self, query_emb: Any, k: int) -> list[list[Passage]]:
-        scores, rows = self.search(query_emb, check_k(k))
+        """Top-``k`` passages per embedded query (fewer when the corpus is
+        smaller: at most ``len(self)``, so a huge ``k`` allocates nothing
+        beyond the corpus)."""
+        k = check_k(k)
+        scores, rows = self.search(query_emb, max(1, min(k, len(self.texts))))
         out = []
         for s_row, r_row in zip(scores, rows):
             out.append([

@@ -189,11 +189,17 @@ class BM25Index:
             returned: lower row first)
         rows : int64 [Q, k]
             Passage rows; ``-1`` (score ``-inf``) where fewer than ``k``
-            passages share a token with the query.
+            passages share a token with the query. ``bm25s`` is asked for
+            at most as many passages as the index holds; the columns beyond
+            are padding (MemoryError naming ``k`` when the [Q, k] results
+            cannot be allocated).
         """
+        from rcn_fast.search.topn import check_result_memory
+
         queries = check_texts(queries, "queries")
         k = check_k(k)
         Q = len(queries)
+        check_result_memory(Q, self.count, k)
         scores = np.full((Q, k), -np.inf, np.float32)
         rows = np.full((Q, k), -1, np.int64)
         if not Q or not self.count:
@@ -219,8 +225,9 @@ class BM25Index:
 
     def retrieve(self, queries: Sequence[str], k: int = 10) -> list[list[Passage]]:
         """Top-``k`` passages per query (``Passage.score`` = BM25 score,
-        ``meta = {"row": r, "bm25": score}``)."""
-        scores, rows = self.search(queries, k)
+        ``meta = {"row": r, "bm25": score}``); at most ``len(self)`` per
+        query, so a huge ``k`` allocates nothing beyond the corpus."""
+        scores, rows = self.search(queries, max(1, min(check_k(k), self.count)))
         out = []
         for s_row, r_row in zip(scores, rows):
             out.append([Passage(id=self.id(int(r)), text=self.text(int(r)), score=float(s),
@@ -483,7 +490,7 @@ class BM25Reranker:
         k = check_k(k)
         if not queries:
             return [], []
-        bm25_scores, rows = self.bm25.search(queries, self.candidates)
+        bm25_scores, rows = self.bm25.search(queries, max(1, min(self.candidates, self.bm25.count)))
         self.bm25_calls += 1
         live = np.flatnonzero((rows >= 0).any(axis=1))  # queries with a candidate: the only ones encoded
         q_row = {int(q): i for i, q in enumerate(live.tolist())}

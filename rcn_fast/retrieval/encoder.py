@@ -312,6 +312,7 @@ class Encoder:
         providers: list[str] | None = None,
         intra_op_threads: int | None = None,
         local_files_only: bool = False,
+        verify_export: bool = False,
     ) -> "Encoder":
         """Load an encoder.
 
@@ -338,6 +339,10 @@ class Encoder:
             :attr:`EncoderConfig.quantize`).
         local_files_only : bool
             Never download (also implied by ``HF_HUB_OFFLINE=1``).
+        verify_export : bool
+            ONNX: rehash every file of the cached export against its
+            recorded sha256 (otherwise sizes are checked on every load and
+            hashes once per process; see :func:`export_onnx`).
         (other parameters) : see :class:`EncoderConfig`.
 
         Returns
@@ -352,12 +357,13 @@ class Encoder:
             normalize=normalize, query_prefix=query_prefix, passage_prefix=passage_prefix, max_length=max_length,
             lowercase=lowercase, dtype=dtype,
         )
-        return cls.from_config(cfg)
+        return cls.from_config(cfg, verify_export=verify_export)
 
     @classmethod
-    def from_config(cls, config: EncoderConfig | dict[str, Any]) -> "Encoder":
+    def from_config(cls, config: EncoderConfig | dict[str, Any], *, verify_export: bool = False) -> "Encoder":
         """Build the encoder a config describes (a dict is read with
-        :meth:`EncoderConfig.from_dict`)."""
+        :meth:`EncoderConfig.from_dict`); ``verify_export``: see
+        :meth:`from_pretrained`."""
         if isinstance(config, dict):
             config = EncoderConfig.from_dict(config)
         if not isinstance(config, EncoderConfig):
@@ -366,7 +372,7 @@ class Encoder:
             return TorchEncoder(config)
         from rcn_fast.retrieval.onnx_backend import OnnxEncoder
 
-        return OnnxEncoder(config)
+        return OnnxEncoder(config, verify_export=verify_export)
 
     # ------------------------------------------------------------ properties
     @property

@@ -37,8 +37,150 @@ def default_cache_dir() -> Path:
     return cache_root() / "onnx"
 
 
+# ------------------------------------------------------------ export checksums
+#: written into every export folder: size and sha256 of each file of the export
+EXPORT_CHECKSUMS = "checksums.json"
+_CHECKSUMS_FORMAT = "rcn_fast.onnx_export/1"
+# folders whose files were hashed in this process, keyed by their files' (name, size, mtime)
+_HASHED: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
+
+
+def _file_records(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    from rcn_fast.retrieval.store import sha256_file
+
+    return {n: {"size": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in sorted(names)}
+
+
+def write_export_checksums(folder: str | os.PathLike[str], names: list[str] | None = None) -> dict[str, Any]:
+    """Record size and sha256 of the export's files in ``folder/checksums.json``.
+
+    Parameters
+    ----------
+    folder : an export folder
+    names : file names to add to the record (default: every file of the
+        folder, the record replaced)
+
+    Returns
+    -------
+    the record written
+    """
+    from rcn_fast.retrieval.store import write_json_atomic
+
+    folder = Path(folder)
+    files: dict[str, Any] = {}
+    if names is None:
+        names = [p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_CHECKSUMS
+                 and not p.name.startswith(".")]
+    else:
+        files = dict(_read_checksums(folder).get("files", {}))
+    files.update(_file_records(folder, names))
+    rec = {"format": _CHECKSUMS_FORMAT, "files": files}
+    write_json_atomic(folder / EXPORT_CHECKSUMS, rec)
+    _HASHED.add(_signature(folder, files))
+    return rec
+
+
+def _read_checksums(folder: Path) -> dict[str, Any]:
+    from rcn_fast._stamped_json import read_stamped_json
+
+    return read_stamped_json(folder / EXPORT_CHECKSUMS, _CHECKSUMS_FORMAT, what="an rcn_fast ONNX export",
+                             arg="cache_dir")
+
+
+def _signature(folder: Path, files: dict[str, Any]) -> tuple[str, tuple[tuple[str, int, int], ...]]:
+    sig = []
+    for name in sorted(files):
+        st = (folder / name).stat()
+        sig.append((name, st.st_size, st.st_mtime_ns))
+    return str(folder.resolve()), tuple(sig)
+
+
+def export_problem(folder: str | os.PathLike[str], *, verify: bool = False) -> str | None:
+    """What is wrong with an export folder, or None when it matches its
+    ``checksums.json``.
+
+    File sizes are always compared; sha256 when ``verify`` or the first
+    time this process sees the folder with these file sizes and mtimes.
+
+    Returns
+    -------
+    None, or a phrase naming the first damaged or missing file.
+    """
+    folder = Path(folder)
+    try:
+        rec = _read_checksums(folder)
+    except FileNotFoundError:
+        return f"it has no {EXPORT_CHECKSUMS} (exported by an older rcn_fast, so it cannot be checked)"
+    except ValueError as exc:
+        return str(exc)
+    files = rec.get("files")
+    if not isinstance(files, dict) or "model.onnx" not in files:
+        return f"its {EXPORT_CHECKSUMS} does not list model.onnx"
+    for name, want in sorted(files.items()):
+        p = folder / name
+        if not isinstance(want, dict) or Path(name).name != name or name.startswith("."):
+            return f"its {EXPORT_CHECKSUMS} has a bad entry {name!r}"
+        if not p.is_file():
+            return f"{name} is missing"
+        size = p.stat().st_size
+        if size != want.get("size"):
+            return f"{name} is {size} bytes, {want.get('size')} were exported (truncated or overwritten)"
+    sig = _signature(folder, files)
+    if verify or sig not in _HASHED:
+        from rcn_fast.retrieval.store import sha256_file
+
+        for name, want in sorted(files.items()):
+            if sha256_file(folder / name) != want.get("sha256"):
+                return f"{name} does not match its sha256 (damaged on disk)"
+        _HASHED.add(sig)
+    return None
+
+
+def verify_export(folder: str | os.PathLike[str]) -> None:
+    """Check every file of an export folder against its sha256.
+
+    Raises
+    ------
+    ValueError
+        A file is missing, of another size or content; the message names
+        the folder to delete.
+    """
+    problem = export_problem(folder, verify=True)
+    if problem is not None:
+        raise ValueError(_damaged_message(Path(folder), problem))
+
+
+def _damaged_message(folder: Path, problem: str) -> str:
+    return (f"cache_dir: the ONNX export in {folder} is damaged: {problem}; delete the folder {folder} and rerun "
+            "(the model is exported again)")
+
+
+def _reusable(target: Path, *, owned: bool, verify: bool) -> bool:
+    """Whether ``target`` holds an intact export. A damaged one is removed
+    (``owned``: rcn_fast's cache, so it is exported again) or refused with
+    the folder to delete."""
+    if not target.exists():
+        return False
+    problem = export_problem(target, verify=verify)
+    if problem is None:
+        return True
+    if not owned:
+        raise ValueError(_damaged_message(target, problem))
+    logger.warning("the ONNX export in %s is damaged (%s); exporting it again", target, problem)
+    aside = target.with_name(f".{target.name}.damaged.{os.getpid()}")
+    try:
+        os.replace(target, aside)
+    except FileNotFoundError:  # another process removed it first
+        return False
+    except OSError as exc:
+        raise ValueError(_damaged_message(target, f"{problem}; it could not be moved aside: {exc}")) from None
+    shutil.rmtree(aside, ignore_errors=True)
+    return False
+
+
 def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
-                cache_dir: str | os.PathLike[str] | None = None, quantize: str | None = None) -> Path:
+                cache_dir: str | os.PathLike[str] | None = None, quantize: str | None = None,
+                verify: bool = False) -> Path:
     """Export (once) the pooled encoder to ONNX and return the ``.onnx`` path.
 
     The graph takes int64 ``input_ids``, ``attention_mask`` (and
@@ -51,6 +193,14 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     copy (per-channel int8 MatMul weights) next to it; its embeddings keep a
     per-row cosine >= 0.98 to the fp32 ones (the tolerance the tests hold
     it to).
+
+    Every export folder records the size and sha256 of its files
+    (``checksums.json``, written with the export). A cached export is
+    checked before use: sizes always, sha256 the first time a process uses
+    the folder (or every time with ``verify=True``). A damaged export in a
+    cache folder is exported again (logged); one inside the model folder
+    (``cache_dir="model"``) is refused with a ValueError naming the folder
+    to delete.
     """
     torch = require("torch", _TORCH_HINT)
     require("onnx", _ONNX_HINT)
@@ -70,7 +220,7 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
         root = Path(cache_dir)
     target = root / f"{model_dir.name}-{pooling}-{key}"
     onnx_path = target / "model.onnx"
-    if not onnx_path.is_file():
+    if not _reusable(target, owned=str(cache_dir) != "model", verify=verify):
         root.mkdir(parents=True, exist_ok=True)
         logger.warning("exporting %s to ONNX (one time; cached at %s) ...", model_dir, target)
         t0 = time.perf_counter()
@@ -103,10 +253,12 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
             (tmp / "export.json").write_text(json.dumps(
                 {"model_dir": str(model_dir), "key": json.loads(key_src), "inputs": list(names),
                  "output": "embeddings", "pooling": pooling}, indent=2) + "\n")
+            files = write_export_checksums(tmp)["files"]
             try:
                 os.replace(tmp, target)
+                _HASHED.add(_signature(target, files))  # just hashed: the first use need not rehash
             except OSError:  # another process finished first
-                if not onnx_path.is_file():
+                if not _reusable(target, owned=False, verify=True):
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -116,7 +268,7 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     if quantize != "int8":
         raise ValueError(f"quantize: expected None or 'int8', got {quantize!r}")
     q_path = target / "model.int8.onnx"
-    if not q_path.is_file():
+    if not q_path.is_file() or q_path.name not in _read_checksums(target).get("files", {}):
         qmod = require("onnxruntime.quantization", _ONNX_HINT)
         tmp_q = target / f".model.int8.{os.getpid()}.onnx"
         logger.warning("quantising %s to int8 (one time) ...", onnx_path)
@@ -131,6 +283,7 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
             finally:
                 logging.getLogger().disabled = prev
         os.replace(tmp_q, q_path)
+        write_export_checksums(target, [q_path.name])
     return q_path
 
 
@@ -219,9 +372,13 @@ class OnnxEncoder(Encoder):
     onnxruntime's own warnings stay visible, and its run-time fallback (a
     failed CUDA run retried on the CPU) is switched off, so such a failure
     raises.
+
+    The export is checked against its recorded checksums before the session
+    opens (see :func:`export_onnx`; ``verify_export=True`` rehashes every
+    file).
     """
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: EncoderConfig, *, verify_export: bool = False) -> None:
         super().__init__(config)
         config = self.config  # with the folder's settings filled in
         ort = require("onnxruntime", _ONNX_HINT)
@@ -244,7 +401,7 @@ class OnnxEncoder(Encoder):
         if config.quantize and wanted != "CPUExecutionProvider":
             raise ValueError("quantize: int8 dynamic quantisation runs on the CPU provider only; use device='cpu'")
         self.onnx_path = export_onnx(self.model_dir, pooling=config.pooling, cache_dir=config.cache_dir,
-                                     quantize=config.quantize)
+                                     quantize=config.quantize, verify=verify_export)
         meta = json.loads((self.onnx_path.parent / "export.json").read_text())
         self.input_names = tuple(meta["inputs"])
         so = ort.SessionOptions()
@@ -270,4 +427,5 @@ class OnnxEncoder(Encoder):
         return self.session.run(["embeddings"], {n: feed[n] for n in self.input_names})[0].astype(np.float32, copy=False)
 
 
-__all__ = ["OnnxEncoder", "export_onnx", "node_assignment", "report_providers", "default_cache_dir"]
+__all__ = ["OnnxEncoder", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
+           "export_problem", "verify_export", "write_export_checksums", "EXPORT_CHECKSUMS"]

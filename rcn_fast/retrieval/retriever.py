@@ -17,6 +17,7 @@ import numpy as np
 from rcn_fast import _arrays as A
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.store import CorpusStore
+from rcn_fast.search.topn import check_result_memory
 from rcn_fast.retrieval.types import Passage
 from rcn_fast._validate import check_k, check_texts, is_int
 
@@ -157,8 +158,12 @@ class Retriever:
 
     # ------------------------------------------------------------------ search
     def search(self, query_emb: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw top-k: scores float32 [Q, k], rows int64 [Q, k] (-1 padded)."""
-        check_k(k)
+        """Raw top-k: scores float32 [Q, k], rows int64 [Q, k] (-1 padded).
+
+        The index is asked for at most as many rows as the store holds; the
+        columns beyond it are padding (MemoryError naming ``k`` when the
+        [Q, k] results cannot be allocated)."""
+        k = check_k(k)
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
             q = q[None, :]
@@ -167,13 +172,17 @@ class Retriever:
             raise ValueError(f"query_emb: expected {self.store.dim} columns, got shape {q.shape}")
         if self.backend == "native":
             return self.index.search(q, int(k))
-        kk = min(int(k), len(self.store))
-        scores, ids = self.index.search(np.ascontiguousarray(q), kk)
-        if kk < k:
-            pad = int(k) - kk
-            scores = np.concatenate([scores, np.full((len(q), pad), -np.inf, np.float32)], 1)
-            ids = np.concatenate([ids, np.full((len(q), pad), -1, np.int64)], 1)
-        return scores.astype(np.float32), ids.astype(np.int64)
+        kk = min(k, len(self.store))
+        if kk == k:
+            scores, ids = self.index.search(np.ascontiguousarray(q), kk)
+            return scores.astype(np.float32), ids.astype(np.int64)
+        check_result_memory(len(q), len(self.store), k)
+        out_s = np.full((len(q), k), -np.inf, np.float32)
+        out_i = np.full((len(q), k), -1, np.int64)
+        if kk:
+            scores, ids = self.index.search(np.ascontiguousarray(q), kk)
+            out_s[:, :kk], out_i[:, :kk] = scores, ids
+        return out_s, out_i
 
     def retrieve_embeddings(self, query_emb: Any, k: int = 5, *, dedup: bool | None = None) -> list[list[Passage]]:
         """Passages for already-embedded queries.
@@ -191,14 +200,14 @@ class Retriever:
         -------
         list (length Q) of lists of :class:`Passage`, best first.
         """
-        check_k(k)
+        k = check_k(k)
         dedup = self.dedup if dedup is None else dedup
         q = A.to_float32_numpy(A.as_array(query_emb, "query_emb"))
         if q.ndim == 1:
             q = q[None, :]
         n = len(self.store)
-        fetch = min(k * 2, n) if dedup else k
-        fetch = max(fetch, 1)
+        # never ask for more rows than the store holds: a huge k costs nothing
+        fetch = max(min(k * 2 if dedup else k, n), 1)
         while True:
             scores, rows = self.search(q, fetch)
             out, short = [], False

@@ -595,9 +595,10 @@ def train(config: TrainConfig, *, stop_after: int | None = None, show_progress: 
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: lr_factor(i, total, cfg.warmup_steps, cfg.lr_schedule))
     if start_dir == ckpt:
-        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=device))
-        sched.load_state_dict(torch.load(ckpt / "scheduler.pt"))
-        torch.set_rng_state(torch.load(ckpt / "rng.pt"))
+        # weights_only: plain tensors and containers, never arbitrary pickled objects
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location=device, weights_only=True))
+        sched.load_state_dict(torch.load(ckpt / "scheduler.pt", weights_only=True))
+        torch.set_rng_state(torch.load(ckpt / "rng.pt", weights_only=True))
 
     def validate() -> None:
         if not val_groups or (val_losses and val_losses[-1][0] == step):

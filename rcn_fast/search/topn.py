@@ -31,10 +31,12 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         float32, float16 or bfloat16 (numpy bfloat16 via ``ml_dtypes``).
         Same library and device as ``queries``.
     k : int
-        Results per query, ``k >= 1``. When ``k > N`` the tail is padded.
-        Results on the host that exceed the memory the process can allocate
-        raise MemoryError naming ``k`` before anything is allocated (see
-        :func:`check_result_memory`).
+        Results per query, ``k >= 1``. When ``k > N`` the tail is padded:
+        the kernels search for ``min(k, N)`` results (their work buffers
+        never grow with ``k`` beyond the corpus) and the padding is one
+        fill of the ``[Q, k]`` results. Results on the host that exceed the
+        memory the process can allocate raise MemoryError naming ``k``
+        before anything is allocated (see :func:`check_result_memory`).
     backend : str, optional
         Force ``"cuda"``, ``"native"``, ``"torch"`` or ``"numpy"``.
 
@@ -83,18 +85,44 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     if queries.shape[1] < 1:
         raise ValueError("queries: expected d >= 1 columns, got 0")
     A.check_same_place(corpus, queries, "corpus", "queries")
+    n_rows = int(corpus.shape[0])
     if A.device_of(corpus) == "cpu":
-        check_result_memory(int(queries.shape[0]), int(corpus.shape[0]), k)
+        check_result_memory(int(queries.shape[0]), n_rows, k)
+    kk = min(k, n_rows)  # a result slot beyond the corpus can only be padding
+    if kk == 0:
+        return _padded(corpus, int(queries.shape[0]), k)
     ctx = {
         "library": A.library(corpus),
         "device": A.device_of(corpus),
         "dtype": ct,
         "Q": int(queries.shape[0]),
-        "N": int(corpus.shape[0]),
+        "N": n_rows,
         "d": int(corpus.shape[1]),
-        "k": k,
+        "k": kk,
     }
-    return TOPN(ctx, backend, queries=queries, corpus=corpus, k=k)
+    scores, ids = TOPN(ctx, backend, queries=queries, corpus=corpus, k=kk)
+    if kk == k:
+        return scores, ids
+    return _padded(corpus, int(queries.shape[0]), k, scores, ids)
+
+
+def _padded(like: Any, n_queries: int, k: int, scores: Any = None, ids: Any = None) -> tuple[Any, Any]:
+    """``(-inf, -1)``-filled results [Q, k] in ``like``'s library and on its
+    device, with ``scores`` / ``ids`` [Q, kk] (kk <= k), when given, in the
+    first columns."""
+    out_s = A.empty_like_lib(like, (n_queries, k), "float32")
+    out_i = A.empty_like_lib(like, (n_queries, k), "int64")
+    if A.is_torch(like):
+        out_s.fill_(float("-inf"))
+        out_i.fill_(-1)
+    else:
+        out_s.fill(-np.inf)
+        out_i.fill(-1)
+    if scores is not None:
+        kk = int(scores.shape[1])
+        out_s[:, :kk] = scores
+        out_i[:, :kk] = ids
+    return out_s, out_i
 
 
 # ------------------------------------------------------ the memory contract

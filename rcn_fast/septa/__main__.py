@@ -1,4 +1,5 @@
-"""``python -m rcn_fast.septa align|build-db|train``: the offline SEPTA steps.
+"""``python -m rcn_fast.septa align|build-db|train``: the offline SEPTA steps
+(and ``convert``: the pickle checkpoints of an older rcn_fast to safetensors).
 
 Examples::
 
@@ -12,12 +13,18 @@ After an interruption, rerun the same command:
 
 * ``align`` keeps the pairs once they are written (``align_data.npz``; an
   interrupted preparation -- graph, node features, pairs -- starts over)
-  and resumes training from its last checkpoint (``align_state.pt``,
+  and resumes training from its last checkpoint (``align_state.safetensors``,
   every ``--checkpoint-every`` steps);
 * ``build-db`` keeps every finished chunk of ``--chunk`` subgraphs
   (``db_parts/``) and embeds only the rest;
 * ``train`` reuses the cached question features once computed and resumes
-  from the last finished epoch (``predictor_state.pt``).
+  from the last finished epoch (``predictor_state.safetensors``).
+
+``convert --dir DIR`` rewrites the ``.pt`` (pickle) checkpoints of a SEPTA
+directory built by an older rcn_fast as ``.safetensors``; rcn_fast refuses
+to load pickles (they can run code). Run it only on a folder you trust: it
+reads them with ``torch.load(weights_only=True)``, which rebuilds only
+tensors and plain containers.
 
 User mistakes (missing files, bad settings, a missing dependency) print one
 line and exit with status 2; Ctrl-C exits with 130.
@@ -112,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="train the text encoder with the predictor (the paper's setting; --encoder-lr)")
     for p in (a, b, t):
         p.add_argument("--quiet", action="store_true", help="no progress bars")
+    c = sub.add_parser("convert", help="rewrite the pickle .pt checkpoints of an older rcn_fast as .safetensors "
+                                       "(only for a folder you trust)")
+    c.add_argument("--dir", required=True)
 
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    progress = not args.quiet
+    progress = not getattr(args, "quiet", False)
     try:
         threads = os.environ.get("RCN_FAST_NUM_THREADS")
         if threads:  # torch threads too (oversubscribed OpenMP workers spin and slow everything down)
@@ -135,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             prepare_alignment(args.dir, args.graph, _encoder(args), num_pairs=args.pairs, eval_pairs=args.eval_pairs,
                               sampler=sampler, gnn=gnn, seed=args.seed, progress=progress)
             res = run_alignment(args.dir, cfg, progress=progress)
+        elif args.cmd == "convert":
+            from rcn_fast.septa.checkpoint import convert_directory
+
+            res = {"written": [str(p) for p in convert_directory(args.dir)],
+                   "note": "the .pt files are left in place; delete them once the directory loads"}
         elif args.cmd == "build-db":
             from rcn_fast.septa.system import build_database
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Callable
 import numpy as np
 
 from rcn_fast._validate import Settings, is_int
+from rcn_fast.septa.checkpoint import load_checkpoint, save_checkpoint
 from rcn_fast.septa.gnn import GNNConfig, SubgraphEncoder, SubgraphTable, _torch
 
 logger = logging.getLogger("rcn_fast.septa")
@@ -203,15 +204,15 @@ class AlignModel:
         return (np.concatenate(es) if es else z), (np.concatenate(hs) if hs else z)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        torch = _torch()
-        tmp = Path(str(path) + ".tmp")
-        torch.save({"spec": self.spec(), "state": self.module.state_dict()}, tmp)
-        os.replace(tmp, path)
+        """Write the spec and weights to ``path`` (a safetensors checkpoint,
+        :func:`rcn_fast.septa.checkpoint.save_checkpoint`)."""
+        save_checkpoint(path, {"spec": self.spec(), "state": self.module.state_dict()})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], node_features: np.ndarray | None = None) -> "AlignModel":
-        torch = _torch()
-        ck = torch.load(path, map_location="cpu", weights_only=False)
+        """The model :meth:`save` wrote (a pickle ``.pt`` of an older
+        rcn_fast is refused with how to convert it)."""
+        ck = load_checkpoint(path)
         sp = ck["spec"]
         m = cls(GNNConfig.from_dict(sp["gnn"]), sp["text_dim"], sp["dim"], sp["num_relations"], sp["num_nodes"],
                 node_features)
@@ -234,7 +235,8 @@ def train_alignment(model: AlignModel, table: SubgraphTable, text_emb: np.ndarra
         Frozen encoder embeddings of the subgraphs' texts (row i = subgraph i).
     config : AlignConfig
     checkpoint : path, optional
-        Training state file. If it exists, training resumes from it (same
+        Training state file (safetensors, see
+        :mod:`rcn_fast.septa.checkpoint`). If it exists, training resumes from it (same
         data order, so an interrupted run ends where an uninterrupted one
         would); it is rewritten every ``checkpoint_every`` steps and at the end.
     progress : bool
@@ -259,7 +261,7 @@ def train_alignment(model: AlignModel, table: SubgraphTable, text_emb: np.ndarra
     step, history = 0, []
     ck = Path(checkpoint) if checkpoint is not None else None
     if ck is not None and ck.is_file():
-        state = torch.load(ck, map_location="cpu", weights_only=False)
+        state = load_checkpoint(ck)
         if state.get("config") != config.to_dict() or state.get("spec") != model.spec():
             raise ValueError(f"checkpoint: {ck} was written with other settings; remove it or use its settings "
                              f"({state.get('config')})")
@@ -273,11 +275,9 @@ def train_alignment(model: AlignModel, table: SubgraphTable, text_emb: np.ndarra
         if ck is None:
             return
         ck.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ck.with_name(ck.name + ".tmp")
-        torch.save({"config": config.to_dict(), "spec": model.spec(), "model": model.module.state_dict(),
-                    "optim": opt.state_dict(), "torch_rng": torch.get_rng_state(), "step": step,
-                    "history": history}, tmp)
-        os.replace(tmp, ck)
+        save_checkpoint(ck, {"config": config.to_dict(), "spec": model.spec(), "model": model.module.state_dict(),
+                             "optim": opt.state_dict(), "torch_rng": torch.get_rng_state(), "step": step,
+                             "history": history})
 
     bar = None
     if progress:

@@ -95,7 +95,7 @@ class Septa:
     @staticmethod
     def check_config(config: SeptaConfig) -> None:
         """Check that ``config.checkpoint`` names a complete SEPTA directory
-        (``septa.json``, ``graph/``, ``align.pt``, ``db/``, ``predictor.pt``)
+        (``septa.json``, ``graph/``, ``align.safetensors``, ``db/``, ``predictor.safetensors``)
         without loading it.
 
         Raises

@@ -17,7 +17,7 @@ predictor, ``encoder_lr`` for those weights and ``lr`` for the predictor
 heads; ``t`` and ``v`` are then recomputed by that copy for every batch.
 The subgraph vectors ``G`` stay the ones retrieved with the frozen aligned
 encoder (the database lives in that space). The fine-tuned weights are
-saved in ``predictor.pt`` and used at inference.
+saved in ``predictor.safetensors`` and used at inference.
 
 Features are z-scored per dimension with training-set statistics of the
 initial (frozen) features before the heads (stored as buffers; a
@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Callable
 import numpy as np
 
 from rcn_fast._validate import Settings, is_int, is_number
+from rcn_fast.septa.checkpoint import load_checkpoint, save_checkpoint
 from rcn_fast.septa.gnn import _torch
 
 logger = logging.getLogger("rcn_fast.septa")
@@ -373,7 +374,9 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
         Accuracy after every epoch; the best epoch's weights are kept and
         training stops after ``patience`` epochs without improvement.
     checkpoint : path, optional
-        Training state (rewritten every epoch; resumed when present).
+        Training state (a safetensors checkpoint, see
+        :mod:`rcn_fast.septa.checkpoint`; rewritten every epoch; resumed
+        when present).
     progress : bool
     on_epoch : callable(record), optional
     text_model : FinetunedText, optional
@@ -400,7 +403,7 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
     ck = Path(checkpoint) if checkpoint is not None else None
     epoch, history, best, best_state, stale = 0, [], -1.0, None, 0
     if ck is not None and ck.is_file():
-        st = torch.load(ck, map_location="cpu", weights_only=False)
+        st = load_checkpoint(ck)
         if st.get("config") != config.to_dict():
             raise ValueError(f"checkpoint: {ck} was written with other settings; remove it ({st.get('config')})")
         model.load_state_dict(st["model"])
@@ -453,12 +456,10 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
             stale += 1
         if ck is not None:
             ck.parent.mkdir(parents=True, exist_ok=True)
-            tmp = ck.with_name(ck.name + ".tmp")
-            torch.save({"config": config.to_dict(), "model": model.state_dict(), "optim": opt.state_dict(),
-                        "text_model": text_model.state_dict() if text_model is not None else None,
-                        "torch_rng": torch.get_rng_state(), "epoch": epoch, "history": history, "best": best,
-                        "best_state": best_state, "stale": stale}, tmp)
-            os.replace(tmp, ck)
+            save_checkpoint(ck, {"config": config.to_dict(), "model": model.state_dict(), "optim": opt.state_dict(),
+                                 "text_model": text_model.state_dict() if text_model is not None else None,
+                                 "torch_rng": torch.get_rng_state(), "epoch": epoch, "history": history,
+                                 "best": best, "best_state": best_state, "stale": stale})
         logger.info("predictor: epoch %d loss %.4f dev acc %s", epoch, rec["loss"], rec["dev_acc"])
         if on_epoch is not None:
             on_epoch(rec)

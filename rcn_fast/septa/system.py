@@ -7,18 +7,24 @@ Layout of a SEPTA directory (what ``checkpoint=`` points at)::
     graph/               the knowledge graph (KnowledgeGraph.save)
     node_features.npy    frozen text embeddings of the node names (text features)
     align_data.npz       alignment pairs: sampled subgraphs + text embeddings
-    align_state.pt       alignment training state (resume)
-    align.pt             the aligned graph encoder + text projection
+    align_state.safetensors      alignment training state (resume)
+    align.safetensors            the aligned graph encoder + text projection
     db/                  the subgraph vector database (SubgraphDB)
     features_*.npz       predictor inputs of a question file (cache)
-    predictor_state.pt   predictor training state (resume)
-    predictor.pt         the trained predictor
+    predictor_state.safetensors  predictor training state (resume)
+    predictor.safetensors        the trained predictor
     metrics.json         alignment recall@1 and predictor accuracy
     db_parts/            finished chunks of an interrupted build-db (resume; removed when done)
 
 What the ``"septa"`` pipeline reads (and :func:`checkpoint_fingerprint`
-covers): ``septa.json``, ``graph/``, ``node_features.npy``, ``align.pt``,
-``db/`` and ``predictor.pt``.
+covers): ``septa.json``, ``graph/``, ``node_features.npy``,
+``align.safetensors``, ``db/`` and ``predictor.safetensors``.
+
+Checkpoints are safetensors files with their settings as JSON
+(:mod:`rcn_fast.septa.checkpoint`); nothing in the directory is unpickled.
+A directory of an older rcn_fast holding pickle ``.pt`` checkpoints is
+refused with how to convert it once (``python -m rcn_fast.septa convert
+--dir DIR``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import Settings, is_int
 from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
+from rcn_fast.septa.checkpoint import SUFFIX, load_checkpoint, part, save_checkpoint
 from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
 from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
 from rcn_fast.septa.predictor import FinetunedText, PredictorConfig, QuestionFeatures, SeptaPredictor
@@ -106,7 +113,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     f = d / MANIFEST
     if not d.is_dir():
         raise FileNotFoundError(f"checkpoint: {d} does not exist (a SEPTA directory holds {MANIFEST}, db/ and "
-                                f"predictor.pt; build one with `python -m rcn_fast.septa align`, `build-db`, `train`)")
+                                f"predictor.safetensors; build one with `python -m rcn_fast.septa align`, `build-db`, `train`)")
     if not f.is_file():
         raise FileNotFoundError(f"checkpoint: {d} has no {MANIFEST} (run `python -m rcn_fast.septa align` first)")
     return read_stamped_json(f, _FORMAT, what="a SEPTA directory", arg="checkpoint")
@@ -120,10 +127,10 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
 
 
 # what each part of a SEPTA directory needs, and the step that writes it
-_PARTS = (("graph/graph.json", "align"), ("align.pt", "align"), ("db/db.json", "build-db"),
-          ("predictor.pt", "train"))
+_PARTS = (("graph/graph.json", "align"), ("align.safetensors", "align"), ("db/db.json", "build-db"),
+          ("predictor.safetensors", "train"))
 # the files that determine the pipeline's answers
-INFERENCE_FILES = (MANIFEST, "graph", "node_features.npy", "align.pt", "db", "predictor.pt")
+INFERENCE_FILES = (MANIFEST, "graph", "node_features.npy", "align.safetensors", "db", "predictor.safetensors")
 
 
 def check_directory(directory: str | os.PathLike[str], *, db: bool = True,
@@ -137,12 +144,16 @@ def check_directory(directory: str | os.PathLike[str], *, db: bool = True,
         The directory, its manifest or a part is missing; the message names
         every missing part and the command that writes it.
     ValueError
-        The manifest is unreadable or of another format.
+        The manifest is unreadable or of another format, or a checkpoint is
+        an old pickle ``.pt`` (refused, with how to convert it).
     """
     d = Path(directory)
     m = read_manifest(d)
     wanted = [(f, step) for f, step in _PARTS
               if (db or step != "build-db") and (predictor or step != "train")]
+    for f, _ in wanted:
+        if f.endswith(SUFFIX):
+            part(d, f[:-len(SUFFIX)])  # an old pickle in its place: refused, with how to convert it
     if m.get("gnn", {}).get("node_features") == "text":
         wanted.insert(1, ("node_features.npy", "align"))
     missing = [(f, step) for f, step in wanted if not (d / f).is_file()]
@@ -290,8 +301,8 @@ def node_features(d: Path, manifest: dict[str, Any]) -> np.ndarray | None:
 
 def run_alignment(directory: str | os.PathLike[str], config: AlignConfig | None = None, *,
                   progress: bool = False, on_step: Any = None) -> dict[str, Any]:
-    """Train the alignment (resuming from ``align_state.pt``), save
-    ``align.pt``, and record held-out graph-to-text recall@1 before and after."""
+    """Train the alignment (resuming from ``align_state.safetensors``), save
+    ``align.safetensors``, and record held-out graph-to-text recall@1 before and after."""
     d = Path(directory)
     config = config or AlignConfig()
     m = read_manifest(d)
@@ -303,10 +314,10 @@ def run_alignment(directory: str | os.PathLike[str], config: AlignConfig | None 
     model = AlignModel(GNNConfig.from_dict(m["gnn"]), m["text_dim"], config.dim, g.num_relations, g.num_nodes,
                        node_features(d, m), seed=config.seed)
     before = recall_at_k(*model.embed_all(t_ev, temb[ev])) if n_eval >= 2 else None
-    hist = train_alignment(model, t_tr, temb[tr], config, checkpoint=d / "align_state.pt", progress=progress,
+    hist = train_alignment(model, t_tr, temb[tr], config, checkpoint=part(d, "align_state"), progress=progress,
                            on_step=on_step)
     after = recall_at_k(*model.embed_all(t_ev, temb[ev])) if n_eval >= 2 else None
-    model.save(d / "align.pt")
+    model.save(part(d, "align"))
     m["align"] = config.to_dict()
     write_manifest(d, m)
     res = {"recall@1_untrained": before, "recall@1": after, "eval_pairs": int(n_eval),
@@ -326,7 +337,7 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
 
     Resumable: each finished chunk of ``batch_size`` centres is written to
     ``db_parts/``; after an interruption the same call (same centres, chunk
-    size, ``align.pt``, graph and encoder) skips the finished chunks. Other
+    size, ``align.safetensors``, graph and encoder) skips the finished chunks. Other
     settings start the parts afresh. ``db_parts/`` is removed once ``db/``
     is written.
     """
@@ -336,7 +347,7 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
         raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
     g = KnowledgeGraph.load(d / "graph")
     enc = encoder if encoder is not None else load_encoder(m["encoder"])
-    model = AlignModel.load(d / "align.pt", node_features(d, m))
+    model = AlignModel.load(d / "align.safetensors", node_features(d, m))
     sampler = SamplerConfig.from_dict(m["sampler"])
     if centres is None:
         centres = np.nonzero(g.degree() > 0)[0]
@@ -346,7 +357,7 @@ def build_database(directory: str | os.PathLike[str], *, encoder: Any = None, ce
     parts = d / "db_parts"
     plan = {"centres": hashlib.sha256(centres.tobytes()).hexdigest(), "count": int(len(centres)),
             "chunk": batch_size, "sampler": m["sampler"],
-            "align": checkpoint_fingerprint(d, ("align.pt", "graph", "node_features.npy")),
+            "align": checkpoint_fingerprint(d, ("align.safetensors", "graph", "node_features.npy")),
             "encoder": _describe(enc)}
     plan_file = parts / "plan.json"
     if plan_file.is_file() and _read_json(plan_file) == json.loads(json.dumps(plan)):
@@ -427,12 +438,12 @@ class SeptaSystem:
 
     def __init__(self, directory: str | os.PathLike[str], encoder: Any = None,
                  predictor_config: PredictorConfig | None = None, load_predictor: bool = True) -> None:
-        torch = _torch()
+        _torch()  # needed below: ImportError with the install hint before anything is read
         self.directory = d = Path(directory)
         self.manifest = m = check_directory(d, predictor=load_predictor)
         self.graph = KnowledgeGraph.load(d / "graph")
         self.encoder = encoder if encoder is not None else load_encoder(m["encoder"])
-        self.align = AlignModel.load(d / "align.pt", node_features(d, m))
+        self.align = AlignModel.load(d / "align.safetensors", node_features(d, m))
         self.db = SubgraphDB.load(d / "db")
         self.config = predictor_config or PredictorConfig.from_dict(m.get("predictor", {}))
         self.enhancer = QueryEnhancer(self.graph, self.encoder, num_triples=self.config.num_triples)
@@ -440,7 +451,7 @@ class SeptaSystem:
                                         lam=self.config.lam, dropout=self.config.dropout)
         self.text_model = None  # the fine-tuned text encoder (finetune_encoder), else None
         if load_predictor:
-            ck = torch.load(d / "predictor.pt", map_location="cpu", weights_only=False)
+            ck = load_checkpoint(d / "predictor.safetensors")
             self.config = PredictorConfig.from_dict(ck["config"])
             self.enhancer.num_triples = self.config.num_triples
             self.predictor = SeptaPredictor(self.align.dim, m["text_dim"], heads=self.config.heads,
@@ -457,9 +468,13 @@ class SeptaSystem:
         """Predictor inputs for ``questions`` and, per question, the enhanced
         queries of its choices (texts, linked nodes, triples). Subgraphs are
         retrieved with the frozen aligned encoder; after fine-tuning
-        (``finetune_encoder``) ``t`` and ``v`` come from the fine-tuned one."""
+        (``finetune_encoder``) ``t`` and ``v`` come from the fine-tuned one.
+        The ``k`` axis holds ``min(top_k, database size)`` slots: slots
+        beyond the database could only be padding, which the predictor
+        masks anyway."""
         torch = _torch()
-        k, C = self.config.top_k, max((len(q.choices) for q in questions), default=1)
+        k = min(self.config.top_k, max(1, len(self.db)))
+        C = max((len(q.choices) for q in questions), default=1)
         Q, d, dt = len(questions), self.align.dim, self.manifest["text_dim"]
         t = np.zeros((Q, C, d), np.float32)
         v = np.zeros((Q, C, dt), np.float32)
@@ -513,7 +528,7 @@ def _features_cached(system: SeptaSystem, questions: list[MCQuestion], name: str
     # everything the features depend on: the aligned model, the graph, the database, the encoder, the linking
     h.update(json.dumps({"k": system.config.top_k, "triples": system.config.num_triples,
                          "db": system.manifest.get("db"), "db_files": checkpoint_fingerprint(d, ("db",)),
-                         "align": checkpoint_fingerprint(d, ("align.pt", "graph", "node_features.npy")),
+                         "align": checkpoint_fingerprint(d, ("align.safetensors", "graph", "node_features.npy")),
                          "encoder": _describe(system.encoder), "enhancer": system.enhancer.describe()},
                         sort_keys=True, default=str).encode())
     f = system.directory / f"features_{name}_{h.hexdigest()[:12]}.npz"
@@ -542,7 +557,8 @@ def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MC
                  dev_questions: Sequence[MCQuestion] | None = None, config: PredictorConfig | None = None, *,
                  encoder: Any = None, progress: bool = False, on_epoch: Any = None) -> dict[str, Any]:
     """Train the predictor on ``train_questions`` (resuming from
-    ``predictor_state.pt``), keep the best dev epoch, save ``predictor.pt``."""
+    ``predictor_state.safetensors``), keep the best dev epoch, save
+    ``predictor.safetensors``."""
     torch = _torch()
     d = Path(directory)
     config = config or PredictorConfig()
@@ -557,13 +573,11 @@ def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MC
         text_model = FinetunedText(system.encoder, system.align.module["text"])
         train_texts = question_texts(system, list(train_questions))
         dev_texts = question_texts(system, list(dev_questions)) if dev_questions else None
-    hist = train_predictor(system.predictor, train, config, dev=dev, checkpoint=d / "predictor_state.pt",
+    hist = train_predictor(system.predictor, train, config, dev=dev, checkpoint=part(d, "predictor_state"),
                            progress=progress, on_epoch=on_epoch, text_model=text_model, train_texts=train_texts,
                            dev_texts=dev_texts)
-    tmp = d / "predictor.pt.tmp"
-    torch.save({"config": config.to_dict(), "state": system.predictor.state_dict(),
-                "text_model": text_model.state_dict() if text_model is not None else None}, tmp)
-    os.replace(tmp, d / "predictor.pt")
+    save_checkpoint(part(d, "predictor"), {"config": config.to_dict(), "state": system.predictor.state_dict(),
+                                           "text_model": text_model.state_dict() if text_model is not None else None})
     m = read_manifest(d)
     m["predictor"] = config.to_dict()
     write_manifest(d, m)
