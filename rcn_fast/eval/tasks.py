@@ -70,7 +70,7 @@ KINDS = ("multiple_choice", "yes_no", "open")
 PARQUET_REVISION = "refs/convert/parquet"
 _KNOWN_KEYS = {"name", "group", "kind", "dataset", "config", "split", "fields", "local", "question_template",
                "choices_in_question", "shuffle_choices", "dataset_kwargs", "corpus", "pipeline_args", "description",
-               "include", "metrics", "revision", "url", "sha256", "expected_count", "paper_table"}
+               "include", "metrics", "revision", "url", "sha256", "size", "expected_count", "paper_table"}
 _YES_NO_FIELDS = {"id": "qid", "question": "question", "answer": "answer"}
 
 
@@ -96,6 +96,8 @@ class TaskSpec:
         also be a local folder: see :func:`resolve_task`).
     url, sha256 : str or None
         A file pinned by content (used instead of ``dataset``).
+    size : int or None
+        The pinned file's size in bytes (optional; the download stops past it).
     local : str or None
         A local question file (used instead of ``dataset``).
     fields : dict or None
@@ -126,6 +128,7 @@ class TaskSpec:
     revision: str | None = None
     url: str | None = None
     sha256: str | None = None
+    size: int | None = None
     local: str | None = None
     fields: dict[str, Any] | None = None
     question_template: str | None = None
@@ -199,7 +202,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
     """Validate a task mapping (read from YAML) into a :class:`TaskSpec`."""
-    from rcn_fast.data.fetch import check_sha256
+    from rcn_fast.data.fetch import check_sha256, check_size
 
     unknown = set(data) - _KNOWN_KEYS
     if unknown:
@@ -220,6 +223,13 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
             data = {**data, "sha256": check_sha256(data.get("sha256"), "sha256")}
         except ValueError as exc:
             raise TaskError(f"task file {source}: {exc} (a 'url' must be pinned by its checksum)") from None
+    if data.get("size") is not None:
+        try:
+            data = {**data, "size": check_size(data["size"])}
+        except ValueError as exc:
+            raise TaskError(f"task file {source}: {exc} (the pinned file's size)") from None
+        if not data.get("url"):
+            raise TaskError(f"task file {source}: 'size' is the size of a 'url' file; give the url too")
     n = data.get("expected_count")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise TaskError(f"task file {source}: expected_count must be a positive integer, got {n!r}")
@@ -367,7 +377,7 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
             spec.local, spec.dataset = str(p.resolve()), None
         else:
             spec.dataset, spec.local = str(p.resolve()), None
-        spec.url = spec.sha256 = spec.revision = None
+        spec.url = spec.sha256 = spec.revision = spec.size = None
         spec.source = f"{spec.source} with data from {p}"
     else:
         p = Path(arg).expanduser()
@@ -660,7 +670,7 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
         if spec.url:
             from rcn_fast.data.fetch import fetch_pinned
 
-            path = fetch_pinned(spec.url, str(spec.sha256))
+            path = fetch_pinned(spec.url, str(spec.sha256), size=spec.size)
         else:
             path = _package_path(str(spec.local))
         qs = _read_file(spec, path, split)
@@ -716,7 +726,7 @@ def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it)."""
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
                                                              "pipeline_args", "expected_count", "paper_table")}
-    for k in ("revision", "url", "sha256"):  # keys of tasks without them stay what they were
+    for k in ("revision", "url", "sha256", "size"):  # keys of tasks without them stay what they were
         if d.get(k) is None:
             d.pop(k, None)
     d.pop("url", None)  # the checksum pins the content wherever it is served
