@@ -615,19 +615,35 @@ def _convert_open(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -
     return out
 
 
-def _read_file(spec: TaskSpec, path: Path, split: str | None) -> list[Any]:
-    """Every question of a local file (or a folder of ``*<split>*.jsonl``), in file order."""
+def _read_file(spec: TaskSpec, path: Path, split: str | None, limit: int | None = None) -> list[Any]:
+    """The questions of a local file (or a folder of ``*<split>*.jsonl``), in
+    file order: every one, or the first ``limit``."""
     if spec.kind == "yes_no":
         from rcn_fast.data.yes_no import load_yes_no_questions
 
-        return load_yes_no_questions(str(path), split=split)
+        return load_yes_no_questions(str(path), split=split, limit=limit)
     if spec.kind == "open":
         from rcn_fast.data.open_domain import load_open_questions
 
-        return load_open_questions(str(path), split=split)
+        return load_open_questions(str(path), split=split, limit=limit)
     from rcn_fast.data import load_questions
 
-    return load_questions(str(path), split=split)
+    return load_questions(str(path), split=split, limit=limit)
+
+
+def _read_limited(spec: TaskSpec, path: Path, split: str | None, limit: int | float | None) -> tuple[list[Any], int]:
+    """The questions ``limit`` keeps and the number in the file. With a
+    limit, a JSON-lines file's records are counted without parsing and only
+    the kept ones are parsed (:func:`rcn_fast.data.loaders.count_records`);
+    a JSON array is parsed whole."""
+    from rcn_fast.data.loaders import count_records, split_file
+
+    total = None if limit is None else count_records(split_file(path, split) or path)
+    if total is None:
+        qs = _read_file(spec, path, split)
+        return qs[:_take_n(len(qs), limit)], len(qs)
+    n = _take_n(total, limit)
+    return _read_file(spec, path, split, limit=max(n, 1))[:n], total
 
 
 def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, split: str | None = None) -> list[Any]:
@@ -638,7 +654,8 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
     spec : TaskSpec
     limit : int or float, optional
         The first ``limit`` questions, or (a float in (0, 1)) that fraction
-        of the split, rounded up.
+        of the split, rounded up. A JSON-lines file is parsed only up to
+        the last question kept (the rest is counted, not parsed).
     split : str, optional
         Overrides ``spec.split``.
 
@@ -673,15 +690,13 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
             path = fetch_pinned(spec.url, str(spec.sha256), size=spec.size)
         else:
             path = _package_path(str(spec.local))
-        qs = _read_file(spec, path, split)
-        total, where = len(qs), str(path)
-        qs = qs[:_take_n(total, limit)]
+        qs, total = _read_limited(spec, path, split, limit)
+        where = str(path)
     else:
         p = Path(str(spec.dataset)).expanduser()
         if p.is_dir() and not _is_saved(p) and _split_files(p, split) and _jsonl_layout_fits(spec, p, split):
-            qs = _read_file(spec, p, split)  # a folder of JSON-lines split files in rcn_fast's layouts
-            total, where = len(qs), str(_split_files(p, split)[0])
-            qs = qs[:_take_n(total, limit)]
+            qs, total = _read_limited(spec, p, split, limit)  # a folder of JSON-lines split files in rcn_fast's layouts
+            where = str(_split_files(p, split)[0])
         else:
             split = split or "validation"
             ds, where = _dataset_rows(spec, split)
