@@ -68,3 +68,109 @@ def test_limit_on_a_folder_of_split_files_and_a_json_array(tmp_path):
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\ufeff" + _mc_line(0) + "\n\n  \n" + _mc_line(1) + "\n", encoding="utf-8")
     assert count_records(blank) == 2
+
+
+# --------------------------------------------------------------- Ray address
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_ray_address_is_one_message_and_exit_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray", reason='the Ray executor needs ray (pip install "rcn_fast[ray]")')
+    q = tmp_path / "mini.jsonl"
+    q.write_text("\n".join(_mc_line(i) for i in range(2)) + "\n", encoding="utf-8")
+    addr = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        res = subprocess.run([sys.executable, "-m", "rcn_fast.eval", "--executor", "ray", "--ray-address", addr,
+                              "--tasks", str(q), "--pipelines", "vanilla", "--model", "openai:http://127.0.0.1:9/v1#x",
+                              "--output-path", str(tmp_path / "o"), "--no-progress"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"--ray-address {addr} (nothing listening) still running after 120 s")
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [ln for ln in res.stderr.splitlines() if "error" in ln.lower()]
+    assert errors == [f"rcn_fast.eval: error: ray-address: no Ray cluster at {addr!r} (Connection refused); start "
+                      f"one with `ray start --head` and pass the address it prints, or leave --ray-address out for "
+                      f"a local cluster"], res.stderr[-2000:]
+
+
+class _TcpServer:
+    """A loopback TCP server that answers every connection with ``reply``
+    (None: says nothing and keeps the connection open until closed)."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.reply, self.conns, self.stop = reply, [], threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        for _ in range(300):  # bounded: at most about a minute
+            if self.stop.is_set():
+                return
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+            if self.reply is not None:
+                try:
+                    conn.recv(1024)
+                    conn.sendall(self.reply)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("reply, message", [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "answers, but not as a Ray cluster's head"),
+    (None, r"no reply within 0.5 s"),
+])
+def test_an_address_that_is_not_a_ray_head_is_refused_in_seconds(reply, message):
+    from rcn_fast.eval.config import EvalError
+    from rcn_fast.eval.ray_executor import check_ray_address
+
+    srv = _TcpServer(reply)
+    try:
+        with pytest.raises(EvalError, match=f"ray-address: .*{message}"):
+            check_ray_address(f"127.0.0.1:{srv.port}", timeout=0.5)
+    finally:
+        srv.close()
+
+
+def test_a_grpc_server_passes_the_probe_and_ray_resolved_addresses_are_left_to_ray():
+    from rcn_fast.eval.ray_executor import check_ray_address
+
+    settings = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64"  # an HTTP/2 SETTINGS frame
+    srv = _TcpServer(settings)
+    try:
+        check_ray_address(f"127.0.0.1:{srv.port}", timeout=2.0)
+        check_ray_address(f"ray://127.0.0.1:{srv.port}", timeout=2.0)
+    finally:
+        srv.close()
+    for addr in (None, "auto", "local", "myhost"):
+        check_ray_address(addr)
