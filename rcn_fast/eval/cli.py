@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: 0); metrics are mean/std over seeds")
     a("--batch-size", type=int, metavar="N", help="questions per batch and per checkpoint write (default: 16)")
     a("--output-path", metavar="DIR", help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
-    a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>.jsonl")
+    a("--log-samples", action="store_true", default=None, help="write samples_<task>_<pipeline>_<timestamp>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
     a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
       "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")
