@@ -261,3 +261,63 @@ def test_two_runs_keep_two_sample_files_stamped_as_their_results(tmp_path):
         assert p.name == f"samples_mini_vanilla_{stamp}.jsonl"
         assert [json.loads(x)["doc_id"] for x in p.read_text().splitlines()] == ["q0", "q1", "q2", "q3"]
     assert docs[0]["chance"] == {"mini": 0.5}  # two choices per question
+
+
+# ------------------------------------------------------------ --no-progress
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    import sys
+
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf", reason="gguf is not installed (pip install 'gguf>=0.10')")
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "llm"))
+    from llm_helpers import build_model, build_tokenizer, write_llama_gguf
+
+    tok = build_tokenizer()
+    model = build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_llama_gguf(model, tok, path)
+    return path
+
+
+def _load_through_the_eval(tmp_path, gguf_path, progress: bool) -> None:
+    from rcn_fast.eval import EvalConfig
+    from rcn_fast.eval.loading import Components
+
+    out = tmp_path / f"o-{progress}"
+    cfg = EvalConfig(tasks=["demo"], pipelines=["vanilla"], model=str(gguf_path), output_path=str(out),
+                     progress=progress, device="cpu")
+    out.mkdir()
+    assert Components(cfg, out).llm() is not None
+
+
+def test_no_progress_silences_the_gguf_conversion_bars(tmp_path, tiny_gguf, capfd):
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as tf_logging
+
+    bar = gguf_utils.tqdm
+    _load_through_the_eval(tmp_path, tiny_gguf, progress=True)
+    shown = capfd.readouterr().err
+    assert "Converting and de-quantizing GGUF tensors" in shown  # the bars a load draws with progress on
+    _load_through_the_eval(tmp_path, tiny_gguf, progress=False)
+    quiet = capfd.readouterr().err
+    assert "de-quantizing" not in quiet and "%|" not in quiet and "it/s" not in quiet, quiet
+    assert gguf_utils.tqdm is bar and tf_logging.is_progress_bar_enabled()  # scoped: restored afterwards
+
+
+def test_quiet_loading_is_scoped():
+    pytest.importorskip("transformers")
+    from transformers.utils import logging as tf_logging
+
+    from rcn_fast.eval.progress import quiet_loading
+
+    assert tf_logging.is_progress_bar_enabled()
+    with quiet_loading():
+        assert not tf_logging.is_progress_bar_enabled()
+    assert tf_logging.is_progress_bar_enabled()
+    with quiet_loading(False):
+        assert tf_logging.is_progress_bar_enabled()
+    with pytest.raises(RuntimeError), quiet_loading():
+        raise RuntimeError("a failed load")
+    assert tf_logging.is_progress_bar_enabled()
