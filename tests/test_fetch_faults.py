@@ -69,6 +69,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if self.server.stop.is_set() or not self._send(BODY[i:i + 1]):
                     break
                 time.sleep(0.2)
+        elif mode == "slow-headers":  # the status line, then a header one byte every 0.2 s, for at most 30 s
+            if not self._send(b"HTTP/1.1 200 OK\r\nX-Pad: "):
+                return
+            for _ in range(150):
+                if self.server.stop.is_set() or not self._send(b"x"):
+                    break
+                time.sleep(0.2)
         elif mode == "cut":  # a chunked body that ends without its last chunk
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -153,6 +160,13 @@ def test_a_dripping_server_meets_the_overall_deadline(server):
     url = f"{server.url}/drip"
     with pytest.raises(FetchError, match=r"not finished after 1 s \(\d+ bytes received"):
         fetch_pinned(url, SHA, timeout=5.0, deadline=1.0)  # each byte comes well within the socket timeout
+    assert not _parts(url)
+
+
+def test_a_server_dripping_its_headers_meets_the_deadline_too(server):
+    url = f"{server.url}/slow-headers"
+    with pytest.raises(FetchError, match=r"not finished after 1 s \(0 bytes received; the server is too slow\)"):
+        fetch_pinned(url, SHA, timeout=5.0, deadline=1.0)
     assert not _parts(url)
 
 

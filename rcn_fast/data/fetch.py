@@ -31,6 +31,7 @@ import http.client
 import os
 import re
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -190,44 +191,115 @@ def fetch_pinned(url: str, sha256: str, *, size: int | None = None, timeout: flo
 
 def _download(url: str, out: Any, want: str, *, size: int | None, limit: int, timeout: float,
               deadline: float) -> tuple[int, str]:
-    """Stream ``url`` into ``out``: ``(bytes, sha256 hex)``, or a FetchError."""
+    """Stream ``url`` into ``out``: ``(bytes, sha256 hex)``, or a FetchError.
+
+    A :class:`_Watchdog` shuts the connection down when ``deadline`` passes,
+    whether the server is slow with its headers or its body."""
     h = hashlib.sha256()
     n = 0
-    start = time.monotonic()
     pinned = f"the task pins size {size}" if size is not None else \
         f"the most read without a pinned size is {limit} bytes (add size: to the task)"
     hint = f"download the file yourself (sha256 {want}) and pass its path"
+    too_slow = f"cannot download {url}: not finished after {deadline:g} s ({{}} bytes received; the server is too " \
+               f"slow); {hint}"
+    watchdog = _Watchdog(deadline)
     try:
-        req = urllib.request.Request(url, headers={"User-Agent": "rcn_fast"})
-        with urllib.request.urlopen(req, timeout=min(timeout, deadline)) as resp:
-            declared = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
-            if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-                raise FetchError(f"{url}: the server announces {int(declared)} bytes and {pinned}; "
-                                 f"nothing was downloaded")
-            read = getattr(resp, "read1", None) or resp.read  # read1: whatever has arrived, never waits for a full chunk
-            while True:
-                if time.monotonic() - start > deadline:
-                    raise FetchError(f"cannot download {url}: not finished after {deadline:g} s ({n} bytes "
-                                     f"received; the server is too slow); {hint}")
-                chunk = read(_CHUNK)
-                if not chunk:
-                    break
-                n += len(chunk)
-                if n > limit:
-                    raise FetchError(f"{url}: the server sent more than {limit} bytes and {pinned}; stopped "
-                                     f"there, nothing was cached")
-                h.update(chunk)
-                out.write(chunk)
+        with watchdog:
+            req = urllib.request.Request(url, headers={"User-Agent": "rcn_fast"})
+            with watchdog.opener().open(req, timeout=min(timeout, deadline)) as resp:
+                declared = resp.headers.get("Content-Length") if hasattr(resp, "headers") else None
+                if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+                    raise FetchError(f"{url}: the server announces {int(declared)} bytes and {pinned}; "
+                                     f"nothing was downloaded")
+                read = getattr(resp, "read1", None) or resp.read  # read1: what has arrived, not a full chunk
+                while not watchdog.fired:
+                    chunk = read(_CHUNK)
+                    if not chunk:
+                        break
+                    n += len(chunk)
+                    if n > limit:
+                        raise FetchError(f"{url}: the server sent more than {limit} bytes and {pinned}; stopped "
+                                         f"there, nothing was cached")
+                    h.update(chunk)
+                    out.write(chunk)
     except http.client.IncompleteRead as exc:
+        if watchdog.fired:
+            raise FetchError(too_slow.format(n + len(exc.partial))) from None
         raise FetchError(f"cannot download {url} (the connection closed after {n + len(exc.partial)} bytes, "
                          f"before the end of the file); {hint}") from None
     except http.client.HTTPException as exc:
+        if watchdog.fired:
+            raise FetchError(too_slow.format(n)) from None
         raise FetchError(f"cannot download {url} (a malformed HTTP response: {type(exc).__name__}: {exc}); "
                          f"{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
+        if watchdog.fired:
+            raise FetchError(too_slow.format(n)) from None
         reason = getattr(exc, "reason", None) or exc
         raise FetchError(f"cannot download {url} ({reason}); {hint}") from None
+    if watchdog.fired:
+        raise FetchError(too_slow.format(n))
     return n, h.hexdigest()
+
+
+class _Watchdog:
+    """Shuts down the sockets of one download when its deadline passes, so
+    neither headers nor a body sent a byte at a time can outlast it (the
+    socket timeout only bounds each wait)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Watchdog":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if self.fired:
+                _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._socks:
+                _shut(sock)
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's default opener whose HTTP(S) connections report their sockets here."""
+        dog = self
+
+        def watched(cls: type) -> type:
+            class Watched(cls):  # type: ignore[misc, valid-type]
+                def connect(self) -> None:
+                    super().connect()
+                    dog.watch(self.sock)
+            return Watched
+
+        class HTTP(urllib.request.HTTPHandler):
+            def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
+                return super().do_open(watched(http_class), req, **kw)
+
+        class HTTPS(urllib.request.HTTPSHandler):
+            def do_open(self, http_class: Any, req: Any, **kw: Any) -> Any:
+                return super().do_open(watched(http_class), req, **kw)
+
+        return urllib.request.build_opener(HTTP, HTTPS)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def check_size(value: object, what: str = "size") -> int | None:
