@@ -741,10 +741,11 @@ def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it)."""
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
                                                              "pipeline_args", "expected_count", "paper_table")}
-    for k in ("revision", "url", "sha256", "size"):  # keys of tasks without them stay what they were
+    for k in ("revision", "url", "sha256"):  # keys of tasks without them stay what they were
         if d.get(k) is None:
             d.pop(k, None)
     d.pop("url", None)  # the checksum pins the content wherever it is served
+    d.pop("size", None)  # and its size with it: adding size: keeps the checkpoints
     if spec.local:
         p = _package_path(spec.local)
         d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
