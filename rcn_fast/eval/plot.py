@@ -69,7 +69,8 @@ def plot_labels(results: dict[str, Any]) -> dict[str, Any]:
     failed = {t: {p: int(results["results"][t].get(p, {}).get("n_failed", 0)) for p in pipelines
                   if math.isnan(heights[p][i])} for i, t in enumerate(tasks)}
     return {
-        "title": f"{' / '.join(metrics) or 'score'} by task and pipeline" + (f" — {_short(str(model))}" if model else ""),
+        "title": f"{' / '.join(metrics) or 'score'} by task and pipeline"
+                 + (f" — {_short(str(model))}" if model else ""),
         "subtitle": f"{n_word} per task, {seed_word}",
         "ticks": [f"{t}\n(n={n})" for t, n in zip(tasks, n_q)],
         "chance": {t: (results.get("chance") or {}).get(t) for t in tasks},

@@ -94,7 +94,8 @@ def check_ray_address(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> 
                 if not more or len(head) >= 9:
                     break
     except socket.gaierror as exc:
-        raise EvalError(f"ray-address: cannot resolve the host of {address!r} ({exc.strerror or exc}); {start}") from None
+        raise EvalError(f"ray-address: cannot resolve the host of {address!r} ({exc.strerror or exc}); "
+                        f"{start}") from None
     except (socket.timeout, TimeoutError):
         raise EvalError(f"ray-address: no Ray cluster answers at {address!r} (no reply within {timeout:g} s); "
                         f"{start}") from None
