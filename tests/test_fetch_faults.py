@@ -152,8 +152,14 @@ def test_a_pinned_size_and_checksum_download_and_cache(server):
     path = fetch_pinned(url, SHA, size=len(BODY))
     assert path.read_bytes() == BODY and fetch_pinned(url, SHA, size=len(BODY)) == path
     assert server.httpd.hits == ["ok"]  # the second call is a cache hit
+    with pytest.raises(FetchError, match=f"has the pinned sha256 but {len(BODY)} bytes, and the task pins size "
+                                         f"{len(BODY) + 1}: correct the task's size:"):
+        fetch_pinned(url, SHA, size=len(BODY) + 1)  # the verified cache entry is kept
+    assert path.read_bytes() == BODY
+    path.unlink()
     with pytest.raises(FetchError, match=f"sent {len(BODY)} bytes, the task pins size {len(BODY) + 1}"):
         fetch_pinned(url, SHA, size=len(BODY) + 1)
+    assert not path.exists() and not _parts(url)
 
 
 def test_a_dripping_server_meets_the_overall_deadline(server):

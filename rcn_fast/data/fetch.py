@@ -163,7 +163,10 @@ def fetch_pinned(url: str, sha256: str, *, size: int | None = None, timeout: flo
     limit = size if size is not None else check_size(max_bytes, "max_bytes")
     dest = cached_path(url, want)
     if dest.is_file():
-        if (size is None or dest.stat().st_size == size) and sha256_of(dest) == want:
+        if sha256_of(dest) == want:
+            if size is not None and dest.stat().st_size != size:
+                raise FetchError(f"{url}: the cached file {dest} has the pinned sha256 but {dest.stat().st_size} "
+                                 f"bytes, and the task pins size {size}: correct the task's size:")
             return dest
         dest.unlink()  # a damaged cache entry: fetch it again
     if is_offline():
