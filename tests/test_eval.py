@@ -142,7 +142,7 @@ def test_end_to_end_reports(files, tiny_hf, tiny_encoder, capsys):
 
     # samples: one line per question and seed, consistent with the metrics
     for p, gens in (("vanilla", 0), ("single_retrieval", 0), ("reconnect", 4)):
-        lines = [json.loads(x) for x in (out / f"samples_{task}_{p}.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in _latest(out, f"samples_{task}_{p}_*.jsonl").read_text().splitlines()]
         assert len(lines) == 12 and {x["seed"] for x in lines} == {0, 1}
         per_seed = {0: [], 1: []}
         for x in lines:
@@ -305,7 +305,7 @@ def test_yes_no_and_open_domain_tasks(tmp_path, tiny_hf):
     r = doc["results"]["od"]["cot"]
     assert doc["configs"]["od"]["metrics"] == ["string_em", "exact_match"]
     assert r["n"] == 3 and 0 <= r["string_em"] <= 1 and 0 <= r["exact_match"] <= r["string_em"]
-    lines = [json.loads(x) for x in (tmp_path / "o2" / "samples_od_cot.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in _latest(tmp_path / "o2", "samples_od_cot_*.jsonl").read_text().splitlines()]
     assert [x["target"] for x in lines] == [["item 0"], ["item 1"], ["item 2"]]
     assert all(isinstance(x["prediction"], str) for x in lines)
     table = (tmp_path / "o2" / doc["files"]["table"]).read_text()
@@ -569,7 +569,7 @@ def test_corpus_store_with_its_own_encoder(files, tiny_hf, tiny_encoder):
                    llm=tiny_hf, print_table=False)
     assert doc["results"]["mini"]["single_retrieval"]["n"] == 6
     assert doc["corpora"] == {str(store): str(store)}
-    lines = [json.loads(x) for x in (files["out"] / "samples_mini_single_retrieval.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in _latest(files["out"], "samples_mini_single_retrieval_*.jsonl").read_text().splitlines()]
     assert all(len(x["passages"]) == 2 and x["passages"][0]["id"].startswith("fact-") for x in lines)
 
 

@@ -54,7 +54,7 @@ def test_default_run_with_the_real_model_packages(tmp_path, capsys):
         assert r["n"] == 4 and r["n_failed"] == 0 and 0.0 <= r["acc"] <= 1.0
         assert r["llm_calls_per_q"] == calls and r["tokens_per_q"] > 0
         assert f"| demo | {p} | acc | {r['acc']:.4f} |" in printed
-    samples = [json.loads(x) for x in (out / "samples_demo_reconnect.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in sorted(out.glob("samples_demo_reconnect_*.jsonl"))[-1].read_text().splitlines()]
     assert all(x["passages"] and all(ps["id"].startswith("demo-fact-") for ps in x["passages"]) for x in samples)
     assert list((out / "corpora").iterdir())  # the demo corpus was embedded once, into the output folder
     # the same command again: everything is done, no model is loaded, same table

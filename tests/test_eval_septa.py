@@ -127,7 +127,7 @@ def test_septa_through_evaluate(septa_dir, tmp_path, no_llm, capsys):
     direct = pipelines.build("septa", llm=None, checkpoint=str(septa_dir)).run_batch(load_questions(str(qf)))
     acc = sum(p.pred == p.answer for p in direct) / 6
     assert r["acc"] == pytest.approx(acc)
-    samples = [json.loads(x) for x in (out / "samples_septa-mini_septa.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in sorted(out.glob("samples_septa-mini_septa_*.jsonl"))[-1].read_text().splitlines()]
     assert [s["doc_id"] for s in samples] == [p.question_id for p in direct]
     for s, p in zip(samples, direct):
         assert list(s["logprobs"].values()) == pytest.approx(p.choice_logprobs, abs=1e-5)

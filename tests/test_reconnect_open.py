@@ -290,7 +290,7 @@ def test_eval_on_an_open_domain_file(tmp_path, tiny_models):
     r = doc["results"]["od"]["reconnect"]
     assert doc["configs"]["od"]["kind"] == "open" and doc["configs"]["od"]["metrics"] == ["string_em", "exact_match"]
     assert r["n"] == 3 and 0 <= r["exact_match"] <= r["string_em"] <= 1
-    samples = [json.loads(x) for x in (tmp_path / "out" / "samples_od_reconnect.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in sorted((tmp_path / "out").glob("samples_od_reconnect_*.jsonl"))[-1].read_text().splitlines()]
     assert [s["target"] for s in samples] == [json.loads(x)["answers"] for x in od.read_text().splitlines()]
     assert all(isinstance(s["prediction"], str) for s in samples)
     table = (tmp_path / "out" / doc["files"]["table"]).read_text()

@@ -119,7 +119,9 @@ def read_records(path: str | os.PathLike[str], parse: Callable[[Any, str, int], 
 
     ``parse(record, where, n)`` converts one record; ``where`` names it for
     error messages (``"<path>:<line>"`` or ``"<path>: record <n>"``), ``n``
-    is its line (or 1-based record) number. At most ``limit`` records.
+    is its line (or 1-based record) number. At most ``limit`` records: a
+    JSON-lines file is read no further than the line of the last one kept
+    (the lines after it are never parsed); a JSON array is parsed whole.
 
     Raises
     ------
@@ -149,6 +151,28 @@ def read_records(path: str | os.PathLike[str], parse: Callable[[Any, str, int], 
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def count_records(path: str | os.PathLike[str]) -> int | None:
+    """How many records a JSON-lines file holds (its non-blank lines),
+    counted without parsing them; None for a file holding one JSON array
+    (that needs a full parse).
+
+    With this count a reader can honour ``--limit`` (the first N records, or
+    a fraction of them) by parsing only the records it keeps: a JSON-lines
+    file is read in order, so the first N records need only the first N
+    lines. Anything that picks records from the whole file (shuffling,
+    sampling) needs the whole file parsed.
+    """
+    path = Path(path)
+    if _starts_with_bracket(path):
+        return None
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip() and raw.strip() != b"\xef\xbb\xbf":
+                n += 1
+    return n
 
 
 def split_file(path: Path, split: str | None) -> Path | None:

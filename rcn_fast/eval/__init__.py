@@ -7,7 +7,7 @@
 * Tasks: :func:`available_tasks`, :func:`get_task`, :func:`resolve_task`,
   :func:`load_task_questions` (YAML files in ``rcn_fast/eval/tasks/``).
 * Reports: ``results_<timestamp>.json`` / ``.md`` / ``.png`` and
-  ``samples_<task>_<pipeline>.jsonl`` (:mod:`rcn_fast.eval.reports`).
+  ``samples_<task>_<pipeline>_<timestamp>.jsonl`` (:mod:`rcn_fast.eval.reports`).
 
 Examples
 --------

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--output-path", "--output_path", dest="output_path", metavar="DIR",
       help=f"results, checkpoints, call cache (default: ./{DEFAULT_OUTPUT})")
     a("--log-samples", "--log_samples", dest="log_samples", action="store_true", default=None,
-      help="write samples_<task>_<pipeline>.jsonl")
+      help="write samples_<task>_<pipeline>_<timestamp>.jsonl")
     a("--device", choices=["cpu", "cuda", "auto"], help="device of the local models (default: cpu)")
     a("--threads", type=int, metavar="N", help="torch threads of the local models (default: torch's own, one per "
       "core; when other work already keeps the CPU busy as the run starts, only the idle cores, at least 1)")

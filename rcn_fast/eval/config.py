@@ -79,7 +79,7 @@ class EvalConfig:
     output_path : str
         Folder of results, checkpoints, the call cache and built corpora.
     log_samples : bool
-        Write ``samples_<task>_<pipeline>.jsonl``.
+        Write ``samples_<task>_<pipeline>_<timestamp>.jsonl``.
     device : {"cpu", "cuda", "auto"}
     threads : int or None
         torch intra-op threads of the local models. None: torch's default

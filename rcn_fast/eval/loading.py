@@ -160,7 +160,10 @@ class Components:
             log(f"loading model {spec} ...")
             t = time.perf_counter()
             try:
-                self._llm = load_llm(spec, cache=cache, **opts)
+                from rcn_fast.eval.progress import quiet_loading
+
+                with quiet_loading(not self.cfg.progress and not spec.startswith("openai:")):  # --no-progress
+                    self._llm = load_llm(spec, cache=cache, **opts)
             except Exception as exc:  # any failure to load is a user-facing input problem
                 raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
             log(f"model loaded in {time.perf_counter() - t:.1f} s")

@@ -1,11 +1,17 @@
 """Progress bars of an evaluation: one bar of checkpointed questions per
-task x pipeline x seed and one bar per pipeline stage under it."""
+task x pipeline x seed and one bar per pipeline stage under it; and, with
+progress off (``--no-progress``), :func:`quiet_loading` silencing the bars
+that loading a model draws (transformers' weight loading and downloads,
+the GGUF conversion)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from rcn_fast.eval.runner import Unit
@@ -81,4 +87,56 @@ class StageBars:
         self.main.close()
 
 
-__all__ = ["StageBars"]
+@contextlib.contextmanager
+def quiet_loading(quiet: bool = True) -> Iterator[None]:
+    """Silence the progress bars of loading a model, for this block only.
+
+    With ``quiet``: transformers' bars (weight loading, hub downloads:
+    ``transformers.utils.logging.disable_progress_bar``), huggingface_hub's
+    download bars and the tqdm bar of transformers' GGUF conversion
+    ("Converting and de-quantizing GGUF tensors") are off while the block
+    runs, and each comes back as it was afterwards. Libraries that are not
+    installed are left alone (nothing is imported that the load would not
+    import). ``quiet=False`` changes nothing.
+    """
+    if not quiet:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if importlib.util.find_spec("transformers") is not None:
+            from transformers.utils import logging as tf_logging
+
+            if tf_logging.is_progress_bar_enabled():
+                tf_logging.disable_progress_bar()
+                stack.callback(tf_logging.enable_progress_bar)
+            stack.enter_context(_gguf_bar_off())
+        if importlib.util.find_spec("huggingface_hub") is not None:
+            from huggingface_hub import utils as hub_utils
+
+            if not hub_utils.are_progress_bars_disabled():
+                hub_utils.disable_progress_bars()
+                stack.callback(hub_utils.enable_progress_bars)
+        yield
+
+
+@contextlib.contextmanager
+def _gguf_bar_off() -> Iterator[None]:
+    """transformers' GGUF reader calls its module's ``tqdm`` directly (not
+    the logging-controlled one): give it a disabled one for the block."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except Exception:  # noqa: BLE001 - an old or partial transformers: nothing to silence
+        yield
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
+__all__ = ["StageBars", "quiet_loading"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,11 @@ from typing import Any
 from rcn_fast.eval.config import EvalConfig, EvalError
 
 RAY_HINT = 'pip install "rcn_fast[ray]"'
+#: Seconds :func:`check_ray_address` waits for a cluster's head to answer.
+PROBE_TIMEOUT_S = 5.0
+# HTTP/2 client preface and an empty SETTINGS frame: a gRPC server (Ray's
+# GCS, or the Ray Client server of a ray:// address) answers with a frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 
 def _require_ray() -> Any:
@@ -38,6 +44,66 @@ def _require_ray() -> Any:
     except ImportError:
         raise EvalError(f"executor: 'ray' needs the ray package; install it with:\n    {RAY_HINT}") from None
     return ray
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``HOST:PORT``, ``ray://HOST:PORT`` or
+    ``[IPv6]:PORT``; None for addresses Ray resolves itself (``auto``,
+    ``local``, no port)."""
+    rest = address.strip()
+    if "://" in rest:
+        rest = rest.split("://", 1)[1]
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str | None, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Check, within about ``timeout`` seconds, that a Ray cluster's head
+    answers at ``address`` before joining it (``ray.init`` retries an
+    address that refuses or does not speak Ray for many minutes).
+
+    The probe connects to ``HOST:PORT`` and sends the HTTP/2 preface; Ray's
+    GCS (and the Ray Client server of a ``ray://`` address) is a gRPC
+    server and answers with a frame. ``None``, ``auto``, ``local`` and
+    addresses without a port are left to Ray.
+
+    Raises
+    ------
+    EvalError
+        Nothing listens there, the host cannot be reached or resolved, or
+        what answers is not a gRPC server; the message names the address
+        and how to start a cluster.
+    """
+    hp = _host_port(address) if isinstance(address, str) else None
+    if hp is None:
+        return
+    host, port = hp
+    start = "start one with `ray start --head` and pass the address it prints, or leave --ray-address out for a " \
+            "local cluster"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_H2_PREFACE)
+            head = b""
+            for _ in range(9):  # a frame header is 9 bytes; a server may send them in pieces
+                more = sock.recv(9 - len(head))
+                head += more
+                if not more or len(head) >= 9:
+                    break
+    except socket.gaierror as exc:
+        raise EvalError(f"ray-address: cannot resolve the host of {address!r} ({exc.strerror or exc}); "
+                        f"{start}") from None
+    except (socket.timeout, TimeoutError):
+        raise EvalError(f"ray-address: no Ray cluster answers at {address!r} (no reply within {timeout:g} s); "
+                        f"{start}") from None
+    except OSError as exc:
+        raise EvalError(f"ray-address: no Ray cluster at {address!r} ({exc.strerror or exc}); {start}") from None
+    if len(head) < 9 or head[3] != 0x04:  # not an HTTP/2 SETTINGS frame: some other server
+        raise EvalError(f"ray-address: {address!r} answers, but not as a Ray cluster's head (GCS) does; check "
+                        f"the port (`ray status` on the head prints the address); {start}")
 
 
 def _log(msg: str) -> None:
@@ -110,7 +176,9 @@ def evaluate_on_ray(cfg: EvalConfig, *, llm: Any = None, encoder: Any = None, re
     ------
     EvalError
         Ray is not installed; components were given as objects (workers
-        load them from the config's specs); the cluster cannot be reached;
+        load them from the config's specs); the cluster cannot be reached
+        (an address where no Ray head answers is refused within seconds:
+        :func:`check_ray_address`);
         a Ray task failed (its error is shown; finished work is kept).
     """
     given = [n for n, v in (("llm", llm), ("encoder", encoder), ("retriever", retriever),
@@ -119,6 +187,8 @@ def evaluate_on_ray(cfg: EvalConfig, *, llm: Any = None, encoder: Any = None, re
         raise EvalError(f"executor: 'ray' workers load the model, encoder and corpus from the config's specs; "
                         f"pass them as names or paths, not as objects ({', '.join(given) or 'model'})")
     ray = _require_ray()
+    if not ray.is_initialized():  # before planning, which may embed corpora: fail in seconds
+        check_ray_address(cfg.ray_address or os.environ.get("RAY_ADDRESS") or None)
     t0 = time.time()
     slices = plan_slices(cfg)
     local = dataclasses.replace(cfg, executor="local", num_shards=1, shard_id=None)
@@ -164,4 +234,4 @@ def evaluate_on_ray(cfg: EvalConfig, *, llm: Any = None, encoder: Any = None, re
     return evaluate(local, print_table=print_table)
 
 
-__all__ = ["evaluate_on_ray", "plan_slices", "RAY_HINT"]
+__all__ = ["evaluate_on_ray", "plan_slices", "check_ray_address", "RAY_HINT"]

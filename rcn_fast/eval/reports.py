@@ -12,10 +12,14 @@ Written to the output folder:
 * ``results_<timestamp>.md`` -- the table also printed to stdout:
   ``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |``.
 * ``results_<timestamp>.png`` -- accuracy per task and pipeline (bars),
-  std over seeds (or the standard error with one seed) as error bars.
-* ``samples_<task>_<pipeline>.jsonl`` (``--log-samples``) -- one line per
-  question and seed: the question, target, prediction, per-choice
-  log-probabilities, knowledge, passages, trace, cost.
+  std over seeds (or the standard error with one seed) as error bars, the
+  model, n, seeds and each task's chance level (:mod:`rcn_fast.eval.plot`).
+* ``samples_<task>_<pipeline>_<timestamp>.jsonl`` (``--log-samples``) --
+  one line per question and seed: the question, target, prediction,
+  per-choice log-probabilities, knowledge, passages, trace, cost. The
+  timestamp is the results file's, so every run keeps its own samples (as
+  lm-evaluation-harness names them); the results JSON lists its files
+  under ``files``.
 
 Statistics: with ``n`` questions scored 0/1, a seed's value is their mean
 and its standard error ``sqrt(var / n)`` (sample variance, ddof=1, as in
@@ -207,6 +211,20 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def chance_level(spec: TaskSpec, questions: list[Any]) -> float | None:
+    """Accuracy of a uniform random guess: the mean of 1 / choices over the
+    questions (None for open-domain tasks or no questions)."""
+    if spec.kind == "open" or not questions:
+        return None
+    return sum(1.0 / len(q.choices) for q in questions) / len(questions)
+
+
+def sample_file_name(task: str, pipeline: str, stamp: str) -> str:
+    """``samples_<task>_<pipeline>_<stamp>.jsonl`` (``stamp``: the run's
+    results timestamp)."""
+    return safe_component(f"samples_{task}_{pipeline}_{stamp}.jsonl")  # one file in out, whatever the names
+
+
 def sample_line(rec: dict[str, Any], q: Any, task: TaskSpec, pipeline: str) -> dict[str, Any]:
     """One ``samples_*.jsonl`` line (lm-evaluation-harness-like fields)."""
     p = rec["prediction"]
@@ -259,6 +277,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
         "results": results,
         "configs": {s.name: {**s.to_dict(), "metrics": list(s.metrics)} for s in state.tasks},
         "n_samples": {s.name: len(state.questions[s.name]) for s in state.tasks},
+        "chance": {s.name: chance_level(s, state.questions[s.name]) for s in state.tasks},
         "pipelines": pipeline_configs,
         "config": cfg.to_dict(),
         "model": {"spec": cfg.to_dict()["model"], "identity": llm_identity},
@@ -294,7 +313,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                         rec = u.checkpoint.records.get(qid)
                         if rec is not None:
                             lines.append(json.dumps(sample_line(rec, q, spec, p), ensure_ascii=False, default=str))
-                name = safe_component(f"samples_{spec.name}_{p}.jsonl")  # one file in out, whatever the names
+                name = sample_file_name(spec.name, p, stamp)
                 _write_atomic(out / name, "".join(x + "\n" for x in lines))
                 files.setdefault("samples", []).append(name)
     _write_atomic(out / files["results"], json.dumps(doc, indent=2, ensure_ascii=False, default=str))
@@ -306,4 +325,4 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
 
 
 __all__ = ["aggregate", "markdown_table", "write_reports", "task_summary_line", "mean_stderr", "sample_std",
-           "versions", "device_info", "sample_line", "SCHEMA"]
+           "versions", "device_info", "sample_line", "sample_file_name", "chance_level", "SCHEMA"]

@@ -70,7 +70,7 @@ KINDS = ("multiple_choice", "yes_no", "open")
 PARQUET_REVISION = "refs/convert/parquet"
 _KNOWN_KEYS = {"name", "group", "kind", "dataset", "config", "split", "fields", "local", "question_template",
                "choices_in_question", "shuffle_choices", "dataset_kwargs", "corpus", "pipeline_args", "description",
-               "include", "metrics", "revision", "url", "sha256", "expected_count", "paper_table"}
+               "include", "metrics", "revision", "url", "sha256", "size", "expected_count", "paper_table"}
 _YES_NO_FIELDS = {"id": "qid", "question": "question", "answer": "answer"}
 
 
@@ -96,6 +96,8 @@ class TaskSpec:
         also be a local folder: see :func:`resolve_task`).
     url, sha256 : str or None
         A file pinned by content (used instead of ``dataset``).
+    size : int or None
+        The pinned file's size in bytes (optional; the download stops past it).
     local : str or None
         A local question file (used instead of ``dataset``).
     fields : dict or None
@@ -129,6 +131,7 @@ class TaskSpec:
     revision: str | None = None
     url: str | None = None
     sha256: str | None = None
+    size: int | None = None
     local: str | None = None
     fields: dict[str, Any] | None = None
     question_template: str | None = None
@@ -203,7 +206,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
     """Validate a task mapping (read from YAML) into a :class:`TaskSpec`."""
-    from rcn_fast.data.fetch import check_sha256
+    from rcn_fast.data.fetch import check_sha256, check_size
 
     unknown = set(data) - _KNOWN_KEYS
     if unknown:
@@ -230,6 +233,13 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
             data = {**data, "sha256": check_sha256(data.get("sha256"), "sha256")}
         except ValueError as exc:
             raise TaskError(f"task file {source}: {exc} (a 'url' must be pinned by its checksum)") from None
+    if data.get("size") is not None:
+        try:
+            data = {**data, "size": check_size(data["size"])}
+        except ValueError as exc:
+            raise TaskError(f"task file {source}: {exc} (the pinned file's size)") from None
+        if not data.get("url"):
+            raise TaskError(f"task file {source}: 'size' is the size of a 'url' file; give the url too")
     n = data.get("expected_count")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise TaskError(f"task file {source}: expected_count must be a positive integer, got {n!r}")
@@ -383,7 +393,7 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
             spec.local, spec.dataset = str(p.resolve()), None
         else:
             spec.dataset, spec.local = str(p.resolve()), None
-        spec.url = spec.sha256 = spec.revision = None
+        spec.url = spec.sha256 = spec.revision = spec.size = None
         spec.source = f"{spec.source} with data from {p}"
     else:
         p = Path(arg).expanduser()
@@ -621,19 +631,35 @@ def _convert_open(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -
     return out
 
 
-def _read_file(spec: TaskSpec, path: Path, split: str | None) -> list[Any]:
-    """Every question of a local file (or a folder of ``*<split>*.jsonl``), in file order."""
+def _read_file(spec: TaskSpec, path: Path, split: str | None, limit: int | None = None) -> list[Any]:
+    """The questions of a local file (or a folder of ``*<split>*.jsonl``), in
+    file order: every one, or the first ``limit``."""
     if spec.kind == "yes_no":
         from rcn_fast.data.yes_no import load_yes_no_questions
 
-        return load_yes_no_questions(str(path), split=split)
+        return load_yes_no_questions(str(path), split=split, limit=limit)
     if spec.kind == "open":
         from rcn_fast.data.open_domain import load_open_questions
 
-        return load_open_questions(str(path), split=split)
+        return load_open_questions(str(path), split=split, limit=limit)
     from rcn_fast.data import load_questions
 
-    return load_questions(str(path), split=split)
+    return load_questions(str(path), split=split, limit=limit)
+
+
+def _read_limited(spec: TaskSpec, path: Path, split: str | None, limit: int | float | None) -> tuple[list[Any], int]:
+    """The questions ``limit`` keeps and the number in the file. With a
+    limit, a JSON-lines file's records are counted without parsing and only
+    the kept ones are parsed (:func:`rcn_fast.data.loaders.count_records`);
+    a JSON array is parsed whole."""
+    from rcn_fast.data.loaders import count_records, split_file
+
+    total = None if limit is None else count_records(split_file(path, split) or path)
+    if total is None:
+        qs = _read_file(spec, path, split)
+        return qs[:_take_n(len(qs), limit)], len(qs)
+    n = _take_n(total, limit)
+    return _read_file(spec, path, split, limit=max(n, 1))[:n], total
 
 
 def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, split: str | None = None) -> list[Any]:
@@ -644,7 +670,8 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
     spec : TaskSpec
     limit : int or float, optional
         The first ``limit`` questions, or (a float in (0, 1)) that fraction
-        of the split, rounded up.
+        of the split, rounded up. A JSON-lines file is parsed only up to
+        the last question kept (the rest is counted, not parsed).
     split : str, optional
         Overrides ``spec.split``.
 
@@ -678,18 +705,16 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
         if spec.url:
             from rcn_fast.data.fetch import fetch_pinned
 
-            path = fetch_pinned(spec.url, str(spec.sha256))
+            path = fetch_pinned(spec.url, str(spec.sha256), size=spec.size)
         else:
             path = _package_path(str(spec.local))
-        qs = _read_file(spec, path, split)
-        total, where = len(qs), str(path)
-        qs = qs[:_take_n(total, limit)]
+        qs, total = _read_limited(spec, path, split, limit)
+        where = str(path)
     else:
         p = Path(str(spec.dataset)).expanduser()
         if p.is_dir() and not _is_saved(p) and _split_files(p, split) and _jsonl_layout_fits(spec, p, split):
-            qs = _read_file(spec, p, split)  # a folder of JSON-lines split files in rcn_fast's layouts
-            total, where = len(qs), str(_split_files(p, split)[0])
-            qs = qs[:_take_n(total, limit)]
+            qs, total = _read_limited(spec, p, split, limit)  # a folder of JSON-lines split files in rcn_fast's layouts
+            where = str(_split_files(p, split)[0])
         else:
             split = split or "validation"
             ds, where = _dataset_rows(spec, split)
@@ -738,6 +763,7 @@ def spec_key(spec: TaskSpec) -> str:
         if d.get(k) is None:
             d.pop(k, None)
     d.pop("url", None)  # the checksum pins the content wherever it is served
+    d.pop("size", None)  # and its size with it: adding size: keeps the checkpoints
     if spec.local:
         p = _package_path(spec.local)
         d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
