@@ -111,7 +111,8 @@ def iter_source(spec: SourceSpec, *, text_field: str | None = None,
     """
     loc = spec.location
     if loc.startswith("hub:"):
-        yield from _iter_hub(spec, loc[4:], text_field)
+        for row, where, rec in iter_records(loc, what=f"--source {spec.name}"):
+            yield from _docs_of(rec, spec.name, str(row), text_field, where)
         return
     path = Path(loc)
     if path.is_dir():
@@ -138,10 +139,9 @@ def _iter_file(path: Path, label: str, text_field: str | None) -> Iterator[Sourc
     suffix = path.suffix.lower()
     if suffix == ".tsv":
         yield from _iter_tsv(path, label)
-    elif suffix == ".parquet":
-        yield from _iter_parquet(path, label, text_field)
-    elif suffix in (".jsonl", ".json"):
-        yield from _iter_json(path, label, text_field)
+    elif suffix in (".parquet", ".jsonl", ".json"):
+        for row, where, rec in iter_records(path, what=f"--source {label}"):
+            yield from _docs_of(rec, label, str(row), text_field, where)
     else:
         raise ValueError(f"--source {label}: unsupported file type {path.name} (expected .tsv, .jsonl, .json or .parquet)")
 
@@ -162,7 +162,28 @@ def _iter_tsv(path: Path, label: str) -> Iterator[SourceDocument]:
                 yield SourceDocument(label, row[0].strip(), text)
 
 
-def _iter_json(path: Path, label: str, text_field: str | None) -> Iterator[SourceDocument]:
+def iter_records(location: str | os.PathLike[str], *, what: str = "--source") -> Iterator[tuple[int, str, Any]]:
+    """``(row, where, record)`` of a JSON-lines, JSON (a list), or Parquet file, or of a
+    Hugging Face dataset ``hub:OWNER/NAME[:CONFIG][@SPLIT]`` (streamed; split
+    ``train`` by default). ``row`` counts records from 1; ``where`` names the
+    file and row for messages."""
+    loc = os.fspath(location)
+    if loc.startswith("hub:"):
+        yield from _iter_hub_records(loc[4:], what)
+        return
+    path = Path(loc)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: {loc} is neither a file nor hub:OWNER/NAME")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from _iter_parquet_records(path)
+    elif suffix in (".jsonl", ".json"):
+        yield from _iter_json_records(path)
+    else:
+        raise ValueError(f"{what}: unsupported file type {path.name} (expected .jsonl, .json or .parquet)")
+
+
+def _iter_json_records(path: Path) -> Iterator[tuple[int, str, Any]]:
     with open(path, encoding="utf-8") as fh:
         first = fh.read(1)
         while first and first.isspace():
@@ -170,7 +191,7 @@ def _iter_json(path: Path, label: str, text_field: str | None) -> Iterator[Sourc
         fh.seek(0)
         if first == "[":  # one JSON list
             for row, rec in enumerate(json.load(fh), 1):
-                yield from _docs_of(rec, label, str(row), text_field, f"{path}[{row}]")
+                yield row, f"{path}[{row}]", rec
             return
         for row, line in enumerate(fh, 1):
             if not line.strip():
@@ -179,10 +200,10 @@ def _iter_json(path: Path, label: str, text_field: str | None) -> Iterator[Sourc
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{row}: not valid JSON ({exc.msg})") from None
-            yield from _docs_of(rec, label, str(row), text_field, f"{path}:{row}")
+            yield row, f"{path}:{row}", rec
 
 
-def _iter_parquet(path: Path, label: str, text_field: str | None) -> Iterator[SourceDocument]:
+def _iter_parquet_records(path: Path) -> Iterator[tuple[int, str, Any]]:
     from rcn_fast._arrays import require
 
     pq = require("pyarrow.parquet", 'pip install "rcn_fast[parquet]"')
@@ -190,22 +211,22 @@ def _iter_parquet(path: Path, label: str, text_field: str | None) -> Iterator[So
     for batch in pq.ParquetFile(path).iter_batches(batch_size=8192):
         for rec in batch.to_pylist():
             row += 1
-            yield from _docs_of(rec, label, str(row), text_field, f"{path}[{row}]")
+            yield row, f"{path}[{row}]", rec
 
 
-def _iter_hub(spec: SourceSpec, ident: str, text_field: str | None) -> Iterator[SourceDocument]:
+def _iter_hub_records(ident: str, what: str) -> Iterator[tuple[int, str, Any]]:
     from rcn_fast._arrays import require
 
-    name, split = (ident.rsplit("@", 1) + ["train"])[:2] if "@" in ident else (ident, "train")
+    name, split = ident.rsplit("@", 1) if "@" in ident else (ident, "train")
     config = None
     if ":" in name:
         name, config = name.split(":", 1)
     if not name or "/" not in name:
-        raise ValueError(f"--source {spec.name}: expected hub:OWNER/NAME[:CONFIG][@SPLIT], got hub:{ident}")
+        raise ValueError(f"{what}: expected hub:OWNER/NAME[:CONFIG][@SPLIT], got hub:{ident}")
     datasets = require("datasets", 'pip install "rcn_fast[data]"')
     ds = datasets.load_dataset(name, config, split=split, streaming=True)
     for row, rec in enumerate(ds, 1):
-        yield from _docs_of(rec, spec.name, str(row), text_field, f"hub:{ident}[{row}]")
+        yield row, f"hub:{ident}[{row}]", rec
 
 
 def _docs_of(rec: Any, label: str, row: str, text_field: str | None, where: str) -> Iterator[SourceDocument]:
