@@ -230,3 +230,34 @@ def test_real_obqa_facts_leak_into_obqa_test(tmp_path, shared_data):
                                          out=str(out), text_field="fact1"), tasks={"obqa-test": test_q})
     assert res.documents == len(_read(out)) < sum(res.read.values())  # duplicates of fact1 dropped
     assert res.leaks is not None and res.leaks["documents"] >= 0
+
+
+def test_eval_warns_when_the_corpus_holds_evaluated_questions(tmp_path, capsys):
+    """python -m rcn_fast.eval with --corpus and a task: a warning with the counts (report only), cached."""
+    from rcn_fast.corpus.leakage import cached_corpus_leak_summary, leak_warning
+
+    q = _obqa_question()
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "contents": "the sun is responsible for plants sprouting, blooming "
+                                  "and wilting"}) + "\n" + json.dumps({"id": "b", "contents": "Dogs bark."}) + "\n")
+    summary = cached_corpus_leak_summary(str(corpus), {"obqa": [q]}, tmp_path / "cache")
+    assert summary["documents"] == 1 and summary["tasks"]["obqa"]["by_source"] == {"corpus": {"question+answer": 1}}
+    msg = leak_warning(str(corpus), summary)
+    assert "obqa: 1 question(s) in 1 document(s)" in msg and "--drop-leaks" in msg
+    assert len(list((tmp_path / "cache").glob("leaks-*.json"))) == 1
+    assert leak_warning(str(corpus), {"documents": 0, "tasks": {}}) is None
+
+    from rcn_fast.eval import EvalConfig
+    from rcn_fast.eval.runner import _warn_corpus_leaks, plan
+
+    task = tmp_path / "obqa-test.jsonl"
+    task.write_text(json.dumps({"id": q.id, "question": {"stem": q.question, "choices": [
+        {"label": lab, "text": c} for lab, c in zip("ABCD", q.choices)]}, "answerKey": "D"}) + "\n")
+    out = tmp_path / "out"
+    cfg = EvalConfig(pipelines=["single_retrieval"], tasks=[str(task)], corpus=str(corpus), output_path=str(out))
+    _, questions, units = plan(cfg, out)
+    _warn_corpus_leaks(cfg, out, questions, units)
+    assert "holds evaluated questions (obqa-test: 1 question(s) in 1 document(s))" in capsys.readouterr().err
+    cfg.leak_check = False
+    _warn_corpus_leaks(cfg, out, questions, units)
+    assert capsys.readouterr().err == ""

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
@@ -169,3 +170,62 @@ def check_documents(checker: LeakChecker, docs: Iterable[tuple[str, str, str]],
         for pat in checker.match(text):
             report.add(pat.task, source, pat.kind, pat.question_id, doc_id, text)
     return report
+
+
+def iter_corpus_documents(corpus: str) -> Iterable[tuple[str, str, str]]:
+    """``(id, source, text)`` of an evaluation corpus: a corpus store folder, or a
+    statements file (JSON lines with ``text``/``contents``, DPR-style TSV, Parquet)."""
+    path = Path(corpus)
+    if path.is_dir() and (path / "manifest.json").exists():
+        from rcn_fast.retrieval.store import CorpusStore
+
+        store = CorpusStore.open(path)
+        for row in range(len(store)):
+            yield store.id(row), "corpus", store.text(row)
+        return
+    from rcn_fast.corpus.sources import SourceSpec, iter_source
+
+    for doc in iter_source(SourceSpec("corpus", str(path))):
+        yield doc.orig_id, doc.source, doc.text
+
+
+def corpus_leak_report(corpus: str, tasks: Mapping[str, Iterable[Any]]) -> LeakReport:
+    """The leakage report of an evaluation corpus against the evaluated questions (report only)."""
+    return check_documents(LeakChecker(tasks), iter_corpus_documents(corpus))
+
+
+def cached_corpus_leak_summary(corpus: str, tasks: Mapping[str, Sequence[Any]], cache_dir: Path) -> dict[str, Any]:
+    """:func:`corpus_leak_report` as a dict, cached in ``cache_dir`` by the corpus's
+    files (path, size, mtime) and the question ids, so a rerun does not rescan."""
+    import hashlib
+    import json
+    import os
+
+    path = Path(corpus)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    ident = {"corpus": os.fspath(path.resolve()),
+             "files": [[os.fspath(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+             "tasks": {t: [str(q.id) for q in qs] for t, qs in sorted(tasks.items())}}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    cached = cache_dir / f"leaks-{key}.json"
+    if cached.exists():
+        try:
+            return json.loads(cached.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+    summary = corpus_leak_report(corpus, tasks).to_dict()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(cached.name + ".tmp")
+    tmp.write_text(json.dumps(summary), encoding="utf-8")
+    os.replace(tmp, cached)
+    return summary
+
+
+def leak_warning(corpus: str, summary: dict[str, Any]) -> str | None:
+    """The eval's one-line warning for a corpus that holds evaluated questions (None when clean)."""
+    if not summary.get("documents"):
+        return None
+    per_task = ", ".join(f"{t}: {v['questions_leaked']} question(s) in {v['documents']} document(s)"
+                         for t, v in summary["tasks"].items())
+    return (f"corpus {corpus} holds evaluated questions ({per_task}); the paper's corpus holds no dev or test "
+            f"question: drop them with `python -m rcn_fast.corpus assemble ... --task TASK=FILE --drop-leaks`")

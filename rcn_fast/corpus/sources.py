@@ -147,17 +147,22 @@ def _iter_file(path: Path, label: str, text_field: str | None) -> Iterator[Sourc
 
 
 def _iter_tsv(path: Path, label: str) -> Iterator[SourceDocument]:
+    """DPR-style rows ``id<TAB>text<TAB>title``; a header row starting with ``id`` names the columns
+    (its ``text`` column is read, else the second)."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     with open(path, encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+        text_col = 1
         for row_no, row in enumerate(reader, 1):
             if row_no == 1 and row and row[0].strip().lower() == "id":
-                continue  # DPR header row
+                names = [c.strip().lower() for c in row]
+                text_col = names.index("text") if "text" in names else 1
+                continue
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
-            if len(row) < 2:
-                raise ValueError(f"{path}:{row_no}: expected id<TAB>text[<TAB>title], got {len(row)} column")
-            text = row[1].strip()
+            if len(row) <= text_col:
+                raise ValueError(f"{path}:{row_no}: expected id<TAB>text[<TAB>title], got {len(row)} column(s)")
+            text = row[text_col].strip()
             if text:
                 yield SourceDocument(label, row[0].strip(), text)
 
