@@ -9,6 +9,8 @@
         [--encoder-dtype float32|float16|bfloat16]
         [--executor local|ray [--ray-address ADDR] [--num-workers W]
          [--gpus-per-worker G] [--cpus-per-worker C]]
+    python -m rcn_fast.corpus assemble --source NAME=PATH_OR_HUB_ID [--source ...] --out FILE
+        [--exclude NAME] [--task TASK=FILE_OR_NAME ...] [--drop-leaks] [--dedup exact|near|none]
     python -m rcn_fast.corpus merge --out DIR SHARD_DIR [SHARD_DIR ...]
     python -m rcn_fast.corpus info DIR
     python -m rcn_fast.corpus verify DIR
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="encoder actors (default: as many as the cluster's GPUs or CPUs allow)")
     b.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per actor (> 0: device cuda)")
     b.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per actor")
+    from rcn_fast.corpus.assemble import add_parser as add_assemble_parser
+
+    add_assemble_parser(sub)
     m = sub.add_parser("merge", help="join the directories of a sharded build into one store")
     m.add_argument("--out", required=True)
     m.add_argument("shards", nargs="+")
@@ -91,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     from rcn_fast.retrieval.store import CorpusStore
 
     try:
+        if args.cmd == "assemble":
+            from rcn_fast.corpus.assemble import run as run_assemble
+
+            return run_assemble(args)
         if args.cmd == "build":
             from rcn_fast.retrieval.encoder import Encoder
 

@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
       "the questions a shard was given but did not finish (default: refuse, naming the shard)")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
+    a("--no-leak-check", action="store_true", help="do not check --corpus for evaluated questions (the check "
+      "warns only, and is cached per corpus)")
+    a("--paper", metavar="TABLE", help="run a table of the ReConnect paper (table1, table2, table3, table6, "
+      "table7, table9, table10) with --model/--corpus/--kb/--encoder and write paper_<table>.md/.json/.png "
+      "beside the paper's numbers (seeds 0 1 2 unless --seeds)")
+    a("--paper-corpus", nargs="+", metavar="NAME=STORE", help="Table 6: a store per retriever row "
+      "(raco=DIR dpr=DIR zebra=DIR)")
     a("--list-tasks", action="store_true", help="list the packaged tasks and exit")
     a("--list-pipelines", action="store_true", help="list the pipelines and exit")
     return p
@@ -144,6 +151,8 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         base["progress"] = False
     if ns.no_plot:
         base["plot"] = False
+    if ns.no_leak_check:
+        base["leak_check"] = False
     return EvalConfig.from_dict(base)
 
 
@@ -243,6 +252,20 @@ def _list_pipelines() -> None:
         print(f"{name:18s} {kinds}{needs}")
 
 
+def _run_paper(ns: argparse.Namespace, cfg: EvalConfig) -> int:
+    """``--paper TABLE``: every row of the table (see :mod:`rcn_fast.paper`); prints the report."""
+    from rcn_fast.paper.run import run_preset
+
+    corpora = {k: str(v) for k, v in parse_kv(ns.paper_corpus, "--paper-corpus").items()}
+    try:
+        report, files = run_preset(ns.paper, cfg, corpora=corpora, seeds=ns.seeds)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    print(report.markdown())
+    print(f"rcn_fast.eval: wrote {', '.join(files.values())}", file=sys.stderr)
+    return 0
+
+
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
                   line: str | None = None, *, _default: Any = warnings.showwarning) -> None:
     """Task warnings (a split with another count than the paper's) as one
@@ -283,6 +306,8 @@ def _main(ns: argparse.Namespace) -> int:
             _list_pipelines()
             return 0
         cfg = config_from_args(ns)
+        if ns.paper:
+            return _run_paper(ns, cfg)
         from rcn_fast.eval.runner import evaluate
 
         doc = evaluate(cfg)

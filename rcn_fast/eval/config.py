@@ -93,6 +93,10 @@ class EvalConfig:
         Progress bars on stderr.
     plot : bool
         Write the PNG bar chart.
+    leak_check : bool
+        With ``corpus`` given: warn when the corpus holds evaluated
+        questions (:mod:`rcn_fast.corpus.leakage`; report only, the result
+        is cached in the output folder per corpus and question set).
     num_shards, shard_id : int
         Answer only the questions of shard ``shard_id`` of ``num_shards``
         (split by question id, see :mod:`rcn_fast.eval.shards`); each shard
@@ -152,6 +156,7 @@ class EvalConfig:
     strict: bool = False
     progress: bool = True
     plot: bool = True
+    leak_check: bool = True
     num_shards: int = 1
     shard_id: int | None = None
     executor: str = "local"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +367,7 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
                         "there); make it writable or choose another --output-path")
     specs, questions, units = plan(cfg, out)
     merge_guard(cfg, units)  # a shard records what it was given; a merge refuses incomplete shards
+    _warn_corpus_leaks(cfg, out, questions, units)
     todo = [u for u in units if u.pending]
     if todo:  # say which model packages are missing before any work starts
         reg = pipeline_registry()
@@ -395,6 +397,27 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
             import torch
 
             torch.set_num_threads(prev_threads)
+
+
+def _warn_corpus_leaks(cfg: EvalConfig, out: Path, questions: dict[str, list[Any]], units: list[Unit]) -> None:
+    """Warn when the user's corpus holds evaluated questions (report only; cached per corpus and questions)."""
+    if not cfg.corpus or not cfg.leak_check or not Path(cfg.corpus).exists():
+        return
+    reg = pipeline_registry()
+    used = {u.task.name for u in units if may_use_retriever(reg[u.pipeline])}
+    mc = {t: qs for t, qs in questions.items() if t in used and qs and hasattr(qs[0], "choices")}
+    if not mc:
+        return
+    from rcn_fast.corpus.leakage import cached_corpus_leak_summary, leak_warning
+
+    try:
+        summary = cached_corpus_leak_summary(cfg.corpus, mc, out / "leakage")
+    except (OSError, ValueError) as exc:
+        log(f"leakage check skipped: {exc}")
+        return
+    msg = leak_warning(cfg.corpus, summary)
+    if msg:
+        print(f"rcn_fast.eval: warning: {msg}", file=sys.stderr)
 
 
 def _run(cfg: EvalConfig, out: Path, specs: list[TaskSpec], questions: dict[str, list[Any]], units: list[Unit],
