@@ -228,7 +228,7 @@ def test_lm_eval_task_end_to_end_with_lm_eval_flags(arc_folder, tmp_path, capsys
     assert rc == 0, capsys.readouterr().err
     doc = json.loads(sorted(out.glob("results_*.json"))[-1].read_text())
     assert doc["results"]["my_arc_easy"]["vanilla"]["n"] == 2
-    samples = [json.loads(x) for x in (out / "samples_my_arc_easy_vanilla.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in next(out.glob("samples_my_arc_easy_vanilla_*.jsonl")).read_text().splitlines()]
     assert len(samples) == 2
 
 

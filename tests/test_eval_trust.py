@@ -74,7 +74,7 @@ def test_file_derived_and_spaced_names_are_one_folder_inside_the_output(tmp_path
                         model="tiny"), llm=tiny_hf, print_table=False)
     ck = list((out / "checkpoints").rglob("*.jsonl"))
     assert ck and all(p.relative_to(out).parts[1] == "my_task_x" for p in ck)
-    assert (out / "samples_my_task_x_vanilla.jsonl").is_file()
+    assert len(list(out.glob("samples_my_task_x_vanilla_*.jsonl"))) == 1  # timestamped as the results file
 
 
 # ------------------------------------------------------------- 26.4 weights

@@ -239,7 +239,7 @@ class EvalConfig:
         def path(v: Any) -> bool:
             return isinstance(v, (str, os.PathLike))
 
-        switches = ("log_samples", "strict", "progress", "plot", "merge_fill_missing")
+        switches = ("log_samples", "strict", "progress", "plot", "leak_check", "merge_fill_missing")
         for name in switches:
             v = getattr(self, name)
             if not isinstance(v, bool):
