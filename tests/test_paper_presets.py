@@ -152,3 +152,23 @@ def test_table9_runs_for_real_and_resumes(tmp_path, monkeypatch):
         assert again.to_dict()["rows"] == report.to_dict()["rows"]
     finally:
         torch.set_num_threads(prev)
+
+
+def test_id_and_ood_tasks_retrieve_from_their_own_stores(tmp_path, monkeypatch):
+    """App. A.2: the ID tasks use the store without RACo's CBD part, the OOD tasks the full one."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    for t in ID_TASKS + OOD_TASKS:
+        _task_yaml(inc, t, _questions(tmp_path / f"{t}.jsonl"))
+    seen = []
+
+    def fake_evaluate(cfg, **kw):
+        seen.append((cfg.corpus, tuple(cfg.tasks)))
+        return {"results": {t: {"reconnect": {"acc": 0.5, "n": 2}} for t in cfg.tasks}}
+
+    cfg = EvalConfig(model="m", include_path=[str(inc)], output_path=str(tmp_path / "out"))
+    report, _ = run_preset("table7", cfg, corpora={"id": "ID_STORE", "ood": "OOD_STORE"}, evaluate=fake_evaluate,
+                           llm=object())
+    assert set(seen) == {("ID_STORE", ID_TASKS), ("OOD_STORE", OOD_TASKS)}
+    assert report.cells["RECONNECT (Ours)"]["OOD."].measured == pytest.approx(50.0)

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--paper", metavar="TABLE", help="run a table of the ReConnect paper (table1, table2, table3, table6, "
       "table7, table9, table10) with --model/--corpus/--kb/--encoder and write paper_<table>.md/.json/.png "
       "beside the paper's numbers (seeds 0 1 2 unless --seeds)")
-    a("--paper-corpus", nargs="+", metavar="NAME=STORE", help="Table 6: a store per retriever row "
+    a("--paper-corpus", nargs="+", metavar="NAME=STORE", help="id=DIR ood=DIR: the in-domain store (RACo "
+      "without CBD) for the ID tasks and the full store for the OOD tasks; Table 6: a store per retriever row "
       "(raco=DIR dpr=DIR zebra=DIR)")
     a("--list-tasks", action="store_true", help="list the packaged tasks and exit")
     a("--list-pipelines", action="store_true", help="list the pipelines and exit")

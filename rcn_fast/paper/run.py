@@ -14,7 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.paper.presets import DEFAULT_SEEDS, NOT_IMPLEMENTED, TABLE6_RETRIEVERS, Preset, RowRun, get_preset
+from rcn_fast.paper.presets import (DEFAULT_SEEDS, ID_TASKS, NOT_IMPLEMENTED, OOD_TASKS, TABLE6_RETRIEVERS, Preset,
+                                    RowRun, get_preset)
 from rcn_fast.paper.report import PaperReport, fill_cells
 
 
@@ -33,9 +34,19 @@ def row_reason(run: RowRun | None, cfg: Any, corpora: Mapping[str, str]) -> str 
     if run.corpus_key is not None and run.corpus_key not in corpora:
         return (f"needs --paper-corpus {run.corpus_key}=STORE, a store embedded with "
                 f"{TABLE6_RETRIEVERS.get(run.corpus_key, run.corpus_key)}")
-    if kind == "corpus" and run.corpus_key is None and not cfg.corpus:
-        return "needs --corpus (the retrieval corpus: a store or a statements file)"
+    if kind == "corpus" and run.corpus_key is None and not cfg.corpus and not ({"id", "ood"} & set(corpora)):
+        return "needs --corpus (the retrieval corpus: a store or a statements file) or --paper-corpus id=... ood=..."
     return None
+
+
+def corpus_of(task: str, run: RowRun, cfg: Any, corpora: Mapping[str, str]) -> str | None:
+    """The corpus a row retrieves from for one task: Table 6's store of its retriever; else the
+    in-domain store (``--paper-corpus id=``, RACo without its CBD part) for the ID tasks and the
+    full store (``ood=``) for the OOD tasks, as App. A.2 builds them; else ``--corpus``."""
+    if run.corpus_key is not None:
+        return corpora[run.corpus_key]
+    group = "id" if task in ID_TASKS else "ood" if task in OOD_TASKS else None
+    return corpora.get(group, cfg.corpus) if group else cfg.corpus
 
 
 def check_tasks(tasks: Sequence[str], cfg: Any) -> dict[str, str]:
@@ -65,7 +76,9 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
         The user's settings (model, corpus, KB, encoder, limit, output path ...);
         the preset sets the pipelines, their settings and the tasks.
     corpora : mapping, optional
-        Table 6: ``{"raco": STORE, "dpr": STORE, "zebra": STORE}``.
+        ``{"id": STORE, "ood": STORE}``: the in-domain store (RACo without
+        CBD) for the ID tasks and the full store for the OOD tasks (App.
+        A.2); Table 6: ``{"raco": STORE, "dpr": STORE, "zebra": STORE}``.
     seeds : sequence of int, optional
         Default (0, 1, 2), the paper's three seeds.
     evaluate : callable, optional
@@ -103,15 +116,20 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
     for row, run in runs.items():
         slug = run.slug()
         if slug not in done:
-            row_cfg = replace(cfg, pipelines=[run.pipeline], tasks=list(tasks), seeds=seeds,
-                              pipeline_args={**cfg.pipeline_args, **run.pipeline_args},
-                              corpus=corpora[run.corpus_key] if run.corpus_key else cfg.corpus, plot=False)
+            by_corpus: dict[str | None, list[str]] = {}
+            for t in tasks:
+                by_corpus.setdefault(corpus_of(t, run, cfg, corpora), []).append(t)
+            results: dict[str, Any] = {}
             try:
-                doc = evaluate(row_cfg, llm=llm, encoder=encoder, print_table=False)
+                for corpus, group in by_corpus.items():
+                    row_cfg = replace(cfg, pipelines=[run.pipeline], tasks=group, seeds=seeds, corpus=corpus,
+                                      pipeline_args={**cfg.pipeline_args, **run.pipeline_args}, plot=False)
+                    doc = evaluate(row_cfg, llm=llm, encoder=encoder, print_table=False)
+                    results.update({t: doc.get("results", {}).get(t, {}).get(run.pipeline) for t in group})
             except EvalError as exc:
                 row_reasons[row] = f"could not run: {exc}"
                 continue
-            done[slug] = {t: doc.get("results", {}).get(t, {}).get(run.pipeline) for t in tasks}
+            done[slug] = results
         measured[row] = {t: r for t, r in done[slug].items() if r is not None}
     report = PaperReport(preset, fill_cells(preset, measured, row_reasons, task_reasons), model=str(cfg.model),
                          seeds=seeds)
