@@ -73,21 +73,31 @@ def model_key(model: Any, model_args: dict[str, Any] | None = None) -> dict[str,
     Raises
     ------
     EvalError
-        An ``openai:`` spec whose client cannot be built or identified.
+        An ``openai:`` spec whose client cannot be built, whose server
+        fails :func:`rcn_fast.llm.preflight.preflight` (the same message a
+        run would give) or cannot be identified.
     """
     if not isinstance(model, str):
         return {"identity": getattr(model, "identity", type(model).__name__)}
     if model.startswith("openai:"):
         from rcn_fast.llm import load_llm
+        from rcn_fast.llm.preflight import PreflightError, preflight
 
         try:
             client = load_llm(model, **dict(model_args or {}))
+        except Exception as exc:  # a bad option is the user's to fix
+            raise EvalError(f"model: cannot load {model!r}: {type(exc).__name__}: {exc}") from None
+        try:  # a dead or misconfigured server: the preflight's one message, before any identity
+            preflight(client, label_scoring=False)
             identity = client.identity
-        except Exception as exc:  # a bad option or an unidentifiable server is the user's to fix
+        except PreflightError as exc:
+            raise EvalError(str(exc)) from None
+        except Exception as exc:  # an unidentifiable server is the user's to fix
             raise EvalError(f"model: cannot identify {model!r}: {type(exc).__name__}: {exc}") from None
-        close = getattr(client, "close", None)
-        if callable(close):
-            close()
+        finally:
+            close = getattr(client, "close", None)
+            if callable(close):
+                close()
         return {"spec": model, "identity": identity}
     from rcn_fast.model_files import model_fingerprint, resolve_model_path
 
