@@ -86,7 +86,7 @@ def model_key(model: Any, model_args: dict[str, Any] | None = None) -> dict[str,
         try:
             client = load_llm(model, **dict(model_args or {}))
         except Exception as exc:  # a bad option is the user's to fix
-            raise EvalError(f"model: cannot load {model!r}: {type(exc).__name__}: {exc}") from None
+            raise EvalError(f"model: cannot identify {model!r}: {type(exc).__name__}: {exc}") from None
         try:  # a dead or misconfigured server: the preflight's one message, before any identity
             preflight(client, label_scoring=False)
             identity = client.identity
