@@ -42,10 +42,11 @@ def detect_text_field(path: str, fmt: str) -> str:
     """
     if fmt == "jsonl":
         names = _first_json_keys(path)
-    elif fmt == "tsv":
+    elif fmt == "tsv":  # the header row (bad bytes are reported by the reader, with their line)
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            names = next(csv.reader(f, delimiter="\t"), [])
+        with open(path, "rb") as f:
+            header = f.readline().decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
+        names = next(csv.reader([header], delimiter="\t"), [])
     elif fmt == "parquet":
         names = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)") \
             .ParquetFile(path).schema_arrow.names
