@@ -174,3 +174,21 @@ def test_eval_corpus_takes_flashrag_files_and_text_field(tmp_path, tiny_model, c
                           "--model", str(llama), "--encoder", str(tiny_model), "--output-path", str(tmp_path / "o3"),
                           "--no-progress", "--no-plot"], capsys)
     assert code == 2 and "no 'text' or 'contents' field" in err and "--text-field" in err
+
+
+def test_text_field_detected_in_tsv_and_parquet_headers(tmp_path):
+    from rcn_fast.retrieval.conventions import detect_text_field
+
+    tsv = tmp_path / "c.tsv"
+    tsv.write_bytes(b"\xef\xbb\xbfid\tcontents\r\n1\tA magnet attracts iron.\r\n")
+    assert detect_text_field(str(tsv), "tsv") == "contents"
+    tsv.write_text("id\ttext\tcontents\n1\ta\tb\n")
+    assert detect_text_field(str(tsv), "tsv") == "text"
+    tsv.write_text("id\tbody\n1\ta\n")
+    with pytest.raises(ValueError, match="no 'text' or 'contents' field"):
+        detect_text_field(str(tsv), "tsv")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["1"], "contents": ["x"]}), tmp_path / "c.parquet")
+    assert detect_text_field(str(tmp_path / "c.parquet"), "parquet") == "contents"
