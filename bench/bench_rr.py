@@ -5,9 +5,10 @@
 * ``rr evidence``: a scripted LLM (rcn_fast/testing/rr_doubles.PathsLLM)
   returns fixed reasoning paths built from real science sentences, so the
   time is RR's own work: sentence splitting and parsing, BM25 (bm25s) over
-  the corpus, encoder reranking (all-MiniLM-L6-v2 when installed, else a
-  tiny BERT), NLI (a tiny random BertForSequenceClassification) and the
-  vote. Batched = one BM25, one encoder and one NLI call for all sentences
+  the corpus, encoder reranking (the retriever's encoder, similarity_model=
+  'retriever': all-MiniLM-L6-v2 when installed, else a tiny BERT; the
+  paper's all-mpnet-base-v2 is not installed here), NLI (a tiny random
+  BertForSequenceClassification) and the vote. Batched = one BM25, one encoder and one NLI call for all sentences
   of all questions; one at a time = the same calls per question. The
   predictions must be identical and the log-probabilities equal within
   1e-5 (asserted; batch padding moves float32 rounding).
@@ -99,7 +100,8 @@ def _same(a: list, b: list) -> bool:
 @pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
 def test_rr_evidence_questions_per_second(benchmark, pedantic, record, setup, mode):
     retriever, nli, qs, script, enc_name = setup
-    pipe = build("rr", llm=PathsLLM(script), retriever=retriever, nli=nli, num_paths=N_PATHS)
+    pipe = build("rr", llm=PathsLLM(script), retriever=retriever, nli=nli, num_paths=N_PATHS,
+                 similarity_model="retriever")
     pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))  # not timed
     fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
     benchmark.group = f"rr evidence (scripted LLM, {enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths"
@@ -124,7 +126,8 @@ def test_rr_tiny_llama_questions_per_second(benchmark, pedantic, record, setup, 
     if "dir" not in TINY:  # both modes sample with the same model
         TINY["dir"] = make_tiny_llama(tmp_path_factory.mktemp("llama") / "m")
     llm = load_llm(TINY["dir"], batch_size=len(qs))
-    pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24)
+    pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24,
+                 similarity_model="retriever")
     pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))
     fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
     benchmark.group = f"rr tiny-llama ({enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths, 24 tokens"
