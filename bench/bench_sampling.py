@@ -7,10 +7,10 @@ N = 9 subsets, float32 and float16 candidates; RCN_FAST_BENCH_QUICK=1 for
 B = 100; RCN_FAST_BENCH_B overrides B. Embeddings are L2-normalised random
 vectors and tau = 0.05 (METHODS.md: normalised embeddings need tau near
 0.05): draws are diverse, so few similarity rows are shared between subsets
-(close to the native kernel's worst case). The peers are imported from the
-package and the tests (which check them against the exact distribution),
-so they cannot drift. extra_info: subsets/s and GFLOP/s of the textbook
-algorithm (2 * B * (n*d + N*(K-1)*n*d) flops). Run:
+(close to the native kernel's worst case). The peers come from the package
+(rcn_fast.sampling, rcn_fast/testing/peers.py), which the tests check
+against the exact distribution, so they cannot drift. extra_info: subsets/s
+and GFLOP/s of the textbook algorithm (2 * B * (n*d + N*(K-1)*n*d) flops). Run:
 
     python -m pytest bench/bench_sampling.py --benchmark-only --benchmark-columns=mean,min,rounds
 """
@@ -28,7 +28,6 @@ QUICK = bool(os.environ.get("RCN_FAST_BENCH_QUICK"))
 B = int(os.environ.get("RCN_FAST_BENCH_B", 100 if QUICK else 1000))
 n, D, K, N, TAU = 100, 768, 5, 9, 0.05
 DTYPES = ("float32", "float16")
-ROUNDS = int(os.environ.get("RCN_FAST_BENCH_ROUNDS", 3))
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +51,7 @@ def _extra(benchmark):
 def test_native(benchmark, record, data, dtype):
     q, cs = data
     benchmark.group = f"sample_subsets B={B} n={n} d={D} K={K} N={N} {dtype}"
-    ids = benchmark.pedantic(sample_subsets, args=(q, cs[dtype], N, K),
-                             kwargs=dict(tau=TAU, seed=1, backend="native"),
-                             rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    ids = benchmark(sample_subsets, q, cs[dtype], N, K, tau=TAU, seed=1, backend="native")
     assert ids.shape == (B, N, K) and ids.min() >= 0
     _extra(benchmark)
     record(benchmark.group, "native", benchmark)
@@ -64,17 +61,16 @@ def test_native(benchmark, record, data, dtype):
 def test_numpy_vectorised_reference(benchmark, record, data, dtype):
     q, cs = data
     benchmark.group = f"sample_subsets B={B} n={n} d={D} K={K} N={N} {dtype}"
-    ids, _ = benchmark.pedantic(sample_subsets_reference, args=(q, cs[dtype], N, K),
-                                kwargs=dict(tau=TAU, seed=1), rounds=ROUNDS, iterations=1)
+    ids, _ = benchmark(sample_subsets_reference, q, cs[dtype], N, K, tau=TAU, seed=1)
     assert ids.shape == (B, N, K)
     _extra(benchmark)
     record(benchmark.group, "numpy", benchmark)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_torch_categorical_loop(benchmark, record, data, dtype):
+def test_torch_categorical_loop(benchmark, pedantic, record, data, dtype):
     torch = pytest.importorskip("torch")
-    from tests.test_sampling_peers import torch_loop_sample
+    from rcn_fast.testing.peers import torch_loop_sample
 
     q, cs = data
     benchmark.group = f"sample_subsets B={B} n={n} d={D} K={K} N={N} {dtype}"
@@ -84,8 +80,7 @@ def test_torch_categorical_loop(benchmark, record, data, dtype):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ids = benchmark.pedantic(torch_loop_sample, args=(tq, tc, N, K), kwargs=dict(tau=TAU, seed=1),
-                                 rounds=1, iterations=1)
+        ids = pedantic(torch_loop_sample, tq, tc, N, K, tau=TAU, seed=1)
     finally:
         torch.set_num_threads(threads)
     assert ids.shape == (B, N, K)
@@ -113,7 +108,7 @@ def _run_cuda(benchmark, backend, q, c):
         torch.cuda.synchronize()
         return ids
 
-    return benchmark.pedantic(call, rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=2)
+    return benchmark(call)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -19,7 +19,6 @@ import pytest
 from rcn_fast.kg import bfs_subgraphs, load_wordnet, numba_available, random_graph, wordnet_available
 
 QUICK = bool(os.environ.get("RCN_FAST_BENCH_QUICK"))
-ROUNDS = int(os.environ.get("RCN_FAST_BENCH_ROUNDS", 3))
 SAMPLER = dict(p=0.5, max_depth=2, max_nodes=12, max_edges=24, seed=0)
 REF_CENTRES = 1000  # the Python reference is slow: the shared workload is this many centres
 
@@ -43,27 +42,26 @@ def _centres(g, n):
 
 # ------------------------------------------------------------------ BFS sampling
 @pytest.mark.parametrize("impl", ["rcn_fast", "reference"])
-def test_bfs_wordnet_shared_workload(benchmark, record, wordnet_graph, impl):
+def test_bfs_wordnet_shared_workload(benchmark, pedantic, record, wordnet_graph, impl):
     if impl == "rcn_fast" and not numba_available()[0]:
         pytest.skip(numba_available()[1])
     c = _centres(wordnet_graph, REF_CENTRES)
     backend = "numba" if impl == "rcn_fast" else "reference"
     bfs_subgraphs(wordnet_graph, c[:10], backend=backend, **SAMPLER)  # compile / warm caches
-    out = benchmark.pedantic(bfs_subgraphs, args=(wordnet_graph, c), kwargs=dict(backend=backend, **SAMPLER),
-                             rounds=ROUNDS, iterations=1)
+    out = pedantic(bfs_subgraphs, wordnet_graph, c, backend=backend, **SAMPLER)
     benchmark.extra_info["subgraphs_per_s"] = len(c) / benchmark.stats.stats.mean
     benchmark.extra_info["mean_nodes"] = float(np.diff(out.node_ptr).mean())
     record(f"bfs wordnet {len(c)} centres", impl, benchmark)
 
 
 @pytest.mark.parametrize("graph", ["wordnet", "conceptnet_size"])
-def test_bfs_all_centres_numba(benchmark, record, wordnet_graph, big_graph, graph):
+def test_bfs_all_centres_numba(benchmark, pedantic, record, wordnet_graph, big_graph, graph):
     if not numba_available()[0]:
         pytest.skip(numba_available()[1])
     g = wordnet_graph if graph == "wordnet" else big_graph
     c = _centres(g, g.num_nodes if graph == "wordnet" else 200_000)
     bfs_subgraphs(g, c[:10], **SAMPLER)
-    benchmark.pedantic(bfs_subgraphs, args=(g, c), kwargs=SAMPLER, rounds=ROUNDS, iterations=1)
+    pedantic(bfs_subgraphs, g, c, **SAMPLER)
     benchmark.extra_info["subgraphs_per_s"] = len(c) / benchmark.stats.stats.mean
     benchmark.extra_info["graph"] = repr(g)
     record(f"bfs {graph} {len(c)} centres (numba only)", "rcn_fast", benchmark)
@@ -96,13 +94,13 @@ def test_subgraph_vector_search(benchmark, record, db_vectors, impl):
             qn = q / np.linalg.norm(q, axis=1, keepdims=True)
             return index.search(np.ascontiguousarray(qn, dtype=np.float32), 10)
 
-    s, i = benchmark.pedantic(fn, rounds=ROUNDS * 3, iterations=1, warmup_rounds=1)
+    s, i = benchmark(fn)
     benchmark.extra_info["queries_per_s"] = len(q) / benchmark.stats.stats.mean
     record("subgraph vector search 117k x 256, 320 queries, k=10", impl, benchmark)
 
 
 # ------------------------------------------------------------------ alignment
-def test_alignment_steps_per_s(benchmark, record, wordnet_graph):
+def test_alignment_steps_per_s(benchmark, pedantic, record, wordnet_graph):
     """Training steps/s: batch 64, GNN hidden 256, 2 layers, aligned dim 256,
     text dim 384 (MiniLM width; random stand-ins for the frozen embeddings)."""
     torch = pytest.importorskip("torch")
@@ -119,7 +117,7 @@ def test_alignment_steps_per_s(benchmark, record, wordnet_graph):
     model = AlignModel(GNNConfig(hidden=256, heads=4), 384, 256, g.num_relations, g.num_nodes, nf)
     train_alignment(model, tab, temb, AlignConfig(dim=256, batch_size=64, max_steps=2))  # warm-up
     cfg = AlignConfig(dim=256, batch_size=64, max_steps=steps)
-    benchmark.pedantic(train_alignment, args=(model, tab, temb, cfg), rounds=max(1, ROUNDS - 1), iterations=1)
+    pedantic(train_alignment, model, tab, temb, cfg)
     benchmark.extra_info["steps_per_s"] = steps / benchmark.stats.stats.mean
     benchmark.extra_info["torch_threads"] = torch.get_num_threads()
     record("alignment training 20 steps (batch 64, hidden 256)", "rcn_fast", benchmark)

@@ -23,7 +23,6 @@ N = int(os.environ.get("RCN_FAST_BENCH_N", 100_000 if os.environ.get("RCN_FAST_B
 D, K = 768, 100
 QS = (1, 32, 512)
 DTYPES = ("float32", "float16")
-ROUNDS = int(os.environ.get("RCN_FAST_BENCH_ROUNDS", 3))
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +76,7 @@ def _extra(benchmark, Q, c):
 
 
 def _run(benchmark, fn, *args):
-    return benchmark.pedantic(fn, args=args, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    return benchmark(fn, *args)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -174,7 +173,7 @@ def _run_cuda(benchmark, fn, *args):
         torch.cuda.synchronize()
         return out
 
-    return benchmark.pedantic(call, rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=2)
+    return benchmark(call)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

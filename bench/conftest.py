@@ -2,7 +2,17 @@
 (the same workload), and the session ends with a table of ratios against
 the peers measured in the same run.
 
-Run: ``python -m pytest bench/ --benchmark-only`` (see README for sizes).
+Run: ``python -m pytest bench/ --benchmark-only`` (see README for sizes);
+the quick settings (smaller workloads, one round each)::
+
+    RCN_FAST_BENCH_QUICK=1 python -m pytest bench/ --benchmark-only --benchmark-min-rounds=1
+
+Rounds follow pytest-benchmark's own options: most benchmarks call
+``benchmark(fn)`` (calibrated: ``--benchmark-min-rounds``,
+``--benchmark-max-time``, ``--benchmark-warmup`` ...); workloads of many
+seconds a call use the ``pedantic`` fixture below, which takes its rounds
+from ``--benchmark-min-rounds``. Helpers shared with the tests (tiny models,
+the baselines) come from :mod:`rcn_fast.testing`, never from ``tests/``.
 """
 
 from __future__ import annotations
@@ -30,6 +40,30 @@ def record():
             _RESULTS[group][impl] = stats.stats.mean
 
     return _record
+
+
+def pedantic_rounds(config: Any) -> tuple[int, int]:
+    """(rounds, warm-up rounds) of a pedantic benchmark from pytest-benchmark's
+    options: ``--benchmark-min-rounds`` rounds (its default: 5), and one
+    warm-up round when ``--benchmark-warmup`` is on (and
+    ``--benchmark-warmup-iterations`` is not 0)."""
+    rounds = max(1, int(config.getoption("benchmark_min_rounds")))
+    warm = bool(config.getoption("benchmark_warmup")) and int(config.getoption("benchmark_warmup_iterations")) > 0
+    return rounds, int(warm)
+
+
+@pytest.fixture
+def pedantic(request, benchmark):
+    """``pedantic(fn, *args, **kwargs)``: time a workload of seconds a call
+    without pytest-benchmark's calibration run, ``--benchmark-min-rounds``
+    rounds of one call each (see :func:`pedantic_rounds`); returns ``fn``'s
+    result."""
+    rounds, warm = pedantic_rounds(request.config)
+
+    def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return benchmark.pedantic(fn, args=args, kwargs=kwargs, rounds=rounds, warmup_rounds=warm, iterations=1)
+
+    return _run
 
 
 GPU_RESULTS = Path(__file__).with_name("gpu_results")

@@ -7,7 +7,8 @@ A model is named by a local directory, an installed model package (its
 :func:`rcn_fast.llm.load_llm` spells it) or a Hugging Face hub id, read
 from the local cache, or downloaded into it unless ``HF_HUB_OFFLINE`` /
 ``TRANSFORMERS_OFFLINE`` is set. :func:`model_fingerprint` identifies a
-folder's contents (it keys caches and result files).
+folder's contents (it keys caches and result files), :func:`file_fingerprint`
+one file's (a ``.gguf``: it keys the converted-weights cache).
 """
 
 from __future__ import annotations
@@ -189,5 +190,35 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     return _FP_CACHE[key]
 
 
-__all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "hub_offline",
-           "SETTINGS_FILE"]
+_FILE_FP_CACHE: dict[tuple, dict[str, object]] = {}
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, object]:
+    """What identifies one model file (a ``.gguf``): its size, mtime and the
+    sha256 of its bytes.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A regular file.
+
+    Returns
+    -------
+    dict
+        ``{"size": int, "mtime_ns": int, "sha256": str (hex)}``; the hash is
+        memoised per process on (real path, size, mtime).
+    """
+    p = Path(path)
+    st = p.stat()
+    key = (os.path.realpath(p), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_FP_CACHE:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _FILE_FP_CACHE[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+    return dict(_FILE_FP_CACHE[key])
+
+
+__all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "file_fingerprint",
+           "hub_offline", "SETTINGS_FILE"]

@@ -1,5 +1,6 @@
-"""Peers of the subset sampler that bench/bench_sampling.py times, checked
-here so the benchmark never compares against a wrong implementation.
+"""Peers of the subset sampler that bench/bench_sampling.py times
+(rcn_fast/testing/peers.py), checked here so the benchmark never compares
+against a wrong implementation.
 
 ``torch_loop_sample`` is how the published ReConnect code samples: one
 question and one subset at a time, a ``torch.distributions.Categorical``
@@ -12,43 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rcn_fast.testing.peers import torch_loop_sample
 from tests.test_sampling import chi_square_pvalue, exact_ordered_subset_probs
-
-
-def torch_loop_sample(query_emb, cand_emb, num_subsets, subset_size, *, tau=1.0, seed=0, first="uniform"):
-    """Per-question, per-subset loop with torch.distributions.Categorical.
-
-    Parameters
-    ----------
-    query_emb : torch tensor [B, d]; cand_emb : torch tensor [B, n, d] (any float dtype)
-
-    Returns
-    -------
-    ids : int64 tensor [B, num_subsets, subset_size]
-    """
-    import torch
-
-    torch.manual_seed(seed)  # Categorical draws from torch's global generator
-    B, n, _ = cand_emb.shape
-    k = min(subset_size, n)
-    out = torch.full((B, num_subsets, subset_size), -1, dtype=torch.int64)
-    for b in range(B):
-        e = cand_emb[b].float()
-        rel = e @ query_emb[b].float()
-        for s in range(num_subsets):
-            if first == "uniform":
-                j = int(torch.randint(n, (1,)))
-            else:
-                j = int(torch.distributions.Categorical(logits=rel / tau).sample())
-            chosen = [j]
-            for _ in range(1, k):
-                mean = e[chosen].mean(0)
-                scores = (e @ mean + rel) / tau
-                scores[chosen] = float("-inf")
-                j = int(torch.distributions.Categorical(logits=scores).sample())
-                chosen.append(j)
-            out[b, s, :k] = torch.tensor(chosen)
-    return out
 
 
 @pytest.mark.parametrize("first", ["uniform", "relevance"])

@@ -3,7 +3,7 @@
     python -m rcn_fast.corpus build --input FILE --encoder PATH --out DIR
         [--backend torch|onnx] [--dtype float16|float32] [--batch-size N]
         [--chunk-size N] [--num-shards S --shard-id I] [--id-field id]
-        [--text-field text] [--format jsonl|tsv|parquet] [--pooling mean|cls]
+        [--text-field text|contents] [--keep-duplicates] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
         [--max-length 512] [--quantize int8] [--device cpu|cuda] [--overwrite]
         [--encoder-dtype float32|float16|bfloat16]
@@ -23,6 +23,9 @@ node sees. Rerunning an interrupted ``build`` with the same arguments
 (either executor) resumes it;
 ``--overwrite`` discards what an earlier build left in ``--out`` and starts
 over (after a build failed on bad input that was then fixed, for example).
+Passages whose text repeats an earlier one are dropped (the first kept, the
+count logged) unless ``--keep-duplicates``; the text is the ``text`` field,
+else FlashRAG's ``contents``, unless ``--text-field`` names another.
 Errors a user can fix (bad input, missing or corrupt files, an unwritable
 ``--out``) print one message and exit with status 2.
 """
@@ -45,7 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="output directory")
     b.add_argument("--format", choices=["jsonl", "tsv", "parquet"], default=None)
     b.add_argument("--id-field", default="id")
-    b.add_argument("--text-field", default="text")
+    b.add_argument("--text-field", default=None,
+                   help="field of the passage text (default: text, else FlashRAG's contents, whichever the file has)")
+    b.add_argument("--keep-duplicates", action="store_true",
+                   help="keep passages whose text repeats an earlier one (default: keep the first, drop the rest "
+                   "and log how many)")
     b.add_argument("--backend", choices=["torch", "onnx"], default="torch")
     b.add_argument("--device", default=None)
     b.add_argument("--quantize", choices=["int8"], default=None,
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = BuildConfig(input=args.input, out=args.out, format=args.format, id_field=args.id_field,
                               text_field=args.text_field, dtype=args.dtype, batch_size=args.batch_size,
                               chunk_size=args.chunk_size, num_shards=args.num_shards, shard_id=args.shard_id,
-                              keep_parts=args.keep_parts, overwrite=args.overwrite)
+                              keep_parts=args.keep_parts, overwrite=args.overwrite,
+                              keep_duplicates=args.keep_duplicates)
             enc_kw = dict(backend=args.backend, device=args.device, quantize=args.quantize,
                           cache_dir=args.onnx_cache, pooling=args.pooling,
                           normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,

@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--encoder", metavar="PATH", help="retrieval encoder (default: the corpus store's own, or all-MiniLM-L6-v2 "
       "for corpora embedded here)")
     a("--encoder-args", nargs="+", metavar="K=V", help="encoder options, e.g. backend=onnx query_prefix='query: '")
-    a("--corpus", metavar="DIR", help="corpus store folder, or a .jsonl of {id, text} passages (embedded once into "
-      "the output folder)")
+    a("--corpus", metavar="DIR", help="corpus store folder, or a .jsonl of {id, text} (or FlashRAG {id, contents}) "
+      "passages (embedded once into the output folder; exact duplicate texts dropped)")
+    a("--text-field", dest="corpus_text_field", metavar="NAME", help="text field of a --corpus file (default: text, "
+      "else contents)")
     a("--kb", metavar="FILE", help="ZEBRA example knowledge base (JSON lines)")
     a("--pipeline-args", nargs="+", metavar="K=V", help="pipeline settings: key=value (every pipeline that has "
       "it) or pipeline.key=value")
@@ -122,7 +124,7 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
     base: dict[str, Any] = load_run_config(ns.config) if ns.config else {}
     flags = {
         "pipelines": ns.pipelines, "tasks": ns.tasks, "model": ns.model, "encoder": ns.encoder,
-        "corpus": ns.corpus, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
+        "corpus": ns.corpus, "corpus_text_field": ns.corpus_text_field, "kb": ns.kb, "limit": ns.limit, "seeds": ns.seeds, "batch_size": ns.batch_size,
         "output_path": ns.output_path, "log_samples": ns.log_samples, "device": ns.device, "strict": ns.strict,
         "threads": ns.threads, "split": ns.split, "include_path": ns.include_path,
         "num_shards": ns.num_shards, "shard_id": ns.shard_id, "executor": ns.executor,

@@ -63,6 +63,10 @@ class EvalConfig:
         JSON-lines/TSV/Parquet file of ``{id, text}`` passages (embedded
         once into the output folder and reused). None: the task's own
         corpus, if it has one.
+    corpus_text_field : str or None
+        The passage text field of a ``corpus`` file. None: ``text``, else
+        FlashRAG's ``contents``. Exact duplicate passages are dropped
+        (:class:`rcn_fast.retrieval.BuildConfig`).
     kb : str or None
         ZEBRA example knowledge base (JSON lines, see :mod:`rcn_fast.kb`).
     pipeline_args : dict
@@ -144,6 +148,7 @@ class EvalConfig:
     encoder: str | None = None
     encoder_args: dict[str, Any] = field(default_factory=dict)
     corpus: str | None = None
+    corpus_text_field: str | None = None
     kb: str | None = None
     pipeline_args: dict[str, Any] = field(default_factory=dict)
     limit: int | float | None = None
@@ -197,6 +202,9 @@ class EvalConfig:
             v = getattr(self, name)
             if isinstance(v, os.PathLike):
                 setattr(self, name, os.fspath(v))
+        tf = self.corpus_text_field
+        if tf is not None and (not isinstance(tf, str) or not tf.strip()):
+            raise EvalError(f"corpus_text_field: expected the name of the text field of a --corpus file, got {tf!r}")
         from rcn_fast.eval.tasks import check_limit
 
         try:

@@ -243,12 +243,14 @@ class Components:
 
             desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
             key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
-                "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")}})
+                "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")},
+                "text_field": self.cfg.corpus_text_field, "dedup": True})
             store = child_path(self.out, "corpora", f"{p.stem}-{key}")
             if not (store / "manifest.json").is_file():
                 log(f"embedding corpus {p} into {store} (once; later runs reuse it) ...")
             try:
-                build_corpus(BuildConfig(input=str(p), out=str(store)), enc, show_progress=self.cfg.progress)
+                build_corpus(BuildConfig(input=str(p), out=str(store), text_field=self.cfg.corpus_text_field), enc,
+                             show_progress=self.cfg.progress)
                 r = Retriever.load(store, encoder=enc)
             except Exception as exc:
                 raise EvalError(f"corpus: cannot build a store from {p}: {type(exc).__name__}: {exc}") from None

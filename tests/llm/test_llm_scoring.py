@@ -21,6 +21,7 @@ from rcn_fast.llm.scoring import (  # noqa: E402
     choice_logprobs_reference,
     pack_label_ids,
 )
+from rcn_fast.testing.peers import full_vocab_then_gather, make_ids  # noqa: E402  (the benchmarks' baseline)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
@@ -55,25 +56,6 @@ def numpy_reference(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
             m = lab.max()
             out[b] = lab - (m + np.log(np.exp(lab - m).sum()))
     return out
-
-
-def full_vocab_then_gather(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
-    """The plain baseline (also the benchmarks' baseline): log-softmax over
-    the whole vocabulary, gather the spellings, combine, renormalise."""
-    B, C, S = ids.shape
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    g = logp.gather(1, ids.clamp(min=0).reshape(B, C * S)).reshape(B, C, S)
-    lab = torch.logsumexp(g.masked_fill(ids < 0, float("-inf")), dim=2)
-    return lab - torch.logsumexp(lab, dim=1, keepdim=True)
-
-
-def make_ids(B: int, C: int, S: int, V: int, gen: torch.Generator, holes: bool = True) -> torch.Tensor:
-    ids = torch.randint(0, V, (B, C, S), generator=gen)
-    if holes:
-        drop = torch.rand((B, C, S), generator=gen) < 0.25
-        ids[drop] = -1
-        ids[..., 0] = torch.where(ids[..., 0] < 0, torch.randint(0, V, (B, C), generator=gen), ids[..., 0])
-    return ids
 
 
 def assert_same(got, ref, tol):

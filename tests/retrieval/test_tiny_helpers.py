@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.retrieval import tiny
+from rcn_fast.testing import tiny_retrieval as tiny
 from tests.retrieval.tiny import FALLBACK_SENTENCES, fallback_sentences, real_sentences
 
 
