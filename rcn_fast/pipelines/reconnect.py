@@ -51,273 +51,22 @@ computed as the open-domain RAG pipelines do (``answer_extraction``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from rcn_fast._validate import check_bool as _bool
-from rcn_fast._validate import check_choice
-from rcn_fast._validate import check_int as _int
-from rcn_fast._validate import is_number
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion
 from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
-from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings, retrieve_batch
-from rcn_fast.pipelines.rag import ANSWER_EXTRACTIONS, OpenAnswering, _OpenView, extract_answer
-from rcn_fast.pipelines.simple import QUERY_MODES, question_query
+from rcn_fast.pipelines.rag import OpenAnswering, _OpenView, extract_answer
+from rcn_fast.pipelines.reconnect_config import (  # noqa: F401  (re-exported)
+    ABLATIONS, PRESETS, SAMPLING_STRATEGIES, ReConnectConfig, ablation_settings, preset_settings,
+)
+from rcn_fast.pipelines.reconnect_parsing import parse_queries
+from rcn_fast.pipelines.simple import question_query
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
-
-
-#: Subset sampling strategies: the paper's relevance sampling and Table 3's ablations.
-SAMPLING_STRATEGIES = ("relevance", "random", "topk", "mmr", "cluster")
-
-
-@dataclass
-class ReConnectConfig(PipelineConfig):
-    """ReConnect (explanation-guided retrieval + knowledge connection).
-
-    Every default follows the paper (or, where the paper is silent, its
-    reference code); docs/FIDELITY.md lists each step with its setting.
-
-    Attributes
-    ----------
-    top_n : int
-        Passages retrieved per query (paper: n = 5). Without explanation
-        retrieval ("w/o ER") the question query retrieves
-        ``top_n * (k + 1)`` passages, k the explanation cap
-        (``max_queries``, default the number of choices), so the pool is as
-        large as with ER (the reference code does the same).
-    num_subsets : int
-        N, document subsets per question (paper: 3); one extraction each.
-    subset_size : int
-        K, documents per subset (paper: 5).
-    tau : float
-        Softmax temperature of the relevance sampler, as in the paper's
-        grid {1.0, 1.5, 2.0} (default 1.0). The sampler draws from
-        ``softmax(score_scale * s / tau)``.
-    score_scale : float
-        Factor on the sampler's scores s = e.e_j + e_q.e_j (and on the
-        relevance of the first draw with ``first="relevance"``), i.e. the
-        native sampler runs with ``tau / score_scale``. The paper's
-        reference code sampled on the retriever's raw pooled vectors (a
-        LayerNorm output, squared norms of the order of the width, 768),
-        so at tau = 1 each step after the uniform first document was close
-        to an argmax. With ``sampler_input="normalized"`` (default) the
-        scores are cosines, which span well under one nat: ``score_scale =
-        32`` restores a concentrated draw while the paper's tau grid still
-        changes it (all-MiniLM-L6-v2, 600 OpenBookQA facts, 30 questions,
-        pool of 12: the second document lands among the 3 best-scoring
-        candidates 99%, 94% and 92% of the time at tau = 1, 1.5, 2;
-        uniform drawing: 27%; stored unit vectors with score_scale = 1:
-        28%). ``score_scale = 768`` (the width of an
-        E5-base retriever) mimics the reference exactly (an argmax at
-        every tau of the grid). The old, nearly uniform behaviour is
-        ``sampler_input="stored", score_scale=1.0`` over a store of
-        normalised vectors. Strategies other than ``"relevance"`` do not
-        depend on the scale.
-    sampling : {"relevance", "random", "topk", "mmr", "cluster"}
-        Subset strategy (ReConnect's Table 3).
-    first : {"uniform", "relevance"}
-        How the relevance sampler draws the first document of a subset
-        (paper and reference code: uniformly).
-    sampler_input : {"normalized", "stored"}
-        Embeddings the sampler sees: L2-normalised (default, so
-        ``score_scale`` has the same meaning for every encoder and store),
-        or as the retriever stores them.
-    mmr_lambda : float
-        Relevance weight of the ``"mmr"`` strategy.
-    max_queries : int or None
-        Explanation lines kept as queries (>= 1); None = the number of
-        choices (open questions, which have none: :attr:`open_queries`,
-        4; see :meth:`num_queries`). To retrieve with the question alone
-        (no query-expansion generation at all) set
-        ``explanation_retrieval=False`` ("w/o ER");
-        0 is refused rather than paying for a generation whose output
-        would be thrown away.
-    query : {"question", "question_choices"}
-        The text of the question query Q.
-    repeat_decoding : {"nucleus", "greedy"}
-        Decoding of the extractions of a question whose N subsets are not
-        all distinct (always with ``sampling="topk"`` or ``"mmr"``; with
-        the other strategies when two draws coincide, e.g. a pool of at
-        most K documents, or two concentrated relevance draws from the
-        same first document). ``"nucleus"``
-        (default, as the reference code does for top-K): every extraction
-        of that question is sampled with ``repeat_temperature`` and
-        ``repeat_top_p``, extraction i with its own seed (``seed`` for
-        i = 0, a hash of ``(seed, i)`` otherwise; the draw also depends on
-        the prompt, so on the question and the subset): the N
-        extractions differ and do not depend on batching. ``"greedy"``:
-        the run's decoding for every extraction (identical subsets then
-        give N identical extractions). Questions whose subsets are all
-        distinct always use the run's decoding.
-    repeat_top_p : float
-        Nucleus mass of those extractions (reference code: 0.7).
-    repeat_temperature : float
-        Their sampling temperature (> 0; reference code: 1.0, the
-        transformers default).
-    explanation_retrieval : bool
-        False = ablation "w/o ER": retrieve with the question only, no
-        query-expansion generation, ``top_n * (k + 1)`` passages.
-    knowledge_connection : bool
-        False = "w/o KC": no sampling, extraction or aggregation; the
-        answering step gets every pooled passage (the paper's Tables 3 and
-        7 give identical numbers for "w/o KC" and "w/o KE, KA": it is the
-        same setting). Setting it False also sets ``knowledge_extraction``
-        and ``knowledge_aggregation`` False, so the recorded config says
-        what ran.
-    knowledge_extraction : bool
-        False = "w/o KE": no sampling and no extraction; aggregate
-        directly from every pooled passage.
-    knowledge_aggregation : bool
-        False = "w/o KA": no aggregation; answer with the N extraction
-        outputs as an N-item list (one item per extraction, its
-        explanations joined; empty extractions left out).
-        ``knowledge_extraction`` and ``knowledge_aggregation`` both False
-        is "w/o KE, KA" = "w/o KC".
-    answer_extraction : {"full", "final"}
-        Open questions only (rcn_fast's extension; the answer is generated):
-        what StringEM and exact match are computed on, as in the
-        open-domain RAG pipelines (:class:`RAGConfig`): ``"full"``
-        (default) the whole answer generation, ``"final"`` its
-        ``Answer:`` line (first non-empty line without a marker).
-    """
-
-    name: ClassVar[str] = "reconnect"
-    #: Explanations kept for an open question when ``max_queries`` is None.
-    open_queries: ClassVar[int] = 4
-    top_n: int = 5
-    num_subsets: int = 3
-    subset_size: int = 5
-    tau: float = 1.0
-    score_scale: float = 32.0
-    sampling: str = "relevance"
-    first: str = "uniform"
-    sampler_input: str = "normalized"
-    mmr_lambda: float = 0.5
-    max_queries: int | None = None
-    query: str = "question"
-    repeat_decoding: str = "nucleus"
-    repeat_top_p: float = 0.7
-    repeat_temperature: float = 1.0
-    explanation_retrieval: bool = True
-    knowledge_connection: bool = True
-    knowledge_extraction: bool = True
-    knowledge_aggregation: bool = True
-    answer_extraction: str = "full"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _int(self.top_n, "top_n")
-        _int(self.num_subsets, "num_subsets")
-        _int(self.subset_size, "subset_size")
-        if self.max_queries == 0 and not isinstance(self.max_queries, bool):
-            raise ValueError("max_queries: expected an int >= 1 or None, got 0; to retrieve with the question "
-                             "only, set explanation_retrieval=False (the 'w/o ER' ablation)")
-        _int(self.max_queries, "max_queries", 1, allow_none=True)
-        for f in ("tau", "score_scale", "repeat_temperature"):
-            v = getattr(self, f)
-            if not is_number(v) or not 0 < v < float("inf"):
-                raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
-            setattr(self, f, float(v))
-        if not is_number(self.repeat_top_p) or not 0 < self.repeat_top_p <= 1:
-            raise ValueError(f"repeat_top_p: expected a number in (0, 1], got {self.repeat_top_p!r}")
-        self.repeat_top_p = float(self.repeat_top_p)
-        check_choice(self.repeat_decoding, "repeat_decoding", ("nucleus", "greedy"))
-        check_choice(self.sampling, "sampling", SAMPLING_STRATEGIES)
-        check_choice(self.first, "first", ("uniform", "relevance"))
-        check_choice(self.sampler_input, "sampler_input", ("normalized", "stored"))
-        if not isinstance(self.mmr_lambda, (int, float)) or not 0 <= self.mmr_lambda <= 1:
-            raise ValueError(f"mmr_lambda: expected a number in [0, 1], got {self.mmr_lambda!r}")
-        check_choice(self.query, "query", QUERY_MODES)
-        for f in ("explanation_retrieval", "knowledge_connection", "knowledge_extraction", "knowledge_aggregation"):
-            _bool(getattr(self, f), f)
-        if not self.knowledge_connection:  # "w/o KC" is "w/o KE, KA" (Tables 3 and 7)
-            self.knowledge_extraction = self.knowledge_aggregation = False
-        elif not (self.knowledge_extraction or self.knowledge_aggregation):
-            self.knowledge_connection = False
-        check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
-
-    @property
-    def sampler_tau(self) -> float:
-        """The temperature the sampler runs with: ``tau / score_scale``."""
-        return self.tau / self.score_scale
-
-    @property
-    def samples_subsets(self) -> bool:
-        """Whether subsets are drawn (knowledge connection with extraction)."""
-        return self.knowledge_connection and self.knowledge_extraction
-
-    def num_queries(self, num_choices: int) -> int:
-        """k: the explanations kept as queries for a question with
-        ``num_choices`` options (``max_queries``, else ``num_choices``; an
-        open question, 0 options, gets :attr:`open_queries`)."""
-        if self.max_queries is not None:
-            return self.max_queries
-        return num_choices if num_choices > 0 else self.open_queries
-
-    def pool_queries(self, num_choices: int) -> int:
-        """k + 1: the queries of explanation retrieval for a question with
-        ``num_choices`` options (k explanations + the question, see
-        :meth:`num_queries`). Without ER the question query retrieves
-        ``top_n`` times this many passages."""
-        return self.num_queries(num_choices) + 1
-
-    @property
-    def generations_per_question(self) -> int:
-        """LLM generations one question costs under these settings (1 for
-        query expansion, N extractions, 1 aggregation, each when on)."""
-        n = int(self.explanation_retrieval)
-        if self.samples_subsets:
-            n += self.num_subsets
-        return n + int(self.knowledge_connection and self.knowledge_aggregation)
-
-    @property
-    def llm_calls_per_question(self) -> int:
-        """Generations plus the one answer-scoring pass (the paper's
-        Table 9 counts 6 for N = 3)."""
-        return self.generations_per_question + 1
-
-    @property
-    def open_generations_per_question(self) -> int:
-        """Generations of one open question: the same stages, and the
-        answer is a generation instead of the scoring pass (so as many LLM
-        calls as :attr:`llm_calls_per_question`, none of them scoring)."""
-        return self.generations_per_question + 1
-
-
-# Named ablations of ReConnect's Tables 3 and 7 -> the settings they switch
-# off. "w/o KC" and "w/o KE, KA" are one setting (the tables report
-# identical numbers for them). Sampling rows of Table 3 ("w/ Random", ...)
-# are ``sampling=`` values, not ablations.
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "w/o ER": {"explanation_retrieval": False},
-    "w/o KC": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
-    "w/o ER, KC": {"explanation_retrieval": False, "knowledge_connection": False, "knowledge_extraction": False,
-                   "knowledge_aggregation": False},
-    "w/o KE": {"knowledge_extraction": False},
-    "w/o KA": {"knowledge_aggregation": False},
-    "w/o KE, KA": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
-}
-
-
-def ablation_settings(names: str | list[str] | None) -> dict[str, Any]:
-    """``"w/o KC"`` (or ``"wo_kc"``, a list of them) -> ReConnect settings."""
-    if names is None:
-        return {}
-    if isinstance(names, str):
-        names = [names]
-    out: dict[str, Any] = {}
-    norm = {k.lower().replace("/", "").replace(" ", "").replace("_", ""): k for k in ABLATIONS}
-    for n in names:
-        key = norm.get(str(n).lower().replace("/", "").replace(" ", "").replace("_", "").replace("-", ""))
-        if key is None:
-            raise ValueError(f"ablation: expected one of {list(ABLATIONS)}, got {n!r}")
-        out.update(ABLATIONS[key])
-    return out
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -374,6 +123,37 @@ class ReConnect(OpenAnswering):
     @property
     def scoring_passes_per_question(self) -> int:
         return 1
+
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """Score the labels after ReConnect's answering prompt (one pass per
+        question): ``reconnect_answer`` (pre-fill ``Answer:``, the reference
+        code's rendering) or, with ``answer_turn="shared"``, the
+        ``answer_with_knowledge`` prompt of the other pipelines."""
+        stage = "reconnect_answer" if self.config.answer_turn == "reference" else "answer_with_knowledge"
+        chats = [self.prompts.chat(stage, st.question, knowledge=self.prompts.format_list(st.knowledge))
+                 for st in states]
+        return runner.score("answer", states, chats)
+
+    def embedding_width(self) -> int | None:
+        """The encoder's embedding dimension when the retriever tells it
+        (``dim`` of the retriever or its encoder), else None."""
+        src = self.source
+        for obj in (src, getattr(src, "encoder", None), getattr(src, "retriever", None)):
+            d = getattr(obj, "dim", None)
+            if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0:
+                return int(d)
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """As every pipeline, plus ``resolved``: the subset size K and the
+        sampler's score scale these settings come to with this retriever
+        (``score_scale="width"`` -> the encoder's dimension; None when the
+        retriever does not tell it)."""
+        d = super().describe()
+        c, width = self.config, self.embedding_width()
+        scale = c.resolved_score_scale(width) if width or c.score_scale != "width" else None
+        d["resolved"] = {"subset_size": c.subset_k, "score_scale": scale, "embedding_width": width}
+        return d
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open questions: one answer generation per question (one LLM call
@@ -437,7 +217,7 @@ class ReConnect(OpenAnswering):
         outs = runner.generate("query_expansion", states, chats)
         for st, o in zip(states, outs):
             k = c.num_queries(self._num_choices(st.question))
-            exps = parse_bullets(o[0], max_items=k)
+            exps = parse_queries(o[0], k, c.query_parsing)
             st.data["explanations"] = exps
             st.trace[-1]["parsed"] = exps
 
@@ -502,7 +282,7 @@ class ReConnect(OpenAnswering):
             if qemb is not None and has_embeddings(self.source):
                 flat = [p for st in states for p in st.passages]
                 pemb = np.asarray(self.source.passage_embeddings(flat), dtype=np.float32)
-                d = pemb.shape[1]
+                d = width = pemb.shape[1]
                 cand = np.zeros((B, nmax, d), np.float32)
                 off = 0
                 for b, n in enumerate(counts):
@@ -513,16 +293,20 @@ class ReConnect(OpenAnswering):
                     q, cand = _normalize(q), _normalize(cand)
             else:  # "random" needs no embeddings
                 q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
+                width = self.embedding_width() or 1
             keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
-            ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_size, seed=c.seed, keys=keys,
-                         valid=counts, tau=c.sampler_tau, first=c.first, mmr_lambda=c.mmr_lambda)
+            ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
+                         valid=counts, tau=c.sampler_tau(width), first=c.first, mmr_lambda=c.mmr_lambda)
             ids = np.asarray(ids)
             subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
+        if nmax == 0:
+            width = self.embedding_width() or 1
         for st, subs in zip(states, subsets):
-            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling,
+            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling, "subset_size": c.subset_k,
                      "subsets": [[p.id for p in s] for s in subs]}
             if c.sampling == "relevance":
-                entry.update(tau=c.tau, score_scale=c.score_scale, sampler_tau=c.sampler_tau)
+                scale = c.resolved_score_scale(width)
+                entry.update(tau=c.tau, score_scale=scale, sampler_tau=c.tau / scale)
             st.trace.append(entry)
         return subsets
 
