@@ -51,30 +51,314 @@ computed as the open-domain RAG pipelines do (``answer_extraction``).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
+from rcn_fast._validate import check_bool as _bool
+from rcn_fast._validate import check_choice
+from rcn_fast._validate import check_int as _int
+from rcn_fast._validate import is_number
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion
-from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
-from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings, retrieve_batch
-from rcn_fast.pipelines.rag import OpenAnswering, _OpenView, extract_answer
-from rcn_fast.pipelines.reconnect_config import (  # noqa: F401  (re-exported)
-    ABLATIONS, PRESETS, SAMPLING_STRATEGIES, ReConnectConfig, ablation_settings, preset_settings,
+from rcn_fast.pipelines.base import QuestionState, StageRunner
+from rcn_fast.pipelines.config import PipelineConfig
+from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings
+from rcn_fast.pipelines.rag import ANSWER_EXTRACTIONS, OpenAnswering, _OpenView, extract_answer
+from rcn_fast.pipelines.reconnect_parsing import QUERY_PARSINGS, parse_queries
+from rcn_fast.pipelines.reconnect_settings import (  # noqa: F401  (re-exported)
+    ABLATIONS, PRESETS, SAMPLING_STRATEGIES, SCALE_WIDTH, SUBSET_TOP_N_PLUS_ONE, ablation_settings, fill_preset,
+    preset_settings,
 )
-from rcn_fast.pipelines.reconnect_parsing import parse_queries
-from rcn_fast.pipelines.simple import question_query
-from rcn_fast.prompts import parse_bullets
-from rcn_fast.retrieval.types import Passage
+from rcn_fast.pipelines.reconnect_stages import ConnectionStages
+from rcn_fast.pipelines.simple import QUERY_MODES, question_query
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-    n = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(n > 0, n, 1.0)
+@dataclass
+class ReConnectConfig(PipelineConfig):
+    """ReConnect (explanation-guided retrieval + knowledge connection).
+
+    Every default follows the paper (or, where the paper is silent, its
+    reference code); docs/FIDELITY.md lists each step with its setting.
+
+    Attributes
+    ----------
+    top_n : int
+        Passages retrieved per query (paper: n = 5). Without explanation
+        retrieval ("w/o ER") the question query retrieves
+        ``top_n * (k + 1)`` passages, k the explanation cap
+        (``max_queries``, default the number of choices), so the pool is as
+        large as with ER (the reference code does the same).
+    num_subsets : int
+        N, document subsets per question (paper: 3); one extraction each.
+    subset_size : int or "top_n+1"
+        K, documents per subset (paper: 5). ``"top_n+1"`` is the reference
+        code's rule: ``top_n + 1`` documents per subset (6 with n = 5; the
+        whole pool when it holds at most ``top_n`` documents); the
+        ``reference`` preset sets it. See :attr:`subset_k`.
+    tau : float
+        Softmax temperature of the relevance sampler, as in the paper's
+        grid {1.0, 1.5, 2.0} (default 1.0). The sampler draws from
+        ``softmax(score_scale * s / tau)``.
+    score_scale : float or "width"
+        Factor on the sampler's scores s = e.e_j + e_q.e_j (and on the
+        relevance of the first draw with ``first="relevance"``): the native
+        sampler runs with ``tau / score_scale``. ``"width"`` (default)
+        resolves to the width d of the embeddings the sampler sees (the
+        encoder's dimension: 384 for all-MiniLM-L6-v2, 768 for E5-base),
+        recorded in the trace (``score_scale``) and in
+        :meth:`ReConnect.describe`. Why: the reference code sampled on the
+        retriever's raw pooled vectors, a LayerNorm output whose squared
+        norm is about d, so its scores were d times the cosines this
+        pipeline sees by default (``sampler_input="normalized"``); d on
+        unit vectors restores the reference's concentration for any
+        encoder (issue 31: against the reference's sampler on its own
+        vectors, total-variation distance 0.064 at d against 0.335 with
+        the former default 32). The paper's tau grid {1.0, 1.5, 2.0} acts
+        on top of it (docs/FIDELITY.md shows the subset distribution at
+        each tau). A number fixes the factor (32 was the former default;
+        ``sampler_input="stored", score_scale=1`` samples on a store's own
+        vectors). Strategies other than ``"relevance"`` do not depend on it.
+    sampling : {"relevance", "random", "topk", "mmr", "cluster"}
+        Subset strategy (ReConnect's Table 3).
+    first : {"uniform", "relevance"}
+        How the relevance sampler draws the first document of a subset
+        (paper and reference code: uniformly).
+    sampler_input : {"normalized", "stored"}
+        Embeddings the sampler sees: L2-normalised (default, so
+        ``score_scale`` has the same meaning for every encoder and store),
+        or as the retriever stores them.
+    mmr_lambda : float
+        Relevance weight of the ``"mmr"`` strategy.
+    max_queries : int or None
+        Explanation lines kept as queries (>= 1); None = the number of
+        choices (open questions, which have none: :attr:`open_queries`,
+        4; see :meth:`num_queries`). To retrieve with the question alone
+        (no query-expansion generation at all) set
+        ``explanation_retrieval=False`` ("w/o ER");
+        0 is refused rather than paying for a generation whose output
+        would be thrown away.
+    query : {"question", "question_choices"}
+        The text of the question query Q.
+    repeat_decoding : {"nucleus", "greedy"}
+        Decoding of the extractions of a question whose N subsets are not
+        all distinct (always with ``sampling="topk"`` or ``"mmr"``; with
+        the other strategies when two draws coincide, e.g. a pool of at
+        most K documents, or two concentrated relevance draws from the
+        same first document). ``"nucleus"``
+        (default, as the reference code does for top-K): every extraction
+        of that question is sampled with ``repeat_temperature`` and
+        ``repeat_top_p``, extraction i with its own seed (``seed`` for
+        i = 0, a hash of ``(seed, i)`` otherwise; the draw also depends on
+        the prompt, so on the question and the subset): the N
+        extractions differ and do not depend on batching. ``"greedy"``:
+        the run's decoding for every extraction (identical subsets then
+        give N identical extractions). Questions whose subsets are all
+        distinct always use the run's decoding.
+    repeat_top_p : float
+        Nucleus mass of those extractions (reference code: 0.7).
+    repeat_temperature : float
+        Their sampling temperature (> 0; reference code: 1.0, the
+        transformers default).
+    explanation_retrieval : bool
+        False = ablation "w/o ER": retrieve with the question only, no
+        query-expansion generation, ``top_n * (k + 1)`` passages.
+    knowledge_connection : bool
+        False = "w/o KC": no sampling, extraction or aggregation; the
+        answering step gets every pooled passage (the paper's Tables 3 and
+        7 give identical numbers for "w/o KC" and "w/o KE, KA": it is the
+        same setting). Setting it False also sets ``knowledge_extraction``
+        and ``knowledge_aggregation`` False, so the recorded config says
+        what ran.
+    knowledge_extraction : bool
+        False = "w/o KE": no sampling and no extraction; aggregate
+        directly from every pooled passage.
+    knowledge_aggregation : bool
+        False = "w/o KA": no aggregation; answer with the N extraction
+        outputs as an N-item list (one item per extraction, its
+        explanations joined; empty extractions left out).
+        ``knowledge_extraction`` and ``knowledge_aggregation`` both False
+        is "w/o KE, KA" = "w/o KC".
+    query_parsing : {"reference", "markers"}
+        How the query-expansion output becomes queries
+        (:func:`~rcn_fast.pipelines.reconnect_parsing.parse_queries`).
+        ``"reference"`` (default; the reference code's rule, the paper is
+        silent): the first paragraph's lines with every ``*`` deleted,
+        stripped, empty ones dropped, the first k kept (numbers and
+        ``D:`` prefixes stay). ``"markers"``: rcn_fast's former parser
+        (:func:`~rcn_fast.prompts.parse_bullets`, list markers stripped).
+    answer_turn : {"reference", "shared"}
+        The answering prompt. ``"reference"`` (default): ReConnect's own
+        ``reconnect_answer`` prompt (paper Table 18) whose pre-filled turn
+        is ``Answer:`` continued with no trailing space, the ids the
+        reference code scores with Llama-3's template (it renders the turn
+        as a complete message, the template trims it, and the end-of-turn
+        token is cut). ``"shared"``: the ``answer_with_knowledge`` prompt
+        the other pipelines score with (pre-fill ``Answer: ``), rcn_fast's
+        former ReConnect answer, for comparisons on one footing.
+    preset : {"reference"} or None
+        A named set of settings (:data:`PRESETS`): ``"reference"`` = the
+        authors' released code where it differs from the paper
+        (``subset_size="top_n+1"``, ``max_new_tokens=196``,
+        ``repeat_decoding="greedy"`` unless ``sampling="topk"``). Settings
+        given beside the preset win (``from_dict`` / ``build``); on direct
+        construction the preset fills the fields left at their defaults.
+    answer_extraction : {"full", "final"}
+        Open questions only (rcn_fast's extension; the answer is generated):
+        what StringEM and exact match are computed on, as in the
+        open-domain RAG pipelines (:class:`RAGConfig`): ``"full"``
+        (default) the whole answer generation, ``"final"`` its
+        ``Answer:`` line (first non-empty line without a marker).
+    """
+
+    name: ClassVar[str] = "reconnect"
+    #: Explanations kept for an open question when ``max_queries`` is None.
+    open_queries: ClassVar[int] = 4
+    top_n: int = 5
+    num_subsets: int = 3
+    subset_size: int | str = 5
+    tau: float = 1.0
+    score_scale: float | str = "width"
+    sampling: str = "relevance"
+    first: str = "uniform"
+    sampler_input: str = "normalized"
+    mmr_lambda: float = 0.5
+    max_queries: int | None = None
+    query: str = "question"
+    repeat_decoding: str = "nucleus"
+    repeat_top_p: float = 0.7
+    repeat_temperature: float = 1.0
+    explanation_retrieval: bool = True
+    knowledge_connection: bool = True
+    knowledge_extraction: bool = True
+    knowledge_aggregation: bool = True
+    query_parsing: str = "reference"
+    answer_turn: str = "reference"
+    preset: str | None = None
+    answer_extraction: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.preset is not None:
+            check_choice(self.preset, "preset", tuple(PRESETS))
+            fill_preset(self)
+        super().__post_init__()
+        _int(self.top_n, "top_n")
+        _int(self.num_subsets, "num_subsets")
+        if self.subset_size != SUBSET_TOP_N_PLUS_ONE:
+            if isinstance(self.subset_size, str):
+                raise ValueError(f"subset_size: expected an int >= 1 or {SUBSET_TOP_N_PLUS_ONE!r}, "
+                                 f"got {self.subset_size!r}")
+            _int(self.subset_size, "subset_size")
+        if self.max_queries == 0 and not isinstance(self.max_queries, bool):
+            raise ValueError("max_queries: expected an int >= 1 or None, got 0; to retrieve with the question "
+                             "only, set explanation_retrieval=False (the 'w/o ER' ablation)")
+        _int(self.max_queries, "max_queries", 1, allow_none=True)
+        for f in ("tau", "score_scale", "repeat_temperature"):
+            v = getattr(self, f)
+            if f == "score_scale" and v == SCALE_WIDTH:
+                continue
+            if not is_number(v) or not 0 < v < float("inf"):
+                raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
+            setattr(self, f, float(v))
+        if not is_number(self.repeat_top_p) or not 0 < self.repeat_top_p <= 1:
+            raise ValueError(f"repeat_top_p: expected a number in (0, 1], got {self.repeat_top_p!r}")
+        self.repeat_top_p = float(self.repeat_top_p)
+        check_choice(self.repeat_decoding, "repeat_decoding", ("nucleus", "greedy"))
+        check_choice(self.sampling, "sampling", SAMPLING_STRATEGIES)
+        check_choice(self.first, "first", ("uniform", "relevance"))
+        check_choice(self.sampler_input, "sampler_input", ("normalized", "stored"))
+        if not isinstance(self.mmr_lambda, (int, float)) or not 0 <= self.mmr_lambda <= 1:
+            raise ValueError(f"mmr_lambda: expected a number in [0, 1], got {self.mmr_lambda!r}")
+        check_choice(self.query, "query", QUERY_MODES)
+        for f in ("explanation_retrieval", "knowledge_connection", "knowledge_extraction", "knowledge_aggregation"):
+            _bool(getattr(self, f), f)
+        if not self.knowledge_connection:  # "w/o KC" is "w/o KE, KA" (Tables 3 and 7)
+            self.knowledge_extraction = self.knowledge_aggregation = False
+        elif not (self.knowledge_extraction or self.knowledge_aggregation):
+            self.knowledge_connection = False
+        check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
+        check_choice(self.query_parsing, "query_parsing", QUERY_PARSINGS)
+        check_choice(self.answer_turn, "answer_turn", ("reference", "shared"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ReConnectConfig":
+        """Settings -> config; a ``preset`` key starts from that preset's
+        settings and the other keys override them."""
+        d = dict(d)
+        name = d.pop("preset", None)
+        if name is None:
+            return super().from_dict(d)  # type: ignore[return-value]
+        check_choice(name, "preset", tuple(PRESETS))
+        cfg = super().from_dict({**preset_settings(name, d.get("sampling", "relevance")), **d})
+        cfg.preset = name
+        return cfg  # type: ignore[return-value]
+
+    @property
+    def subset_k(self) -> int:
+        """K, the documents per subset: ``subset_size``, or ``top_n + 1``
+        with ``subset_size="top_n+1"`` (the sampler caps it at the pool)."""
+        if self.subset_size == SUBSET_TOP_N_PLUS_ONE:
+            return self.top_n + 1
+        return int(self.subset_size)
+
+    def resolved_score_scale(self, width: int) -> float:
+        """The factor on the sampler's scores for embeddings of ``width``
+        dimensions (``score_scale``, or ``width`` with ``"width"``)."""
+        if self.score_scale == SCALE_WIDTH:
+            _int(width, "width")
+            return float(width)
+        return float(self.score_scale)
+
+    def sampler_tau(self, width: int) -> float:
+        """The temperature the sampler runs with on embeddings of ``width``
+        dimensions: ``tau / score_scale`` (see :meth:`resolved_score_scale`)."""
+        return self.tau / self.resolved_score_scale(width)
+
+    @property
+    def samples_subsets(self) -> bool:
+        """Whether subsets are drawn (knowledge connection with extraction)."""
+        return self.knowledge_connection and self.knowledge_extraction
+
+    def num_queries(self, num_choices: int) -> int:
+        """k: the explanations kept as queries for a question with
+        ``num_choices`` options (``max_queries``, else ``num_choices``; an
+        open question, 0 options, gets :attr:`open_queries`)."""
+        if self.max_queries is not None:
+            return self.max_queries
+        return num_choices if num_choices > 0 else self.open_queries
+
+    def pool_queries(self, num_choices: int) -> int:
+        """k + 1: the queries of explanation retrieval for a question with
+        ``num_choices`` options (k explanations + the question, see
+        :meth:`num_queries`). Without ER the question query retrieves
+        ``top_n`` times this many passages."""
+        return self.num_queries(num_choices) + 1
+
+    @property
+    def generations_per_question(self) -> int:
+        """LLM generations one question costs under these settings (1 for
+        query expansion, N extractions, 1 aggregation, each when on)."""
+        n = int(self.explanation_retrieval)
+        if self.samples_subsets:
+            n += self.num_subsets
+        return n + int(self.knowledge_connection and self.knowledge_aggregation)
+
+    @property
+    def llm_calls_per_question(self) -> int:
+        """Generations plus the one answer-scoring pass (the paper's
+        Table 9 counts 6 for N = 3)."""
+        return self.generations_per_question + 1
+
+    @property
+    def open_generations_per_question(self) -> int:
+        """Generations of one open question: the same stages, and the
+        answer is a generation instead of the scoring pass (so as many LLM
+        calls as :attr:`llm_calls_per_question`, none of them scoring)."""
+        return self.generations_per_question + 1
 
 
-class ReConnect(OpenAnswering):
+class ReConnect(ConnectionStages, OpenAnswering):
     """ReConnect with all its ablations.
 
     Parameters
@@ -220,165 +504,6 @@ class ReConnect(OpenAnswering):
             exps = parse_queries(o[0], k, c.query_parsing)
             st.data["explanations"] = exps
             st.trace[-1]["parsed"] = exps
-
-    def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
-        """One batched retrieval for every query of every question; returns
-        the question-query embeddings [B, d] (None without embeddings).
-
-        With explanation retrieval each query gets ``top_n`` passages; without
-        it the question query gets ``top_n * (k + 1)`` (k the explanation
-        cap), so the pool is as large as with ER. Questions that ask for the
-        same count share one retrieval call (with ER: the whole batch), so a
-        question's passages never depend on the rest of its batch."""
-        c = self.config
-        flat: list[str] = []
-        spans = []
-        for st in states:
-            qs = [*st.data["explanations"], self._question_query(st.question)]
-            spans.append((len(flat), len(flat) + len(qs)))
-            flat.extend(qs)
-        if c.explanation_retrieval:
-            counts = [c.top_n] * len(states)
-        else:
-            counts = [c.top_n * c.pool_queries(self._num_choices(st.question)) for st in states]
-        results: list[list[Passage]] = [[] for _ in flat]
-        emb_rows: list[np.ndarray | None] = [None] * len(flat)
-        for k in sorted(set(counts)):
-            rows = [i for (s, e), kb in zip(spans, counts) if kb == k for i in range(s, e)]
-            res_k, emb_k = retrieve_batch(self.source, [flat[i] for i in rows], k)
-            for j, i in enumerate(rows):
-                results[i] = res_k[j]
-                emb_rows[i] = None if emb_k is None else emb_k[j]
-        qemb = None
-        if spans and all(emb_rows[e - 1] is not None for _, e in spans):
-            qemb = np.stack([emb_rows[e - 1] for _, e in spans])
-        for st, (s, e), k in zip(states, spans, counts):
-            res_q = [list(r) for r in results[s:e]]
-            seen: set[str] = set()
-            pool: list[Passage] = []
-            for res in res_q:
-                for p in res:
-                    if p.text not in seen:
-                        seen.add(p.text)
-                        pool.append(p)
-            st.passages = pool
-            st.trace.append({
-                "stage": "retrieval", "type": "retrieve", "queries": flat[s:e], "top_n": k,
-                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in pool],
-            })
-        return qemb
-
-    def _sample(self, states: list[QuestionState], qemb: np.ndarray | None) -> list[list[list[Passage]]]:
-        """One sampler call for the batch -> per question, N subsets."""
-        from rcn_fast.sampling import sample
-
-        c = self.config
-        B = len(states)
-        counts = np.array([len(st.passages) for st in states], dtype=np.int64)
-        nmax = int(counts.max()) if B else 0
-        if nmax == 0:
-            subsets = [[[] for _ in range(c.num_subsets)] for _ in states]
-        else:
-            if qemb is not None and has_embeddings(self.source):
-                flat = [p for st in states for p in st.passages]
-                pemb = np.asarray(self.source.passage_embeddings(flat), dtype=np.float32)
-                d = width = pemb.shape[1]
-                cand = np.zeros((B, nmax, d), np.float32)
-                off = 0
-                for b, n in enumerate(counts):
-                    cand[b, :n] = pemb[off : off + n]
-                    off += n
-                q = np.asarray(qemb, dtype=np.float32)
-                if c.sampler_input == "normalized":
-                    q, cand = _normalize(q), _normalize(cand)
-            else:  # "random" needs no embeddings
-                q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
-                width = self.embedding_width() or 1
-            keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
-            ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
-                         valid=counts, tau=c.sampler_tau(width), first=c.first, mmr_lambda=c.mmr_lambda)
-            ids = np.asarray(ids)
-            subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
-        if nmax == 0:
-            width = self.embedding_width() or 1
-        for st, subs in zip(states, subsets):
-            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling, "subset_size": c.subset_k,
-                     "subsets": [[p.id for p in s] for s in subs]}
-            if c.sampling == "relevance":
-                scale = c.resolved_score_scale(width)
-                entry.update(tau=c.tau, score_scale=scale, sampler_tau=c.tau / scale)
-            st.trace.append(entry)
-        return subsets
-
-    @staticmethod
-    def _subsets_repeat(subsets: list[list[Passage]]) -> bool:
-        """Whether two of a question's subsets hold the same documents."""
-        keys = [frozenset(p.text for p in s) for s in subsets]
-        return len(set(keys)) < len(keys)
-
-    def repeat_decoding(self, subset: int) -> dict[str, Any]:
-        """Decoding of extraction ``subset`` of a question whose subsets
-        repeat: nucleus sampling with its own seed (``seed`` for subset 0, a
-        hash of ``(seed, subset)`` otherwise; the draw also depends on the
-        prompt, i.e. on the question and the subset)."""
-        from rcn_fast.llm.seeded import sample_seed
-
-        c = self.config
-        return {"temperature": c.repeat_temperature, "top_p": c.repeat_top_p,
-                "seed": sample_seed(c.seed, subset)}
-
-    def _extract(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """N extractions per question. Questions whose subsets are all
-        distinct share one call with the run's decoding; with
-        ``repeat_decoding="nucleus"`` the others are decoded with nucleus
-        sampling, one call per subset index (its seed), so a question's
-        extractions differ and do not depend on the batch."""
-        c = self.config
-        P = self.prompts
-        chats = [[self._chat("knowledge_extraction", st, documents=P.format_list([p.text for p in sub]))
-                  for sub in st.data["subsets"]] for st in states]
-        sampled = [c.repeat_decoding == "nucleus" and self._subsets_repeat(st.data["subsets"]) for st in states]
-        outs: list[list[str]] = [[] for _ in states]
-        plain = runner.generate("knowledge_extraction", states,
-                                [[] if smp else cs for smp, cs in zip(sampled, chats)])
-        for b, o in enumerate(plain):
-            outs[b].extend(o)
-        if any(sampled):
-            for i in range(c.num_subsets):
-                rows = [[cs[i]] if smp and i < len(cs) else [] for smp, cs in zip(sampled, chats)]
-                if not any(rows):
-                    continue
-                got = runner.generate("knowledge_extraction", states, rows, decoding=self.repeat_decoding(i))
-                for b, o in enumerate(got):
-                    outs[b].extend(o)
-        for st, texts in zip(states, outs):
-            exts = [parse_bullets(t) for t in texts]
-            st.data["extractions"] = exts
-            entries = [t for t in st.trace if t["stage"] == "knowledge_extraction" and t["type"] == "generate"]
-            for entry, parsed in zip(entries, exts):
-                entry["parsed"] = parsed
-
-    @staticmethod
-    def _extraction_items(st: QuestionState) -> list[str]:
-        """The N extraction outputs as N items (each one's explanations
-        joined by spaces; empty outputs left out)."""
-        return [x for x in (" ".join(exps) for exps in st.data["extractions"]) if x]
-
-    def _aggregate(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """One aggregation per question: over the N extraction outputs, or
-        without extraction ("w/o KE") over every pooled passage."""
-        P = self.prompts
-        chats = []
-        for st in states:
-            if self.config.knowledge_extraction:
-                items = self._extraction_items(st)
-            else:
-                items = [p.text for p in st.passages]
-            chats.append([self._chat("knowledge_aggregation", st, explanations=P.format_list(items))])
-        outs = runner.generate("knowledge_aggregation", states, chats)
-        for st, o in zip(states, outs):
-            st.knowledge = parse_bullets(o[0])
-            st.trace[-1]["parsed"] = st.knowledge
 
 
 __all__ = ["ReConnect", "ReConnectConfig", "ABLATIONS", "ablation_settings", "SAMPLING_STRATEGIES"]
