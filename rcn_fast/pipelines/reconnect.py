@@ -3,15 +3,19 @@
 Stages, each run for the whole batch at once:
 
 1. ``query_expansion`` (generation, 1 per question): a bullet list of
-   explanations; at most ``max_queries`` (default: number of choices) kept.
+   explanations, read as the reference code reads it (``query_parsing``,
+   :mod:`~rcn_fast.pipelines.reconnect_parsing`); at most ``max_queries``
+   (default: number of choices) kept.
 2. ``retrieval`` (one batched retrieval): top ``n`` passages for every
    explanation and for the question, pooled per question, exact duplicate
    texts removed (first occurrence kept).
 3. ``sampling`` (one sampler call): ``N`` subsets of ``K`` pooled passages
-   per question (relevance sampler or another strategy).
+   per question (relevance sampler or another strategy; K = ``subset_size``,
+   or ``top_n + 1`` with the reference code's ``subset_size="top_n+1"``).
 4. ``knowledge_extraction`` (generation, ``N`` per question).
 5. ``knowledge_aggregation`` (generation, 1 per question).
-6. ``answer`` (one scoring pass per question) with the final explanation.
+6. ``answer`` (one scoring pass per question) with the final explanation,
+   prompt ``reconnect_answer`` (pre-fill ``Answer:``; ``answer_turn``).
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
 pass (6 LLM calls, the paper's Table 9). The ablations of the paper's
@@ -29,7 +33,9 @@ w/o KA         answer with the N extractions as a list                     5
 w/o ER, KC     question-only retrieval, answer with those passages         1
 =============  ==========================================================  =====
 
-("w/o KE, KA" is "w/o KC".) When a question's N subsets are not all
+("w/o KE, KA" is "w/o KC". The reference code's subsets of ``top_n + 1``
+documents, ``subset_size="top_n+1"`` or ``preset="reference"``, cost the
+same 6 calls.) When a question's N subsets are not all
 distinct (top-K and MMR always; the other strategies when two draws
 coincide, e.g. a pool of at most K passages, or two relevance subsets with
 the same first document) its extractions are decoded with nucleus
