@@ -138,8 +138,8 @@ def test_reconnect_stage_prompts_and_parsing(retriever):
     q = _questions()[1]  # 4 choices -> at most 4 explanation queries
     p = build("reconnect", llm=llm, retriever=retriever, top_n=3, subset_size=2, num_subsets=3).run(q)
     qe = _gen_entries(p, "query_expansion")[0]
-    assert qe["prompt"][-1] == {"role": "assistant", "content": "Explanations:\n* "}
-    assert "4 answer options" in qe["prompt"][0]["content"]
+    assert qe["prompt"][-1] == {"role": "assistant", "content": "Explanations:\n*"}
+    assert "a question and 4 options" in qe["prompt"][0]["content"]
     # first paragraph only, bullets stripped, k = number of choices
     assert qe["parsed"] == [f"reason {i} about {c}" for i, c in enumerate(q.choices, 1)]
     ret = p.trace[1]
@@ -159,13 +159,13 @@ def test_reconnect_stage_prompts_and_parsing(retriever):
     exts = _gen_entries(p, "knowledge_extraction")
     for s, e in zip(subsets, exts):
         system = e["prompt"][0]["content"]
-        assert system.startswith("Reference passages from an external source:\n" +
+        assert system.startswith("External knowledge references:\n" +
                                  "\n".join(f"* {by_id[i]}" for i in s) + "\n\n")
         assert e["parsed"] == [f"from: {by_id[i]}" for i in s]
     agg = _gen_entries(p, "knowledge_aggregation")[0]
     items = [" ".join(e["parsed"]) for e in exts]
-    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {x}" for x in items))
-    assert agg["prompt"][-1]["content"] == "Merged explanation: "
+    assert agg["prompt"][0]["content"].startswith("A list of explanations:\n" + "\n".join(f"* {x}" for x in items))
+    assert agg["prompt"][-1]["content"] == "Aggregated Explanation:\n*"
     assert agg["parsed"] == [f"merged 3 items: {items[0]}", "second line of the merge"]
     assert p.knowledge == agg["parsed"]
     ans = p.trace[-1]
@@ -224,7 +224,7 @@ def test_reconnect_without_extraction_aggregates_the_passages(retriever):
     pool = [x.text for x in p.passages]
     assert len(pool) > 5
     agg = _gen_entries(p, "knowledge_aggregation")[0]
-    assert agg["prompt"][0]["content"].startswith("Candidate explanations:\n" + "\n".join(f"* {t}" for t in pool)
+    assert agg["prompt"][0]["content"].startswith("A list of explanations:\n" + "\n".join(f"* {t}" for t in pool)
                                                   + "\n\n")
     assert p.cost.generations == 2 and p.cost.llm_calls == 3 == ReConnectConfig(**ABLATIONS["w/o KE"]).llm_calls_per_question
 

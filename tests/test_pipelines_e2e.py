@@ -200,6 +200,9 @@ answer:
 answer_with_knowledge:
   system: "Use the notes and reply with the label of the best option. Is that clear?"
   user: "Q: {question}\\n{choices}\\nNotes:\\n{knowledge}"
+reconnect_answer:
+  system: "Use the notes and reply with the label of the best option. Is that clear?"
+  user: "Q: {question}\\n{choices}\\nNotes:\\n{knowledge}"
 example_generation:
   system: "Explain which option is right. Is that clear?"
   example_user: "Q: {question}\\n{choices}"

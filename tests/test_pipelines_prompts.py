@@ -32,10 +32,15 @@ def test_default_prompts_ship_as_package_data():
     assert set(STAGE_FIELDS) <= set(p.data)
 
 
+#: ReConnect's stages lay the question out as its paper and reference code do
+RECONNECT_STAGES = ("query_expansion", "knowledge_extraction", "knowledge_aggregation", "reconnect_answer")
+
+
 @pytest.mark.parametrize("stage, extra, prefill", [
-    ("query_expansion", {}, "Explanations:\n* "),
-    ("knowledge_extraction", {"documents": "* d1"}, "Explanations:\n* "),
-    ("knowledge_aggregation", {"explanations": "* e1"}, "Merged explanation: "),
+    ("query_expansion", {}, "Explanations:\n*"),
+    ("knowledge_extraction", {"documents": "* d1"}, "Explanations:\n*"),
+    ("knowledge_aggregation", {"explanations": "* e1"}, "Aggregated Explanation:\n*"),
+    ("reconnect_answer", {"knowledge": "* k1"}, "Answer:"),
     ("answer", {}, "Answer: "),
     ("answer_with_knowledge", {"knowledge": "* k1"}, "Answer: "),
     ("example_generation", {}, "Explanations:\n* "),
@@ -46,7 +51,10 @@ def test_every_stage_has_the_understand_exchange_and_a_prefill(stage, extra, pre
     assert chat[0]["content"].rstrip().endswith("Is the task clear?")
     assert chat[-1]["content"] == prefill
     # question text is inserted verbatim (braces in data are not templates)
-    assert "Question: Why do {braces} stay?\nOptions:\nA. light\nB. dark\nC. salt" in chat[2]["content"]
+    if stage in RECONNECT_STAGES:
+        assert chat[2]["content"].startswith("Question:\nWhy do {braces} stay?\n\nChoices:\nA. light\nB. dark\nC. salt")
+    else:
+        assert "Question: Why do {braces} stay?\nOptions:\nA. light\nB. dark\nC. salt" in chat[2]["content"]
     for v in extra.values():
         assert v in chat[0]["content"] or v in chat[2]["content"]
 

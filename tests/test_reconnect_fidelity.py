@@ -14,7 +14,7 @@ import pytest
 from rcn_fast import MCQuestion
 from rcn_fast.llm.seeded import sample_seed
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, Prediction, ReConnectConfig, build
-from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, _h, stage_of
+from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, _h, _question_line, stage_of
 
 
 def _questions() -> list[MCQuestion]:
@@ -289,8 +289,7 @@ class EchoLLM(ScriptedLLM):
 
     def respond(self, chat):
         if stage_of(chat) == "query_expansion":
-            user = [t for t in chat if t["role"] == "user"][-1]["content"]
-            return user.split("\n", 1)[0].removeprefix("Question: ").strip()
+            return _question_line(chat)
         return super().respond(chat)
 
 
@@ -370,7 +369,32 @@ def test_old_settings_sample_almost_uniformly(obqa_setting):
 
 @pytest.mark.slow
 def test_paper_tau_grid_still_changes_the_draw(obqa_setting):
-    """With the default score_scale the paper's tau grid {1, 1.5, 2} stays
-    concentrated yet matters: tau = 2 lands in the top 3 less often."""
-    rates = [_run(obqa_setting, tau=t, num_subsets=10)[0] for t in (1.0, 2.0)]
-    assert rates[1] >= 0.6 and rates[0] > rates[1], rates
+    """With the default score_scale (the encoder width, 384) the paper's tau
+    grid {1, 1.5, 2} stays as concentrated as the reference (the second
+    document is the best-scoring candidate almost always) yet matters: a
+    larger tau spreads the draws over more distinct subsets (FIDELITY.md:
+    8.8, 10.4 and 11.5 distinct 5-document subsets of 600 per pool of 12)."""
+    from rcn_fast.sampling import sample
+
+    retriever, qs = obqa_setting
+    qe = retriever.embed_queries([q.question for q in qs])
+    _, rows = retriever.search(qe, 12)
+    cand = retriever.embeddings[rows]
+    q = qe / np.linalg.norm(qe, axis=1, keepdims=True)
+    cand = cand / np.linalg.norm(cand, axis=2, keepdims=True)
+    distinct, argmax = [], []
+    for tau in (1.0, 1.5, 2.0):
+        cfg = ReConnectConfig(tau=tau)
+        ids = sample("relevance", q.astype(np.float32), cand.astype(np.float32), 300, 5, seed=1,
+                     tau=cfg.sampler_tau(cand.shape[2]))
+        distinct.append(np.mean([len({tuple(sorted(x)) for x in ids[b].tolist()}) for b in range(len(qs))]))
+        hits = []
+        for b in range(len(qs)):
+            s_all = cand[b] @ cand[b].T + (cand[b] @ q[b])[None, :]
+            for sub in ids[b]:
+                s = s_all[sub[0]].copy()
+                s[sub[0]] = -np.inf
+                hits.append(sub[1] == int(np.argmax(s)))
+        argmax.append(float(np.mean(hits)))
+    assert min(argmax) >= 0.9, argmax
+    assert distinct[0] < distinct[1] < distinct[2] < 30, distinct

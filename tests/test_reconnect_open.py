@@ -104,7 +104,7 @@ def test_multiple_choice_prompts_are_unchanged(retriever):
     p = build("reconnect", llm=llm, retriever=retriever).run(
         MCQuestion("m", "What do plants need?", ["sunlight", "salt", "ice"]))
     assert p.cost.generations == 5 and p.cost.scoring_passes == 1
-    assert "comes with 3 answer options" in _gen(p, "query_expansion")[0]["prompt"][0]["content"]
+    assert "a question and 3 options" in _gen(p, "query_expansion")[0]["prompt"][0]["content"]
     assert not any("asks for a short answer" in ch[0]["content"] for _, ch in llm.chats)
 
 

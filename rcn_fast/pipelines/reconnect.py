@@ -3,15 +3,19 @@
 Stages, each run for the whole batch at once:
 
 1. ``query_expansion`` (generation, 1 per question): a bullet list of
-   explanations; at most ``max_queries`` (default: number of choices) kept.
+   explanations, read as the reference code reads it (``query_parsing``,
+   :mod:`~rcn_fast.pipelines.reconnect_parsing`); at most ``max_queries``
+   (default: number of choices) kept.
 2. ``retrieval`` (one batched retrieval): top ``n`` passages for every
    explanation and for the question, pooled per question, exact duplicate
    texts removed (first occurrence kept).
 3. ``sampling`` (one sampler call): ``N`` subsets of ``K`` pooled passages
-   per question (relevance sampler or another strategy).
+   per question (relevance sampler or another strategy; K = ``subset_size``,
+   or ``top_n + 1`` with the reference code's ``subset_size="top_n+1"``).
 4. ``knowledge_extraction`` (generation, ``N`` per question).
 5. ``knowledge_aggregation`` (generation, 1 per question).
-6. ``answer`` (one scoring pass per question) with the final explanation.
+6. ``answer`` (one scoring pass per question) with the final explanation,
+   prompt ``reconnect_answer`` (pre-fill ``Answer:``; ``answer_turn``).
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
 pass (6 LLM calls, the paper's Table 9). The ablations of the paper's
@@ -29,7 +33,9 @@ w/o KA         answer with the N extractions as a list                     5
 w/o ER, KC     question-only retrieval, answer with those passages         1
 =============  ==========================================================  =====
 
-("w/o KE, KA" is "w/o KC".) When a question's N subsets are not all
+("w/o KE, KA" is "w/o KC". The reference code's subsets of ``top_n + 1``
+documents, ``subset_size="top_n+1"`` or ``preset="reference"``, cost the
+same 6 calls.) When a question's N subsets are not all
 distinct (top-K and MMR always; the other strategies when two draws
 coincide, e.g. a pool of at most K passages, or two relevance subsets with
 the same first document) its extractions are decoded with nucleus
@@ -62,17 +68,17 @@ from rcn_fast._validate import check_int as _int
 from rcn_fast._validate import is_number
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion
-from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
+from rcn_fast.pipelines.base import QuestionState, StageRunner
 from rcn_fast.pipelines.config import PipelineConfig
-from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings, retrieve_batch
+from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings
 from rcn_fast.pipelines.rag import ANSWER_EXTRACTIONS, OpenAnswering, _OpenView, extract_answer
+from rcn_fast.pipelines.reconnect_parsing import QUERY_PARSINGS, parse_queries
+from rcn_fast.pipelines.reconnect_settings import (  # noqa: F401  (re-exported)
+    ABLATIONS, PRESETS, SAMPLING_STRATEGIES, SCALE_WIDTH, SUBSET_TOP_N_PLUS_ONE, ablation_settings, fill_preset,
+    preset_settings,
+)
+from rcn_fast.pipelines.reconnect_stages import ConnectionStages
 from rcn_fast.pipelines.simple import QUERY_MODES, question_query
-from rcn_fast.prompts import parse_bullets
-from rcn_fast.retrieval.types import Passage
-
-
-#: Subset sampling strategies: the paper's relevance sampling and Table 3's ablations.
-SAMPLING_STRATEGIES = ("relevance", "random", "topk", "mmr", "cluster")
 
 
 @dataclass
@@ -92,32 +98,34 @@ class ReConnectConfig(PipelineConfig):
         large as with ER (the reference code does the same).
     num_subsets : int
         N, document subsets per question (paper: 3); one extraction each.
-    subset_size : int
-        K, documents per subset (paper: 5).
+    subset_size : int or "top_n+1"
+        K, documents per subset (paper: 5). ``"top_n+1"`` is the reference
+        code's rule: ``top_n + 1`` documents per subset (6 with n = 5; the
+        whole pool when it holds at most ``top_n`` documents); the
+        ``reference`` preset sets it. See :attr:`subset_k`.
     tau : float
         Softmax temperature of the relevance sampler, as in the paper's
         grid {1.0, 1.5, 2.0} (default 1.0). The sampler draws from
         ``softmax(score_scale * s / tau)``.
-    score_scale : float
+    score_scale : float or "width"
         Factor on the sampler's scores s = e.e_j + e_q.e_j (and on the
-        relevance of the first draw with ``first="relevance"``), i.e. the
-        native sampler runs with ``tau / score_scale``. The paper's
-        reference code sampled on the retriever's raw pooled vectors (a
-        LayerNorm output, squared norms of the order of the width, 768),
-        so at tau = 1 each step after the uniform first document was close
-        to an argmax. With ``sampler_input="normalized"`` (default) the
-        scores are cosines, which span well under one nat: ``score_scale =
-        32`` restores a concentrated draw while the paper's tau grid still
-        changes it (all-MiniLM-L6-v2, 600 OpenBookQA facts, 30 questions,
-        pool of 12: the second document lands among the 3 best-scoring
-        candidates 99%, 94% and 92% of the time at tau = 1, 1.5, 2;
-        uniform drawing: 27%; stored unit vectors with score_scale = 1:
-        28%). ``score_scale = 768`` (the width of an
-        E5-base retriever) mimics the reference exactly (an argmax at
-        every tau of the grid). The old, nearly uniform behaviour is
-        ``sampler_input="stored", score_scale=1.0`` over a store of
-        normalised vectors. Strategies other than ``"relevance"`` do not
-        depend on the scale.
+        relevance of the first draw with ``first="relevance"``): the native
+        sampler runs with ``tau / score_scale``. ``"width"`` (default)
+        resolves to the width d of the embeddings the sampler sees (the
+        encoder's dimension: 384 for all-MiniLM-L6-v2, 768 for E5-base),
+        recorded in the trace (``score_scale``) and in
+        :meth:`ReConnect.describe`. Why: the reference code sampled on the
+        retriever's raw pooled vectors, a LayerNorm output whose squared
+        norm is about d, so its scores were d times the cosines this
+        pipeline sees by default (``sampler_input="normalized"``); d on
+        unit vectors restores the reference's concentration for any
+        encoder (issue 31: against the reference's sampler on its own
+        vectors, total-variation distance 0.064 at d against 0.335 with
+        the former default 32). The paper's tau grid {1.0, 1.5, 2.0} acts
+        on top of it (docs/FIDELITY.md shows the subset distribution at
+        each tau). A number fixes the factor (32 was the former default;
+        ``sampler_input="stored", score_scale=1`` samples on a store's own
+        vectors). Strategies other than ``"relevance"`` do not depend on it.
     sampling : {"relevance", "random", "topk", "mmr", "cluster"}
         Subset strategy (ReConnect's Table 3).
     first : {"uniform", "relevance"}
@@ -178,6 +186,30 @@ class ReConnectConfig(PipelineConfig):
         explanations joined; empty extractions left out).
         ``knowledge_extraction`` and ``knowledge_aggregation`` both False
         is "w/o KE, KA" = "w/o KC".
+    query_parsing : {"reference", "markers"}
+        How the query-expansion output becomes queries
+        (:func:`~rcn_fast.pipelines.reconnect_parsing.parse_queries`).
+        ``"reference"`` (default; the reference code's rule, the paper is
+        silent): the first paragraph's lines with every ``*`` deleted,
+        stripped, empty ones dropped, the first k kept (numbers and
+        ``D:`` prefixes stay). ``"markers"``: rcn_fast's former parser
+        (:func:`~rcn_fast.prompts.parse_bullets`, list markers stripped).
+    answer_turn : {"reference", "shared"}
+        The answering prompt. ``"reference"`` (default): ReConnect's own
+        ``reconnect_answer`` prompt (paper Table 18) whose pre-filled turn
+        is ``Answer:`` continued with no trailing space, the ids the
+        reference code scores with Llama-3's template (it renders the turn
+        as a complete message, the template trims it, and the end-of-turn
+        token is cut). ``"shared"``: the ``answer_with_knowledge`` prompt
+        the other pipelines score with (pre-fill ``Answer: ``), rcn_fast's
+        former ReConnect answer, for comparisons on one footing.
+    preset : {"reference"} or None
+        A named set of settings (:data:`PRESETS`): ``"reference"`` = the
+        authors' released code where it differs from the paper
+        (``subset_size="top_n+1"``, ``max_new_tokens=196``,
+        ``repeat_decoding="greedy"`` unless ``sampling="topk"``). Settings
+        given beside the preset win (``from_dict`` / ``build``); on direct
+        construction the preset fills the fields left at their defaults.
     answer_extraction : {"full", "final"}
         Open questions only (rcn_fast's extension; the answer is generated):
         what StringEM and exact match are computed on, as in the
@@ -191,9 +223,9 @@ class ReConnectConfig(PipelineConfig):
     open_queries: ClassVar[int] = 4
     top_n: int = 5
     num_subsets: int = 3
-    subset_size: int = 5
+    subset_size: int | str = 5
     tau: float = 1.0
-    score_scale: float = 32.0
+    score_scale: float | str = "width"
     sampling: str = "relevance"
     first: str = "uniform"
     sampler_input: str = "normalized"
@@ -207,19 +239,31 @@ class ReConnectConfig(PipelineConfig):
     knowledge_connection: bool = True
     knowledge_extraction: bool = True
     knowledge_aggregation: bool = True
+    query_parsing: str = "reference"
+    answer_turn: str = "reference"
+    preset: str | None = None
     answer_extraction: str = "full"
 
     def __post_init__(self) -> None:
+        if self.preset is not None:
+            check_choice(self.preset, "preset", tuple(PRESETS))
+            fill_preset(self)
         super().__post_init__()
         _int(self.top_n, "top_n")
         _int(self.num_subsets, "num_subsets")
-        _int(self.subset_size, "subset_size")
+        if self.subset_size != SUBSET_TOP_N_PLUS_ONE:
+            if isinstance(self.subset_size, str):
+                raise ValueError(f"subset_size: expected an int >= 1 or {SUBSET_TOP_N_PLUS_ONE!r}, "
+                                 f"got {self.subset_size!r}")
+            _int(self.subset_size, "subset_size")
         if self.max_queries == 0 and not isinstance(self.max_queries, bool):
             raise ValueError("max_queries: expected an int >= 1 or None, got 0; to retrieve with the question "
                              "only, set explanation_retrieval=False (the 'w/o ER' ablation)")
         _int(self.max_queries, "max_queries", 1, allow_none=True)
         for f in ("tau", "score_scale", "repeat_temperature"):
             v = getattr(self, f)
+            if f == "score_scale" and v == SCALE_WIDTH:
+                continue
             if not is_number(v) or not 0 < v < float("inf"):
                 raise ValueError(f"{f}: expected a finite number > 0, got {v!r}")
             setattr(self, f, float(v))
@@ -240,11 +284,42 @@ class ReConnectConfig(PipelineConfig):
         elif not (self.knowledge_extraction or self.knowledge_aggregation):
             self.knowledge_connection = False
         check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
+        check_choice(self.query_parsing, "query_parsing", QUERY_PARSINGS)
+        check_choice(self.answer_turn, "answer_turn", ("reference", "shared"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ReConnectConfig":
+        """Settings -> config; a ``preset`` key starts from that preset's
+        settings and the other keys override them."""
+        d = dict(d)
+        name = d.pop("preset", None)
+        if name is None:
+            return super().from_dict(d)  # type: ignore[return-value]
+        check_choice(name, "preset", tuple(PRESETS))
+        cfg = super().from_dict({**preset_settings(name, d.get("sampling", "relevance")), **d})
+        cfg.preset = name
+        return cfg  # type: ignore[return-value]
 
     @property
-    def sampler_tau(self) -> float:
-        """The temperature the sampler runs with: ``tau / score_scale``."""
-        return self.tau / self.score_scale
+    def subset_k(self) -> int:
+        """K, the documents per subset: ``subset_size``, or ``top_n + 1``
+        with ``subset_size="top_n+1"`` (the sampler caps it at the pool)."""
+        if self.subset_size == SUBSET_TOP_N_PLUS_ONE:
+            return self.top_n + 1
+        return int(self.subset_size)
+
+    def resolved_score_scale(self, width: int) -> float:
+        """The factor on the sampler's scores for embeddings of ``width``
+        dimensions (``score_scale``, or ``width`` with ``"width"``)."""
+        if self.score_scale == SCALE_WIDTH:
+            _int(width, "width")
+            return float(width)
+        return float(self.score_scale)
+
+    def sampler_tau(self, width: int) -> float:
+        """The temperature the sampler runs with on embeddings of ``width``
+        dimensions: ``tau / score_scale`` (see :meth:`resolved_score_scale`)."""
+        return self.tau / self.resolved_score_scale(width)
 
     @property
     def samples_subsets(self) -> bool:
@@ -289,43 +364,7 @@ class ReConnectConfig(PipelineConfig):
         return self.generations_per_question + 1
 
 
-# Named ablations of ReConnect's Tables 3 and 7 -> the settings they switch
-# off. "w/o KC" and "w/o KE, KA" are one setting (the tables report
-# identical numbers for them). Sampling rows of Table 3 ("w/ Random", ...)
-# are ``sampling=`` values, not ablations.
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "w/o ER": {"explanation_retrieval": False},
-    "w/o KC": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
-    "w/o ER, KC": {"explanation_retrieval": False, "knowledge_connection": False, "knowledge_extraction": False,
-                   "knowledge_aggregation": False},
-    "w/o KE": {"knowledge_extraction": False},
-    "w/o KA": {"knowledge_aggregation": False},
-    "w/o KE, KA": {"knowledge_connection": False, "knowledge_extraction": False, "knowledge_aggregation": False},
-}
-
-
-def ablation_settings(names: str | list[str] | None) -> dict[str, Any]:
-    """``"w/o KC"`` (or ``"wo_kc"``, a list of them) -> ReConnect settings."""
-    if names is None:
-        return {}
-    if isinstance(names, str):
-        names = [names]
-    out: dict[str, Any] = {}
-    norm = {k.lower().replace("/", "").replace(" ", "").replace("_", ""): k for k in ABLATIONS}
-    for n in names:
-        key = norm.get(str(n).lower().replace("/", "").replace(" ", "").replace("_", "").replace("-", ""))
-        if key is None:
-            raise ValueError(f"ablation: expected one of {list(ABLATIONS)}, got {n!r}")
-        out.update(ABLATIONS[key])
-    return out
-
-
-def _normalize(x: np.ndarray) -> np.ndarray:
-    n = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(n > 0, n, 1.0)
-
-
-class ReConnect(OpenAnswering):
+class ReConnect(ConnectionStages, OpenAnswering):
     """ReConnect with all its ablations.
 
     Parameters
@@ -374,6 +413,37 @@ class ReConnect(OpenAnswering):
     @property
     def scoring_passes_per_question(self) -> int:
         return 1
+
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """Score the labels after ReConnect's answering prompt (one pass per
+        question): ``reconnect_answer`` (pre-fill ``Answer:``, the reference
+        code's rendering) or, with ``answer_turn="shared"``, the
+        ``answer_with_knowledge`` prompt of the other pipelines."""
+        stage = "reconnect_answer" if self.config.answer_turn == "reference" else "answer_with_knowledge"
+        chats = [self.prompts.chat(stage, st.question, knowledge=self.prompts.format_list(st.knowledge))
+                 for st in states]
+        return runner.score("answer", states, chats)
+
+    def embedding_width(self) -> int | None:
+        """The encoder's embedding dimension when the retriever tells it
+        (``dim`` of the retriever or its encoder), else None."""
+        src = self.source
+        for obj in (src, getattr(src, "encoder", None), getattr(src, "retriever", None)):
+            d = getattr(obj, "dim", None)
+            if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0:
+                return int(d)
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """As every pipeline, plus ``resolved``: the subset size K and the
+        sampler's score scale these settings come to with this retriever
+        (``score_scale="width"`` -> the encoder's dimension; None when the
+        retriever does not tell it)."""
+        d = super().describe()
+        c, width = self.config, self.embedding_width()
+        scale = c.resolved_score_scale(width) if width or c.score_scale != "width" else None
+        d["resolved"] = {"subset_size": c.subset_k, "score_scale": scale, "embedding_width": width}
+        return d
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open questions: one answer generation per question (one LLM call
@@ -437,164 +507,9 @@ class ReConnect(OpenAnswering):
         outs = runner.generate("query_expansion", states, chats)
         for st, o in zip(states, outs):
             k = c.num_queries(self._num_choices(st.question))
-            exps = parse_bullets(o[0], max_items=k)
+            exps = parse_queries(o[0], k, c.query_parsing)
             st.data["explanations"] = exps
             st.trace[-1]["parsed"] = exps
-
-    def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
-        """One batched retrieval for every query of every question; returns
-        the question-query embeddings [B, d] (None without embeddings).
-
-        With explanation retrieval each query gets ``top_n`` passages; without
-        it the question query gets ``top_n * (k + 1)`` (k the explanation
-        cap), so the pool is as large as with ER. Questions that ask for the
-        same count share one retrieval call (with ER: the whole batch), so a
-        question's passages never depend on the rest of its batch."""
-        c = self.config
-        flat: list[str] = []
-        spans = []
-        for st in states:
-            qs = [*st.data["explanations"], self._question_query(st.question)]
-            spans.append((len(flat), len(flat) + len(qs)))
-            flat.extend(qs)
-        if c.explanation_retrieval:
-            counts = [c.top_n] * len(states)
-        else:
-            counts = [c.top_n * c.pool_queries(self._num_choices(st.question)) for st in states]
-        results: list[list[Passage]] = [[] for _ in flat]
-        emb_rows: list[np.ndarray | None] = [None] * len(flat)
-        for k in sorted(set(counts)):
-            rows = [i for (s, e), kb in zip(spans, counts) if kb == k for i in range(s, e)]
-            res_k, emb_k = retrieve_batch(self.source, [flat[i] for i in rows], k)
-            for j, i in enumerate(rows):
-                results[i] = res_k[j]
-                emb_rows[i] = None if emb_k is None else emb_k[j]
-        qemb = None
-        if spans and all(emb_rows[e - 1] is not None for _, e in spans):
-            qemb = np.stack([emb_rows[e - 1] for _, e in spans])
-        for st, (s, e), k in zip(states, spans, counts):
-            res_q = [list(r) for r in results[s:e]]
-            seen: set[str] = set()
-            pool: list[Passage] = []
-            for res in res_q:
-                for p in res:
-                    if p.text not in seen:
-                        seen.add(p.text)
-                        pool.append(p)
-            st.passages = pool
-            st.trace.append({
-                "stage": "retrieval", "type": "retrieve", "queries": flat[s:e], "top_n": k,
-                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in pool],
-            })
-        return qemb
-
-    def _sample(self, states: list[QuestionState], qemb: np.ndarray | None) -> list[list[list[Passage]]]:
-        """One sampler call for the batch -> per question, N subsets."""
-        from rcn_fast.sampling import sample
-
-        c = self.config
-        B = len(states)
-        counts = np.array([len(st.passages) for st in states], dtype=np.int64)
-        nmax = int(counts.max()) if B else 0
-        if nmax == 0:
-            subsets = [[[] for _ in range(c.num_subsets)] for _ in states]
-        else:
-            if qemb is not None and has_embeddings(self.source):
-                flat = [p for st in states for p in st.passages]
-                pemb = np.asarray(self.source.passage_embeddings(flat), dtype=np.float32)
-                d = pemb.shape[1]
-                cand = np.zeros((B, nmax, d), np.float32)
-                off = 0
-                for b, n in enumerate(counts):
-                    cand[b, :n] = pemb[off : off + n]
-                    off += n
-                q = np.asarray(qemb, dtype=np.float32)
-                if c.sampler_input == "normalized":
-                    q, cand = _normalize(q), _normalize(cand)
-            else:  # "random" needs no embeddings
-                q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
-            keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
-            ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_size, seed=c.seed, keys=keys,
-                         valid=counts, tau=c.sampler_tau, first=c.first, mmr_lambda=c.mmr_lambda)
-            ids = np.asarray(ids)
-            subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
-        for st, subs in zip(states, subsets):
-            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling,
-                     "subsets": [[p.id for p in s] for s in subs]}
-            if c.sampling == "relevance":
-                entry.update(tau=c.tau, score_scale=c.score_scale, sampler_tau=c.sampler_tau)
-            st.trace.append(entry)
-        return subsets
-
-    @staticmethod
-    def _subsets_repeat(subsets: list[list[Passage]]) -> bool:
-        """Whether two of a question's subsets hold the same documents."""
-        keys = [frozenset(p.text for p in s) for s in subsets]
-        return len(set(keys)) < len(keys)
-
-    def repeat_decoding(self, subset: int) -> dict[str, Any]:
-        """Decoding of extraction ``subset`` of a question whose subsets
-        repeat: nucleus sampling with its own seed (``seed`` for subset 0, a
-        hash of ``(seed, subset)`` otherwise; the draw also depends on the
-        prompt, i.e. on the question and the subset)."""
-        from rcn_fast.llm.seeded import sample_seed
-
-        c = self.config
-        return {"temperature": c.repeat_temperature, "top_p": c.repeat_top_p,
-                "seed": sample_seed(c.seed, subset)}
-
-    def _extract(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """N extractions per question. Questions whose subsets are all
-        distinct share one call with the run's decoding; with
-        ``repeat_decoding="nucleus"`` the others are decoded with nucleus
-        sampling, one call per subset index (its seed), so a question's
-        extractions differ and do not depend on the batch."""
-        c = self.config
-        P = self.prompts
-        chats = [[self._chat("knowledge_extraction", st, documents=P.format_list([p.text for p in sub]))
-                  for sub in st.data["subsets"]] for st in states]
-        sampled = [c.repeat_decoding == "nucleus" and self._subsets_repeat(st.data["subsets"]) for st in states]
-        outs: list[list[str]] = [[] for _ in states]
-        plain = runner.generate("knowledge_extraction", states,
-                                [[] if smp else cs for smp, cs in zip(sampled, chats)])
-        for b, o in enumerate(plain):
-            outs[b].extend(o)
-        if any(sampled):
-            for i in range(c.num_subsets):
-                rows = [[cs[i]] if smp and i < len(cs) else [] for smp, cs in zip(sampled, chats)]
-                if not any(rows):
-                    continue
-                got = runner.generate("knowledge_extraction", states, rows, decoding=self.repeat_decoding(i))
-                for b, o in enumerate(got):
-                    outs[b].extend(o)
-        for st, texts in zip(states, outs):
-            exts = [parse_bullets(t) for t in texts]
-            st.data["extractions"] = exts
-            entries = [t for t in st.trace if t["stage"] == "knowledge_extraction" and t["type"] == "generate"]
-            for entry, parsed in zip(entries, exts):
-                entry["parsed"] = parsed
-
-    @staticmethod
-    def _extraction_items(st: QuestionState) -> list[str]:
-        """The N extraction outputs as N items (each one's explanations
-        joined by spaces; empty outputs left out)."""
-        return [x for x in (" ".join(exps) for exps in st.data["extractions"]) if x]
-
-    def _aggregate(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """One aggregation per question: over the N extraction outputs, or
-        without extraction ("w/o KE") over every pooled passage."""
-        P = self.prompts
-        chats = []
-        for st in states:
-            if self.config.knowledge_extraction:
-                items = self._extraction_items(st)
-            else:
-                items = [p.text for p in st.passages]
-            chats.append([self._chat("knowledge_aggregation", st, explanations=P.format_list(items))])
-        outs = runner.generate("knowledge_aggregation", states, chats)
-        for st, o in zip(states, outs):
-            st.knowledge = parse_bullets(o[0])
-            st.trace[-1]["parsed"] = st.knowledge
 
 
 __all__ = ["ReConnect", "ReConnectConfig", "ABLATIONS", "ablation_settings", "SAMPLING_STRATEGIES"]

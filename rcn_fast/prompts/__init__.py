@@ -46,6 +46,7 @@ STAGE_FIELDS: dict[str, set[str]] = {
     "knowledge_aggregation": {"explanations"},
     "answer": set(),
     "answer_with_knowledge": {"knowledge"},
+    "reconnect_answer": {"knowledge"},  # ReConnect's answering prompt (paper Table 18)
     # ReConnect on open questions (no options; the answer is generated)
     "open_query_expansion": set(),
     "open_knowledge_extraction": {"documents"},

@@ -21,17 +21,17 @@ def _h(text: str) -> int:
 def stage_of(chat: list[dict]) -> str:
     """Which pipeline stage wrote a chat (read from its default-prompt wording)."""
     system = chat[0]["content"]
-    if system.startswith("Reference passages"):
+    if system.startswith(("Reference passages", "External knowledge references")):
         return "knowledge_extraction"
-    if system.startswith("Candidate explanations"):
+    if system.startswith(("Candidate explanations", "A list of explanations")):
         return "knowledge_aggregation"
     if "for the correct option a sentence" in system:
         return "silver_explanations"
     if "15 words at most" in system:
         return "example_generation"
-    if "write a list of explanations" in system:
+    if "write a list of explanations" in system or "write thorough explanations" in system:
         return "query_expansion"
-    if "Reply with the label" in system or "reply with its label" in system:
+    if "Reply with the label" in system or "reply with its label" in system or "pick the label" in system:
         return "answer"
     if system.startswith("Explanations:") and "Reply with a short answer" in system:
         return "answer"  # ReConnect's open answer (a generation)
@@ -40,7 +40,14 @@ def stage_of(chat: list[dict]) -> str:
 
 def _question_line(chat: list[dict]) -> str:
     user = [t for t in chat if t["role"] == "user"][-1]["content"]
-    return user.split("\n", 1)[0].removeprefix("Question: ").strip()
+    m = re.match(r"Question:\s*(.*)", user)  # "Question: q" or "Question:\nq"
+    return m.group(1).strip() if m else user.split("\n", 1)[0].strip()
+
+
+def _options_block(user: str) -> str | None:
+    """The text after the "Options:" / "Choices:" header (None: an open question)."""
+    m = re.search(r"^(?:Options|Choices):\n", user, re.M)
+    return user[m.end():] if m else None
 
 
 def _listed(system: str) -> list[str]:
@@ -80,10 +87,11 @@ class ScriptedLLM:
         q = _question_line(chat)
         if stage == "query_expansion":
             user = [t for t in chat if t["role"] == "user"][-1]["content"]
-            if "Options:\n" not in user:  # an open question
+            block = _options_block(user)
+            if block is None:  # an open question
                 return "\n* ".join(f"reason {i} about {q}" for i in range(1, self.n_explanations + 1)) + \
                     "\n\nA closing remark that is not an explanation."
-            opts = re.findall(r"^\S+\. (.*)$", user.split("Options:\n", 1)[1], re.M)
+            opts = re.findall(r"^\S+\. (.*)$", block.split("\n\n", 1)[0], re.M)
             lines = [f"reason {i} about {opts[(i - 1) % len(opts)]}" for i in range(1, self.n_explanations + 1)]
             return "\n* ".join(lines) + "\n\nA closing remark that is not an explanation."
         if stage == "knowledge_extraction":
