@@ -39,7 +39,7 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast._validate import check_texts
-from rcn_fast.model_files import SETTINGS_FILE, hub_offline, model_fingerprint, resolve_model_dir
+from rcn_fast.model_files import SETTINGS_FILE, model_fingerprint, resolve_model_dir
 from rcn_fast.retrieval.st_folder import (
     E5_PREFIXES,
     NO_PREFIXES,
