@@ -28,7 +28,7 @@ from rcn_fast.pipelines import (  # noqa: E402
     extract_answer,
     load_config,
 )
-from rcn_fast.pipelines.config import ACTIVERAG_AGENTS  # noqa: E402
+from rcn_fast.pipelines.activerag import ACTIVERAG_AGENTS  # noqa: E402
 from rcn_fast.pipelines.rag import combine_choice_logprobs, vote_answers  # noqa: E402
 from rcn_fast.pipelines.rag_baselines import parse_rerank  # noqa: E402
 from rcn_fast.prompts import load_prompts  # noqa: E402

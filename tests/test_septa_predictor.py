@@ -197,7 +197,11 @@ def test_predictor_trains_on_real_questions(shared_data, tmp_path):
     assert len(hist) == 8 and res["train_questions"] == 240
     assert abs(hist[0]["first_loss"] - math.log(5)) < 0.05  # starts at chance
     assert losses[-1] < losses[0] - 0.1 and losses[-1] < losses[len(losses) // 2], losses
-    assert 0.0 <= res["dev_acc"] <= 1.0  # the best dev epoch is kept (here an early one: 40 questions)
+    # the best dev epoch is kept: the returned model scores the best epoch's dev accuracy, which here is an early
+    # epoch's (measured 0.325 at epoch 2, 0.15 at the last), so keeping the last epoch would fail
+    devs = [h["dev_acc"] for h in hist]
+    assert res["dev_acc"] == max(devs), (devs, res["dev_acc"])
+    assert devs[-1] < max(devs), devs
     # without a dev split the last epoch is kept: it fits its training questions far above chance
     # (1 in 5; measured 0.66 with seed 0 and 0.63 with seed 1 on these settings)
     (d / "predictor_state.safetensors").unlink()

@@ -118,11 +118,6 @@ class CallableEncoder:
         return {"model": self.name, "dim": self.dim}
 
 
-def passages_from(items: Sequence[Any], k: int, convert: Callable[[Any, int], Passage]) -> list[Passage]:
-    """The first ``k`` framework results converted to :class:`Passage`."""
-    return [convert(x, r) for r, x in enumerate(list(items)[:k])]
-
-
 class FrameworkSource:
     """Base of the framework retrievers as rcn_fast passage sources:
     ``retrieve(queries, k) -> list[list[Passage]]`` and ``encoder`` (None
@@ -223,5 +218,5 @@ class RcnRetrieverBase:
         return out
 
 
-__all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows", "passages_from",
+__all__ = ["CallableEncoder", "FrameworkSource", "RcnRetrieverBase", "require_framework", "as_rows",
            "check_k", "check_queries", "check_rcn_retriever", "mc_or_open", "EXTRAS"]

@@ -109,18 +109,6 @@ def _hf_config(options: dict[str, Any]) -> HFConfig:
     return HFConfig(**options)
 
 
-def find_package_model(module: str) -> Path:
-    """The model inside an installed package: a ``.gguf`` file or a
-    directory holding ``config.json`` (see
-    :func:`rcn_fast.model_files.package_model`)."""
-    from rcn_fast.model_files import package_model
-
-    try:
-        return package_model(module, allow_gguf=True)
-    except ValueError as exc:
-        raise ValueError(f"spec: {exc}".replace("spec: model: ", "spec: ")) from None
-
-
 def _load_pretrained(where: str, cfg: HFConfig) -> tuple[Any, Any]:
     tf = A.require("transformers", HINT)
     tok = tf.AutoTokenizer.from_pretrained(where)

@@ -13,7 +13,6 @@ from each pipeline class's ``config_class``).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -115,29 +114,3 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
     if not isinstance(d, dict):
         raise ValueError(f"path: {path} does not hold a mapping")
     return config_from_dict(d)
-
-
-# Names this module held before each config moved beside its pipeline; still
-# importable from here (``from rcn_fast.pipelines.config import RRConfig``).
-_MOVED = {
-    "VanillaConfig": "simple", "SingleRetrievalConfig": "simple",
-    "ReConnectConfig": "reconnect", "ABLATIONS": "reconnect", "ablation_settings": "reconnect",
-    "SAMPLING_STRATEGIES": "reconnect",
-    "ZebraConfig": "zebra",
-    "SelfConsistencyConfig": "rr", "RRConfig": "rr", "CONCLUSION_WORDS": "rr", "FAITHFULNESS_FUNCTIONS": "rr",
-    "BM25_METHODS": "rr",
-    "RAGConfig": "rag",
-    "ActiveRAGConfig": "activerag", "ACTIVERAG_AGENTS": "activerag", "ACTIVERAG_ABLATIONS": "activerag",
-    "RAGVanillaConfig": "rag_baselines", "ChainOfNoteConfig": "rag_baselines", "SelfRefineConfig": "rag_baselines",
-    "SelfRerankConfig": "rag_baselines", "CoTConfig": "rag_baselines", "GuidelineConfig": "rag_baselines",
-    "SeptaConfig": "rcn_fast.septa.pipeline",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if "." not in module:
-        module = f"rcn_fast.pipelines.{module}"
-    return getattr(importlib.import_module(module), name)

@@ -39,7 +39,7 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast._validate import check_texts
-from rcn_fast.model_files import SETTINGS_FILE, hub_offline, model_fingerprint, resolve_model_dir
+from rcn_fast.model_files import SETTINGS_FILE, model_fingerprint, resolve_model_dir
 from rcn_fast.retrieval.st_folder import (
     E5_PREFIXES,
     NO_PREFIXES,
@@ -576,17 +576,4 @@ class TorchEncoder(Encoder):
             return self.module(*args).float().cpu().numpy()
 
 
-
-def __getattr__(name: str) -> Any:
-    """The ONNX names, moved to :mod:`rcn_fast.retrieval.onnx_backend`, are
-    still importable from here (loaded on first use)."""
-    if name in ("OnnxEncoder", "export_onnx", "node_assignment", "report_providers", "default_cache_dir"):
-        from rcn_fast.retrieval import onnx_backend
-
-        return getattr(onnx_backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["Encoder", "EncoderConfig", "EncoderLike", "TorchEncoder", "folder_settings", "encoder_defaults",
-           # re-exported from rcn_fast.model_files
-           "model_fingerprint", "resolve_model_dir", "hub_offline", "SETTINGS_FILE"]
+__all__ = ["Encoder", "EncoderConfig", "EncoderLike", "TorchEncoder", "folder_settings", "encoder_defaults"]

