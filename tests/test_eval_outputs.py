@@ -293,10 +293,11 @@ def _load_through_the_eval(tmp_path, gguf_path, progress: bool) -> None:
     assert Components(cfg, out).llm() is not None
 
 
-def test_no_progress_silences_the_gguf_conversion_bars(tmp_path, tiny_gguf, capfd):
+def test_no_progress_silences_the_gguf_conversion_bars(tmp_path, tiny_gguf, capfd, monkeypatch):
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as tf_logging
 
+    monkeypatch.setenv("RCN_FAST_GGUF_CACHE", "0")  # every load converts (a cached conversion draws no bars)
     bar = gguf_utils.tqdm
     _load_through_the_eval(tmp_path, tiny_gguf, progress=True)
     shown = capfd.readouterr().err

@@ -36,11 +36,12 @@ def encoder(tiny_model):
 
 @pytest.fixture(scope="module")
 def store_dir(tmp_path_factory, corpus_records, encoder):
-    # duplicate texts under new ids, to exercise dedup
+    # duplicate texts under new ids, to exercise the retriever's dedup (kept in the store: the build drops them by default)
     recs = corpus_records + [{"id": f"dup-{i}", "text": corpus_records[i]["text"]} for i in range(10)]
     src = write_jsonl(tmp_path_factory.mktemp("in") / "c.jsonl", recs)
     out = tmp_path_factory.mktemp("store") / "s"
-    build_corpus(BuildConfig(input=str(src), out=str(out), chunk_size=64), encoder, show_progress=False)
+    build_corpus(BuildConfig(input=str(src), out=str(out), chunk_size=64, keep_duplicates=True), encoder,
+                 show_progress=False)
     return out
 
 
