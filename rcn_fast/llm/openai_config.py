@@ -17,7 +17,7 @@ _PROMPT_FIELDS = ("echo", "vllm")
 
 @dataclass
 class OpenAIConfig:
-    """Client settings (plain data; see the module notes).
+    """Client settings (plain data; see :mod:`rcn_fast.llm.openai`).
 
     api_key : defaults to the ``OPENAI_API_KEY`` environment variable (sent
         only when set).

@@ -77,7 +77,9 @@ def test_an_entry_point_registers_a_backend_without_code_of_the_caller(tmp_path,
 
 
 def test_built_in_prefixes_and_what_is_not_a_backend_spec():
-    from rcn_fast.llm import openai, vllm_engine
+    from rcn_fast.llm import openai, register_backend, vllm_engine
+
+    assert register_backend is registry.register_backend  # importable where README shows load_llm
 
     assert {"openai", "vllm"} <= set(registry.backend_prefixes())
     assert registry.find_backend("openai:http://127.0.0.1:1/v1#m") == (openai.load_spec, "http://127.0.0.1:1/v1#m")
