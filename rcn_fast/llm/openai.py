@@ -171,8 +171,12 @@ class OpenAILLM(SampleBackend):
 
     @config.setter
     def config(self, value: OpenAIConfig) -> None:
+        """Swap the settings (the preflight does, for quicker retries); the
+        request dialect is fixed when the client is built."""
         if not isinstance(value, OpenAIConfig):
             raise TypeError(f"config: expected an OpenAIConfig, got {type(value).__name__}")
+        if value.prompt_logprobs_field != self.dialect.prompt_logprobs_field:
+            raise ValueError("config: prompt_logprobs_field is fixed when the client is built; build a new client")
         self.transport.config = value
 
     @property

@@ -56,3 +56,19 @@ def test_backends_do_not_import_load_llm_module(path):
         mods = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names] if isinstance(
             node, ast.Import) else []
         assert "rcn_fast.llm.load" not in mods, f"{path.name}:{node.lineno} imports rcn_fast.llm.load"
+
+
+def test_swapping_the_config_reaches_the_transport_and_keeps_the_dialect():
+    import dataclasses
+
+    from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM
+
+    llm = OpenAILLM("http://127.0.0.1:9", "m", OpenAIConfig(max_retries=6))
+    assert llm.base_url == "http://127.0.0.1:9/v1" and llm.transport.config is llm.config
+    llm.config = dataclasses.replace(llm.config, max_retries=1)  # what the preflight does for a while
+    assert llm.transport.config.max_retries == 1
+    with pytest.raises(ValueError, match="prompt_logprobs_field is fixed"):
+        llm.config = dataclasses.replace(llm.config, prompt_logprobs_field="vllm")
+    with pytest.raises(TypeError, match="config: expected an OpenAIConfig"):
+        llm.config = {"max_retries": 1}
+    assert llm.capabilities.token_prompts is None and llm.served_info is None  # nothing asked yet
