@@ -1,8 +1,10 @@
 """The LLM layer: one protocol, several backends, label scoring and a cache.
 
 * :func:`load_llm` -- a model directory, ``.gguf`` file, installed model
-  package, hub id, ``"openai:<url>#<model>"`` server or ``(model, tokenizer)``
-  pair -> an :class:`LLM`.
+  package, hub id, ``"openai:<url>#<model>"`` server, ``"vllm:<model>"``,
+  any ``"<prefix>:..."`` registered with :func:`register_backend`
+  (:mod:`rcn_fast.llm.registry`) or ``(model, tokenizer)`` pair -> an
+  :class:`LLM`.
 * :class:`LLM` -- ``generate(chats, ...)`` and ``label_logprobs(chats, labels)``;
   a final assistant turn in a chat is a pre-fill the model continues.
 * :func:`choice_logprobs` / :func:`choice_logprobs_from_hidden` -- the
@@ -28,6 +30,7 @@ from rcn_fast.llm.chat import render_chat, validate_chats
 
 _LAZY = {
     "load_llm": ("rcn_fast.llm.load", "load_llm"),
+    "register_backend": ("rcn_fast.llm.registry", "register_backend"),
     "HFLLM": ("rcn_fast.llm.hf", "HFLLM"),
     "HFConfig": ("rcn_fast.llm.hf", "HFConfig"),
     "OpenAILLM": ("rcn_fast.llm.openai", "OpenAILLM"),

@@ -9,6 +9,8 @@ from typing import Any
 from rcn_fast import _arrays as A
 from rcn_fast.llm.base import LLM
 from rcn_fast.llm.hf import HINT, HFConfig, HFLLM
+from rcn_fast.llm.registry import find_backend
+from rcn_fast.llm.tokenizer import resolve_spec
 
 _HF_OPTIONS = set(HFConfig.__dataclass_fields__)
 
@@ -27,6 +29,8 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
           SGLang, llama.cpp server, ``python -m rcn_fast.serve``);
         * ``"vllm:<model>"``: vLLM's offline engine in this process (GPU);
+        * ``"<prefix>:<rest>"`` of any backend registered with
+          :func:`rcn_fast.llm.registry.register_backend` (or an entry point);
         * a Hugging Face hub id (read from the local cache when
           ``HF_HUB_OFFLINE=1``);
         * an already-built ``(model, tokenizer)`` pair, or an LLM (returned
@@ -35,7 +39,8 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         Local backend: the fields of :class:`HFConfig` (``dtype``,
         ``device``, ``batch_size``, ``attn_implementation``, ``scoring``,
         ``label_spellings``, ``scoring_backend``). OpenAI backend: the
-        fields of :class:`~rcn_fast.llm.openai.OpenAIConfig`. Any backend:
+        fields of :class:`~rcn_fast.llm.openai.OpenAIConfig`. Other prefixes: what
+        their loader takes. Any backend:
         ``cache`` (a directory, a ``.sqlite`` path or a
         :class:`~rcn_fast.llm.cache.CallCache`) to answer repeated calls
         from the sqlite call cache.
@@ -68,19 +73,12 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"spec: expected a model path, hub id, 'openai:URL#MODEL' or a (model, tokenizer) pair, got {type(spec).__name__}")
-    if spec.startswith("openai:"):
-        from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM
-
-        url, sep, model = spec[len("openai:") :].partition("#")
-        if not url or not sep or not model:
-            raise ValueError(f"spec: expected 'openai:<base_url>#<model>', got {spec!r}")
-        return OpenAILLM(url, model, OpenAIConfig(**options))
-    if spec.startswith("vllm:"):
-        from rcn_fast.llm.vllm_engine import VLLMEngine
-
-        return VLLMEngine(spec[len("vllm:") :], **options)
+    found = find_backend(spec)  # "<prefix>:<rest>" of a registered backend (rcn_fast/llm/registry.py)
+    if found is not None:
+        loader, rest = found
+        return loader(rest, **options)
     cfg = _hf_config(options)
-    path = _resolve(spec)
+    path = resolve_spec(spec)
     if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/gguf_cache.py)
         from rcn_fast.llm.gguf_cache import load_gguf_cached
 
@@ -88,18 +86,6 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         return HFLLM(model, tok, name=str(path), config=cfg)
     model, tok = _load_pretrained(str(path), cfg)
     return HFLLM(model, tok, name=spec[len("package:"):] if spec.startswith("package:") else spec, config=cfg)
-
-
-def _resolve(spec: str) -> Path:
-    """A model directory or .gguf file for ``spec`` (a directory, .gguf
-    file, ``package:<module>`` or hub id), resolved as every rcn_fast
-    component resolves models (:func:`rcn_fast.model_files.resolve_model_path`)."""
-    from rcn_fast.model_files import resolve_model_path
-
-    try:
-        return resolve_model_path(spec, allow_gguf=True)
-    except ValueError as exc:
-        raise ValueError(f"spec: {exc}".replace("spec: model: ", "spec: ")) from None
 
 
 def _hf_config(options: dict[str, Any]) -> HFConfig:
@@ -152,20 +138,3 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
         model.tie_weights()
         model = model.to(dtype)
     return model.to(cfg.resolved_device()).eval(), tok
-
-
-def load_tokenizer(spec: str) -> Any:
-    """Only the tokenizer of a model directory, ``.gguf`` file,
-    ``package:<module>`` or hub id (used to render chats client-side)."""
-    tf = A.require("transformers", HINT)
-    if not isinstance(spec, str) or not spec:
-        raise TypeError(f"tokenizer: expected a path or hub id, got {spec!r}")
-    given = Path(spec).expanduser()
-    # a folder holding only tokenizer files (no config.json) is a tokenizer too
-    path = given if given.is_dir() else _resolve(spec)
-    if path.is_file():  # a .gguf file (its converted copy when cached)
-        from rcn_fast.llm.gguf_cache import cached_tokenizer
-
-        cached = cached_tokenizer(path)
-        return cached if cached is not None else tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return tf.AutoTokenizer.from_pretrained(str(path))

@@ -27,56 +27,16 @@ agree on the probe to 0.1 and report the same ``/v1/models`` fields.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
-import os
-import socket
 from typing import Any
 
-from rcn_fast.llm.openai_responses import ServerError, error_message, top_chat, top_completion
+from rcn_fast.llm.openai_responses import ServerError, top_chat, top_completion
 
 #: The fixed probe prompt and how many top log-probs it reads.
 PROBE_PROMPT = "The capital of France is"
 PROBE_TOP = 5
 #: ``/v1/models`` fields that describe the served model.
 MODEL_FIELDS = ("id", "root", "parent", "owned_by", "max_model_len", "meta")
-
-
-def get_json(llm: Any, route: str, timeout: float) -> tuple[int, Any]:
-    """One ``GET`` of ``llm.base_url + route`` (no retries).
-
-    Returns
-    -------
-    (status, decoded JSON or None when the body is not JSON)
-
-    Raises
-    ------
-    ServerError
-        The server cannot be reached (refused, timed out, dropped); the
-        message names the URL and the cause.
-    """
-    cls = http.client.HTTPSConnection if llm._https else http.client.HTTPConnection
-    conn = cls(llm._host, llm._port, timeout=timeout)
-    headers = {"Accept": "application/json"}
-    key = llm.config.api_key or os.environ.get("OPENAI_API_KEY")
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    url = llm.base_url + route
-    try:
-        conn.request("GET", llm._path + route, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read()
-        status = resp.status
-    except (http.client.HTTPException, OSError, socket.timeout) as exc:
-        raise ServerError(f"{url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
-    finally:
-        conn.close()
-    if status >= 400:
-        return status, {"error": error_message(raw)}
-    try:
-        return status, json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return status, None
 
 
 def models_entry(llm: Any, timeout: float) -> dict[str, Any]:
@@ -90,7 +50,7 @@ def models_entry(llm: Any, timeout: float) -> dict[str, Any]:
         among those listed, ``{"status": N}`` when the route answers an
         HTTP error, ``{"unreadable": True}`` for an answer of another shape.
     """
-    status, body = get_json(llm, "/models", timeout)
+    status, body = llm.transport.get_json("/models", timeout)
     if status >= 400:
         if status in (401, 403):
             raise ServerError(f"{llm.base_url}/models: HTTP {status}: {body['error']} (check api_key / "
@@ -113,7 +73,7 @@ def probe_logprobs(llm: Any) -> list[list[Any]] | None:
     fields = {"max_tokens": 1, "temperature": 0.0}
     top = None
     try:
-        out = llm._post("/completions", {"model": llm.model, "prompt": PROBE_PROMPT, "logprobs": PROBE_TOP, **fields})
+        out = llm.transport.post("/completions", {"model": llm.model, "prompt": PROBE_PROMPT, "logprobs": PROBE_TOP, **fields})
         ch = out.get("choices")
         if isinstance(ch, list) and ch and isinstance(ch[0], dict):
             top = top_completion(ch[0])
@@ -122,7 +82,7 @@ def probe_logprobs(llm: Any) -> list[list[Any]] | None:
             raise
     if top is None:
         try:
-            out = llm._post("/chat/completions", {"model": llm.model, "messages": [
+            out = llm.transport.post("/chat/completions", {"model": llm.model, "messages": [
                 {"role": "user", "content": PROBE_PROMPT}], "logprobs": True, "top_logprobs": PROBE_TOP, **fields})
             top = top_chat(out)
         except ServerError as exc:
@@ -141,21 +101,11 @@ def served_identity(llm: Any, timeout: float | None = None) -> dict[str, Any]:
     return {"models": models_entry(llm, t), "probe": probe_logprobs(llm)}
 
 
-def served_digest(llm: Any) -> str:
-    """12 hex digits of :func:`served_identity`, asked once per client
-    (kept on it; thread-safe)."""
-    got = getattr(llm, "_served_digest", None)
-    if got is not None:
-        return got
-    with llm._identity_lock:
-        got = getattr(llm, "_served_digest", None)
-        if got is None:
-            info = served_identity(llm)
-            llm._served_info = info
-            got = hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:12]
-            llm._served_digest = got
-    return got
+def served_digest(info: dict[str, Any]) -> str:
+    """12 hex digits of :func:`served_identity`'s answer (the client asks
+    it once and keeps both, :attr:`rcn_fast.llm.openai.OpenAILLM.identity`)."""
+    return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-__all__ = ["PROBE_PROMPT", "PROBE_TOP", "MODEL_FIELDS", "get_json", "models_entry", "probe_logprobs",
+__all__ = ["PROBE_PROMPT", "PROBE_TOP", "MODEL_FIELDS", "models_entry", "probe_logprobs",
            "served_identity", "served_digest"]

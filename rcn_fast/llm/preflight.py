@@ -112,7 +112,7 @@ def _check_server(llm: Any, label_scoring: bool, timeout: float) -> None:
     if label_scoring:
         _check_scoring(llm)
     llm.identity  # noqa: B018 - asks the server once (then kept); the call cache keys on it
-    if label_scoring and (getattr(llm, "_served_info", None) or {}).get("probe") is None:
+    if label_scoring and (llm.served_info or {}).get("probe") is None:
         raise PreflightError(f"{where}: the server returns no next-token log-probs (asked with logprobs / "
                              f"top_logprobs), which label scoring needs; use a server that returns them (vLLM, "
                              f"SGLang, llama.cpp, rcn_fast.serve)")
@@ -124,14 +124,14 @@ def _check_name(llm: Any, models: dict[str, Any]) -> None:
         return
     listed = models["listed"]
     try:
-        llm._post("/chat/completions", {"model": llm.model, "messages": [{"role": "user", "content": "Hi"}],
-                                        "max_tokens": 1, "temperature": 0.0}, probe=True)
+        llm.transport.post("/chat/completions", {"model": llm.model, "messages": [{"role": "user", "content": "Hi"}],
+                                                 "max_tokens": 1, "temperature": 0.0}, probe=True)
     except ServerError as exc:
         if exc.status is not None and 400 <= exc.status < 500 and exc.status not in (401, 403, 429):
             raise PreflightError(f"model {llm.base_url}#{llm.model}: the server does not serve {llm.model!r} "
                                  f"(it lists {listed}; it answered: {exc}); use one of those names after '#'") from None
         raise
-    llm._warn_once("name", f"{llm.base_url}: {llm.model!r} is not among the models the server lists ({listed}), "
+    llm.warn_once("name", f"{llm.base_url}: {llm.model!r} is not among the models the server lists ({listed}), "
                            f"but it answers requests with that name (it ignores the name)")
 
 
@@ -139,25 +139,24 @@ def _check_scoring(llm: Any) -> None:
     """What ``label_logprobs`` needs from the server, probed once."""
     chat = [{"role": "user", "content": "Name a letter."}, {"role": "assistant", "content": "Letter: "}]
     if llm.uses_tokens:
-        prefix = llm._ids(chat)
+        prefix = llm.encode_chat(chat)
         token = llm.label_ids_for(["A"])[0][0]
         if llm.config.label_scoring != "top_logprobs":
-            llm._probe_exact(prefix, token)
-            if not llm._exact and llm.config.label_scoring == "prompt_logprobs":
+            if not llm.prober.exact(prefix, token) and llm.config.label_scoring == "prompt_logprobs":
+                why = llm.capabilities.exact_why
                 raise PreflightError(f"model {llm.base_url}#{llm.model}: label_scoring='prompt_logprobs' but the "
-                                     f"server returns no prompt log-probs for token-id prompts ({llm._exact_why}); "
+                                     f"server returns no prompt log-probs for token-id prompts ({why}); "
                                      f"use label_scoring='auto' or a server with prompt log-probs (vLLM, SGLang, "
                                      f"rcn_fast.serve)")
         else:
-            with llm._lock:
-                llm._check_token_prompts(prefix)
+            llm.prober.token_prompts(prefix)
         return
     if llm.config.label_scoring == "prompt_logprobs":
         raise PreflightError(f"model {llm.base_url}#{llm.model}: label_scoring='prompt_logprobs' needs token-id "
                              f"prompts, so a tokenizer (tokenizer=) and mode 'auto' or 'completions'; got "
                              f"mode={llm.config.mode!r}")
-    if llm._tokenizer is None:
-        llm._probe_prefill()
+    if llm.tokenizer is None:
+        llm.prober.prefill()
 
 
 __all__ = ["PreflightError", "preflight", "DEFAULT_TIMEOUT"]

@@ -8,7 +8,8 @@ prompts are identical across backends and vLLM never adds special tokens
 to them (``LLM.generate`` on rendered *text* would add a second BOS to
 Llama-3 prompts).
 
-Label scoring is exact: each label spelling ``t`` scores ``log p(t |
+Label scoring is exact (:mod:`rcn_fast.llm.label_scoring`, shared with the
+OpenAI-compatible client): each label spelling ``t`` scores ``log p(t |
 prefix)``, read from the next-token top-``top_logprobs`` log-probs (keyed
 by token id) where ``t`` is among them, else from the prompt log-prob of
 ``prefix + [t]`` (``prompt_logprobs=0``, which returns the prompt token's
@@ -29,7 +30,8 @@ import numpy as np
 
 from rcn_fast import _arrays as A
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm import scoring
+from rcn_fast.llm import label_scoring
+from rcn_fast.llm import labels as labels_mod
 from rcn_fast.llm.base import (
     Cost,
     CostTracker,
@@ -37,9 +39,7 @@ from rcn_fast.llm.base import (
     GenerationParams,
     SampleBackend,
     check_tags,
-    logsumexp,
     normalise_labels,
-    pad_rows,
     sample_costs,
 )
 from rcn_fast.llm.seeded import sample_seed
@@ -76,6 +76,7 @@ class VLLMEngine(SampleBackend):
         self.label_spellings = tuple(label_spellings)
         self.engine_kwargs = dict(engine_kwargs)
         self.cost = CostTracker()
+        self._weights: str | None = None  # the weights' fingerprint, hashed on first use
         self.system_role = chatlib.template_supports_system(self.tokenizer) if chatlib.has_chat_template(self.tokenizer) else True
 
     @property
@@ -88,7 +89,7 @@ class VLLMEngine(SampleBackend):
         cache; hashed once per process), or ``unresolved`` when the name
         resolves to no local folder."""
         kw = ",".join(f"{k}={v}" for k, v in sorted(self.engine_kwargs.items()))
-        if getattr(self, "_weights", None) is None:
+        if self._weights is None:
             self._weights = _weights_fingerprint(self.name)
         return f"vllm:{self.name}:{kw}:{','.join(self.label_spellings)}:{self._weights}"
 
@@ -132,30 +133,26 @@ class VLLMEngine(SampleBackend):
         if not valid:
             return np.zeros((0, 0), dtype=np.float32)
         ids = self._prompts(valid)
-        spell = [scoring.label_token_ids(self.tokenizer, row, self.label_spellings) for row in rows]
+        spell = [labels_mod.label_token_ids(self.tokenizer, row, self.label_spellings) for row in rows]
         sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, logprobs=self.top_logprobs)
         outs = self.engine.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
-        vals: dict[tuple[int, int], float] = {}
-        for b, out in enumerate(outs):
-            top = out.outputs[0].logprobs[0]  # {token_id: Logprob}
-            for ts in spell[b]:
-                for t in ts:
-                    if t in top:
-                        vals[(b, t)] = float(top[t].logprob)
-        missing = list(dict.fromkeys((b, t) for b, row in enumerate(spell) for ts in row for t in ts if (b, t) not in vals))
-        if missing:
+        tops = [{t: float(v.logprob) for t, v in out.outputs[0].logprobs[0].items()} for out in outs]
+
+        def prompt_logprobs(missing: list[tuple[int, int]]) -> list[float]:
             sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
             outs = self.engine.generate([{"prompt_token_ids": ids[b] + [t]} for b, t in missing], sp, use_tqdm=False)
-            for (b, t), out in zip(missing, outs):
-                vals[(b, t)] = float(out.prompt_logprobs[-1][t].logprob)
-        raw = [[logsumexp([vals[(b, t)] for t in ts]) for ts in row] for b, row in enumerate(spell)]
-        scoring.check_label_scores(raw, rows, self.identity, tags)  # NaN, +inf, positive: the question fails
-        res = []
-        for scores in raw:
-            z = logsumexp(scores)
-            res.append([x - z for x in scores])
+            return [float(out.prompt_logprobs[-1][t].logprob) for (_, t), out in zip(missing, outs)]
+
+        raw = label_scoring.exact_label_scores(spell, tops, prompt_logprobs)
+        res = label_scoring.finish_label_scores(raw, rows, self.identity, tags)
         self.cost.record_rows([Cost(1, len(p), 0) for p in ids], tags)
-        return pad_rows(res)
+        return res
+
+
+def load_spec(rest: str, **options: Any) -> VLLMEngine:
+    """The ``vllm:<model>`` backend of :func:`rcn_fast.llm.load_llm`
+    (``options``: :class:`VLLMEngine`'s keyword arguments)."""
+    return VLLMEngine(rest, **options)
 
 
 def _weights_fingerprint(name: str) -> str:

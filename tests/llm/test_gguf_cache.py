@@ -158,7 +158,7 @@ def test_cache_off_and_unwritable_cache_still_load(gguf_file, cache, conversions
 
 
 def test_load_tokenizer_reads_the_cached_tokenizer(gguf_file, cache, conversions, monkeypatch):
-    from rcn_fast.llm.load import load_tokenizer
+    from rcn_fast.llm.tokenizer import load_tokenizer
 
     llm = load_llm(str(gguf_file), device="cpu")
     import transformers

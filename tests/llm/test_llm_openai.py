@@ -264,7 +264,7 @@ def test_server_without_logprobs_is_a_runtime_error(server, tiny_llama_dir):
 def test_tokenizer_is_loaded_once_before_requests_fan_out(server, tiny_llama_dir, monkeypatch):
     import time
 
-    import rcn_fast.llm.load as load_mod
+    import rcn_fast.llm.tokenizer as load_mod
 
     calls = []
     real = load_mod.load_tokenizer
@@ -435,7 +435,7 @@ def test_identity_names_what_changes_results(server, tiny_llama_dir):
 
 def test_bad_settings_are_clear_errors(server):
     with pytest.raises(ServerError, match="HTTP 400"):  # a request the server rejects (4xx) is not retried
-        client(server)._post("/chat/completions", {"model": "tiny", "messages": [], "max_tokens": 1})
+        client(server).transport.post("/chat/completions", {"model": "tiny", "messages": [], "max_tokens": 1})
     with pytest.raises(ValueError, match="tokenizer: mode='completions'"):
         OpenAILLM("http://127.0.0.1:1/v1", "not a path", OpenAIConfig(mode="completions"))
     with pytest.raises(ValueError, match="base_url"):
