@@ -73,7 +73,8 @@ import numpy as np
 from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast._arrays import require
 from rcn_fast.model_files import SETTINGS_FILE, resolve_model_dir
-from rcn_fast.retrieval.encoder import _model_settings, _pooled_module, _TORCH_HINT
+from rcn_fast.retrieval.encoders.base import TORCH_HINT, saved_settings
+from rcn_fast.retrieval.encoders.torch import model_inputs, pooled_module
 
 logger = logging.getLogger("rcn_fast.retrieval")
 MODES = ("explanation", "concept")
@@ -435,7 +436,7 @@ def multi_positive_nce(q: Any, p: Any, pos: Any, excl: Any, temperature: float, 
     -------
     scalar tensor: the mean over the queries.
     """
-    torch = require("torch", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
     if form not in LOSSES:
         raise ValueError(f"form: expected one of {list(LOSSES)}, got {form!r}")
     if not (isinstance(temperature, (int, float)) and temperature > 0):
@@ -459,7 +460,7 @@ def multi_positive_nce(q: Any, p: Any, pos: Any, excl: Any, temperature: float, 
 
 # ---------------------------------------------------------------------- train
 def _resolve_settings(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
-    stored = _model_settings(base_dir)
+    stored = saved_settings(base_dir)
     defaults = {"pooling": "mean", "normalize": True, "query_prefix": "query: ", "passage_prefix": "passage: "}
     d = cfg.to_dict()
     for k, v in defaults.items():
@@ -469,7 +470,7 @@ def _resolve_settings(cfg: TrainConfig, base_dir: Path) -> TrainConfig:
 
 
 def _encode(tok: Any, module: Any, texts: list[str], prefix: str, cfg: TrainConfig, names: tuple, device: Any) -> Any:
-    torch = require("torch", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
     b = tok([prefix + t for t in texts], truncation=True, max_length=cfg.max_length, padding=True,
             return_tensors="pt")
     args = [b[n].to(device) if n in b else torch.zeros_like(b["input_ids"]).to(device) for n in names]
@@ -482,7 +483,7 @@ def _encode(tok: Any, module: Any, texts: list[str], prefix: str, cfg: TrainConf
 def _batch_loss(groups: list[Group], batch: Any, tok: Any, module: Any, cfg: TrainConfig, names: tuple,
                 device: Any) -> tuple[Any, int]:
     """(mean loss tensor or None, number of queries) of one batch."""
-    torch = require("torch", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
     qt, pt, pos, excl = batch_tensors(groups, batch)
     if not qt:
         return None, 0
@@ -497,7 +498,7 @@ def validation_loss(groups: list[Group], tok: Any, module: Any, cfg: TrainConfig
                     device: Any) -> float:
     """Mean per-query loss over the validation groups (fixed batches, no
     gradient, dropout off)."""
-    torch = require("torch", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
     was_training = module.training
     module.eval()
     total, n = 0.0, 0
@@ -542,8 +543,8 @@ def train(config: TrainConfig, *, stop_after: int | None = None, show_progress: 
     (the step whose model is the result; None without validation),
     ``out``.
     """
-    torch = require("torch", _TORCH_HINT)
-    transformers = require("transformers", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
+    transformers = require("transformers", TORCH_HINT)
     base_dir = resolve_model_dir(config.base)
     cfg = _resolve_settings(config, base_dir)
     out = Path(cfg.out)
@@ -583,10 +584,9 @@ def train(config: TrainConfig, *, stop_after: int | None = None, show_progress: 
     if cfg.gradient_checkpointing:  # renamed in transformers 5
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.train()
-    from rcn_fast.retrieval.encoder import _model_inputs
 
-    names = _model_inputs(model)
-    module = _pooled_module(model, cfg.pooling, names)
+    names = model_inputs(model)
+    module = pooled_module(model, cfg.pooling, names)
     module.train()
     per_epoch = [len(make_batches(groups, e, cfg)) for e in range(cfg.epochs)] if cfg.epochs else []
     total = min(x for x in (cfg.max_steps, sum(per_epoch) if cfg.epochs else None) if x is not None)
@@ -706,7 +706,7 @@ def _save_model(d: Path, model: Any, tok: Any) -> None:
 
 def _save_checkpoint(ckpt: Path, model: Any, tok: Any, opt: Any, sched: Any, cfg: TrainConfig, step: int,
                      epoch: int, batch_pos: int, best: dict[str, Any], val_losses: list) -> None:
-    torch = require("torch", _TORCH_HINT)
+    torch = require("torch", TORCH_HINT)
     tmp = ckpt.with_name(f".checkpoint.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
