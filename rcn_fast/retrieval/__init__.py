@@ -3,8 +3,9 @@ ONNX Runtime, one :func:`load_encoder`), indexes (``index.py``:
 :class:`FlatIndex`, :class:`FaissIndex`), the on-disk corpus store (its
 reader and writer in ``store.py``) and its resumable build, the
 :class:`Retriever` (encoder + store + an index passed in), retriever
-training, and every protocol in ``protocols.py``. Heavy dependencies (torch, transformers, onnxruntime) are imported
-only when a component that needs them is built.
+training, and every protocol in ``protocols.py``. Heavy dependencies
+(torch, transformers, onnxruntime, faiss) are imported only when a
+component that needs them is built.
 """
 
 from __future__ import annotations

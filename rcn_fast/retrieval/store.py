@@ -11,7 +11,7 @@ A store is a directory::
     ids.bin              UTF-8 ids back to back;   id_offsets.npy   int64 [count+1]
     id_table.npy         int64 open-addressing hash table id -> row (-1 = empty)
     faiss/               trained faiss indexes, when the faiss backend built any
-                         (``<factory>-<key>.faiss``; see retriever.faiss_index)
+                         (``<factory>-<key>.faiss``; see index.faiss_index)
 
 Every file is memory-mapped on open, so opening a 20M-passage store costs
 no reading; lookups by row are two offset reads, lookups by id one hash and
