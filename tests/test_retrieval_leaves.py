@@ -181,3 +181,32 @@ def test_store_writer_and_reader_live_in_one_module():
     writers = [f.relative_to(ROOT).as_posix() for f in sorted((ROOT / "rcn_fast").rglob("*.py"))
                if '"text_offsets.npy"' in f.read_text(encoding="utf-8")]
     assert writers == ["rcn_fast/retrieval/store.py"]
+
+
+# -------------------------------------------------------------------- imports
+def test_no_import_circle_under_retrieval_at_any_level():
+    """No module under rcn_fast/retrieval/ reaches itself back through
+    imports, function-level ones included (the ONNX encoder and the base
+    encoder imported each other before)."""
+    from tests.test_architecture import all_imports, module_name
+
+    modules, found = all_imports()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in found:
+        if imp.target in modules:
+            graph[module_name(ROOT / imp.file)].add(imp.target)
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            if x == b:
+                return True
+            if x not in seen:
+                seen.add(x)
+                todo += graph[x]
+        return False
+
+    circles = [(m, t) for m in sorted(modules) if m.startswith("rcn_fast.retrieval")
+               for t in sorted(graph[m]) if t.startswith("rcn_fast.retrieval") and reaches(t, m)]
+    assert not circles

@@ -241,6 +241,43 @@ def folder_settings(model: str | os.PathLike[str], model_dir: str | os.PathLike[
 
 
 # -------------------------------------------------------------------- encoder
+#: backend name -> the Encoder subclass that runs it (filled as the backend
+#: modules define their classes; the encoders package imports them all)
+_REGISTRY: dict[str, type["Encoder"]] = {}
+
+
+def load_encoder(config: EncoderConfig | dict[str, Any], *, verify_export: bool = False) -> "Encoder":
+    """Build the encoder a config describes: the one place a config becomes
+    an encoder (``Encoder.from_config`` and ``Encoder.from_pretrained``
+    call it).
+
+    Parameters
+    ----------
+    config : EncoderConfig or dict
+        A dict is read with :meth:`EncoderConfig.from_dict` (unknown keys
+        are an error).
+    verify_export : bool
+        ONNX: rehash every file of the cached export (see
+        :func:`rcn_fast.retrieval.encoders.onnx.export_onnx`); ignored by
+        the torch backend.
+
+    Returns
+    -------
+    Encoder
+        The subclass registered for ``config.backend``: a ``TorchEncoder``
+        (``"torch"``) or an ``OnnxEncoder`` (``"onnx"``).
+    """
+    if isinstance(config, dict):
+        config = EncoderConfig.from_dict(config)
+    if not isinstance(config, EncoderConfig):
+        raise TypeError(f"config: expected EncoderConfig or dict, got {type(config).__name__}")
+    cls = _REGISTRY.get(config.backend)
+    if cls is None:  # only when a backend module was not imported
+        raise ValueError(f"backend: no encoder class registered for {config.backend!r} (registered: "
+                         f"{sorted(_REGISTRY)}); import rcn_fast.retrieval.encoders")
+    return cls.open(config, verify_export=verify_export)
+
+
 class Encoder:
     """Base class and factory of the default encoders.
 
@@ -258,6 +295,14 @@ class Encoder:
     """
 
     config: EncoderConfig
+    #: the ``EncoderConfig.backend`` a subclass runs (set by each backend's class)
+    backend: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("backend")
+        if name is not None:
+            _REGISTRY[name] = cls
 
     def __init__(self, config: EncoderConfig) -> None:
         self.model_dir = resolve_model_dir(config.model, local_files_only=config.local_files_only)
@@ -348,9 +393,13 @@ class Encoder:
         """Build the encoder a config describes (a dict is read with
         :meth:`EncoderConfig.from_dict`); ``verify_export``: see
         :meth:`from_pretrained`."""
-        from rcn_fast.retrieval.encoders import load_encoder
-
         return load_encoder(config, verify_export=verify_export)
+
+    @classmethod
+    def open(cls, config: EncoderConfig, *, verify_export: bool = False) -> "Encoder":
+        """Construct this backend's encoder (what :func:`load_encoder`
+        calls); ``verify_export`` matters to the ONNX backend only."""
+        return cls(config)
 
     # ------------------------------------------------------------ properties
     @property
@@ -482,5 +531,5 @@ class Encoder:
                 f"normalize={c.normalize}, prefixes=({c.query_prefix!r}, {c.passage_prefix!r}))")
 
 
-__all__ = ["BACKENDS", "POOLINGS", "TORCH_HINT", "ONNX_HINT", "EXPORT_VERSION", "FOLDER_KEYS", "Encoder",
+__all__ = ["load_encoder", "BACKENDS", "POOLINGS", "TORCH_HINT", "ONNX_HINT", "EXPORT_VERSION", "FOLDER_KEYS", "Encoder",
            "EncoderConfig", "folder_settings", "saved_settings", "encoder_defaults"]

@@ -376,6 +376,13 @@ class OnnxEncoder(Encoder):
     file).
     """
 
+    backend = "onnx"
+
+    @classmethod
+    def open(cls, config: EncoderConfig, *, verify_export: bool = False) -> "OnnxEncoder":
+        """See :meth:`Encoder.open`; ``verify_export``: rehash the export."""
+        return cls(config, verify_export=verify_export)
+
     def __init__(self, config: EncoderConfig, *, verify_export: bool = False) -> None:
         super().__init__(config)
         config = self.config  # with the folder's settings filled in

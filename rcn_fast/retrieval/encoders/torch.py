@@ -66,6 +66,8 @@ def load_hf_model(model_dir: Path) -> Any:
 class TorchEncoder(Encoder):
     """The encoder run by PyTorch (CPU or CUDA)."""
 
+    backend = "torch"
+
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__(config)
         config = self.config  # with the folder's settings filled in
