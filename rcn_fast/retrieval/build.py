@@ -37,7 +37,8 @@ from typing import Any
 from rcn_fast.retrieval.conventions import DEDUP, detect_text_field, first_in_chunk
 from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
 from rcn_fast.retrieval.store import (
-    DATA_FILES, CorpusStore, chunk_name, read_manifest, write_chunk, write_json_atomic, write_store,
+    CHUNK_GLOB, DATA_FILES, FLAT_INDEX_HEADER, MANIFEST, CorpusStore, chunk_name, read_manifest, write_chunk,
+    write_json_atomic, write_store,
 )
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -215,8 +216,8 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     parts = out / "parts"
     state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder_desc.get("model_dir")}
 
-    if (out / "manifest.json").is_file():
-        manifest = read_manifest(out / "manifest.json")
+    if (out / MANIFEST).is_file():
+        manifest = read_manifest(out / MANIFEST)
         built = manifest.get("build") if isinstance(manifest.get("build"), dict) else {}
         diff = _diff({k: built.get(k) for k in spec if k != "num_shards"},
                      {k: v for k, v in spec.items() if k != "num_shards"})
@@ -249,7 +250,7 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     parts.mkdir(exist_ok=True)
     for stale in parts.glob(".*.tmp*"):  # a chunk that was being written when killed
         stale.unlink(missing_ok=True)
-    done_before = {p.name for p in parts.glob("chunk-*.npz")}
+    done_before = {p.name for p in parts.glob(CHUNK_GLOB)}
     if done_before:
         logger.warning("resuming %s: %d chunk(s) already done, skipping them", out, len(done_before))
     mine = [s.chunk for s in spans if s.chunk % cfg.num_shards == cfg.shard_id]
@@ -342,8 +343,8 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
 def _clear_build(out: Path) -> bool:
     """Delete what a build or store left in ``out`` (and nothing else);
     returns whether ``out`` held a build or store."""
-    found = any((out / name).is_file() for name in ("manifest.json", "build.json", "shard.json"))
-    for name in ("manifest.json", "index.json", "build.json", "shard.json", *DATA_FILES):
+    found = any((out / name).is_file() for name in (MANIFEST, "build.json", "shard.json"))
+    for name in (MANIFEST, FLAT_INDEX_HEADER, "build.json", "shard.json", *DATA_FILES):
         (out / name).unlink(missing_ok=True)
     for stale in out.glob(".*.tmp"):
         stale.unlink(missing_ok=True)
@@ -392,7 +393,7 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
     files = {}
     for d, info in zip(shard_dirs, infos):
         for c in info["chunks"]:
-            p = Path(d) / "parts" / f"chunk-{c:08d}.npz"
+            p = Path(d) / "parts" / chunk_name(c)
             if not p.is_file():
                 raise ValueError(f"shard_dirs: {d} lacks {p.name}")
             files[c] = p
@@ -400,7 +401,7 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
         raise ValueError(f"shard_dirs: chunks {sorted(set(range(n_chunks)) - set(files))} are missing")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "manifest.json").exists():
+    if (out / MANIFEST).exists():
         raise ValueError(f"out: {out} already holds a corpus store")
     return write_store(out, [files[c] for c in range(n_chunks)], spec,
                      model_dir=infos[0].get("encoder_model_dir"), shards=S)

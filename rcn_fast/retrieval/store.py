@@ -40,6 +40,9 @@ logger = logging.getLogger("rcn_fast.retrieval")
 FORMAT = "rcn_fast.CorpusStore/1"
 FLAT_INDEX_FORMAT = "rcn_fast.FlatIndex/1"  # the header FlatIndex.load reads
 DATA_FILES = ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy", "id_table.npy")
+MANIFEST = "manifest.json"  # written last: its presence marks a finished store
+FLAT_INDEX_HEADER = "index.json"
+CHUNK_GLOB = "chunk-*.npz"  # the chunk files a build leaves in parts/ (see chunk_name)
 
 
 # ----------------------------------------------------------------- id hashing
@@ -149,7 +152,7 @@ class CorpusStore:
             with the manifest. The message names the files.
         """
         path = Path(path)
-        mf = path / "manifest.json"
+        mf = path / MANIFEST
         if not mf.is_file():
             hint = ""
             if (path / "shard.json").is_file():
@@ -427,7 +430,7 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
             np.save(f, arr)
     for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
         os.replace(out / f".{name}.tmp", out / name)
-    write_json_atomic(out / "index.json", {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
+    write_json_atomic(out / FLAT_INDEX_HEADER, {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
                                            "dtype": dtype, "count": n})
     files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
              for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy",
@@ -440,7 +443,7 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         "duplicates_dropped": dropped if spec.get("dedup") else None,
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    write_json_atomic(out / "manifest.json", manifest)
+    write_json_atomic(out / MANIFEST, manifest)
     logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
     return CorpusStore.open(out)
 
@@ -464,4 +467,5 @@ def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -
 
 
 __all__ = ["CorpusStore", "build_id_table", "id_hash", "FORMAT", "read_manifest", "sha256_file", "write_json_atomic",
-           "chunk_name", "write_chunk", "write_store", "texts_to_blob", "DATA_FILES", "FLAT_INDEX_FORMAT"]
+           "chunk_name", "write_chunk", "write_store", "texts_to_blob", "DATA_FILES", "FLAT_INDEX_FORMAT",
+           "MANIFEST", "FLAT_INDEX_HEADER", "CHUNK_GLOB"]
