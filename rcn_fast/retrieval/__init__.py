@@ -14,6 +14,7 @@ from rcn_fast.model_files import model_fingerprint
 from rcn_fast.retrieval.encoders import Encoder, EncoderConfig, OnnxEncoder, TorchEncoder, export_onnx, load_encoder
 from rcn_fast.retrieval.build import BuildConfig, build_corpus, merge_shards
 from rcn_fast.retrieval.index import FaissIndex, FlatIndex
+from rcn_fast.retrieval.memory import InMemoryRetriever
 from rcn_fast.retrieval.protocols import EmbeddingRetriever, EncoderLike, PassageStore, RetrieverLike, VectorIndex
 from rcn_fast.retrieval.retriever import Retriever
 from rcn_fast.retrieval.store import CorpusStore
@@ -23,5 +24,5 @@ __all__ = [
     "Encoder", "EncoderConfig", "EncoderLike", "OnnxEncoder", "TorchEncoder", "export_onnx",
     "model_fingerprint", "Passage", "BuildConfig", "build_corpus", "merge_shards", "CorpusStore",
     "PassageStore", "Retriever", "RetrieverLike", "load_encoder", "FlatIndex", "FaissIndex", "VectorIndex",
-    "EmbeddingRetriever",
+    "EmbeddingRetriever", "InMemoryRetriever",
 ]
