@@ -61,7 +61,8 @@ from rcn_fast._validate import is_int
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
 from rcn_fast.pipelines.reconnect import ReConnectConfig
-from rcn_fast.pipelines.knowledge import _f32, has_embeddings
+from rcn_fast.pipelines.knowledge import has_embeddings
+from rcn_fast.retrieval.adapters import as_float32
 from rcn_fast.pipelines.rag import OpenPrediction
 from rcn_fast.pipelines.reconnect import ReConnect
 from rcn_fast.retrieval.types import Passage
@@ -273,7 +274,7 @@ class GivenPassages:
 
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         self.encoder_calls += 1
-        return _f32(self.encoder.encode_queries(list(queries)))
+        return as_float32(self.encoder.encode_queries(list(queries)))
 
     def passage_embeddings(self, passages: Sequence[Passage]) -> np.ndarray:
         """float32 [n, d]: the given rows, the others encoded in one call."""
@@ -282,7 +283,7 @@ class GivenPassages:
         rows: list[np.ndarray | None] = [self.given.get(id(p)) for p in passages]
         if missing:
             self.encoder_calls += 1
-            enc = _f32(self.encoder.encode_passages([passages[i].text for i in missing]))
+            enc = as_float32(self.encoder.encode_passages([passages[i].text for i in missing]))
             for i, row in zip(missing, enc):
                 rows[i] = row
         if not passages:
@@ -461,7 +462,7 @@ def connect(
                 raise ValueError(f"passage_embeddings: expected one array per question ({len(qs)}), got "
                                  f"{len(passage_embeddings)}")
             for b, (plist, e) in enumerate(zip(given, passage_embeddings)):
-                arr = _f32(e)
+                arr = as_float32(e)
                 if arr.ndim != 2 or arr.shape[0] != len(plist):
                     raise ValueError(f"passage_embeddings[{b}]: expected shape [{len(plist)}, d], got {arr.shape}")
                 emb_of.update({id(p): row for p, row in zip(plist, arr)})

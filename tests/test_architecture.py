@@ -46,27 +46,14 @@ CYCLE_FILES = frozenset({
 #: Files above MAX_LINES lines (issue 28 splits them).
 LONG_FILES = frozenset({
     "rcn_fast/eval/tasks.py",  # 777 lines
-    "rcn_fast/retrieval/build.py",  # 822
-    "rcn_fast/retrieval/train.py",  # 777
 })
 
 #: Importing file -> how many ``_private`` names it imports from other rcn_fast modules (issue 28 removes them).
 PRIVATE_IMPORTS: dict[str, int] = {
-    "rcn_fast/connection.py": 1,  # pipelines.knowledge._f32
     "rcn_fast/data/open_domain.py": 2,  # data.loaders._get, _take
     "rcn_fast/eval/lm_eval_tasks.py": 2,  # eval.tasks._dataset_rows, _take_n
     "rcn_fast/eval/runner.py": 4,  # eval.loading._check_model_packages, _corpus_key, _is_store, _sha_file
     "rcn_fast/pipelines/reconnect.py": 1,  # pipelines.rag._OpenView
-    "rcn_fast/pipelines/rr/faithfulness.py": 1,  # retrieval.encoder._model_settings
-    "rcn_fast/retrieval/onnx_backend.py": 7,  # retrieval.encoder._EXPORT_VERSION, _ONNX_HINT, _POOLINGS, _TORCH_HINT,
-    #                                           _load_hf_model, _model_inputs, _pooled_module
-    "rcn_fast/retrieval/train.py": 4,  # retrieval.encoder._model_settings, _pooled_module, _TORCH_HINT, _model_inputs
-    "rcn_fast/sampling/strategies.py": 4,  # sampling.relevance._check_int, _check_keys, _check_seed, _check_valid
-    "rcn_fast/septa/__main__.py": 1,  # septa.gnn._torch
-    "rcn_fast/septa/align.py": 1,  # septa.gnn._torch
-    "rcn_fast/septa/checkpoint.py": 1,  # septa.gnn._torch
-    "rcn_fast/septa/predictor.py": 3,  # septa.gnn._torch, retrieval.encoder._model_inputs, _pooled_module
-    "rcn_fast/septa/system.py": 1,  # septa.gnn._torch
 }
 
 

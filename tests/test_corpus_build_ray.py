@@ -27,7 +27,9 @@ torch = pytest.importorskip("torch")
 
 from rcn_fast.retrieval import BuildConfig, CorpusStore, Encoder, Retriever, build_corpus  # noqa: E402
 from rcn_fast.retrieval import build as build_mod  # noqa: E402
-from rcn_fast.retrieval.build import THROTTLE_ENV, iter_records, read_chunk, scan_input  # noqa: E402
+from rcn_fast.retrieval import corpus_input as input_mod  # noqa: E402
+from rcn_fast.retrieval.build import THROTTLE_ENV  # noqa: E402
+from rcn_fast.retrieval.corpus_input import iter_records, read_chunk, scan_input  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.retrieval.fixtures import (  # noqa: E402,F401
     corpus_jsonl, corpus_records, one_torch_thread, run_cli, tiny_model, write_jsonl,
@@ -132,17 +134,17 @@ def test_scan_memo(tmp_path, monkeypatch):
     p = write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "text": "x"} for i in range(10)])
     first = scan_input(str(p), "jsonl", 3)
     assert not list((tmp_path / "cache").glob("corpus_scan/*.json")), "a small file must not be memoised"
-    monkeypatch.setattr(build_mod, "_MEMO_MIN_BYTES", 0)
+    monkeypatch.setattr(input_mod, "_MEMO_MIN_BYTES", 0)
     assert scan_input(str(p), "jsonl", 3) == first
     assert not list((tmp_path / "cache").glob("corpus_scan/*.json")), "a just-written file must not be memoised"
-    monkeypatch.setattr(build_mod, "_RACY_S", -1e9)  # treat the file as old
+    monkeypatch.setattr(input_mod, "_RACY_S", -1e9)  # treat the file as old
     assert scan_input(str(p), "jsonl", 3) == first
     assert len(list((tmp_path / "cache").glob("corpus_scan/*.json"))) == 1
 
     def no_scan(*a, **k):
         raise AssertionError("scanned again")
 
-    monkeypatch.setattr(build_mod, "_scan_lines", no_scan)
+    monkeypatch.setattr(input_mod, "_scan_lines", no_scan)
     assert scan_input(str(p), "jsonl", 3) == first  # memo hit
     with open(p, "a") as f:  # a changed file misses
         f.write(json.dumps({"id": "10", "text": "y"}) + "\n")

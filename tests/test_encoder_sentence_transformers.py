@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rcn_fast.retrieval import Encoder, EncoderConfig  # noqa: E402
-from rcn_fast.retrieval.encoder import folder_settings  # noqa: E402
+from rcn_fast.retrieval.encoders import folder_settings  # noqa: E402
 from rcn_fast.retrieval.st_folder import encoder_defaults, is_e5_name, read_sentence_transformers  # noqa: E402
 from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rcn_fast.corpus.__main__ import main as corpus_main
-from rcn_fast.retrieval.build import BuildConfig, build_corpus, iter_records
+from rcn_fast.retrieval.build import BuildConfig, build_corpus
+from rcn_fast.retrieval.corpus_input import iter_records
 from rcn_fast.retrieval.store import CorpusStore
 
 

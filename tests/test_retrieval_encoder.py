@@ -159,7 +159,7 @@ class _Session:
 
 
 def test_partial_fallback_is_logged(caplog):
-    from rcn_fast.retrieval.onnx_backend import node_assignment, report_providers
+    from rcn_fast.retrieval.encoders.onnx import node_assignment, report_providers
 
     a = node_assignment(_Session())
     assert a == {"CUDAExecutionProvider": {"MatMul": 2, "Add": 1, "Softmax": 1},

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rcn_fast.retrieval import BuildConfig, CorpusStore, Encoder, Passage, Retriever, build_corpus  # noqa: E402
+from rcn_fast.retrieval import BuildConfig, CorpusStore, Encoder, FaissIndex, Passage, Retriever, build_corpus  # noqa: E402
 from tests.conftest import SHARED  # noqa: E402
 from tests.retrieval.fixtures import (  # noqa: E402,F401
     corpus_jsonl, corpus_records, one_torch_thread, tiny_model, write_jsonl,
@@ -111,7 +111,7 @@ def test_faiss_ivf_over_the_same_store(store_dir, encoder, retriever, tmp_path, 
     b = ivf.retrieve(QUERIES, k=5)  # nprobe = nlist: every list is visited, so the result is exact
     for x, y in zip(a, b):
         np.testing.assert_allclose([p.score for p in x], [p.score for p in y], atol=1e-4)
-    assert ivf.index.ntotal == n and ivf.index_path.parent == tmp_path
+    assert len(ivf.index) == ivf.index.index.ntotal == n and ivf.index_path.parent == tmp_path
 
 
 def pq_decoded(index, emb: np.ndarray) -> np.ndarray:
@@ -136,10 +136,10 @@ def test_faiss_pq_index_saved_reused_and_rebuilt(store_dir, encoder, tmp_path, c
     path = r1.index_path
     assert path is not None and path.parent == d / "faiss" and path.is_file()
     assert any("training faiss index" in r.message for r in caplog.records)
-    assert r1.index.sa_code_size() < 4 * r1.store.dim  # compressed, not a copy of the vectors
+    assert r1.index.index.sa_code_size() < 4 * r1.store.dim  # compressed, not a copy of the vectors
     q = encoder.encode_queries(QUERIES)
     s1, rows1 = r1.search(q, k)
-    recon = pq_decoded(r1.index, r1.store.embeddings)
+    recon = pq_decoded(r1.index.index, r1.store.embeddings)
     np.testing.assert_allclose(s1, reference_topk(q, recon, k)[0], atol=1e-4)  # the score set (ties)
     np.testing.assert_allclose(s1, np.take_along_axis(q @ recon.T, rows1, 1), atol=1e-4)  # row <-> score
 
@@ -162,7 +162,7 @@ def test_faiss_pq_index_saved_reused_and_rebuilt(store_dir, encoder, tmp_path, c
 
     store = CorpusStore.open(d)
     store.manifest["built_at"] = "another build"  # a changed manifest gets its own index
-    r4 = Retriever(encoder, store, backend="faiss", faiss_factory=factory, nprobe=4)
+    r4 = Retriever(encoder, store, FaissIndex.build(store, factory, nprobe=4))
     assert r4.index_path != path and r4.index_path.is_file()
     assert not path.exists()  # the index of the earlier manifest was replaced
     assert faiss.read_index(str(r4.index_path)).ntotal == len(store)
@@ -183,7 +183,7 @@ def test_faiss_errors_and_exact_flat_not_saved(store_dir, encoder, tmp_path):
 
 
 def test_faiss_reads_the_store_in_chunks(retriever):
-    from rcn_fast.retrieval.retriever import _read_rows
+    from rcn_fast.retrieval.index import _read_rows
 
     emb = retriever.store.embeddings
     whole = np.asarray(emb, np.float32)
@@ -253,7 +253,7 @@ def test_bad_arguments(retriever):
     with pytest.raises(ValueError, match="query_emb"):
         retriever.retrieve_embeddings(np.zeros((2, 5), np.float32), k=2)
     with pytest.raises(ValueError, match="backend"):
-        Retriever(retriever.encoder, retriever.store, backend="annoy")
+        Retriever.load(retriever.store.path, encoder=retriever.encoder, backend="annoy")
     assert retriever.retrieve([], k=3) == []
 
 

@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rcn_fast.retrieval import Encoder  # noqa: E402
-from rcn_fast.retrieval.train import (  # noqa: E402
-    TrainConfig, batch_tensors, format_mc, load_groups, lr_factor, make_batches, multi_positive_nce,
-    split_records, train,
+from rcn_fast.retrieval.train import TrainConfig, lr_factor, train  # noqa: E402
+from rcn_fast.retrieval.train_data import (  # noqa: E402
+    batch_tensors, format_mc, load_groups, make_batches, multi_positive_nce, split_records,
 )
 from tests.conftest import REPO  # noqa: E402
 from tests.retrieval.fixtures import one_torch_thread  # noqa: E402,F401

@@ -169,7 +169,7 @@ def test_predictor_trains_on_real_questions(shared_data, tmp_path):
     """End to end on 240 real CSQA training questions: a graph from their
     stems, a tiny random-weight BERT encoder, align -> build-db -> train."""
     from rcn_fast.data import load_questions
-    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.retrieval.encoders import Encoder
     from rcn_fast.septa import AlignConfig, GNNConfig, SamplerConfig, build_database, prepare_alignment, run_alignment
     from rcn_fast.septa import run_training
     from rcn_fast.septa.query import STOPWORDS, tokenize

@@ -170,7 +170,7 @@ def test_finetune_encoder_trains_the_text_encoder(tmp_path):
     projection train with the predictor (their own learning rate); the
     fine-tuned weights are saved and the loaded system computes t and v
     with them. The default keeps the encoder frozen."""
-    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.retrieval.encoders import Encoder
     from rcn_fast.septa import FinetunedText, SeptaSystem
     from tests.retrieval.tiny import make_tiny_bert
 

@@ -74,7 +74,7 @@ def _run_limited(body: str, tmp_path) -> dict:
 def test_in_memory_retriever_huge_k(tmp_path):
     res = _run_limited("""
         from rcn_fast.integrations import CallableEncoder
-        from rcn_fast.pipelines.knowledge import InMemoryRetriever
+        from rcn_fast.retrieval.memory import InMemoryRetriever
         def run():
             r = InMemoryRetriever(CallableEncoder(embed), TEXTS)
             out = r.retrieve(["ice is cold", "the sky is blue"], 10**9)

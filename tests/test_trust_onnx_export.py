@@ -25,7 +25,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 from rcn_fast.retrieval import Encoder  # noqa: E402
-from rcn_fast.retrieval import onnx_backend as ob  # noqa: E402
+from rcn_fast.retrieval.encoders import onnx as ob  # noqa: E402
 from tests.retrieval.tiny import make_tiny_bert  # noqa: E402
 
 TEXTS = ["plants need light to grow", "ice is cold", "magnets attract iron", ""]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import rcn_fast.train_retriever as tr
-from rcn_fast.retrieval.train import load_groups, read_records
+from rcn_fast.retrieval.train_data import load_groups, read_records
 from rcn_fast.retrieval.zebra_kb import parse_kb_document, prepare_explanation_training
 
 

@@ -7,7 +7,8 @@ short import path.
 
 from __future__ import annotations
 
-from rcn_fast.retrieval.build import BuildConfig, build_corpus, iter_records, merge_shards
+from rcn_fast.retrieval.build import BuildConfig, build_corpus, merge_shards
+from rcn_fast.retrieval.corpus_input import iter_records
 from rcn_fast.retrieval.store import CorpusStore
 
 __all__ = ["BuildConfig", "build_corpus", "merge_shards", "iter_records", "CorpusStore"]

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_assemble(args)
         if args.cmd == "build":
-            from rcn_fast.retrieval.encoder import Encoder
+            from rcn_fast.retrieval.encoders import Encoder
 
             cfg = BuildConfig(input=args.input, out=args.out, format=args.format, id_field=args.id_field,
                               text_field=args.text_field, dtype=args.dtype, batch_size=args.batch_size,
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                           batch_size=args.batch_size, dtype=args.encoder_dtype)
             if args.executor == "ray":
                 from rcn_fast.retrieval.build_ray import build_corpus_ray, import_ray
-                from rcn_fast.retrieval.encoder import EncoderConfig
+                from rcn_fast.retrieval.encoders import EncoderConfig
 
                 import_ray()  # before any work: say how to install it
                 if args.gpus_per_worker > 0 and args.device is None:

@@ -54,7 +54,9 @@ from typing import Any
 from rcn_fast.pipelines.base import Pipeline, Prediction, QuestionCost, StagedPipeline, StageRunner, question_key
 from rcn_fast.pipelines.config import CONFIGS, PipelineConfig, config_from_dict, config_to_dict, load_config
 from rcn_fast.pipelines.activerag import ActiveRAG, ActiveRAGConfig
-from rcn_fast.pipelines.knowledge import EmbeddingRetriever, InMemoryRetriever, as_embedding_retriever
+from rcn_fast.pipelines.knowledge import as_embedding_retriever
+from rcn_fast.retrieval.memory import InMemoryRetriever
+from rcn_fast.retrieval.protocols import EmbeddingRetriever
 from rcn_fast.pipelines.rag import OpenPrediction, RAGConfig, RAGPipeline, agent_results, extract_answer
 from rcn_fast.pipelines.rag_baselines import (
     ChainOfNote,

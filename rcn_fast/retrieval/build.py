@@ -4,14 +4,16 @@ The input is cut into fixed-size chunks (``chunk_size`` records). One read
 of the file hashes it and records where each chunk lies (byte range for
 JSON lines / TSV, row range for Parquet; :func:`scan_input`, memoised per
 file in the rcn_fast cache); each chunk is then read on its own
-(:func:`read_chunk`). Each finished chunk is written atomically to
+(:func:`read_chunk`; both in :mod:`rcn_fast.retrieval.corpus_input`).
+Each finished chunk is written atomically to
 ``DIR/parts/`` (a ``.npz`` with its embeddings, texts and ids, renamed into
 place only when complete), and ``DIR/build.json`` records the settings.
 Running the same command again skips every chunk already in ``parts/``;
 settings that differ from ``build.json`` (another input file, encoder,
 dtype, chunk size, ...) are an error, not a silently mixed store. When all
 chunks exist they are joined into the store files and ``manifest.json`` is
-written last.
+written last (the chunk files and the store layout are written by
+:mod:`rcn_fast.retrieval.store`, which also reads them).
 
 Shards: with ``num_shards=S, shard_id=I`` a machine embeds chunks
 ``c`` with ``c % S == I`` into its own directory, decoding only those
@@ -22,31 +24,25 @@ runs the same chunks on a Ray Data actor pool instead.
 
 from __future__ import annotations
 
-import csv
-import datetime as _dt
-import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, astuple, dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
-
-from rcn_fast._arrays import require
-from rcn_fast.retrieval.conventions import DEDUP, detect_text_field, first_in_chunk, keep_mask, select_rows, text_digests
+from rcn_fast.retrieval.conventions import DEDUP, detect_text_field, first_in_chunk
+from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
 from rcn_fast.retrieval.store import (
-    DATA_FILES, FLAT_INDEX_FORMAT, FORMAT, CorpusStore, build_id_table, id_hash, read_manifest, sha256_file,
-    texts_to_blob, write_json_atomic,
+    CHUNK_GLOB, DATA_FILES, FLAT_INDEX_HEADER, MANIFEST, CorpusStore, chunk_name, read_manifest, write_chunk,
+    write_json_atomic, write_store,
 )
 
 logger = logging.getLogger("rcn_fast.retrieval")
 BUILD_FORMAT = "rcn_fast.CorpusBuild/1"
-FORMATS = ("jsonl", "tsv", "parquet")
 # Testing/debug hook: seconds to sleep after each finished chunk (lets a test
 # kill a build mid-way on a tiny corpus). Never set in normal use.
 THROTTLE_ENV = "RCN_FAST_BUILD_THROTTLE"
@@ -123,338 +119,6 @@ class BuildConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def infer_format(path: str) -> str:
-    name = path.lower()
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "jsonl"
-    if name.endswith((".tsv", ".tab")):
-        return "tsv"
-    if name.endswith((".parquet", ".pq")):
-        return "parquet"
-    raise ValueError(f"input: cannot tell the format of {path!r} from its suffix; pass format='jsonl'|'tsv'|'parquet'")
-
-
-# ---------------------------------------------------------------------- input
-def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "text") -> Iterator[tuple[str, str]]:
-    """Stream (id, text) pairs from a JSON lines, TSV or Parquet file.
-
-    Ids are turned into str; a missing field or a non-string text is a
-    ValueError naming the record (line or row number) and the field.
-    """
-    if fmt == "jsonl":
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(_decoded_lines(f, path), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
-                yield _fields(rec, id_field, text_field, f"{path} line {lineno}")
-    elif fmt == "tsv":
-        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-        with open(path, "rb") as f:
-            reader = csv.DictReader(_decoded_lines(f, path), delimiter="\t")
-            missing = [k for k in (id_field, text_field) if k not in (reader.fieldnames or [])]
-            if missing:
-                raise ValueError(f"input: {path} header {reader.fieldnames} lacks the column(s) {missing} "
-                                 "(set id_field / text_field)")
-            for rowno, rec in enumerate(reader, 2):
-                yield _fields(rec, id_field, text_field, f"{path} line {rowno}")
-    elif fmt == "parquet":
-        pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        missing = [k for k in (id_field, text_field) if k not in names]
-        if missing:
-            raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
-        row = 0
-        for batch in pf.iter_batches(columns=[id_field, text_field], batch_size=8192):
-            d = batch.to_pydict()
-            for i, t in zip(d[id_field], d[text_field]):
-                yield _fields({id_field: i, text_field: t}, id_field, text_field, f"{path} row {row}")
-                row += 1
-    else:
-        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
-
-
-def _decoded_lines(f: Any, path: str) -> Iterator[str]:
-    """The lines of binary file ``f`` decoded as UTF-8 (line ends kept; a
-    leading byte-order mark dropped); ValueError naming the file, line and
-    byte offset of the first byte that is not UTF-8."""
-    for lineno, raw in enumerate(f, 1):
-        yield _decode_line(raw, lineno, path)
-
-
-def _decode_line(raw: bytes, lineno: int, path: str) -> str:
-    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
-                         f"column {exc.start + 1}); convert the file to UTF-8") from None
-
-
-def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, str]:
-    if not isinstance(rec, dict):
-        raise ValueError(f"input: {where} is a {type(rec).__name__}, expected an object")
-    if id_field not in rec or rec[id_field] is None:
-        raise ValueError(f"input: {where} has no {id_field!r} field (set id_field)")
-    if text_field not in rec or not isinstance(rec[text_field], str):
-        raise ValueError(f"input: {where} has no string {text_field!r} field (set text_field)")
-    return str(rec[id_field]), rec[text_field]
-
-
-# -------------------------------------------------------------- chunk index
-SCAN_FORMAT = "rcn_fast.CorpusScan/1"
-# a file modified less than this many seconds before its scan is not memoised
-# (a rewrite within the same timestamp tick could keep size, mtime and ctime)
-_RACY_S = 2.0
-_MEMO_MIN_BYTES = 64 << 20  # smaller files are re-read in about a second: not memoised
-_WS = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII characters str.strip() removes
-
-
-@dataclass(frozen=True)
-class ChunkSpan:
-    """Where chunk ``chunk`` of an input file lies.
-
-    Attributes
-    ----------
-    chunk : int
-        Chunk number (0-based, in input order; ``chunk_size`` records each,
-        blank JSON lines / empty TSV rows not counted, as
-        :func:`iter_records` skips them).
-    start, stop : int
-        Byte range ``[start, stop)`` (JSON lines, TSV) or row range
-        (Parquet) holding exactly the chunk's records.
-    first : int
-        The line number of byte ``start`` (JSON lines), or the record
-        number of the chunk's first record (TSV, Parquet); for messages.
-    count : int
-        Records in the chunk.
-    """
-
-    chunk: int
-    start: int
-    stop: int
-    first: int
-    count: int
-
-
-def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tuple[str, int, list[ChunkSpan]]:
-    """Hash an input file and find where each chunk lies, in one read.
-
-    A shard or a Ray worker then reads only its own chunks
-    (:func:`read_chunk`) instead of decoding every record of the file.
-
-    Parameters
-    ----------
-    path : str
-    fmt : {"jsonl", "tsv", "parquet"}
-    chunk_size : int
-    memo : bool
-        Reuse (and save) the answer in ``<rcn_fast cache>/corpus_scan``
-        (``$RCN_FAST_CACHE``, else ``~/.cache/rcn_fast``), keyed by the file's
-        real path, device, inode, size, mtime and ctime (ctime cannot be set
-        back by a user, so a rewritten file always misses). Files under
-        64 MiB, and files changed less than 2 s before their scan, are
-        never memoised.
-
-    Returns
-    -------
-    (sha256 hex digest, size in bytes, list of ChunkSpan)
-    """
-    st = os.stat(path)
-    key = {"format": SCAN_FORMAT, "path": os.path.realpath(path), "dev": st.st_dev, "ino": st.st_ino,
-           "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "fmt": fmt,
-           "chunk_size": chunk_size}
-    memo_file = _scan_memo_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest() + ".json")
-    if memo and memo_file.is_file():
-        try:
-            got = json.loads(memo_file.read_text(encoding="utf-8"))
-            if got.get("key") == key:
-                logger.info("input %s: hash and chunk offsets reused from %s", path, memo_file)
-                return got["sha256"], got["bytes"], [ChunkSpan(*s) for s in got["spans"]]
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
-    t0 = time.time()
-    if fmt == "jsonl":
-        sha, spans = _scan_lines(path, chunk_size)
-    elif fmt == "tsv":
-        sha, spans = _scan_tsv(path, chunk_size)
-    elif fmt == "parquet":
-        pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
-        n = pq.ParquetFile(path).metadata.num_rows
-        sha = sha256_file(path)
-        spans = [ChunkSpan(c, s, min(s + chunk_size, n), s, min(s + chunk_size, n) - s)
-                 for c, s in enumerate(range(0, n, chunk_size))]
-    else:
-        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
-    st2 = os.stat(path)
-    if (st2.st_size, st2.st_mtime_ns, st2.st_ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-        raise ValueError(f"input: {path} changed while it was being read; rerun once it is complete")
-    if memo and st.st_size >= _MEMO_MIN_BYTES and t0 - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _RACY_S:
-        try:
-            memo_file.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(memo_file, {"key": key, "sha256": sha, "bytes": st.st_size,
-                                          "spans": [list(astuple(s)) for s in spans]})
-        except OSError as exc:  # a read-only cache is no error
-            logger.debug("input scan memo not written (%s)", exc)
-    return sha, st.st_size, spans
-
-
-def _scan_memo_dir() -> Path:
-    from rcn_fast._cache_dirs import cache_root
-
-    return cache_root() / "corpus_scan"
-
-
-def _is_blank(raw: bytes, lineno: int) -> bool:
-    """Whether iter_records skips this JSON line (its decoded text strips
-    to nothing), without decoding most lines."""
-    s = raw.strip(_WS)
-    if not s:
-        return True
-    if s[0] < 0x80:
-        return False  # starts with a printable ASCII character
-    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    return not raw.decode("utf-8", errors="replace").strip()
-
-
-def _scan_lines(path: str, chunk_size: int) -> tuple[str, list[ChunkSpan]]:
-    h = hashlib.sha256()
-    spans: list[ChunkSpan] = []
-    pos = start = 0
-    start_line = 1
-    n = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            h.update(raw)
-            pos += len(raw)
-            if _is_blank(raw, lineno):
-                continue
-            n += 1
-            if n == chunk_size:
-                spans.append(ChunkSpan(len(spans), start, pos, start_line, n))
-                start, start_line, n = pos, lineno + 1, 0
-    if n:
-        spans.append(ChunkSpan(len(spans), start, pos, start_line, n))
-    return h.hexdigest(), spans
-
-
-def _scan_tsv(path: str, chunk_size: int) -> tuple[str, list[ChunkSpan]]:
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    h = hashlib.sha256()
-    pos = [0]
-
-    def lines(f: Any) -> Iterator[str]:
-        for lineno, raw in enumerate(f, 1):
-            h.update(raw)
-            pos[0] += len(raw)
-            yield _decode_line(raw, lineno, path)
-
-    spans: list[ChunkSpan] = []
-    with open(path, "rb") as f:
-        reader = csv.reader(lines(f), delimiter="\t")  # reads no line ahead of the row it returns
-        next(reader, None)  # header
-        start, n, rec = pos[0], 0, 0
-        for row in reader:
-            if row == []:  # DictReader skips these
-                continue
-            n += 1
-            if n == chunk_size:
-                spans.append(ChunkSpan(len(spans), start, pos[0], rec + 2, n))
-                start, n, rec = pos[0], 0, rec + n
-        if n:
-            spans.append(ChunkSpan(len(spans), start, pos[0], rec + 2, n))
-        for raw in f:  # nothing left after the last row; keep the hash whole regardless
-            h.update(raw)
-    return h.hexdigest(), spans
-
-
-def read_chunk(path: str, fmt: str, span: ChunkSpan, id_field: str = "id",
-               text_field: str = "text") -> tuple[list[str], list[str]]:
-    """The (ids, texts) of one chunk found by :func:`scan_input`, reading
-    only its bytes (rows); records are checked and errors worded as
-    :func:`iter_records` does."""
-    if fmt == "jsonl":
-        recs = _read_jsonl_span(path, span, id_field, text_field)
-    elif fmt == "tsv":
-        recs = _read_tsv_span(path, span, id_field, text_field)
-    elif fmt == "parquet":
-        recs = _read_parquet_span(path, span, id_field, text_field)
-    else:
-        raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
-    if len(recs) != span.count:
-        raise ValueError(f"input: {path} chunk {span.chunk} holds {len(recs)} records where its scan found "
-                         f"{span.count}; the file changed since the build began (pass --overwrite to start over)")
-    return [r[0] for r in recs], [r[1] for r in recs]
-
-
-def _span_lines(f: Any, span: ChunkSpan) -> Iterator[tuple[int, bytes]]:
-    f.seek(span.start)
-    left = span.stop - span.start
-    for lineno, raw in enumerate(f, span.first):
-        if left <= 0:
-            break
-        left -= len(raw)
-        yield lineno, raw
-
-
-def _read_jsonl_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
-    out = []
-    with open(path, "rb") as f:
-        for lineno, raw in _span_lines(f, span):
-            line = _decode_line(raw, lineno, path)
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
-            out.append(_fields(rec, id_field, text_field, f"{path} line {lineno}"))
-    return out
-
-
-def _read_tsv_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, "rb") as f:
-        header = next(csv.reader(_decoded_lines(f, path), delimiter="\t"), None) or []
-        missing = [k for k in (id_field, text_field) if k not in header]
-        if missing:
-            raise ValueError(f"input: {path} header {header} lacks the column(s) {missing} "
-                             "(set id_field / text_field)")
-        # line numbers inside the span only matter for decoding errors
-        lines = (_decode_line(raw, lineno, path) for lineno, raw in _span_lines(f, span))
-        reader = csv.DictReader(lines, fieldnames=header, delimiter="\t")
-        return [_fields(rec, id_field, text_field, f"{path} line {rowno}") for rowno, rec in
-                enumerate(reader, span.first)]
-
-
-def _read_parquet_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
-    pq = require("pyarrow.parquet", "pip install pyarrow  (needed to read Parquet corpora)")
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
-    missing = [k for k in (id_field, text_field) if k not in names]
-    if missing:
-        raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
-    groups, row, first = [], 0, None
-    for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if row < span.stop and row + n > span.start:
-            groups.append(g)
-            first = row if first is None else first
-        row += n
-    if not groups:
-        return []
-    table = pf.read_row_groups(groups, columns=[id_field, text_field])
-    d = table.slice(span.start - first, span.stop - span.start).to_pydict()
-    return [_fields({id_field: i, text_field: t}, id_field, text_field, f"{path} row {span.start + k}")
-            for k, (i, t) in enumerate(zip(d[id_field], d[text_field]))]
 
 
 # ---------------------------------------------------------------------- build
@@ -552,8 +216,8 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     parts = out / "parts"
     state = {"spec": spec, "shard_id": cfg.shard_id, "encoder_model_dir": encoder_desc.get("model_dir")}
 
-    if (out / "manifest.json").is_file():
-        manifest = read_manifest(out / "manifest.json")
+    if (out / MANIFEST).is_file():
+        manifest = read_manifest(out / MANIFEST)
         built = manifest.get("build") if isinstance(manifest.get("build"), dict) else {}
         diff = _diff({k: built.get(k) for k in spec if k != "num_shards"},
                      {k: v for k, v in spec.items() if k != "num_shards"})
@@ -586,42 +250,13 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     parts.mkdir(exist_ok=True)
     for stale in parts.glob(".*.tmp*"):  # a chunk that was being written when killed
         stale.unlink(missing_ok=True)
-    done_before = {p.name for p in parts.glob("chunk-*.npz")}
+    done_before = {p.name for p in parts.glob(CHUNK_GLOB)}
     if done_before:
         logger.warning("resuming %s: %d chunk(s) already done, skipping them", out, len(done_before))
     mine = [s.chunk for s in spans if s.chunk % cfg.num_shards == cfg.shard_id]
     todo = [c for c in mine if chunk_name(c) not in done_before]
     done_records = sum(spans[c].count for c in mine if chunk_name(c) in done_before)
     return PreparedBuild(out, parts, spec, state, spans, mine, todo, done_records)
-
-
-def chunk_name(c: int) -> str:
-    """File name of chunk ``c`` in ``parts/``."""
-    return f"chunk-{c:08d}.npz"
-
-
-def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any, *, dim: int, dtype: str,
-                dropped: int = 0) -> None:
-    """Check a chunk's embeddings and write ``parts/chunk-c.npz``
-    atomically (a temporary file, fsync, rename); ``dropped``: duplicate
-    records left out of it (counted in the store's log and manifest)."""
-    emb = np.asarray(emb, dtype=np.float32)
-    if emb.shape != (len(texts), dim):
-        raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
-                         f"expected ({len(texts)}, {dim})")
-    if not np.isfinite(emb).all():
-        raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
-    tblob, tlen = texts_to_blob(texts)
-    iblob, ilen = texts_to_blob(ids)
-    name = chunk_name(c)
-    tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
-    with open(tmp, "wb") as f:
-        np.savez(f, emb=emb.astype(dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
-                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
-                 dropped=np.int64(dropped))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, parts / name)
 
 
 def finish_build(prep: PreparedBuild, config: BuildConfig, *, executor: str = "local") -> CorpusStore | None:
@@ -636,7 +271,7 @@ def finish_build(prep: PreparedBuild, config: BuildConfig, *, executor: str = "l
     if cfg.num_shards > 1:
         write_json_atomic(out / "shard.json", {**prep.state, "n_chunks": len(prep.spans), "chunks": prep.mine})
         return None
-    store = _finalize(out, [prep.parts / chunk_name(c) for c in prep.mine], prep.spec,
+    store = write_store(out, [prep.parts / chunk_name(c) for c in prep.mine], prep.spec,
                       model_dir=prep.state["encoder_model_dir"], shards=1, executor=executor)
     if not cfg.keep_parts:
         shutil.rmtree(prep.parts, ignore_errors=True)
@@ -708,8 +343,8 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
 def _clear_build(out: Path) -> bool:
     """Delete what a build or store left in ``out`` (and nothing else);
     returns whether ``out`` held a build or store."""
-    found = any((out / name).is_file() for name in ("manifest.json", "build.json", "shard.json"))
-    for name in ("manifest.json", "index.json", "build.json", "shard.json", *DATA_FILES):
+    found = any((out / name).is_file() for name in (MANIFEST, "build.json", "shard.json"))
+    for name in (MANIFEST, FLAT_INDEX_HEADER, "build.json", "shard.json", *DATA_FILES):
         (out / name).unlink(missing_ok=True)
     for stale in out.glob(".*.tmp"):
         stale.unlink(missing_ok=True)
@@ -758,7 +393,7 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
     files = {}
     for d, info in zip(shard_dirs, infos):
         for c in info["chunks"]:
-            p = Path(d) / "parts" / f"chunk-{c:08d}.npz"
+            p = Path(d) / "parts" / chunk_name(c)
             if not p.is_file():
                 raise ValueError(f"shard_dirs: {d} lacks {p.name}")
             files[c] = p
@@ -766,89 +401,10 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
         raise ValueError(f"shard_dirs: chunks {sorted(set(range(n_chunks)) - set(files))} are missing")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "manifest.json").exists():
+    if (out / MANIFEST).exists():
         raise ValueError(f"out: {out} already holds a corpus store")
-    return _finalize(out, [files[c] for c in range(n_chunks)], spec,
+    return write_store(out, [files[c] for c in range(n_chunks)], spec,
                      model_dir=infos[0].get("encoder_model_dir"), shards=S)
 
 
-def _finalize(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
-              shards: int, executor: str = "local") -> CorpusStore:
-    """Join chunk files (in order) into the store files, leaving out
-    duplicate texts unless the spec keeps them; manifest last."""
-    digests, dropped = [], 0
-    for p in chunk_files:
-        with np.load(p) as z:
-            digests.append(text_digests(z["text_blob"], z["text_len"]) if spec.get("dedup") else
-                           np.zeros(len(z["text_len"])))
-            dropped += int(z["dropped"]) if "dropped" in z.files else 0
-    masks, more = keep_mask(digests) if spec.get("dedup") else ([None] * len(chunk_files), 0)
-    dropped += more
-    counts = [len(d) if m is None else int(m.sum()) for d, m in zip(digests, masks)]
-    if spec.get("dedup"):
-        total = sum(counts) + dropped
-        logger.info("dropped %d exact duplicate passage(s) of %d (the first of each text kept; "
-                    "--keep-duplicates / keep_duplicates=True keeps them)", dropped, total)
-    n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
-    emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
-    t_off = np.zeros(n + 1, dtype=np.int64)
-    i_off = np.zeros(n + 1, dtype=np.int64)
-    hashes = np.zeros(n, dtype=np.int64)
-    row = 0
-    with open(out / ".texts.bin.tmp", "wb") as tf, open(out / ".ids.bin.tmp", "wb") as idf:
-        for p, k, m in zip(chunk_files, counts, masks):
-            with np.load(p) as npz:
-                z = npz if m is None or m.all() else select_rows(npz, m)
-                emb[row:row + k] = z["emb"]
-                tf.write(z["text_blob"].tobytes())
-                idf.write(z["id_blob"].tobytes())
-                t_off[row + 1:row + k + 1] = t_off[row] + np.cumsum(z["text_len"])
-                i_off[row + 1:row + k + 1] = i_off[row] + np.cumsum(z["id_len"])
-                hashes[row:row + k] = z["hashes"]
-            row += k
-    emb.flush()
-    del emb
-    _check_unique_ids(hashes, out / ".ids.bin.tmp", i_off)
-    table = build_id_table(hashes)
-    for name, arr in (("text_offsets.npy", t_off), ("id_offsets.npy", i_off), ("id_table.npy", table)):
-        with open(out / f".{name}.tmp", "wb") as f:
-            np.save(f, arr)
-    for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
-        os.replace(out / f".{name}.tmp", out / name)
-    write_json_atomic(out / "index.json", {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
-                                           "dtype": dtype, "count": n})
-    files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
-             for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy",
-                          "id_table.npy")}
-    manifest = {
-        "format": FORMAT, "count": n, "dim": dim, "dtype": dtype,
-        "encoder": {**spec["encoder"], "model_dir": model_dir},
-        "input": spec["input"], "chunk_size": spec["chunk_size"], "shards": shards,
-        "build": {k: v for k, v in spec.items()}, "executor": executor, "files": files,
-        "duplicates_dropped": dropped if spec.get("dedup") else None,
-        "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    write_json_atomic(out / "manifest.json", manifest)
-    logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
-    return CorpusStore.open(out)
-
-
-def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -> None:
-    order = np.argsort(hashes, kind="stable")
-    sh = hashes[order]
-    same = np.flatnonzero(sh[1:] == sh[:-1])
-    if not same.size:
-        return
-    blob = np.fromfile(ids_file, dtype=np.uint8)
-
-    def id_at(r: int) -> str:
-        return bytes(blob[offsets[r]:offsets[r + 1]]).decode("utf-8")
-
-    for j in same:
-        a, b = int(order[j]), int(order[j + 1])
-        if id_at(a) == id_at(b):
-            raise ValueError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
-
-
-__all__ = ["BuildConfig", "build_corpus", "merge_shards", "iter_records", "infer_format", "ChunkSpan", "scan_input",
-           "read_chunk", "PreparedBuild", "prepare_build", "write_chunk", "finish_build", "chunk_name"]
+__all__ = ["BuildConfig", "build_corpus", "merge_shards", "PreparedBuild", "prepare_build", "finish_build"]

@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from rcn_fast.retrieval.build import (
-    THROTTLE_ENV, BuildConfig, ChunkSpan, finish_build, prepare_build, read_chunk, write_chunk,
-)
-from rcn_fast.retrieval.store import CorpusStore
+from rcn_fast.retrieval.build import THROTTLE_ENV, BuildConfig, finish_build, prepare_build
+from rcn_fast.retrieval.corpus_input import ChunkSpan, read_chunk
+from rcn_fast.retrieval.store import CorpusStore, write_chunk
 
 logger = logging.getLogger("rcn_fast.retrieval")
 RAY_HINT = 'pip install "rcn_fast[ray]"  (Ray Data: ray[data]>=2.9)'
@@ -53,7 +52,7 @@ def describe_encoder(encoder_config: Any) -> dict[str, Any]:
     weights (the driver may have no GPU and little memory: only the
     tokenizer, the model config and the model files' fingerprint are read).
     """
-    from rcn_fast.retrieval.encoder import Encoder, EncoderConfig
+    from rcn_fast.retrieval.encoders import Encoder, EncoderConfig
 
     cfg = EncoderConfig.from_dict(encoder_config) if isinstance(encoder_config, dict) else encoder_config
     return Encoder(cfg).describe()  # the base class loads no weights
@@ -64,7 +63,7 @@ class _ChunkEmbedder:
 
     def __init__(self, encoder_config: dict[str, Any], expected: dict[str, Any], build: dict[str, Any],
                  throttle: float) -> None:
-        from rcn_fast.retrieval.encoder import Encoder
+        from rcn_fast.retrieval.encoders import Encoder
 
         self.encoder = Encoder.from_config(encoder_config)
         got = {k: v for k, v in self.encoder.describe().items() if k != "model_dir"}
@@ -131,7 +130,7 @@ def build_corpus_ray(config: BuildConfig, encoder_config: Any, *, ray_address: s
         Bad settings, an ``out`` built with other settings, or bad input
         (the first error a worker met).
     """
-    from rcn_fast.retrieval.encoder import EncoderConfig
+    from rcn_fast.retrieval.encoders import EncoderConfig
 
     ray = import_ray()
     cfg = config

@@ -1,4 +1,6 @@
 """The on-disk corpus store: embeddings, texts and ids of a passage corpus.
+Its layout is written (:func:`write_chunk`, :func:`write_store`) and read
+(:class:`CorpusStore`) here, and nowhere else.
 
 A store is a directory::
 
@@ -9,7 +11,7 @@ A store is a directory::
     ids.bin              UTF-8 ids back to back;   id_offsets.npy   int64 [count+1]
     id_table.npy         int64 open-addressing hash table id -> row (-1 = empty)
     faiss/               trained faiss indexes, when the faiss backend built any
-                         (``<factory>-<key>.faiss``; see retriever.faiss_index)
+                         (``<factory>-<key>.faiss``; see index.faiss_index)
 
 Every file is memory-mapped on open, so opening a 20M-passage store costs
 no reading; lookups by row are two offset reads, lookups by id one hash and
@@ -20,32 +22,27 @@ naming it); ``verify=True`` also compares sha256 checksums.
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from rcn_fast._stamped_json import read_stamped_json
+from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
+
+logger = logging.getLogger("rcn_fast.retrieval")
 
 FORMAT = "rcn_fast.CorpusStore/1"
 FLAT_INDEX_FORMAT = "rcn_fast.FlatIndex/1"  # the header FlatIndex.load reads
 DATA_FILES = ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy", "id_table.npy")
-
-
-@runtime_checkable
-class PassageStore(Protocol):
-    """What a retriever needs from a corpus."""
-
-    def __len__(self) -> int: ...
-
-    def text(self, row: int) -> str: ...
-
-    def id(self, row: int) -> str: ...
-
-    def row_of(self, id: str) -> int: ...
+MANIFEST = "manifest.json"  # written last: its presence marks a finished store
+FLAT_INDEX_HEADER = "index.json"
+CHUNK_GLOB = "chunk-*.npz"  # the chunk files a build leaves in parts/ (see chunk_name)
 
 
 # ----------------------------------------------------------------- id hashing
@@ -155,7 +152,7 @@ class CorpusStore:
             with the manifest. The message names the files.
         """
         path = Path(path)
-        mf = path / "manifest.json"
+        mf = path / MANIFEST
         if not mf.is_file():
             hint = ""
             if (path / "shard.json").is_file():
@@ -338,4 +335,137 @@ def texts_to_blob(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     return blob, lengths
 
 
-__all__ = ["CorpusStore", "PassageStore", "build_id_table", "id_hash", "FORMAT"]
+# --------------------------------------------------------------------- writer
+def chunk_name(c: int) -> str:
+    """File name of chunk ``c`` in ``parts/``."""
+    return f"chunk-{c:08d}.npz"
+
+
+def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any, *, dim: int, dtype: str,
+                dropped: int = 0) -> None:
+    """Check a chunk's embeddings and write ``parts/chunk-c.npz``
+    atomically (a temporary file, fsync, rename); ``dropped``: duplicate
+    records left out of it (counted in the store's log and manifest)."""
+    emb = np.asarray(emb, dtype=np.float32)
+    if emb.shape != (len(texts), dim):
+        raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
+                         f"expected ({len(texts)}, {dim})")
+    if not np.isfinite(emb).all():
+        raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
+    tblob, tlen = texts_to_blob(texts)
+    iblob, ilen = texts_to_blob(ids)
+    name = chunk_name(c)
+    tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
+    with open(tmp, "wb") as f:
+        np.savez(f, emb=emb.astype(dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
+                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
+                 dropped=np.int64(dropped))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, parts / name)
+
+
+def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
+                shards: int, executor: str = "local") -> CorpusStore:
+    """Join chunk files (in order, as :func:`write_chunk` wrote them) into
+    the store files of the module docstring, leaving out duplicate texts
+    unless the spec keeps them; ``manifest.json`` last.
+
+    Parameters
+    ----------
+    out : the store directory
+    chunk_files : the ``parts/chunk-*.npz`` files, in row order
+    spec : the build's settings (``encoder``, ``dtype``, ``input``,
+        ``chunk_size``, ``dedup``, ...), recorded in the manifest
+    model_dir : the encoder's resolved model directory (recorded)
+    shards : how many shards built the chunks (recorded)
+    executor : ``"local"`` or ``"ray"`` (recorded)
+
+    Returns
+    -------
+    CorpusStore
+        The store, opened.
+
+    Raises
+    ------
+    ValueError
+        Two records with the same id.
+    """
+    digests, dropped = [], 0
+    for p in chunk_files:
+        with np.load(p) as z:
+            digests.append(text_digests(z["text_blob"], z["text_len"]) if spec.get("dedup") else
+                           np.zeros(len(z["text_len"])))
+            dropped += int(z["dropped"]) if "dropped" in z.files else 0
+    masks, more = keep_mask(digests) if spec.get("dedup") else ([None] * len(chunk_files), 0)
+    dropped += more
+    counts = [len(d) if m is None else int(m.sum()) for d, m in zip(digests, masks)]
+    if spec.get("dedup"):
+        total = sum(counts) + dropped
+        logger.info("dropped %d exact duplicate passage(s) of %d (the first of each text kept; "
+                    "--keep-duplicates / keep_duplicates=True keeps them)", dropped, total)
+    n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
+    emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
+    t_off = np.zeros(n + 1, dtype=np.int64)
+    i_off = np.zeros(n + 1, dtype=np.int64)
+    hashes = np.zeros(n, dtype=np.int64)
+    row = 0
+    with open(out / ".texts.bin.tmp", "wb") as tf, open(out / ".ids.bin.tmp", "wb") as idf:
+        for p, k, m in zip(chunk_files, counts, masks):
+            with np.load(p) as npz:
+                z = npz if m is None or m.all() else select_rows(npz, m)
+                emb[row:row + k] = z["emb"]
+                tf.write(z["text_blob"].tobytes())
+                idf.write(z["id_blob"].tobytes())
+                t_off[row + 1:row + k + 1] = t_off[row] + np.cumsum(z["text_len"])
+                i_off[row + 1:row + k + 1] = i_off[row] + np.cumsum(z["id_len"])
+                hashes[row:row + k] = z["hashes"]
+            row += k
+    emb.flush()
+    del emb
+    _check_unique_ids(hashes, out / ".ids.bin.tmp", i_off)
+    table = build_id_table(hashes)
+    for name, arr in (("text_offsets.npy", t_off), ("id_offsets.npy", i_off), ("id_table.npy", table)):
+        with open(out / f".{name}.tmp", "wb") as f:
+            np.save(f, arr)
+    for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
+        os.replace(out / f".{name}.tmp", out / name)
+    write_json_atomic(out / FLAT_INDEX_HEADER, {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
+                                           "dtype": dtype, "count": n})
+    files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+             for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy",
+                          "id_table.npy")}
+    manifest = {
+        "format": FORMAT, "count": n, "dim": dim, "dtype": dtype,
+        "encoder": {**spec["encoder"], "model_dir": model_dir},
+        "input": spec["input"], "chunk_size": spec["chunk_size"], "shards": shards,
+        "build": {k: v for k, v in spec.items()}, "executor": executor, "files": files,
+        "duplicates_dropped": dropped if spec.get("dedup") else None,
+        "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
+    return CorpusStore.open(out)
+
+
+def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -> None:
+    """ValueError naming the first id two rows share."""
+    order = np.argsort(hashes, kind="stable")
+    sh = hashes[order]
+    same = np.flatnonzero(sh[1:] == sh[:-1])
+    if not same.size:
+        return
+    blob = np.fromfile(ids_file, dtype=np.uint8)
+
+    def id_at(r: int) -> str:
+        return bytes(blob[offsets[r]:offsets[r + 1]]).decode("utf-8")
+
+    for j in same:
+        a, b = int(order[j]), int(order[j + 1])
+        if id_at(a) == id_at(b):
+            raise ValueError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
+
+
+__all__ = ["CorpusStore", "build_id_table", "id_hash", "FORMAT", "read_manifest", "sha256_file", "write_json_atomic",
+           "chunk_name", "write_chunk", "write_store", "texts_to_blob", "DATA_FILES", "FLAT_INDEX_FORMAT",
+           "MANIFEST", "FLAT_INDEX_HEADER", "CHUNK_GLOB"]

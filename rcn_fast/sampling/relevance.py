@@ -129,14 +129,14 @@ def sample_subsets(
         )
     if d < 1:
         raise ValueError("cand_emb: expected d >= 1 embedding columns, got 0")
-    N = _check_int(num_subsets, "num_subsets", 1)
-    K = _check_int(subset_size, "subset_size", 1)
+    N = check_count(num_subsets, "num_subsets", 1)
+    K = check_count(subset_size, "subset_size", 1)
     tau = _check_tau(tau)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if first not in FIRST_MODES:
         raise ValueError(f"first: expected one of {list(FIRST_MODES)}, got {first!r}")
-    keys = _check_keys(keys, B)
-    mask = _check_valid(valid, B, n)
+    keys = check_stream_keys(keys, B)
+    mask = check_valid_mask(valid, B, n)
     q32 = _query_float32(query_emb)
     if B == 0 or n == 0:  # nothing to draw: empty, or every slot padding
         ids = np.full((B, N, K), -1, dtype=np.int64)
@@ -172,7 +172,8 @@ def sample_subsets(
 # ---------------------------------------------------------------- argument checks
 
 
-def _check_int(x: Any, name: str, minimum: int) -> int:
+def check_count(x: Any, name: str, minimum: int) -> int:
+    """``x`` as an int in ``[minimum, 2**31)``; TypeError / ValueError naming ``name``."""
     if not is_integral(x):
         raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
     if int(x) < minimum:
@@ -193,7 +194,8 @@ def _check_tau(tau: Any) -> float:
     return tau
 
 
-def _check_seed(seed: Any) -> int:
+def check_seed(seed: Any) -> int:
+    """``seed`` as an int in ``[0, 2**64)`` (the Philox key)."""
     if not is_integral(seed):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     if not 0 <= int(seed) < 2**64:
@@ -201,7 +203,8 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
-def _check_keys(keys: Any, B: int) -> np.ndarray:
+def check_stream_keys(keys: Any, B: int) -> np.ndarray:
+    """Per-question stream ids: int64 [B] (``arange(B)`` for None; uint64 viewed as int64)."""
     if keys is None:
         return np.arange(B, dtype=np.int64)
     k = A.to_numpy(keys) if A.is_torch(keys) else np.asarray(keys)
@@ -214,7 +217,7 @@ def _check_keys(keys: Any, B: int) -> np.ndarray:
     return np.ascontiguousarray(k, dtype=np.int64)
 
 
-def _check_valid(valid: Any, B: int, n: int) -> np.ndarray | None:
+def check_valid_mask(valid: Any, B: int, n: int) -> np.ndarray | None:
     """None (all valid) or a contiguous uint8 [B, n] mask."""
     if valid is None:
         return None

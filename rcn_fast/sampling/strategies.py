@@ -35,10 +35,10 @@ from rcn_fast import _arrays as A
 from rcn_fast.sampling.philox import sampler_uniform
 from rcn_fast.sampling.reference import uniform_pick
 from rcn_fast.sampling.relevance import (
-    _check_int,
-    _check_keys,
-    _check_seed,
-    _check_valid,
+    check_count,
+    check_stream_keys,
+    check_seed,
+    check_valid_mask,
     sample_subsets,
 )
 
@@ -114,11 +114,11 @@ def sample(
             f"query_emb: expected shape [B, d] = [{B}, {d}] to match cand_emb {list(cand_emb.shape)}, "
             f"got {list(query_emb.shape)}"
         )
-    N = _check_int(num_subsets, "num_subsets", 1)
-    K = _check_int(subset_size, "subset_size", 1)
-    seed = _check_seed(seed)
-    keys_np = _check_keys(keys, B)
-    mask = _check_valid(valid, B, n)
+    N = check_count(num_subsets, "num_subsets", 1)
+    K = check_count(subset_size, "subset_size", 1)
+    seed = check_seed(seed)
+    keys_np = check_stream_keys(keys, B)
+    mask = check_valid_mask(valid, B, n)
     mask = np.ones((B, n), dtype=bool) if mask is None else mask.astype(bool)
     q = A.to_float32_numpy(query_emb)
     e = A.to_float32_numpy(cand_emb)
@@ -140,7 +140,7 @@ def sample(
             raise ValueError(f"mmr_lambda: expected a float in [0, 1], got {mmr_lambda}")
         ids = mmr_subsets(q, e, mask, N, K, lam)
     else:
-        iters = _check_int(kmeans_iters, "kmeans_iters", 1)
+        iters = check_count(kmeans_iters, "kmeans_iters", 1)
         ids = cluster_subsets(q, e, mask, N, K, seed, keys_np, iters)
     return A.from_numpy_like(cand_emb, ids)
 

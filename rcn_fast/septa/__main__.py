@@ -50,7 +50,7 @@ def _encoder(args: argparse.Namespace) -> Any:
     rcn_fast.eval`` (all-MiniLM-L6-v2 takes no E5 prefixes; see
     :func:`rcn_fast.retrieval.st_folder.encoder_defaults`); flags given win."""
     from rcn_fast.retrieval.st_folder import encoder_defaults
-    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.retrieval.encoders import Encoder
 
     settings = encoder_defaults(args.encoder)
     for k in ("query_prefix", "passage_prefix"):
@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         threads = os.environ.get("RCN_FAST_NUM_THREADS")
         if threads:  # torch threads too (oversubscribed OpenMP workers spin and slow everything down)
-            from rcn_fast.septa.gnn import _torch
+            from rcn_fast.septa.gnn import torch_module
 
-            _torch().set_num_threads(max(1, int(threads)))
+            torch_module().set_num_threads(max(1, int(threads)))
         if args.cmd == "align":
             from rcn_fast.septa.system import prepare_alignment, run_alignment
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from rcn_fast._validate import Settings, is_int
 from rcn_fast.septa.checkpoint import load_checkpoint, save_checkpoint
-from rcn_fast.septa.gnn import GNNConfig, SubgraphEncoder, SubgraphTable, _torch
+from rcn_fast.septa.gnn import GNNConfig, SubgraphEncoder, SubgraphTable, torch_module
 
 logger = logging.getLogger("rcn_fast.septa")
 
@@ -87,7 +87,7 @@ def info_nce(e: Any, h: Any, temperature: float) -> tuple[Any, Any, Any]:
     -------
     (loss, loss_g2t, loss_t2g) : scalar tensors; loss = (g2t + t2g) / 2
     """
-    torch = _torch()
+    torch = torch_module()
     F = torch.nn.functional
     if e.shape != h.shape or e.dim() != 2:
         raise ValueError(f"e, h: expected equal [N, d] shapes, got {tuple(e.shape)} and {tuple(h.shape)}")
@@ -147,7 +147,7 @@ class AlignModel:
 
     def __init__(self, gnn: GNNConfig, text_dim: int, dim: int, num_relations: int, num_nodes: int,
                  node_features: np.ndarray | None = None, seed: int = 0) -> None:
-        torch = _torch()
+        torch = torch_module()
         if gnn.node_features == "text":
             if node_features is None:
                 raise ValueError("node_features: gnn.node_features='text' needs the node name embeddings")
@@ -169,7 +169,7 @@ class AlignModel:
 
     def graph_embed(self, batch: dict) -> Any:
         """``e`` [B, dim] for a batch from :meth:`SubgraphTable.batch`."""
-        torch = _torch()
+        torch = torch_module()
         feats = None
         if self.node_features is not None and self.gnn_config.node_features == "text":
             nodes = batch["nodes"].numpy()
@@ -179,7 +179,7 @@ class AlignModel:
 
     def text_embed(self, text_emb: Any) -> Any:
         """``h = W_T h~ + b_T`` for frozen encoder embeddings [B, text_dim]."""
-        torch = _torch()
+        torch = torch_module()
         if isinstance(text_emb, np.ndarray):
             text_emb = torch.from_numpy(np.asarray(text_emb, dtype=np.float32))
         return self.module["text"](text_emb)
@@ -187,7 +187,7 @@ class AlignModel:
     def embed_all(self, table: SubgraphTable, text_emb: np.ndarray, batch_size: int = 256,
                   progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """``(e, h)`` float32 [S, dim] for every subgraph of ``table`` (eval mode)."""
-        torch = _torch()
+        torch = torch_module()
         self.module.eval()
         es, hs = [], []
         it = range(0, len(table), batch_size)
@@ -248,7 +248,7 @@ def train_alignment(model: AlignModel, table: SubgraphTable, text_emb: np.ndarra
     -------
     history : list of {"step", "epoch", "loss", "g2t", "t2g"} per step
     """
-    torch = _torch()
+    torch = torch_module()
     S = len(table)
     if text_emb.shape[0] != S:
         raise ValueError(f"text_emb: expected {S} rows (one per subgraph), got {text_emb.shape[0]}")

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rcn_fast.septa.gnn import _torch
+from rcn_fast.septa.gnn import torch_module
 
 FORMAT = "rcn_fast.septa.checkpoint/1"
 SUFFIX = ".safetensors"
@@ -45,7 +45,7 @@ def _safetensors() -> Any:
 # ------------------------------------------------------------------ the tree
 def _flatten(obj: Any, tensors: dict[str, Any], seen: dict[int, str]) -> Any:
     """JSON form of ``obj``; its tensors go into ``tensors`` ("t<n>" keys)."""
-    torch = _torch()
+    torch = torch_module()
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         ptr = t.untyped_storage().data_ptr() if t.numel() else None
@@ -204,7 +204,7 @@ def convert_pickle_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLik
     ValueError
         ``src`` holds anything but tensors and plain containers (named).
     """
-    torch = _torch()
+    torch = torch_module()
     src = Path(src)
     dst = Path(dst) if dst is not None else src.with_suffix(SUFFIX)
     try:

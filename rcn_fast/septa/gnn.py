@@ -23,7 +23,8 @@ from rcn_fast._arrays import require
 TORCH_HINT = 'pip install "rcn_fast[septa]"  (torch, numba)'
 
 
-def _torch() -> Any:
+def torch_module() -> Any:
+    """The torch module (ImportError with the install hint when missing)."""
     return require("torch", TORCH_HINT)
 
 
@@ -122,7 +123,7 @@ class SubgraphTable:
         ``mask`` bool [B, L], ``src``/``dst``/``rel`` int64 [M] (flat
         positions ``b * L + local``).
         """
-        torch = _torch()
+        torch = torch_module()
         idx = np.asarray(idx, dtype=np.int64)
         sizes = self.node_ptr[idx + 1] - self.node_ptr[idx]
         L = int(sizes.max()) if len(idx) else 1
@@ -146,7 +147,7 @@ class SubgraphTable:
 # ------------------------------------------------------------------ modules
 @functools.lru_cache(maxsize=None)
 def _modules() -> Any:
-    torch = _torch()
+    torch = torch_module()
     nn = torch.nn
 
     class GPSLayer(nn.Module):

@@ -39,7 +39,7 @@ import numpy as np
 
 from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast.septa.checkpoint import load_checkpoint, save_checkpoint
-from rcn_fast.septa.gnn import _torch
+from rcn_fast.septa.gnn import torch_module
 
 logger = logging.getLogger("rcn_fast.septa")
 
@@ -118,7 +118,7 @@ class PredictorConfig(Settings):
 
 @functools.lru_cache(maxsize=None)
 def _predictor_class() -> Any:
-    torch = _torch()
+    torch = torch_module()
     nn = torch.nn
 
     class SeptaPredictor(nn.Module):
@@ -207,7 +207,7 @@ def SeptaPredictor(*args: Any, **kwargs: Any) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _text_model_class() -> Any:
-    torch = _torch()
+    torch = torch_module()
     nn = torch.nn
 
     class FinetunedText(nn.Module):
@@ -222,7 +222,7 @@ def _text_model_class() -> Any:
             import copy
 
             transformers = _require_transformers()
-            from rcn_fast.retrieval.encoder import _model_inputs, _pooled_module
+            from rcn_fast.retrieval.encoders.torch import model_inputs, pooled_module
 
             cfg, model_dir = getattr(encoder, "config", None), getattr(encoder, "model_dir", None)
             if cfg is None or model_dir is None or not hasattr(cfg, "pooling"):
@@ -230,8 +230,8 @@ def _text_model_class() -> Any:
                                  f"(Encoder.from_pretrained), got {type(encoder).__name__}")
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
             self.lm = transformers.AutoModel.from_pretrained(str(model_dir))
-            self.names = _model_inputs(self.lm)
-            self.pooled = _pooled_module(self.lm, cfg.pooling, self.names)
+            self.names = model_inputs(self.lm)
+            self.pooled = pooled_module(self.lm, cfg.pooling, self.names)
             self.prefix, self.normalize = cfg.passage_prefix or "", bool(cfg.normalize)
             self.max_length = int(getattr(encoder, "max_length", None) or cfg.max_length)
             self.proj = copy.deepcopy(text_proj)
@@ -272,7 +272,7 @@ def batch_inputs(feats: "QuestionFeatures", idx: Any, texts: QuestionTexts | Non
     """Predictor inputs for questions ``idx``: the stored features, with
     ``t`` and ``v`` recomputed by ``text_model`` from ``texts`` when given
     (fine-tuning; gradients flow into the text model)."""
-    torch = _torch()
+    torch = torch_module()
     x = feats.tensors(idx)
     if text_model is None:
         return x
@@ -323,7 +323,7 @@ class QuestionFeatures:
         return int(self.t.shape[0])
 
     def tensors(self, idx: Any) -> dict[str, Any]:
-        torch = _torch()
+        torch = torch_module()
         return {"t": torch.from_numpy(self.t[idx]), "G": torch.from_numpy(self.G[idx]),
                 "v": torch.from_numpy(self.v[idx]), "G_mask": torch.from_numpy(self.G_ids[idx] >= 0),
                 "choice_mask": torch.from_numpy(self.choice_mask[idx])}
@@ -341,7 +341,7 @@ def accuracy(model: Any, feats: QuestionFeatures, batch_size: int = 256, *, text
              text_model: Any = None) -> float:
     """Share of questions with a known answer that the predictor gets right
     (``texts`` / ``text_model``: see :func:`batch_inputs`)."""
-    torch = _torch()
+    torch = torch_module()
     model.eval()
     if text_model is not None:
         text_model.eval()
@@ -388,7 +388,7 @@ def train_predictor(model: Any, train: QuestionFeatures, config: PredictorConfig
     -------
     history : list of {"epoch", "loss", "first_loss", "dev_acc"} per epoch
     """
-    torch = _torch()
+    torch = torch_module()
     if (train.answers < 0).any():
         raise ValueError("train: every training question needs an answer")
     if config.finetune_encoder != (text_model is not None):

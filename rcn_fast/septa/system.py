@@ -46,7 +46,7 @@ from rcn_fast.data import MCQuestion
 from rcn_fast.kg import KnowledgeGraph, Subgraphs, bfs_subgraphs, load_graph, subgraph_text
 from rcn_fast.septa.checkpoint import SUFFIX, load_checkpoint, part, save_checkpoint
 from rcn_fast.septa.align import AlignConfig, AlignModel, recall_at_k, subgraph_vectors, train_alignment
-from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, _torch
+from rcn_fast.septa.gnn import GNNConfig, SubgraphTable, torch_module
 from rcn_fast.septa.predictor import FinetunedText, PredictorConfig, QuestionFeatures, SeptaPredictor
 from rcn_fast.septa.predictor import accuracy, train_predictor
 from rcn_fast.septa.query import QueryEnhancer
@@ -90,7 +90,7 @@ def _encoder_record(encoder: Any) -> dict[str, Any]:
 
 def load_encoder(record: dict[str, Any]) -> Any:
     """The rcn_fast Encoder a manifest's ``encoder`` record describes."""
-    from rcn_fast.retrieval.encoder import Encoder
+    from rcn_fast.retrieval.encoders import Encoder
 
     if "config" not in record:
         raise ValueError("encoder: this SEPTA directory was built with a custom encoder object; pass encoder=")
@@ -438,7 +438,7 @@ class SeptaSystem:
 
     def __init__(self, directory: str | os.PathLike[str], encoder: Any = None,
                  predictor_config: PredictorConfig | None = None, load_predictor: bool = True) -> None:
-        _torch()  # needed below: ImportError with the install hint before anything is read
+        torch_module()  # needed below: ImportError with the install hint before anything is read
         self.directory = d = Path(directory)
         self.manifest = m = check_directory(d, predictor=load_predictor)
         self.graph = KnowledgeGraph.load(d / "graph")
@@ -472,7 +472,7 @@ class SeptaSystem:
         The ``k`` axis holds ``min(top_k, database size)`` slots: slots
         beyond the database could only be padding, which the predictor
         masks anyway."""
-        torch = _torch()
+        torch = torch_module()
         k = min(self.config.top_k, max(1, len(self.db)))
         C = max((len(q.choices) for q in questions), default=1)
         Q, d, dt = len(questions), self.align.dim, self.manifest["text_dim"]
@@ -515,7 +515,7 @@ class SeptaSystem:
 
     def score(self, feats: QuestionFeatures) -> np.ndarray:
         """Predictor scores float32 [Q, C] (-inf on padded choices)."""
-        torch = _torch()
+        torch = torch_module()
         self.predictor.eval()
         with torch.no_grad():
             return self.predictor(**feats.tensors(slice(None))).numpy()
@@ -559,7 +559,7 @@ def run_training(directory: str | os.PathLike[str], train_questions: Sequence[MC
     """Train the predictor on ``train_questions`` (resuming from
     ``predictor_state.safetensors``), keep the best dev epoch, save
     ``predictor.safetensors``."""
-    torch = _torch()
+    torch = torch_module()
     d = Path(directory)
     config = config or PredictorConfig()
     system = SeptaSystem(d, encoder=encoder, predictor_config=config, load_predictor=False)

@@ -37,7 +37,7 @@ def load_similarity_model(spec: Any) -> Any:
         raise TypeError(f"similarity: expected an encoder, a model path or id, or 'retriever', got "
                         f"{type(spec).__name__}")
     from rcn_fast.model_files import resolve_model_dir
-    from rcn_fast.retrieval.encoder import Encoder, _model_settings
+    from rcn_fast.retrieval.encoders.base import Encoder, saved_settings
 
     try:
         model_dir = resolve_model_dir(os.fspath(spec))
@@ -47,7 +47,7 @@ def load_similarity_model(spec: Any) -> Any:
             f"{PAPER_SIMILARITY_MODEL!r}) must be a local directory, an installed package or a cached hub id; "
             "pass similarity_model=<path> (or similarity=<encoder>), or similarity_model='retriever' to use the "
             "retriever's encoder (not the paper's setting)") from None
-    kw = {} if _model_settings(model_dir) else {"pooling": "mean", "normalize": True, "query_prefix": "",
+    kw = {} if saved_settings(model_dir) else {"pooling": "mean", "normalize": True, "query_prefix": "",
                                                  "passage_prefix": ""}
     return Encoder.from_pretrained(os.fspath(spec), **kw)
 

@@ -22,10 +22,8 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast.model_files import model_fingerprint
-from rcn_fast.retrieval.encoder import (
-    _EXPORT_VERSION, _ONNX_HINT, _POOLINGS, _TORCH_HINT, Encoder, EncoderConfig, _load_hf_model, _model_inputs,
-    _pooled_module,
-)
+from rcn_fast.retrieval.encoders.base import EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig
+from rcn_fast.retrieval.encoders.torch import load_hf_model, model_inputs, pooled_module
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -202,15 +200,15 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     (``cache_dir="model"``) is refused with a ValueError naming the folder
     to delete.
     """
-    torch = require("torch", _TORCH_HINT)
-    require("onnx", _ONNX_HINT)
-    require("onnxscript", _ONNX_HINT)
+    torch = require("torch", TORCH_HINT)
+    require("onnx", ONNX_HINT)
+    require("onnxscript", ONNX_HINT)
     model_dir = Path(model_dir)
-    if pooling not in _POOLINGS:
-        raise ValueError(f"pooling: expected one of {list(_POOLINGS)}, got {pooling!r}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling: expected one of {list(POOLINGS)}, got {pooling!r}")
     fp = model_fingerprint(model_dir)
     key_src = json.dumps({"fp": fp, "pooling": pooling, "torch": torch.__version__.split("+")[0],
-                          "export": _EXPORT_VERSION}, sort_keys=True)
+                          "export": EXPORT_VERSION}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     if cache_dir is None:
         root = default_cache_dir()
@@ -226,9 +224,9 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
         t0 = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
         try:
-            model = _load_hf_model(model_dir)
-            names = _model_inputs(model)
-            module = _pooled_module(model, pooling, names)
+            model = load_hf_model(model_dir)
+            names = model_inputs(model)
+            module = pooled_module(model, pooling, names)
             gen = torch.Generator().manual_seed(0)
             ids = torch.randint(3, min(int(model.config.vocab_size), 1000), (2, 8), generator=gen)
             mask = torch.ones(2, 8, dtype=torch.long)
@@ -269,7 +267,7 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
         raise ValueError(f"quantize: expected None or 'int8', got {quantize!r}")
     q_path = target / "model.int8.onnx"
     if not q_path.is_file() or q_path.name not in _read_checksums(target).get("files", {}):
-        qmod = require("onnxruntime.quantization", _ONNX_HINT)
+        qmod = require("onnxruntime.quantization", ONNX_HINT)
         tmp_q = target / f".model.int8.{os.getpid()}.onnx"
         logger.warning("quantising %s to int8 (one time) ...", onnx_path)
         import warnings
@@ -378,10 +376,17 @@ class OnnxEncoder(Encoder):
     file).
     """
 
+    backend = "onnx"
+
+    @classmethod
+    def open(cls, config: EncoderConfig, *, verify_export: bool = False) -> "OnnxEncoder":
+        """See :meth:`Encoder.open`; ``verify_export``: rehash the export."""
+        return cls(config, verify_export=verify_export)
+
     def __init__(self, config: EncoderConfig, *, verify_export: bool = False) -> None:
         super().__init__(config)
         config = self.config  # with the folder's settings filled in
-        ort = require("onnxruntime", _ONNX_HINT)
+        ort = require("onnxruntime", ONNX_HINT)
         dev = (config.device or "cpu").split(":")[0]
         if dev not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda[:N]' for the onnx backend, got {config.device!r}")

@@ -1,5 +1,8 @@
-"""Bi-encoders for dense retrieval: a Hugging Face BERT-family model run by
-PyTorch or by ONNX Runtime (exported by rcn_fast itself).
+"""The encoder base: :class:`EncoderConfig`, the settings a model folder
+implies, and :class:`Encoder` (tokenising, batching, pooling and
+normalisation shared by the torch and ONNX Runtime encoders of
+:mod:`rcn_fast.retrieval.encoders.torch` and
+:mod:`rcn_fast.retrieval.encoders.onnx`).
 
 Query / passage prefixes are added inside :meth:`Encoder.encode_queries` /
 :meth:`Encoder.encode_passages` (aliases :meth:`Encoder.encode_query` /
@@ -27,13 +30,12 @@ pads only to its own longest text; results come back in input order.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -51,14 +53,14 @@ from rcn_fast.retrieval.st_folder import (
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
-_BACKENDS = ("torch", "onnx")
-_POOLINGS = ("mean", "cls", "max", "lasttoken")
-_DTYPES = ("float32", "float16", "bfloat16")
-_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-_QUANTIZE = (None, "int8")
-_EXPORT_VERSION = 1  # bump when the exported graph changes
-_TORCH_HINT = "pip install 'rcn_fast[torch]' transformers  (torch==2.13.0, CPU wheels on CPU machines)"
-_ONNX_HINT = "pip install 'rcn_fast[onnx]'  (onnx, onnxruntime, onnxscript; onnxruntime-gpu for CUDA)"
+BACKENDS = ("torch", "onnx")
+POOLINGS = ("mean", "cls", "max", "lasttoken")
+DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+QUANTIZE = (None, "int8")
+EXPORT_VERSION = 1  # bump when the exported graph changes
+TORCH_HINT = "pip install 'rcn_fast[torch]' transformers  (torch==2.13.0, CPU wheels on CPU machines)"
+ONNX_HINT = "pip install 'rcn_fast[onnx]'  (onnx, onnxruntime, onnxscript; onnxruntime-gpu for CUDA)"
 
 
 # --------------------------------------------------------------------- config
@@ -145,20 +147,20 @@ class EncoderConfig:
         if not isinstance(self.model, (str, os.PathLike)) or not str(self.model):
             raise TypeError(f"model: expected a path or model id (str), got {self.model!r}")
         self.model = str(self.model)
-        if self.backend not in _BACKENDS:
-            raise ValueError(f"backend: expected one of {list(_BACKENDS)}, got {self.backend!r}")
-        if self.pooling is not None and self.pooling not in _POOLINGS:
-            raise ValueError(f"pooling: expected one of {list(_POOLINGS)} or None, got {self.pooling!r}")
-        dt = _DTYPE_ALIASES.get(str(self.dtype).removeprefix("torch."), str(self.dtype).removeprefix("torch."))
-        if dt not in _DTYPES:
-            raise ValueError(f"dtype: expected one of {list(_DTYPES)} (or fp32/fp16/bf16), got {self.dtype!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {self.backend!r}")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"pooling: expected one of {list(POOLINGS)} or None, got {self.pooling!r}")
+        dt = DTYPE_ALIASES.get(str(self.dtype).removeprefix("torch."), str(self.dtype).removeprefix("torch."))
+        if dt not in DTYPES:
+            raise ValueError(f"dtype: expected one of {list(DTYPES)} (or fp32/fp16/bf16), got {self.dtype!r}")
         self.dtype = dt
         if dt != "float32" and self.backend != "torch":
             raise ValueError(f"dtype: {dt} needs backend='torch'; the onnx backend runs float32")
         if dt == "float16" and not str(self.device or "cpu").startswith("cuda"):
             raise ValueError("dtype: float16 needs a CUDA device (device='cuda'); on the CPU use 'bfloat16' or "
                              "'float32'")
-        if self.quantize not in _QUANTIZE:
+        if self.quantize not in QUANTIZE:
             raise ValueError(f"quantize: expected None or 'int8', got {self.quantize!r}")
         if self.quantize and self.backend != "onnx":
             raise ValueError("quantize: int8 quantisation needs backend='onnx'")
@@ -187,36 +189,18 @@ class EncoderConfig:
         return cls(**d)
 
 
-# ------------------------------------------------------------------- protocol
-@runtime_checkable
-class EncoderLike(Protocol):
-    """What the corpus build and the retriever need from an encoder.
-
-    ``describe()`` returns a JSON-able dict with at least ``dim`` and the
-    settings that decide the vectors (``fingerprint``, ``pooling``,
-    ``normalize``, ``query_prefix``, ``passage_prefix``); it is stored in
-    corpus manifests and compared on resume and load.
-    """
-
-    @property
-    def dim(self) -> int: ...
-
-    def encode_queries(self, texts: Sequence[str], batch_size: int | None = None) -> Any: ...
-
-    def encode_passages(self, texts: Sequence[str], batch_size: int | None = None) -> Any: ...
-
-    def describe(self) -> dict[str, Any]: ...
+FOLDER_KEYS = ("pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "lowercase")
 
 
-_FOLDER_KEYS = ("pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "lowercase")
-
-
-def _model_settings(model_dir: Path) -> dict[str, Any]:
-    f = model_dir / SETTINGS_FILE
+def saved_settings(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The encoder settings the retriever trainer saved in a model folder
+    (``rcn_fast_encoder.json``; the keys of :data:`FOLDER_KEYS` only); {}
+    when the folder has no such file."""
+    f = Path(model_dir) / SETTINGS_FILE
     if not f.is_file():
         return {}
     d = json.loads(f.read_text())
-    return {k: v for k, v in d.items() if k in _FOLDER_KEYS}
+    return {k: v for k, v in d.items() if k in FOLDER_KEYS}
 
 
 def folder_settings(model: str | os.PathLike[str], model_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -251,12 +235,49 @@ def folder_settings(model: str | os.PathLike[str], model_dir: str | os.PathLike[
                             **(NO_PREFIXES if is_sentence_transformers_folder(d)
                                and not (is_e5_name(model) or is_e5_name(d)) else E5_PREFIXES)}
     out = {**base, **known}
-    out.update({k: v for k, v in st.items() if k in _FOLDER_KEYS})
-    out.update(_model_settings(d))
+    out.update({k: v for k, v in st.items() if k in FOLDER_KEYS})
+    out.update(saved_settings(d))
     return out
 
 
 # -------------------------------------------------------------------- encoder
+#: backend name -> the Encoder subclass that runs it (filled as the backend
+#: modules define their classes; the encoders package imports them all)
+_REGISTRY: dict[str, type["Encoder"]] = {}
+
+
+def load_encoder(config: EncoderConfig | dict[str, Any], *, verify_export: bool = False) -> "Encoder":
+    """Build the encoder a config describes: the one place a config becomes
+    an encoder (``Encoder.from_config`` and ``Encoder.from_pretrained``
+    call it).
+
+    Parameters
+    ----------
+    config : EncoderConfig or dict
+        A dict is read with :meth:`EncoderConfig.from_dict` (unknown keys
+        are an error).
+    verify_export : bool
+        ONNX: rehash every file of the cached export (see
+        :func:`rcn_fast.retrieval.encoders.onnx.export_onnx`); ignored by
+        the torch backend.
+
+    Returns
+    -------
+    Encoder
+        The subclass registered for ``config.backend``: a ``TorchEncoder``
+        (``"torch"``) or an ``OnnxEncoder`` (``"onnx"``).
+    """
+    if isinstance(config, dict):
+        config = EncoderConfig.from_dict(config)
+    if not isinstance(config, EncoderConfig):
+        raise TypeError(f"config: expected EncoderConfig or dict, got {type(config).__name__}")
+    cls = _REGISTRY.get(config.backend)
+    if cls is None:  # only when a backend module was not imported
+        raise ValueError(f"backend: no encoder class registered for {config.backend!r} (registered: "
+                         f"{sorted(_REGISTRY)}); import rcn_fast.retrieval.encoders")
+    return cls.open(config, verify_export=verify_export)
+
+
 class Encoder:
     """Base class and factory of the default encoders.
 
@@ -274,14 +295,22 @@ class Encoder:
     """
 
     config: EncoderConfig
+    #: the ``EncoderConfig.backend`` a subclass runs (set by each backend's class)
+    backend: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("backend")
+        if name is not None:
+            _REGISTRY[name] = cls
 
     def __init__(self, config: EncoderConfig) -> None:
         self.model_dir = resolve_model_dir(config.model, local_files_only=config.local_files_only)
         implied = folder_settings(config.model, self.model_dir)
         given = asdict(config)
-        self.config = EncoderConfig(**{**given, **{k: implied[k] for k in _FOLDER_KEYS if given[k] is None}})
+        self.config = EncoderConfig(**{**given, **{k: implied[k] for k in FOLDER_KEYS if given[k] is None}})
         config = self.config
-        transformers = require("transformers", _TORCH_HINT)
+        transformers = require("transformers", TORCH_HINT)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
         self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir))
         limit = getattr(self.hf_config, "max_position_embeddings", None)
@@ -364,15 +393,13 @@ class Encoder:
         """Build the encoder a config describes (a dict is read with
         :meth:`EncoderConfig.from_dict`); ``verify_export``: see
         :meth:`from_pretrained`."""
-        if isinstance(config, dict):
-            config = EncoderConfig.from_dict(config)
-        if not isinstance(config, EncoderConfig):
-            raise TypeError(f"config: expected EncoderConfig or dict, got {type(config).__name__}")
-        if config.backend == "torch":
-            return TorchEncoder(config)
-        from rcn_fast.retrieval.onnx_backend import OnnxEncoder
+        return load_encoder(config, verify_export=verify_export)
 
-        return OnnxEncoder(config, verify_export=verify_export)
+    @classmethod
+    def open(cls, config: EncoderConfig, *, verify_export: bool = False) -> "Encoder":
+        """Construct this backend's encoder (what :func:`load_encoder`
+        calls); ``verify_export`` matters to the ONNX backend only."""
+        return cls(config)
 
     # ------------------------------------------------------------ properties
     @property
@@ -466,7 +493,7 @@ class Encoder:
                 norms = np.linalg.norm(out, axis=1, keepdims=True)
                 out /= np.where(norms > 0, norms, 1.0)
         if output == "torch":
-            torch = require("torch", _TORCH_HINT)
+            torch = require("torch", TORCH_HINT)
             return torch.from_numpy(out)
         return out
 
@@ -504,76 +531,5 @@ class Encoder:
                 f"normalize={c.normalize}, prefixes=({c.query_prefix!r}, {c.passage_prefix!r}))")
 
 
-# ----------------------------------------------------------------- torch side
-def _pooled_module(model: Any, pooling: str, input_names: tuple[str, ...]) -> Any:
-    """A torch module: (input_ids, attention_mask[, token_type_ids]) ->
-    pooled float32 [B, d]. The same module is run by TorchEncoder and
-    exported to ONNX."""
-    torch = require("torch", _TORCH_HINT)
-
-    class Pooled(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids=None):  # type: ignore[no-untyped-def]
-            kw = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if token_type_ids is not None:
-                kw["token_type_ids"] = token_type_ids
-            h = self.model(**kw).last_hidden_state.float()
-            if pooling == "cls":
-                return h[:, 0]
-            if pooling == "lasttoken":  # rows are right-padded: the last attended token
-                last = (attention_mask.sum(1) - 1).clamp(min=0)
-                return h[torch.arange(h.shape[0], device=h.device), last]
-            w = attention_mask.unsqueeze(-1).to(h.dtype)
-            if pooling == "max":  # padded positions never win (sentence-transformers sets them to -1e9)
-                return torch.where(w > 0, h, torch.full_like(h, -1e9)).max(1).values
-            return (h * w).sum(1) / w.sum(1).clamp(min=1e-9)
-
-    return Pooled().eval()
-
-
-def _model_inputs(model: Any) -> tuple[str, ...]:
-    params = inspect.signature(model.forward).parameters
-    names = ["input_ids", "attention_mask"]
-    if "token_type_ids" in params:
-        names.append("token_type_ids")
-    return tuple(names)
-
-
-def _load_hf_model(model_dir: Path) -> Any:
-    transformers = require("transformers", _TORCH_HINT)
-    require("torch", _TORCH_HINT)
-    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa")
-    return model.eval()
-
-
-class TorchEncoder(Encoder):
-    """The encoder run by PyTorch (CPU or CUDA)."""
-
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__(config)
-        config = self.config  # with the folder's settings filled in
-        torch = require("torch", _TORCH_HINT)
-        self.model = _load_hf_model(self.model_dir)
-        self.input_names = _model_inputs(self.model)
-        self.device = torch.device(config.device or "cpu")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device: {config.device!r} requested but torch sees no CUDA device")
-        if config.dtype == "float16" and self.device.type != "cuda":
-            raise ValueError("dtype: float16 needs a CUDA device; use 'bfloat16' or 'float32' on the CPU")
-        self.model.to(device=self.device, dtype=getattr(torch, config.dtype))
-        self.module = _pooled_module(self.model, config.pooling, self.input_names)
-        if config.intra_op_threads:
-            torch.set_num_threads(config.intra_op_threads)
-        logger.info("torch encoder %s on %s", config.model, self.device)
-
-    def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        torch = require("torch", _TORCH_HINT)
-        with torch.inference_mode():
-            args = [torch.from_numpy(feed[n]).to(self.device) for n in self.input_names]
-            return self.module(*args).float().cpu().numpy()
-
-
-__all__ = ["Encoder", "EncoderConfig", "EncoderLike", "TorchEncoder", "folder_settings", "encoder_defaults"]
+__all__ = ["load_encoder", "BACKENDS", "POOLINGS", "TORCH_HINT", "ONNX_HINT", "EXPORT_VERSION", "FOLDER_KEYS", "Encoder",
+           "EncoderConfig", "folder_settings", "saved_settings", "encoder_defaults"]
