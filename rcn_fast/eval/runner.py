@@ -42,7 +42,7 @@ from typing import Any, Callable
 from rcn_fast._paths import child_path
 from rcn_fast.eval.checkpoint import Checkpoint, run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, EvalConfig, EvalError, encoder_defaults
-from rcn_fast.eval.loading import Components, _check_model_packages, _corpus_key, _is_store, _sha_file, log, model_key
+from rcn_fast.eval.loading import Components, check_model_packages, corpus_key, is_store, sha_file, log, model_key
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
@@ -189,9 +189,9 @@ def plan(cfg: EvalConfig, out: Path) -> tuple[list[TaskSpec], dict[str, list[Any
                 key = run_key({
                     "task": tkey, "pipeline": p, "config": cdict,
                     "model": llm_key if with_llm else None, "model_args": cfg.model_args if with_llm else None,
-                    "corpus": _corpus_key(corpus) if uses_corpus else None,
+                    "corpus": corpus_key(corpus) if uses_corpus else None,
                     "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or uses_kb) else None,
-                    "kb": {"file": _sha_file(Path(cfg.kb))} if uses_kb and cfg.kb else None,
+                    "kb": {"file": sha_file(Path(cfg.kb))} if uses_kb and cfg.kb else None,
                     **({"pipeline_key": extra} if extra is not None else {}),
                 })
                 path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
@@ -376,9 +376,9 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         default_encoder = encoder is None and retriever is None and cfg.encoder is None and any(
             (needs_example_kb(reg[u.pipeline]) and kb_retriever is None)
             or (may_use_retriever(reg[u.pipeline])
-                and (cfg.corpus or task_corpus(u.task)) is not None and not _is_store(cfg.corpus or task_corpus(u.task)))
+                and (cfg.corpus or task_corpus(u.task)) is not None and not is_store(cfg.corpus or task_corpus(u.task)))
             for u in todo)
-        _check_model_packages(default_llm, default_encoder)
+        check_model_packages(default_llm, default_encoder)
     prev_threads = None
     if todo and cfg.device in ("cpu", "auto") and importlib.util.find_spec("torch") is not None:
         n, why = choose_threads(cfg.threads)
