@@ -39,13 +39,10 @@ SHARED_HELPERS = frozenset(f"rcn_fast.{m}" for m in ("_validate", "_arrays", "_d
 
 #: Files in an import cycle of module-level imports (issue 28 removes these cycles).
 CYCLE_FILES = frozenset({
-    "rcn_fast/eval/lm_eval_tasks.py",  # <-> eval/tasks.py
-    "rcn_fast/eval/tasks.py",
 })
 
 #: Files above MAX_LINES lines (issue 28 splits them).
 LONG_FILES = frozenset({
-    "rcn_fast/eval/tasks.py",  # 777 lines
     "rcn_fast/llm/openai.py",  # 818
     "rcn_fast/retrieval/build.py",  # 822
     "rcn_fast/retrieval/train.py",  # 777
@@ -54,9 +51,6 @@ LONG_FILES = frozenset({
 #: Importing file -> how many ``_private`` names it imports from other rcn_fast modules (issue 28 removes them).
 PRIVATE_IMPORTS: dict[str, int] = {
     "rcn_fast/connection.py": 1,  # pipelines.knowledge._f32
-    "rcn_fast/data/open_domain.py": 2,  # data.loaders._get, _take
-    "rcn_fast/eval/lm_eval_tasks.py": 2,  # eval.tasks._dataset_rows, _take_n
-    "rcn_fast/eval/runner.py": 4,  # eval.loading._check_model_packages, _corpus_key, _is_store, _sha_file
     "rcn_fast/pipelines/reconnect.py": 1,  # pipelines.rag._OpenView
     "rcn_fast/pipelines/rr/faithfulness.py": 1,  # retrieval.encoder._model_settings
     "rcn_fast/retrieval/onnx_backend.py": 7,  # retrieval.encoder._EXPORT_VERSION, _ONNX_HINT, _POOLINGS, _TORCH_HINT,

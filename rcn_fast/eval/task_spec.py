@@ -15,7 +15,10 @@ from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TASKS_DIR = PACKAGE_DIR / "tasks"
-KINDS = ("multiple_choice", "yes_no", "open")
+#: Task kind -> its metric names, main one first (scored by the kind's task class, :data:`rcn_fast.eval.scoring.TASK_TYPES`).
+METRICS: dict[str, tuple[str, ...]] = {"multiple_choice": ("acc",), "yes_no": ("acc",),
+                                       "open": ("string_em", "exact_match")}
+KINDS = tuple(METRICS)
 #: The hub branch holding the parquet conversion of every dataset repository.
 PARQUET_REVISION = "refs/convert/parquet"
 
@@ -95,8 +98,8 @@ class TaskSpec:
     @property
     def metrics(self) -> tuple[str, ...]:
         """Metric names: ``("acc",)`` for choice tasks, StringEM and exact
-        match for open-domain ones."""
-        return ("string_em", "exact_match") if self.kind == "open" else ("acc",)
+        match for open-domain ones (:data:`METRICS`)."""
+        return METRICS[self.kind]
 
     @property
     def main_metric(self) -> str:
@@ -155,4 +158,4 @@ def spec_key(spec: TaskSpec) -> str:
 
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "package_path", "task_corpus", "spec_key",
-           "KINDS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
+           "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
