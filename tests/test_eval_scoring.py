@@ -66,7 +66,8 @@ class BlindFirst:
                 if q.answer is not None and self.check_gold:
                     raise AssertionError(f"the gold answer {q.answer} reached the pipeline ({q.id})")
                 lp = [0.0] + [-math.inf] * (len(q.choices) - 1)
-                out.append(Prediction(question_id=q.id, pred=0, label=q.labels[0], choice_logprobs=lp))
+                out.append(Prediction(question_id=q.id, pred=0, label=q.labels[0], choice_logprobs=lp,
+                                      answer=q.answer))  # as the built-in pipelines copy it
         return out
 
     def run(self, question: Any) -> Any:
@@ -248,3 +249,52 @@ def test_ray_executor_does_not_call_evaluate_again(tmp_path, blind, monkeypatch)
     local = real(_cfg(tmp_path, [mc], out="local", seeds=[0, 1]), print_table=False)
     assert {k: v for k, v in local["results"]["mc"]["blind_first"].items() if "time" not in k and "per_s" not in k
             } == {k: v for k, v in doc["results"]["mc"]["blind_first"].items() if "time" not in k and "per_s" not in k}
+
+
+# ------------------------------------------------------------ checkpoints written before this change
+#: The checkpoint the code before issue 28's item 2 wrote for ``--tasks demo --pipelines blind_first
+#: --limit 3 --seeds 0`` (pipelines then got the gold and copied it into ``answer``); its key pins the
+#: checkpoint key's recipe.
+OLD_KEY = "3577ce3586836a16"
+
+
+def _old_line(i: int, gold: int) -> str:
+    cost = {"llm_calls": 0, "generations": 0, "scoring_passes": 0, "prompt_tokens": 0, "generated_tokens": 0,
+            "cached_calls": 0}
+    return json.dumps({"id": f"demo-0{i}", "seed": 0, "status": "ok", "metrics": {"acc": 0.0},
+                       "elapsed_s": 1.0832666400043914e-05, "prediction": {
+                           "question_id": f"demo-0{i}", "pred": 0, "label": "A",
+                           "choice_logprobs": [0.0, -math.inf, -math.inf, -math.inf], "knowledge": [],
+                           "passages": [], "trace": [], "cost": cost, "answer": gold}}) + "\n"
+
+
+OLD_LINES = "".join(_old_line(i, gold) for i, gold in ((1, 2), (2, 1), (3, 3)))
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for r in recs:
+        r.pop("elapsed_s", None)
+    return {r["id"]: r for r in recs}
+
+
+def test_a_checkpoint_written_before_resumes_and_records_are_unchanged(tmp_path, blind):
+    from rcn_fast.eval.tasks import load_task_questions
+
+    ck = tmp_path / "out" / "checkpoints" / "demo" / "blind_first" / f"seed0-{OLD_KEY}.jsonl"
+    ck.parent.mkdir(parents=True)
+    ck.write_text(OLD_LINES)
+    cfg = dict(tasks=["demo"], pipelines=["blind_first"], progress=False, plot=False, strict=True, seeds=[0],
+               threads=1)
+    doc = evaluate(EvalConfig(**cfg, limit=5, output_path=str(tmp_path / "out")), print_table=False)
+    assert [q.id for q in blind.seen] == ["demo-04", "demo-05"]  # the first three came from the old file
+    assert ck.read_text().startswith(OLD_LINES)
+    gold = [q.answer for q in load_task_questions(get_task("demo"), limit=5)]
+    r = doc["results"]["demo"]["blind_first"]
+    assert r["n"] == 5 and r["n_failed"] == 0 and r["acc"] == sum(g == 0 for g in gold) / 5
+    # a fresh run writes what the code before wrote, field for field (the time aside)
+    evaluate(EvalConfig(**cfg, limit=3, output_path=str(tmp_path / "fresh")), print_table=False)
+    fresh = _records(tmp_path / "fresh" / ck.relative_to(tmp_path / "out"))
+    old = _records(ck)
+    assert fresh == {k: old[k] for k in ("demo-01", "demo-02", "demo-03")}
+    assert [old[f"demo-0{i}"]["prediction"]["answer"] for i in range(1, 6)] == gold
