@@ -298,3 +298,37 @@ def test_a_checkpoint_written_before_resumes_and_records_are_unchanged(tmp_path,
     old = _records(ck)
     assert fresh == {k: old[k] for k in ("demo-01", "demo-02", "demo-03")}
     assert [old[f"demo-0{i}"]["prediction"]["answer"] for i in range(1, 6)] == gold
+
+
+# ------------------------------------------------------------ no import circle under eval/ and data/
+def test_no_import_circle_under_eval_and_data():
+    """Every import counts here, those inside functions too (the ratchet of
+    tests/test_architecture.py counts module-level ones): the evaluation and
+    the data readers form no circle (runner <-> ray_executor, tasks <->
+    lm_eval_tasks before)."""
+    from tests.test_architecture import imports_of, source_files
+
+    mods = source_files()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        if not name.startswith(("rcn_fast.eval", "rcn_fast.data")):
+            continue
+        for imp in imports_of(name, path, mods):
+            t = imp.target
+            while t not in mods and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t in mods and t != name and t.startswith(("rcn_fast.eval.", "rcn_fast.data.")):
+                graph.setdefault(name, set()).add(t)
+
+    def reaches(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(graph.get(start, ()))
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return seen
+
+    circles = sorted(m for m in graph if m in reaches(m))
+    assert circles == []

@@ -169,14 +169,14 @@ def plan(cfg: EvalConfig, out: Path) -> Plan:
     units: list[Unit] = []
     for spec, entry in zip(specs, cfg.tasks):
         corpus = cfg.corpus or task_corpus(spec)  # resolved once per task; each unit keeps it
+        task = make_task(spec)
         for p in cfg.pipelines:
             cls = registry[p]
-            if spec.kind == "open" and not is_open_capable(cls):
+            if task.open_domain and not is_open_capable(cls):
                 able = sorted(n for n, c in registry.items() if is_open_capable(c))
                 raise EvalError(f"pipeline {p!r} answers multiple-choice questions only; task {spec.name!r} is "
                                 f"open-domain (pipelines that answer open questions: {', '.join(able) or 'none'})")
             _check_resources(cfg, spec, p, cls, corpus)
-        task = make_task(spec)
         try:
             qs = task.load_questions(limit=cfg.limit)
         except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:

@@ -63,6 +63,8 @@ class Task:
 
     #: the metric names, main one first
     metrics: ClassVar[tuple[str, ...]] = ()
+    #: its questions are answered in free text (only pipelines with ``answers_open`` take them)
+    open_domain: ClassVar[bool] = False
 
     def __init__(self, spec: TaskSpec | None = None) -> None:
         self.spec = spec
@@ -143,6 +145,7 @@ class OpenTask(Task):
     """Open-domain tasks: StringEM (ActiveRAG's accuracy, the main metric) and exact match."""
 
     metrics = METRICS["open"]
+    open_domain = True
 
     def unlabeled(self, question: OpenQuestion) -> OpenQuestion:
         return question if not question.answers else dataclasses.replace(question, answers=[])
