@@ -32,14 +32,13 @@ from rcn_fast.eval.config import DEFAULT_ENCODER, EvalConfig, encoder_defaults
 from rcn_fast.eval.executors import LocalExecutor, THROTTLE_ENV, choose_threads, output_folder, run_unit, shard_summary
 from rcn_fast.eval.loading import Components, log
 from rcn_fast.eval.pipeline_needs import needs_llm, pipeline_registry, split_pipeline_args
-from rcn_fast.eval.plan import Unit, plan, warn_corpus_leaks
+from rcn_fast.eval.plan import Unit, plan
 from rcn_fast.eval.progress import StageBars
 from rcn_fast.eval.scoring import make_task
 from rcn_fast.eval.tasks import TaskSpec
 
 # settings of the default encoder (all-MiniLM-L6-v2 takes no E5 prefixes); see encoder_defaults
 DEFAULT_ENCODER_ARGS = encoder_defaults(DEFAULT_ENCODER)
-_warn_corpus_leaks = warn_corpus_leaks  # the name tests and older callers use
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TASKS_DIR = PACKAGE_DIR / "tasks"
-#: Task kind -> its metric names, main one first (scored by the kind's task class, :data:`rcn_fast.eval.scoring.TASK_TYPES`).
+#: Task kind -> its metric names, main one first (scored by the kind's task class,
+#: :data:`rcn_fast.eval.scoring.TASK_TYPES`).
 METRICS: dict[str, tuple[str, ...]] = {"multiple_choice": ("acc",), "yes_no": ("acc",),
                                        "open": ("string_em", "exact_match")}
 KINDS = tuple(METRICS)
