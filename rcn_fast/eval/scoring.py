@@ -20,7 +20,8 @@ A task object
   standard error) and gives the samples' fields and the chance level.
 
 A new kind of task is one subclass registered in :data:`TASK_TYPES`, with its
-metric names in :data:`rcn_fast.eval.task_spec.METRICS`.
+metric names in :data:`rcn_fast.eval.task_spec.METRICS` and its readers in
+:data:`rcn_fast.eval.task_loading.READERS`.
 """
 
 from __future__ import annotations

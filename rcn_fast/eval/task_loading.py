@@ -9,7 +9,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rcn_fast.eval import lm_eval_tasks
 from rcn_fast.eval.task_sources import check_limit, dataset_rows, is_saved, split_files, take_n
@@ -140,20 +140,36 @@ def _convert_open(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -
     return out
 
 
+def _load_mc_file(path: str, split: str | None, limit: int | None) -> list[Any]:
+    from rcn_fast.data import load_questions
+
+    return load_questions(path, split=split, limit=limit)
+
+
+def _load_yes_no_file(path: str, split: str | None, limit: int | None) -> list[Any]:
+    from rcn_fast.data.yes_no import load_yes_no_questions
+
+    return load_yes_no_questions(path, split=split, limit=limit)
+
+
+def _load_open_file(path: str, split: str | None, limit: int | None) -> list[Any]:
+    from rcn_fast.data.open_domain import load_open_questions
+
+    return load_open_questions(path, split=split, limit=limit)
+
+
+#: Task kind -> (read a local question file, convert dataset rows): a new kind of task adds its readers here.
+READERS: dict[str, tuple[Callable[..., list[Any]], Callable[..., list[Any]]]] = {
+    "multiple_choice": (_load_mc_file, _convert_mc),
+    "yes_no": (_load_yes_no_file, _convert_yes_no),
+    "open": (_load_open_file, _convert_open),
+}
+
+
 def _read_file(spec: TaskSpec, path: Path, split: str | None, limit: int | None = None) -> list[Any]:
     """The questions of a local file (or a folder of ``*<split>*.jsonl``), in
     file order: every one, or the first ``limit``."""
-    if spec.kind == "yes_no":
-        from rcn_fast.data.yes_no import load_yes_no_questions
-
-        return load_yes_no_questions(str(path), split=split, limit=limit)
-    if spec.kind == "open":
-        from rcn_fast.data.open_domain import load_open_questions
-
-        return load_open_questions(str(path), split=split, limit=limit)
-    from rcn_fast.data import load_questions
-
-    return load_questions(str(path), split=split, limit=limit)
+    return READERS[spec.kind][0](str(path), split, limit)
 
 
 def _read_limited(spec: TaskSpec, path: Path, split: str | None, limit: int | float | None) -> tuple[list[Any], int]:
@@ -230,12 +246,7 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
             total = len(ds)
             n = take_n(total, limit)
             rows = ds.select(range(n)) if n < total else ds
-            if spec.kind == "yes_no":
-                qs = _convert_yes_no(spec, rows, split, where)
-            elif spec.kind == "open":
-                qs = _convert_open(spec, rows, split, where)
-            else:
-                qs = _convert_mc(spec, rows, split, where)
+            qs = READERS[spec.kind][1](spec, rows, split, where)
     if expected is not None and total != expected:
         warnings.warn(TaskCountWarning(
             f"task {spec.name!r}: {where} has {total} questions, the paper's set has {expected} "
@@ -265,4 +276,4 @@ def _has_csqa_question(path: Path) -> bool:
 
 
 
-__all__ = ["load_task_questions", "split_inline_choices"]
+__all__ = ["load_task_questions", "split_inline_choices", "READERS"]
