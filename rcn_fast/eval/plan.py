@@ -29,7 +29,6 @@ from rcn_fast.eval.loading import corpus_key, is_store, log, model_key, sha_file
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
-    needs_example_kb,
     needs_llm,
     pipeline_config_class,
     pipeline_registry,
