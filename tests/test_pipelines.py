@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rcn_fast import MCQuestion
+from rcn_fast.eval.scoring import score  # correctness is the task's scoring
 from rcn_fast.pipelines import (
     ABLATIONS,
     InMemoryRetriever,
@@ -390,7 +391,7 @@ def test_prediction_round_trips_through_json(retriever):
     p = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run(_questions()[0])
     d = json.loads(json.dumps(p.to_dict()))
     assert Prediction.from_dict(d).to_dict() == p.to_dict()
-    assert p.correct == (p.pred == 0)
+    assert score(_questions()[0], p) == {"acc": float(p.pred == 0)}  # correctness: the task's scoring
 
 
 # ---------------------------------------------------------------- the real Retriever (corpus store)

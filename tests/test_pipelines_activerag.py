@@ -18,6 +18,7 @@ import pytest  # noqa: E402
 
 from rcn_fast import MCQuestion  # noqa: E402
 from rcn_fast.data import OpenQuestion  # noqa: E402
+from rcn_fast.eval.scoring import scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import (  # noqa: E402
     CONFIGS,
     InMemoryRetriever,
@@ -212,7 +213,7 @@ def test_stage_flow_and_calls_per_question_multiple_choice(name, agent, retrieve
 def test_stage_flow_and_calls_per_question_open_domain(name, agent, retriever):
     llm = RAGDouble()
     p = _build(name, agent, llm, retriever)
-    preds = p.run_batch(OQS)
+    preds = [scored(q, x) for q, x in zip(OQS, p.run_batch(OQS))]  # the task writes the gold and its metrics
     flow = FLOWS[(name, agent)][1]
     assert llm.calls == [(kind, rows * len(OQS)) for kind, rows in flow]
     gens = sum(r for _, r in flow)
@@ -323,12 +324,12 @@ def test_all_agents_combine_by_mean_probability(retriever):
 def test_all_agents_vote_in_open_domain(retriever):
     llm = RAGDouble(answers={"associate": "Light.", "anchoring": "a magnet", "logician": "the light",
                              "cognition": "A magnet"})
-    pr = _build("activerag", "all", llm, retriever).run(OQS[0])
+    pr = scored(OQS[0], _build("activerag", "all", llm, retriever).run(OQS[0]))
     # the vote reads the Answer: lines; the default metric reads the winner's whole output
     assert pr.meta["winner"] == "associate" and pr.answer_text == pr.output.strip()
     assert pr.answer_text.startswith("associate improves [") and pr.answer_text.endswith("Answer: Light.")
     assert pr.trace[-1]["answers"]["anchoring"] == "a magnet"
-    pr = _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[0])
+    pr = scored(OQS[0], _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[0]))
     # 2-2 tie between "light" and "magnet": the group whose first member comes first (associate) wins
     assert pr.answer_text == "Light." and pr.meta["winner"] == "associate"
     assert pr.string_em is True and pr.exact_match is True
@@ -337,22 +338,22 @@ def test_all_agents_vote_in_open_domain(retriever):
     assert pr.trace[-1]["method"] == "vote"
     llm = RAGDouble(answers={"associate": "Light.", "anchoring": "a magnet", "logician": "Magnet",
                              "cognition": "sun"})
-    pr = _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[1])
+    pr = scored(OQS[1], _build("activerag", "all", llm, retriever, answer_extraction="final").run(OQS[1]))
     assert pr.answer_text == "a magnet" and pr.meta["winner"] == "anchoring" and pr.exact_match
 
 
 def test_open_domain_answers_and_metrics(retriever):
     llm = RAGDouble(answers={"associate": "The sun's LIGHT, mostly", "note": "iron"})
     # default: the paper's StringEM over the whole final output
-    full = _build("activerag", "associate", llm, retriever).run(OQS[0])
+    full = scored(OQS[0], _build("activerag", "associate", llm, retriever).run(OQS[0]))
     assert full.answer_text == full.output.strip() and full.output.startswith("associate improves [")
     assert full.string_em is True and full.exact_match is False
     # a gold alias only in the reasoning (not in the Answer: line) counts for the whole-output metric only
     llm2 = RAGDouble(answers={"associate": "iron filings"})
     q = OpenQuestion("o3", "What do plants need to make food?", ["step about"])
-    assert _build("activerag", "associate", llm2, retriever).run(q).string_em is True
-    assert _build("activerag", "associate", llm2, retriever, answer_extraction="final").run(q).string_em is False
-    pr = _build("activerag", "associate", llm, retriever, answer_extraction="final").run(OQS[0])
+    assert scored(q, _build("activerag", "associate", llm2, retriever).run(q)).string_em is True
+    assert scored(q, _build("activerag", "associate", llm2, retriever, answer_extraction="final").run(q)).string_em is False
+    pr = scored(OQS[0], _build("activerag", "associate", llm, retriever, answer_extraction="final").run(OQS[0]))
     assert pr.answer_text == "The sun's LIGHT, mostly"
     assert pr.string_em is True and pr.exact_match is False
     assert pr.output.startswith("associate improves [")
@@ -367,7 +368,8 @@ def test_open_domain_answers_and_metrics(retriever):
     assert "Passage 1: summary of 5 passages about What attracts iron?" in last and "Passage 2" not in last
     assert sr.answer_text.startswith("summary of 5 passages")
     # unlabelled questions: no metric
-    un = _build("cot", None, RAGDouble(), retriever, answer_extraction="final").run(OpenQuestion("u", "Why?"))
+    uq = OpenQuestion("u", "Why?")
+    un = scored(uq, _build("cot", None, RAGDouble(), retriever, answer_extraction="final").run(uq))
     assert un.string_em is None and un.exact_match is None and un.answer_text == "cot for Why?"
 
 
@@ -551,7 +553,7 @@ def test_tiny_models_end_to_end(tiny_models):
             json.dumps(pr.to_dict())
         if agent == "all" or name == "self_rerank":
             gens_open = sum(r for _, r in open_flow)
-            for pr in p.run_batch(OQS):
+            for pr in [scored(q, x) for q, x in zip(OQS, p.run_batch(OQS))]:
                 assert pr.cost.llm_calls == pr.cost.generations == gens_open
                 assert isinstance(pr.answer_text, str) and pr.string_em in (True, False)
                 if agent == "all":

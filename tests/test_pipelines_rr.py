@@ -22,6 +22,7 @@ pytest.importorskip("bm25s")
 from rcn_fast.data import DataFormatError, MCQuestion, is_yes_no, load_yes_no_questions, yes_no_question  # noqa: E402
 from rcn_fast.pipelines import CONFIGS, RRConfig, SelfConsistencyConfig, build, load_config  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever  # noqa: E402
+from rcn_fast.eval.scoring import score  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines.rr import (  # noqa: E402
     CONCLUSION_WORDS,
     faithful_vote,
@@ -267,7 +268,8 @@ def test_rr_stage_flow_and_call_counts(parts):
     assert cold.cost.llm_calls == 2 and all(x <= 0 for x in cold.choice_logprobs)
 
     moon = by["q-moon"]
-    assert moon.trace[0]["stage"] == "rr_reasoning_yes_no" and moon.label == "B" and moon.correct
+    assert moon.trace[0]["stage"] == "rr_reasoning_yes_no" and moon.label == "B"
+    assert score(next(q for q in QS if q.id == "q-moon"), moon) == {"acc": 1.0}  # the task scores it
     assert "Options:" not in moon.trace[0]["prompt"][-2]["content"]
     for x in preds:
         json.dumps(x.to_dict())

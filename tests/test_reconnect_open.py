@@ -18,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rcn_fast.data import MCQuestion, OpenQuestion  # noqa: E402
+from rcn_fast.eval.scoring import score, scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, OpenPrediction, ReConnectConfig, build  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_full_run_stages_prompts_and_costs(retriever):
     llm = ScriptedLLM()  # writes 6 explanations; an open question keeps open_queries = 4
     pipe = build("reconnect", llm=llm, retriever=retriever)
     qs = open_questions()
-    preds = pipe.run_batch(qs)
+    preds = [scored(q, p) for q, p in zip(qs, pipe.run_batch(qs))]  # the task writes the gold and its metrics
     assert all(isinstance(p, OpenPrediction) for p in preds) and [p.question_id for p in preds] == ["o1", "o2", "o3"]
     for q, p in zip(qs, preds):
         assert _stages(p) == ["query_expansion", "retrieval", "sampling", *["knowledge_extraction"] * N,
@@ -87,7 +88,7 @@ def test_full_run_stages_prompts_and_costs(retriever):
         assert p.answer_text == ans["answer"] == p.output  # answer_extraction="full" (the RAG pipelines' default)
         assert p.answers == q.answers
         hit = any(a in p.output.lower() for a in q.answers)
-        assert p.string_em is hit and p.exact_match is False and p.correct is hit
+        assert p.string_em is hit and p.exact_match is False and score(q, p)["string_em"] == float(hit)
         # costs: 6 generations (1 + N + 1 + the answer), no scoring pass; the tracker agrees
         assert p.cost.generations == 6 and p.cost.scoring_passes == 0 and p.cost.llm_calls == 6
         assert p.cost.generated_tokens == sum(e["generated_tokens"] for e in p.trace if e.get("type") == "generate")
@@ -161,13 +162,15 @@ def test_string_em_and_exact_match_follow_answer_extraction(retriever):
     for mode, em in (("full", False), ("final", True)):
         pipe = build("reconnect", llm=ScriptedLLM(), retriever=retriever, ablation="w/o ER, KC",
                      answer_extraction=mode)
-        gold = pipe.run(OpenQuestion("o", q.question, answers=["Something else", top.upper()]))
+        gq = OpenQuestion("o", q.question, answers=["Something else", top.upper()])
+        gold = scored(gq, pipe.run(gq))
         assert gold.string_em is True and gold.exact_match is em
         assert gold.answer_text == (top if mode == "final" else f"{top}\n(done)")
-        wrong = pipe.run(OpenQuestion("o", q.question, answers=["a cloud"]))
+        wq = OpenQuestion("o", q.question, answers=["a cloud"])
+        wrong = scored(wq, pipe.run(wq))
         assert wrong.string_em is False and wrong.exact_match is False
-        unlabelled = pipe.run(q)
-        assert unlabelled.string_em is None and unlabelled.exact_match is None and unlabelled.correct is None
+        unlabelled = scored(q, pipe.run(q))
+        assert unlabelled.string_em is None and unlabelled.exact_match is None and score(q, unlabelled)["string_em"] is None
     with pytest.raises(ValueError, match="answer_extraction: expected 'final' or 'full'"):
         ReConnectConfig(answer_extraction="last")
 
@@ -266,7 +269,7 @@ def test_tiny_models_end_to_end(tiny_models):
     for ablation, calls in ((None, 1 + 2 + 1 + 1), ("w/o KA", 1 + 2 + 1), ("w/o ER, KC", 1)):
         pipe = build("reconnect", llm=llm, retriever=r, ablation=ablation, num_subsets=2, subset_size=2, top_n=2,
                      max_queries=2, max_new_tokens=6)
-        preds = pipe.run_batch(qs)
+        preds = [scored(q, p) for q, p in zip(qs, pipe.run_batch(qs))]
         for p in preds:
             assert isinstance(p, OpenPrediction) and p.answers == ["water"]
             assert p.cost.generations == calls == p.cost.llm_calls and p.cost.scoring_passes == 0
@@ -345,7 +348,7 @@ def test_real_models_open_questions(torch_one_thread):
           OpenQuestion("r2", "What does a magnet attract?", answers=["iron"])]
     pipe = build("reconnect", llm=llm, retriever=r, num_subsets=2, subset_size=3, top_n=3, max_queries=2,
                  max_new_tokens=40)
-    preds = pipe.run_batch(qs)
+    preds = [scored(q, p) for q, p in zip(qs, pipe.run_batch(qs))]
     for q, p in zip(qs, preds):
         assert _stages(p) == ["query_expansion", "retrieval", "sampling", "knowledge_extraction",
                               "knowledge_extraction", "knowledge_aggregation", "answer"]

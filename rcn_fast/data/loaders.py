@@ -258,7 +258,8 @@ class FieldMap:
         return asdict(self)
 
 
-def _get(rec: Any, path: str) -> Any:
+def get_field(rec: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of a record (``"question.stem"``); KeyError(path) when absent."""
     cur = rec
     for part in path.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -271,22 +272,22 @@ def convert_record(rec: dict[str, Any], fmap: FieldMap, row: int, where: str) ->
     """One dataset row -> MCQuestion following ``fmap``."""
     try:
         qf = fmap.question if isinstance(fmap.question, tuple) else (fmap.question,)
-        question = " ".join(str(_get(rec, f)).strip() for f in qf).strip()
+        question = " ".join(str(get_field(rec, f)).strip() for f in qf).strip()
         labels = None
         if fmap.fixed_choices is not None:
             texts = list(fmap.fixed_choices)
         elif isinstance(fmap.choices, tuple):
-            texts = [str(_get(rec, f)) for f in fmap.choices]
+            texts = [str(get_field(rec, f)) for f in fmap.choices]
         else:
-            raw = _get(rec, str(fmap.choices))
+            raw = get_field(rec, str(fmap.choices))
             if isinstance(raw, dict):
                 texts = [str(t) for t in raw["text"]]
                 labels = [str(x) for x in raw.get("label", [])] or None
             else:
                 texts = [str(t) for t in raw]
         if fmap.labels is not None:
-            labels = [str(x) for x in _get(rec, fmap.labels)]
-        raw_answer = _get(rec, fmap.answer)
+            labels = [str(x) for x in get_field(rec, fmap.labels)]
+        raw_answer = get_field(rec, fmap.answer)
     except KeyError as exc:
         raise DataFormatError(f"{where}: row {row}: missing field {exc.args[0]!r}") from None
     answer: int | None = None
@@ -307,7 +308,7 @@ def convert_record(rec: dict[str, Any], fmap: FieldMap, row: int, where: str) ->
             answer = 0 if bool(raw_answer) else 1
         else:
             raise ValueError(f"answer_type: expected label|index|index1|text|bool, got {t!r}")
-    qid = str(_get(rec, fmap.id)) if fmap.id else f"{where}-{row}"
+    qid = str(get_field(rec, fmap.id)) if fmap.id else f"{where}-{row}"
     try:
         return MCQuestion(id=qid, question=question, choices=texts, labels=labels, answer=answer)
     except (TypeError, ValueError) as exc:
@@ -367,12 +368,13 @@ def load_hf(name: str, config: str | None = None, split: str | None = None,
     split = split or "validation"
     ds = hf_split(datasets, name, config, split, dataset_kwargs)
     out = []
-    for row, rec in enumerate(_take(ds, limit)):
+    for row, rec in enumerate(take_first(ds, limit)):
         out.append(convert_record(rec, fmap, row, f"{name}[{split}]"))
     return out
 
 
-def _take(it: Iterable[Any], limit: int | None) -> Iterator[Any]:
+def take_first(it: Iterable[Any], limit: int | None) -> Iterator[Any]:
+    """The first ``limit`` items of ``it`` (every item with None), lazily."""
     for i, x in enumerate(it):
         if limit is not None and i >= limit:
             return

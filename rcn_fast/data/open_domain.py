@@ -33,7 +33,7 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from rcn_fast.data.loaders import DataFormatError, _get, _take, hf_split, load_local_or_hf, read_records
+from rcn_fast.data.loaders import DataFormatError, get_field, take_first, hf_split, load_local_or_hf, read_records
 from rcn_fast.data.questions import check_question_text
 
 
@@ -248,11 +248,11 @@ OPEN_FIELD_MAPS: dict[str, OpenFieldMap] = {
 def convert_open_record(rec: dict[str, Any], fmap: OpenFieldMap, row: int, where: str) -> OpenQuestion:
     """One dataset row -> OpenQuestion following ``fmap``."""
     try:
-        question = str(_get(rec, fmap.question)).strip()
+        question = str(get_field(rec, fmap.question)).strip()
         fields = fmap.answers if isinstance(fmap.answers, tuple) else (fmap.answers,)
         answers: list[str] = []
         for f in fields:
-            raw = _get(rec, f)
+            raw = get_field(rec, f)
             if fmap.answers_format == "json":
                 try:
                     raw = json.loads(raw) if isinstance(raw, str) else raw
@@ -267,7 +267,7 @@ def convert_open_record(rec: dict[str, Any], fmap: OpenFieldMap, row: int, where
                 a = str(a)
                 if a not in answers:
                     answers.append(a)
-        qid = str(_get(rec, fmap.id)) if fmap.id else f"{where}-{row}"
+        qid = str(get_field(rec, fmap.id)) if fmap.id else f"{where}-{row}"
     except KeyError as exc:
         raise DataFormatError(f"{where}: row {row}: missing field {exc.args[0]!r}") from None
     try:
@@ -304,7 +304,7 @@ def load_open_hf(name: str, config: str | None = None, split: str | None = None,
     split = split or fmap.split
     ds = hf_split(datasets, name, config or fmap.config, split, dataset_kwargs)
     out = []
-    for row, rec in enumerate(_take(ds, limit)):
+    for row, rec in enumerate(take_first(ds, limit)):
         out.append(convert_open_record(rec, fmap, row, f"{name}[{split}]"))
     return out
 

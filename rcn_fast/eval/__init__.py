@@ -5,7 +5,12 @@
 * :func:`evaluate` -- the same from Python; accepts already-built models.
 * :class:`EvalConfig` -- every setting of a run (YAML/JSON).
 * Tasks: :func:`available_tasks`, :func:`get_task`, :func:`resolve_task`,
-  :func:`load_task_questions` (YAML files in ``rcn_fast/eval/tasks/``).
+  :func:`load_task_questions` (YAML files in ``rcn_fast/eval/tasks/``); a
+  task scores the predictions (:mod:`rcn_fast.eval.scoring`), pipelines
+  never see the gold answers.
+* :func:`evaluate` is plan (:mod:`rcn_fast.eval.plan`) -> executor
+  (:mod:`rcn_fast.eval.executors`, :mod:`rcn_fast.eval.ray_executor`) ->
+  reports.
 * Reports: ``results_<timestamp>.json`` / ``.md`` / ``.png`` and
   ``samples_<task>_<pipeline>_<timestamp>.jsonl`` (:mod:`rcn_fast.eval.reports`).
 

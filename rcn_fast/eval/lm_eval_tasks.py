@@ -3,7 +3,7 @@
 The multiple-choice subset of that format is read::
 
     task: my_arc
-    dataset_path: allenai/ai2_arc      # a hub dataset (the hub loader of rcn_fast.eval.tasks),
+    dataset_path: allenai/ai2_arc      # a hub dataset (the hub loader of rcn_fast.eval.task_sources),
     dataset_name: ARC-Easy             #   or a local .jsonl file (relative to the YAML)
     dataset_kwargs: {}                 # more load_dataset arguments (data_files for dataset_path: json)
     output_type: multiple_choice
@@ -47,7 +47,8 @@ from typing import Any, Iterable
 
 import yaml
 
-from rcn_fast.eval.tasks import TaskCountWarning, TaskError, TaskSpec
+from rcn_fast.eval.task_sources import dataset_rows, take_n
+from rcn_fast.eval.task_spec import TaskCountWarning, TaskError, TaskSpec
 
 #: Keys of lm-eval's format that change which questions are read: a file using them is skipped.
 _UNSUPPORTED = ("process_docs", "doc_to_image", "doc_to_audio", "custom_dataset", "class")
@@ -259,21 +260,19 @@ def load_questions(spec: TaskSpec, limit: int | float | None, split: str) -> tup
 
     A local JSON-lines file is read whole (its ``split`` is the file); a
     hub dataset, ``save_to_disk`` folder or repository copy goes through
-    the hub loader of :mod:`rcn_fast.eval.tasks`.
+    the hub loader of :mod:`rcn_fast.eval.task_sources`.
     """
-    from rcn_fast.eval.tasks import _dataset_rows, _take_n
-
     templates = dict(spec.lm_eval or {})
     if spec.local:
         path = Path(spec.local)
         rows = list(_jsonl_rows(path))
         total = len(rows)
-        rows = rows[:_take_n(total, limit)]
+        rows = rows[:take_n(total, limit)]
         where = str(path)
     else:
-        ds, where = _dataset_rows(spec, split)
+        ds, where = dataset_rows(spec, split)
         total = len(ds)
-        n = _take_n(total, limit)
+        n = take_n(total, limit)
         picked = ds.select(range(n)) if n < total else ds
         rows = [(f"{where} row {i}", dict(rec)) for i, rec in enumerate(picked)]
     out = []

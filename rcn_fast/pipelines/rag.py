@@ -23,8 +23,12 @@ Then, by the kind of questions given to ``run_batch``:
   gold aliases against the whole output) or its ``Answer:`` line
   (``"final"``), see :func:`extract_answer`; several items are combined by
   :func:`vote_answers` over their ``Answer:`` lines. Result:
-  :class:`OpenPrediction`, scored with StringEM
-  (:func:`rcn_fast.data.string_em`) beside exact match.
+  :class:`OpenPrediction`.
+
+The pipelines never see gold answers nor compute a metric: the task scores
+a prediction (:mod:`rcn_fast.eval.scoring`: StringEM beside exact match for
+open questions, accuracy for choices; ``scored(question, prediction)``
+fills those fields in for a library user's own labelled questions).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import numpy as np
 from rcn_fast._validate import check_choice
 from rcn_fast._validate import check_int as _int
 from rcn_fast.data import MCQuestion
-from rcn_fast.data.open_domain import OpenQuestion, exact_match, normalize_answer, string_em
+from rcn_fast.data.open_domain import OpenQuestion, normalize_answer
 from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner, run_in_batches
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
@@ -110,11 +114,15 @@ class OpenPrediction:
         config's ``answer_extraction``; the vote winner's for ActiveRAG
         ``"all"``).
     answers : list of str
-        The gold aliases of the question.
+        The gold aliases of the question: filled in by the task's scoring
+        (:meth:`rcn_fast.eval.scoring.Task.record_prediction`), empty from a
+        pipeline.
     string_em : bool or None
-        ActiveRAG's StringEM of ``answer_text`` (None without gold aliases).
+        ActiveRAG's StringEM of ``answer_text``: filled in by the task's
+        scoring (None from a pipeline, and without gold aliases).
     exact_match : bool or None
-        Normalised exact match of ``answer_text`` (None without gold aliases).
+        Normalised exact match of ``answer_text``: filled in by the task's
+        scoring (None from a pipeline, and without gold aliases).
     knowledge : list of str
         What the answer was produced from (passages or reasonings).
     passages : list of Passage
@@ -125,25 +133,22 @@ class OpenPrediction:
     output : str
         The full generation the answer was read from.
     meta : dict
-        Extra results, e.g. ``meta["agents"]`` for ActiveRAG ``"all"``.
+        Extra results, e.g. ``meta["agents"]`` for ActiveRAG ``"all"``
+        (each agent's ``answer_text``; its ``string_em`` / ``exact_match``
+        once the task has scored it).
     """
 
     question_id: str
     answer_text: str
-    answers: list[str]
-    string_em: bool | None
-    exact_match: bool | None
+    answers: list[str] = field(default_factory=list)
+    string_em: bool | None = None
+    exact_match: bool | None = None
     knowledge: list[str] = field(default_factory=list)
     passages: list[Passage] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     cost: QuestionCost = field(default_factory=QuestionCost)
     output: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def correct(self) -> bool | None:
-        """StringEM (the paper's accuracy)."""
-        return self.string_em
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -361,13 +366,8 @@ class OpenAnswering(StagedPipeline):
     def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
         preds = []
         for st, (ans, output, meta), cost in self.run_stages(questions, self.open_answer_stage):
-            q = st.question
-            gold = list(q.answers)
             preds.append(OpenPrediction(
-                question_id=q.id, answer_text=ans, answers=gold,
-                string_em=string_em(ans, gold) if gold else None,
-                exact_match=exact_match(ans, gold) if gold else None,
-                knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
+                question_id=st.question.id, answer_text=ans, knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
                 output=output, meta=meta,
             ))
         return preds
@@ -539,10 +539,7 @@ class RAGPipeline(OpenAnswering):
             # the vote compares the short "Answer:" lines (whole outputs rarely agree word for word)
             short = [extract_answer(t, "final") for _, t in items]
             win = vote_answers(short)
-            q = st.question
-            agents = {name: {"answer_text": a, "string_em": string_em(a, q.answers) if q.answers else None,
-                             "exact_match": exact_match(a, q.answers) if q.answers else None}
-                      for (name, _), a in zip(items, answers)}
+            agents = {name: {"answer_text": a} for (name, _), a in zip(items, answers)}  # the task scores them
             st.trace.append({"stage": "combination", "type": "combine", "method": "vote",
                              "answers": {name: a for (name, _), a in zip(items, short)},
                              "winner": items[win][0], "answer": answers[win]})
@@ -557,8 +554,10 @@ def agent_results(prediction: Any) -> dict[str, Any]:
     -------
     dict : agent -> ``{"pred", "label", "choice_logprobs"}`` (multiple
     choice, read from the trace's ``combination`` entry) or
-    ``{"answer_text", "string_em", "exact_match"}`` (open domain); empty for
-    a single-agent prediction.
+    ``{"answer_text"}`` (open domain; with ``"string_em"`` and
+    ``"exact_match"`` once scored by the task,
+    :func:`rcn_fast.eval.scoring.scored`); empty for a single-agent
+    prediction.
     """
     if isinstance(prediction, OpenPrediction):
         return dict(prediction.meta.get("agents", {}))
