@@ -94,7 +94,7 @@ def test_parquet_spans_equal_stream(tmp_path):
 
 
 def test_scan_hash_and_errors_as_stream(tmp_path):
-    from rcn_fast.retrieval.store import sha256_file
+    from rcn_fast._hashing import sha256_file
 
     p = write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "text": "x"} for i in range(5)])
     with open(p, "a") as f:

@@ -32,7 +32,7 @@ def sha_file(path: Path) -> str:
     memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     if memo_key in _SHA_MEMO:
         return _SHA_MEMO[memo_key]
-    from rcn_fast.retrieval.store import sha256_file
+    from rcn_fast._hashing import sha256_file
 
     _SHA_MEMO[memo_key] = sha256_file(path)
     return _SHA_MEMO[memo_key]

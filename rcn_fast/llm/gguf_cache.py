@@ -33,7 +33,6 @@ Safety and staleness:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast import _arrays as A
+from rcn_fast._hashing import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +71,6 @@ def cache_dir_for(sha256: str) -> Path:
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
     return cache_root() / "gguf" / sha256
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _transformers_version() -> str:
@@ -131,7 +123,7 @@ def verify_entry(entry: Path, source_sha256: str) -> dict[str, Any]:
             raise StaleEntry(f"{f} is not a plain data file")
         if not isinstance(want, dict) or f.stat().st_size != want.get("size"):
             raise StaleEntry(f"{f} has another size than its manifest records")
-        if _sha256(f) != want.get("sha256"):
+        if sha256_file(f) != want.get("sha256"):
             raise StaleEntry(f"{f} does not match its checksum")
     if not any(n.endswith(".safetensors") for n in files) or "config.json" not in files:
         raise StaleEntry(f"{entry} has no config.json or no safetensors weights")
@@ -148,7 +140,7 @@ def _write_entry(entry: Path, model: Any, tok: Any, source: dict[str, Any], gguf
         bad = [p.name for p in tmp.iterdir() if not p.is_file() or not p.name.endswith(_DATA_SUFFIXES)]
         if bad:
             raise OSError(f"transformers wrote files the cache does not keep: {bad}")
-        files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
         meta = {"format": CACHE_FORMAT, "source": {"file": str(gguf), **source},
                 "transformers": _transformers_version(), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rcn_fast._arrays import require
-from rcn_fast.retrieval.store import sha256_file, write_json_atomic
+from rcn_fast._hashing import sha256_file
+from rcn_fast.retrieval.store import write_json_atomic
 
 logger = logging.getLogger("rcn_fast.retrieval")
 FORMATS = ("jsonl", "tsv", "parquet")

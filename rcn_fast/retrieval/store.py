@@ -32,6 +32,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
 
@@ -82,14 +83,6 @@ def build_id_table(hashes: np.ndarray) -> np.ndarray:
         placed[placed_idx] = True
         rows, pos = rows[~placed], (pos[~placed] + 1) & mask
     return table
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

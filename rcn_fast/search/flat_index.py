@@ -11,7 +11,6 @@ recomputes the checksum.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rcn_fast import _arrays as A
+from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import is_int
 from rcn_fast.search.topn import topn
@@ -168,7 +168,7 @@ class FlatIndex:
         emb = path / "embeddings.npy"
         meta = {"format": _FORMAT, "dim": self.dim, "metric": self.metric,
                 "dtype": self.dtype, "count": len(self),
-                "files": {"embeddings.npy": {"bytes": emb.stat().st_size, "sha256": _sha256(emb)}}}
+                "files": {"embeddings.npy": {"bytes": emb.stat().st_size, "sha256": sha256_file(emb)}}}
         tmp_meta = path / ".index.json.tmp"
         tmp_meta.write_text(json.dumps(meta, indent=2) + "\n")
         os.replace(tmp_meta, path / "index.json")
@@ -225,7 +225,7 @@ class FlatIndex:
             if record is None or "sha256" not in record:
                 raise ValueError(f"path: {head} records no checksum of embeddings.npy (saved by an older "
                                  "version), so it cannot be verified; save the index again")
-            if _sha256(emb) != record["sha256"]:
+            if sha256_file(emb) != record["sha256"]:
                 raise ValueError(f"path: {emb} does not match its recorded sha256 (corrupted or replaced)")
         try:
             data = np.load(emb, mmap_mode="r" if mmap else None)
@@ -258,14 +258,6 @@ def _row_list(bad: np.ndarray, limit: int = 10) -> str:
     rows = np.flatnonzero(bad)
     shown = ", ".join(str(int(r)) for r in rows[:limit])
     return f"[{shown}{', ...' if rows.size > limit else ''}] ({rows.size} of {bad.size})"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _file_record(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:

@@ -176,7 +176,7 @@ def _file_digest(path: Path) -> str:
         if st.st_size > _HASH_LIMIT:
             _FP_MEMO[key] = f"size={st.st_size},mtime_ns={st.st_mtime_ns}"
         else:
-            from rcn_fast.retrieval.store import sha256_file
+            from rcn_fast._hashing import sha256_file
 
             _FP_MEMO[key] = sha256_file(path)
     return _FP_MEMO[key]

@@ -44,7 +44,7 @@ _HASHED: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
 
 
 def _file_records(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    from rcn_fast.retrieval.store import sha256_file
+    from rcn_fast._hashing import sha256_file
 
     return {n: {"size": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in sorted(names)}
 
@@ -125,7 +125,7 @@ def export_problem(folder: str | os.PathLike[str], *, verify: bool = False) -> s
             return f"{name} is {size} bytes, {want.get('size')} were exported (truncated or overwritten)"
     sig = _signature(folder, files)
     if verify or sig not in _HASHED:
-        from rcn_fast.retrieval.store import sha256_file
+        from rcn_fast._hashing import sha256_file
 
         for name, want in sorted(files.items()):
             if sha256_file(folder / name) != want.get("sha256"):
