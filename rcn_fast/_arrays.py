@@ -112,6 +112,18 @@ def to_float32_numpy(x: Any) -> np.ndarray:
     return np.asarray(to_numpy(x), dtype=np.float32)
 
 
+def query_matrix(q: Any, dim: int, name: str = "q") -> np.ndarray:
+    """``q`` ([Q, dim] or one [dim] query) as a float32 numpy [Q, dim];
+    a ValueError naming ``name`` for another rank or width."""
+    arr = to_float32_numpy(as_array(q, name))
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    check_rank(arr, 2, name, f"[Q, {dim}]")
+    if arr.shape[1] != dim:
+        raise ValueError(f"{name}: expected {dim} columns, got shape {arr.shape}")
+    return arr
+
+
 def empty_like_lib(ref: Any, shape: tuple[int, ...], dtype: str) -> Any:
     """An uninitialised array in ``ref``'s library and on its device."""
     if is_torch(ref):

@@ -97,12 +97,7 @@ class FaissIndex:
             results cannot be allocated).
         """
         k = check_k(k)
-        arr = A.to_float32_numpy(A.as_array(q, "q"))
-        if arr.ndim == 1:
-            arr = arr[None, :]
-        A.check_rank(arr, 2, "q", f"[Q, {self.dim}]")
-        if arr.shape[1] != self.dim:
-            raise ValueError(f"q: expected {self.dim} columns, got shape {arr.shape}")
+        arr = A.query_matrix(q, self.dim)
         n = len(self)
         kk = min(k, n)
         if kk == k:

@@ -133,12 +133,7 @@ class FlatIndex:
         stored rows, unless that would overflow (``|q| > 65504``): then they
         are searched in float32. An empty index returns ``(-inf, -1)``.
         """
-        arr = A.to_float32_numpy(A.as_array(q, "q"))
-        if arr.ndim == 1:
-            arr = arr[None, :]
-        A.check_rank(arr, 2, "q", f"[Q, {self.dim}]")
-        if arr.shape[1] != self.dim:
-            raise ValueError(f"q: expected {self.dim} columns, got shape {arr.shape}")
+        arr = A.query_matrix(q, self.dim)
         if self.metric == "cosine":
             arr = _normalize(arr)
         data = self.embeddings
