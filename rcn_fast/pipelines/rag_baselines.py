@@ -232,7 +232,8 @@ class CoT(RAGPipeline):
     config_class = CoTConfig
     generations = 1
 
-    def uses_retrieval(self) -> bool:
+    @property
+    def does_retrieve(self) -> bool:
         return self.config.use_passages
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
@@ -255,7 +256,8 @@ class Guideline(RAGPipeline):
     config_class = GuidelineConfig
     generations = 3
 
-    def uses_retrieval(self) -> bool:
+    @property
+    def does_retrieve(self) -> bool:
         return False
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:

@@ -10,6 +10,7 @@ from rcn_fast._validate import check_int as _int
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+from rcn_fast.pipelines.spec import PipelineSpec
 
 #: Retrieval queries of a multiple-choice question: its text, or text + options.
 QUERY_MODES = ("question", "question_choices")
@@ -66,8 +67,9 @@ class Vanilla(StagedPipeline):
     name = "vanilla"
     config_class = VanillaConfig
 
-    def uses_knowledge(self) -> bool:
-        return False
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """Score the labels after the answering prompt, without knowledge."""
+        return runner.score("answer", states, [self.prompts.chat("answer", st.question) for st in states])
 
 
 class SingleRetrieval(StagedPipeline):
@@ -76,7 +78,7 @@ class SingleRetrieval(StagedPipeline):
 
     name = "single_retrieval"
     config_class = SingleRetrievalConfig
-    retriever_kind = "corpus"
+    spec = PipelineSpec(retrieves="corpus")
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)

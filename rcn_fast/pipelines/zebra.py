@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from rcn_fast._validate import check_bool as _bool
 from rcn_fast._validate import check_int as _int
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.spec import PipelineSpec
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.prompts import parse_bullets
 
@@ -74,7 +75,7 @@ class Zebra(StagedPipeline):
 
     name = "zebra"
     config_class = ZebraConfig
-    retriever_kind = "example_kb"
+    spec = PipelineSpec(retrieves="example_kb")
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)

@@ -13,6 +13,7 @@ from rcn_fast.data import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no
 from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.rr.answers import ReasoningPath, make_path
+from rcn_fast.pipelines.spec import PipelineSpec
 from rcn_fast.pipelines.rr.config import RRConfig, SelfConsistencyConfig
 from rcn_fast.pipelines.rr.faithfulness import (
     SIMILARITY_KEYS,
@@ -38,8 +39,6 @@ class SelfConsistency(StagedPipeline):
 
     name = "self_consistency"
     config_class = SelfConsistencyConfig
-    retriever_kind = "none"
-    uses_retrieval = False
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -114,7 +113,7 @@ class SelfConsistency(StagedPipeline):
         for i, (st, v) in enumerate(zip(states, votes)):
             nc = len(st.question.choices)
             if v.pred is not None:
-                lps[i] = vote_logprobs(v, softmax=self.uses_retrieval)
+                lps[i] = vote_logprobs(v, softmax=self.does_retrieve)
                 preds_idx[i] = v.pred
             elif lps[i] is None:  # fallback "first"
                 lps[i] = [-math.log(nc)] * nc
@@ -152,18 +151,18 @@ class SelfConsistency(StagedPipeline):
                 "dropped_after_answer": p.dropped, "answer": p.answer.index,
                 "label": None if p.answer.index is None else q.labels[p.answer.index], "parse_rule": p.answer.rule,
             }
-            if self.uses_retrieval:
+            if self.does_retrieve:
                 entry["faithfulness"] = p.faithfulness
             st.trace.append(entry)
 
     def _vote_trace(self, st: QuestionState, v: Vote, pred: int) -> dict[str, Any]:
         paths: list[ReasoningPath] = st.data["paths"]
         entry: dict[str, Any] = {
-            "stage": "inference", "type": "vote", "method": "faithfulness" if self.uses_retrieval else "majority",
+            "stage": "inference", "type": "vote", "method": "faithfulness" if self.does_retrieve else "majority",
             "answers": [p.answer.index for p in paths], "votes": v.votes, "totals": v.totals, "rule": v.rule,
             "pred": pred, "fallback": None if v.pred is not None else self.config.fallback,
         }
-        if self.uses_retrieval:
+        if self.does_retrieve:
             entry["faithfulness"] = [p.faithfulness for p in paths]
             sc = faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
             entry["majority_pred"] = sc.pred  # self-consistency on the same paths
@@ -208,9 +207,7 @@ class RR(SelfConsistency):
 
     name = "rr"
     config_class = RRConfig
-    retriever_kind = "corpus"
-    uses_retrieval = True
-    component_args = ("nli", "similarity")
+    spec = PipelineSpec(retrieves="corpus", components=("nli", "similarity"))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
                  nli: Any = None, similarity: Any = None) -> None:
