@@ -30,7 +30,7 @@ from rcn_fast.pipelines import (
     insert_stage,
     register,
 )
-from rcn_fast.pipelines.base import AnswerWithKnowledge, QuestionState
+from rcn_fast.pipelines.base import Answer, QuestionState
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
 from rcn_fast.pipelines.reconnect_stages import ReConnectState
@@ -104,7 +104,7 @@ class SearchAnswer(StagedPipeline):
     name = "search_answer"
     config_class = SearchAnswerConfig
     state_class = FirstPassageState
-    spec = PipelineSpec(retrieves="corpus", stages=(QuestionSearch(), AnswerWithKnowledge()))
+    spec = PipelineSpec(retrieves="corpus", stages=(QuestionSearch(), Answer()))
 
 
 @pytest.fixture
@@ -256,3 +256,15 @@ def test_both_toys_run_through_the_eval_command(tmp_path, registered, tiny_dirs,
     assert all([t["stage"] for t in s["trace"]][-2:] == ["second_opinion", "answer"] for s in checked)
     searched = [json.loads(x) for x in next(out.glob("samples_mini_search_answer_*.jsonl")).read_text().splitlines()]
     assert all(len(s["passages"]) == 2 and s["trace"][0]["stage"] == "question_search" for s in searched)
+
+
+def test_declared_stage_lists_read_and_write_their_state_fields():
+    """vanilla, single_retrieval, zebra and ReConnect are stage lists; every
+    stage names fields of its pipeline's typed state."""
+    declared = {n: c for n, c in PIPELINES.items() if any(isinstance(s, Stage) for s in c.spec.stages)}
+    assert {"vanilla", "single_retrieval", "zebra", "reconnect"} <= set(declared)
+    assert [s.name for s in PIPELINES["zebra"].spec.stages] == ["example_retrieval", "example_generation", "answer"]
+    for name, cls in declared.items():
+        fields = {f.name for f in dataclasses.fields(cls.state_class)}
+        for s in cls.spec.stages:
+            assert set(s.reads) | set(s.writes) <= fields, (name, s.name)

@@ -406,10 +406,10 @@ class StageRunner:
         return out
 
 
-class AnswerWithKnowledge(Stage):
+class Answer(Stage):
     """The answer stage of a declared stage list: the pipeline's
     :meth:`StagedPipeline.answer_stage` (one scoring pass per question:
-    the labels after the answering prompt with the knowledge)."""
+    by default the labels after the answering prompt with the knowledge)."""
 
     name = "answer"
     reads = ("question", "knowledge")
@@ -518,17 +518,21 @@ class StagedPipeline:
                    ) -> list[tuple[QuestionState, Any, QuestionCost]]:
         """One batch through the stages -> per question (state, its final
         result, its cost). With declared :attr:`stages`: each stage's
-        ``run`` in order (reported to the observers under its name), the
-        result being what the answer stage left in ``state.result``;
-        otherwise :meth:`knowledge_stages`, then ``final_stage`` (the answer)."""
+        ``run`` in order, the result being what the answer stage left in
+        ``state.result`` (a stage's LLM calls report it to the observers; a
+        stage that made none is reported when it ends); otherwise
+        :meth:`knowledge_stages`, then ``final_stage`` (the answer)."""
         if not questions:
             return []
         runner = self.runner()
         states = runner.start(questions, self.state_class)
         if self.stages:
             for stage in self.stages:
-                with runner.stage(stage.name, states):
-                    stage.run(states, runner)
+                calls = runner.llm_calls
+                stage.run(states, runner)
+                if runner.llm_calls == calls:
+                    with runner.stage(stage.name, states):
+                        pass
             results: Sequence[Any] = [st.result for st in states]
         else:
             self.knowledge_stages(states, runner)
@@ -561,5 +565,5 @@ class StagedPipeline:
 
 
 __all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
-           "AnswerWithKnowledge",
+           "Answer",
            "question_key", "run_in_batches", "mc_questions"]
