@@ -268,3 +268,24 @@ def test_declared_stage_lists_read_and_write_their_state_fields():
         fields = {f.name for f in dataclasses.fields(cls.state_class)}
         for s in cls.spec.stages:
             assert set(s.reads) | set(s.writes) <= fields, (name, s.name)
+
+
+def test_a_subclass_overriding_knowledge_stages_runs_it_instead_of_the_list():
+    """The older way to write a pipeline keeps working: a class that
+    overrides knowledge_stages runs it, then its answer stage."""
+    from rcn_fast.pipelines import Vanilla
+
+    class Noted(Vanilla):
+        name = "noted"
+
+        def knowledge_stages(self, states, runner):
+            for st in states:
+                st.knowledge = ["noted"]
+
+        def answer_stage(self, states, runner):
+            return StagedPipeline.answer_stage(self, states, runner)
+
+    p = Noted(ScriptedLLM())
+    assert p.stages == [] and build("vanilla", llm=ScriptedLLM()).stages
+    pr = p.run(_questions()[0])
+    assert [t["stage"] for t in pr.trace] == ["answer"] and pr.knowledge == ["noted"]

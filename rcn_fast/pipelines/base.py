@@ -409,7 +409,8 @@ class StageRunner:
 class Answer(Stage):
     """The answer stage of a declared stage list: the pipeline's
     :meth:`StagedPipeline.answer_stage` (one scoring pass per question:
-    by default the labels after the answering prompt with the knowledge)."""
+    by default the labels after the answering prompt with the knowledge),
+    or for a batch of open questions its ``open_answer_stage``."""
 
     name = "answer"
     reads = ("question", "knowledge")
@@ -419,8 +420,13 @@ class Answer(Stage):
         return 1
 
     def run(self, states: list[QuestionState], runner: StageRunner) -> None:
-        for st, lp in zip(states, runner.pipeline.answer_stage(states, runner)):
-            st.result = lp
+        pipe = runner.pipeline
+        if states and not isinstance(states[0].question, MCQuestion):
+            results = pipe.open_answer_stage(states, runner)
+        else:
+            results = pipe.answer_stage(states, runner)
+        for st, r in zip(states, results):
+            st.result = r
 
 
 class StagedPipeline:
@@ -465,8 +471,10 @@ class StagedPipeline:
         self.observers: list[StageObserver] = []
         if self.spec.requires_retriever and retriever is None:
             raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
-        #: the stage objects this pipeline runs, in order (see :meth:`declared_stages`)
-        self.stages: list[Stage] = list(self.declared_stages())
+        #: the stage objects this pipeline runs, in order (see :meth:`declared_stages`); none when the
+        #: class overrides :meth:`knowledge_stages` (it then runs that and its answer stage, as it always did)
+        own = type(self).knowledge_stages is StagedPipeline.knowledge_stages
+        self.stages: list[Stage] = list(self.declared_stages()) if own else []
 
     # ------------------------------------------------------------ public API
     def describe(self) -> dict[str, Any]:
@@ -554,7 +562,9 @@ class StagedPipeline:
         )
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """Fill ``state.knowledge`` for every question (default: none)."""
+        """Fill ``state.knowledge`` for every question (default: none). A
+        class that overrides it runs it, then :meth:`answer_stage`, instead
+        of its declared stages."""
 
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         """Score the labels after the answering prompt with the knowledge

@@ -426,7 +426,7 @@ class ReConnect(OpenAnswering):
         return sum(s.llm_calls_per_question(self.config) for s in self.stages if s.name == "answer")
 
     # ------------------------------------------------------------ the answer
-    def score_answer(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         """Score the labels after ReConnect's answering prompt (one pass per
         question): ``reconnect_answer`` (pre-fill ``Answer:``, the reference
         code's rendering) or, with ``answer_turn="shared"``, the
@@ -436,7 +436,7 @@ class ReConnect(OpenAnswering):
                  for st in states]
         return runner.score("answer", states, chats)
 
-    def open_answer(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open questions: one answer generation per question (one LLM call
         for the batch) with the connected explanation -> per question
         (answer text by ``answer_extraction``, the whole generation, {})."""
@@ -472,10 +472,6 @@ class ReConnect(OpenAnswering):
         return d
 
     # ------------------------------------------------------------ helpers of the stages
-    @staticmethod
-    def is_open(st: QuestionState) -> bool:
-        return isinstance(st.question, OpenQuestion)
-
     def stage_chat(self, stage: str, st: QuestionState, **extra: Any) -> list[dict[str, str]]:
         """The chat of ``stage`` for one question: the stage's prompt for a
         multiple-choice question, ``open_<stage>`` (no options) for an open one."""

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
+from rcn_fast.pipelines.base import Answer, QuestionState, StageRunner, question_key
 from rcn_fast.pipelines.knowledge import has_embeddings, retrieve_batch
 from rcn_fast.pipelines.spec import Stage, remove_stages, replace_stage
 from rcn_fast.prompts import parse_bullets
@@ -317,27 +317,12 @@ class PassagesAsKnowledge(Stage):
 
 
 # ------------------------------------------------------------------ 6. answer
-class AnswerScoring(Stage):
+class AnswerScoring(Answer):
     """One scoring pass per multiple-choice question with the connected
-    explanation (``reconnect_answer``, or ``answer_with_knowledge`` with
-    ``answer_turn="shared"``); an open question's answer is one generation
-    instead (:meth:`ReConnect.open_answer`)."""
-
-    name = "answer"
-    reads = ("question", "knowledge")
-    writes = ("result", "trace")
-
-    def llm_calls_per_question(self, config: Any) -> int:
-        return 1
-
-    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
-        pipe = runner.pipeline
-        if states and pipe.is_open(states[0]):
-            results: Sequence[Any] = pipe.open_answer(states, runner)
-        else:
-            results = pipe.score_answer(states, runner)
-        for st, r in zip(states, results):
-            st.result = r
+    explanation (:meth:`ReConnect.answer_stage`: ``reconnect_answer``, or
+    ``answer_with_knowledge`` with ``answer_turn="shared"``); an open
+    question's answer is one generation instead
+    (:meth:`ReConnect.open_answer_stage`)."""
 
 
 #: ReConnect's stages with every setting on (the paper's full pipeline).
