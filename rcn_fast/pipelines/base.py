@@ -1,6 +1,7 @@
 """The pipeline protocol, the prediction record and the stage runner.
 
-A pipeline is a sequence of stages. Each stage runs for the whole batch of
+A pipeline is a sequence of stages (declared in its class's ``spec``,
+:mod:`rcn_fast.pipelines.spec`). Each stage runs for the whole batch of
 questions at once: one batched LLM call per stage (all rows of all
 questions), one batched retrieval, one batched sampler call. Per question,
 the runner records a trace of every prompt and output and the LLM cost.
@@ -431,9 +432,12 @@ class Answer(Stage):
 
 class StagedPipeline:
     """Base of the built-in pipelines: question checks, batching, prompts,
-    cost bookkeeping, the answer stage. Subclasses implement
+    cost bookkeeping, the answer stage. A subclass declares its ``spec``
+    (:class:`~rcn_fast.pipelines.spec.PipelineSpec`) and either lists its
+    stage objects there (run in order over ``state_class`` states: vanilla,
+    single retrieval, ZEBRA, ReConnect) or implements
     :meth:`knowledge_stages`, which fills ``state.knowledge`` (and
-    ``state.passages``) for a whole batch."""
+    ``state.passages``) for a whole batch before :meth:`answer_stage`."""
 
     name = ""
     config_class: type = object
