@@ -104,7 +104,8 @@ def _run(name: str) -> dict:
                       num_subsets=3, subset_size=2, answer=True)
         recs = [c.to_dict() for c in out]
     elif name == "connect_retriever":
-        out = connect(_questions() + [{"question": "What melts ice?", "id": "o9"}], llm=llm, retriever=_retriever(), answer=False)
+        out = connect(_questions() + [{"question": "What melts ice?", "id": "o9"}], llm=llm, retriever=_retriever(),
+                      answer=False)
         recs = [c.to_dict() for c in out]
     else:
         p = build("reconnect", llm=llm, retriever=_retriever(), **SETTINGS[name])
