@@ -289,3 +289,13 @@ def test_a_subclass_overriding_knowledge_stages_runs_it_instead_of_the_list():
     assert p.stages == [] and build("vanilla", llm=ScriptedLLM()).stages
     pr = p.run(_questions()[0])
     assert [t["stage"] for t in pr.trace] == ["answer"] and pr.knowledge == ["noted"]
+
+
+def test_states_are_typed_not_string_keyed():
+    """No pipeline shares an untyped ``data`` dict: each has a state class."""
+    assert "data" not in {f.name for f in dataclasses.fields(QuestionState)}
+    want = {"reconnect": {"explanations", "subsets", "extractions", "query_embedding"}, "zebra": {"examples"},
+            "rr": {"paths", "pred"}, "self_consistency": {"paths", "pred"}, "rag_vanilla": {"final"},
+            "activerag": {"final", "cot", "passages_text", "construction"}}
+    for name, fields in want.items():
+        assert fields <= {f.name for f in dataclasses.fields(PIPELINES[name].state_class)}, name

@@ -66,12 +66,12 @@ sampled gpt-3.5-turbo at temperature 0.2 (``temperature=0.2`` follows it).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from rcn_fast._validate import check_choice
 from rcn_fast.pipelines.base import QuestionState, StageRunner
-from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline
+from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline, RAGState
 
 
 #: The paper's four knowledge-construction agents.
@@ -159,6 +159,16 @@ def continue_chat(history: list[dict[str, str]], reply: str, nxt: list[dict[str,
     return turns + rest
 
 
+@dataclass
+class ActiveRAGState(RAGState):
+    """One question in ActiveRAG: its chain of thought, its passages as
+    shown, and each agent's knowledge construction."""
+
+    cot: str = ""
+    passages_text: str = ""
+    construction: dict[str, str] = field(default_factory=dict)
+
+
 class ActiveRAG(RAGPipeline):
     """ActiveRAG (see the module docstring for stages, costs and ``"all"``).
 
@@ -182,6 +192,7 @@ class ActiveRAG(RAGPipeline):
 
     name = "activerag"
     config_class = ActiveRAGConfig
+    state_class = ActiveRAGState
 
     @property
     def generations_per_question(self) -> int:
@@ -200,22 +211,22 @@ class ActiveRAG(RAGPipeline):
         self.retrieve(states)
         cots = self.generate_rows("rag_cot", states, runner, [[(None, self.chat("rag_cot", st))] for st in states])
         for st, o in zip(states, cots):
-            st.data["cot"] = o[0].strip()
+            st.cot = o[0].strip()
         builders = [a for a in agents if a != "passage"]  # "CoT w. Passage" has no construction call
         rows = []
         for st in states:
             passages = self.passages_text([p.text for p in st.passages])
-            st.data["passages_text"] = passages
+            st.passages_text = passages
             rows.append([(a, self.chat(f"activerag_{a}", st, passages=passages)) for a in builders])
         built = self.generate_rows("knowledge_construction", states, runner, rows) if builders else \
             [[] for _ in states]
         nexus_rows = []
         for st, r, outs in zip(states, rows, built):
-            st.data["construction"] = dict(zip(builders, (o.strip() for o in outs)))
+            st.construction = dict(zip(builders, (o.strip() for o in outs)))
             row = []
             for a in agents:
-                knowledge = st.data["passages_text"] if a == "passage" else st.data["construction"][a]
-                chat = self.chat(f"activerag_nexus_{a}", st, reasoning=st.data["cot"], knowledge=knowledge)
+                knowledge = st.passages_text if a == "passage" else st.construction[a]
+                chat = self.chat(f"activerag_nexus_{a}", st, reasoning=st.cot, knowledge=knowledge)
                 if c.nexus_context == "conversation" and a != "passage":
                     k = builders.index(a)
                     chat = continue_chat(r[k][1], outs[k], chat)
@@ -223,7 +234,7 @@ class ActiveRAG(RAGPipeline):
             nexus_rows.append(row)
         nexus = self.generate_rows("cognitive_nexus", states, runner, nexus_rows)
         for st, outs in zip(states, nexus):
-            st.data["final"] = ("reasoning", list(zip(agents, outs)))
+            st.final = ("reasoning", list(zip(agents, outs)))
 
 
 __all__ = ["ActiveRAG", "ActiveRAGConfig", "ACTIVERAG_AGENTS", "ACTIVERAG_ABLATIONS", "continue_chat"]

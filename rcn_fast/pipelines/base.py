@@ -172,7 +172,8 @@ def run_in_batches(questions: list[Any], batch_size: int | None, run_chunk: Call
 
 @dataclass
 class QuestionState:
-    """Per-question working state while a batch moves through the stages."""
+    """Per-question working state while a batch moves through the stages
+    (a pipeline's ``state_class`` adds its own typed fields)."""
 
     question: MCQuestion
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -180,7 +181,6 @@ class QuestionState:
     knowledge: list[str] = field(default_factory=list)
     generations: int = 0
     scoring_passes: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
     #: what the answer stage gives (label log-probabilities, or an open
     #: question's ``(answer_text, output, meta)``); None when none ran
     result: Any = None

@@ -376,15 +376,24 @@ class OpenAnswering(StagedPipeline):
 
 
 # ------------------------------------------------------------------ base class
+@dataclass
+class RAGState(QuestionState):
+    """One question in ActiveRAG or a RAG baseline: ``final``, what the
+    answer reads: ``("passages", [texts])`` or ``("reasoning", [(name, text), ...])``."""
+
+    final: tuple[str, list[Any]] | None = None
+
+
 class RAGPipeline(OpenAnswering):
     """Base of ActiveRAG and its RAG baselines (see the module docstring).
 
     Subclasses implement :meth:`knowledge_stages`, which must set
-    ``state.data["final"]`` to ``("passages", [texts])`` or
+    ``state.final`` (:class:`RAGState`) to ``("passages", [texts])`` or
     ``("reasoning", [(name, text), ...])``.
     """
 
     spec = PipelineSpec(retrieves="optional_corpus", answers_open=True)  # the corpus is used when does_retrieve
+    state_class = RAGState
     open_ids_key = "the call cache"
     #: The LLM calls of one question, declared by each pipeline class:
     #: generations (multiple choice), generations (open domain; None = the
@@ -489,7 +498,7 @@ class RAGPipeline(OpenAnswering):
         the batch); several items are combined (:func:`combine_choice_logprobs`)."""
         rows = []
         for st in states:
-            kind, items = st.data["final"]
+            kind, items = st.final
             if kind == "passages":
                 st.knowledge = list(items)
                 rows.append([(None, self.chat("rag_answer", st, passages=self.passages_text(items)))])
@@ -517,17 +526,17 @@ class RAGPipeline(OpenAnswering):
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open domain: per question (answer_text, output, meta)."""
         mode = self.config.answer_extraction
-        need = [i for i, st in enumerate(states) if st.data["final"][0] == "passages"]
+        need = [i for i, st in enumerate(states) if st.final[0] == "passages"]
         gen: dict[int, str] = {}
         if need:
             sub = [states[i] for i in need]
-            chats = [[self.chat("rag_answer_open", st, passages=self.passages_text(st.data["final"][1]))]
+            chats = [[self.chat("rag_answer_open", st, passages=self.passages_text(st.final[1]))]
                      for st in sub]
             outs = runner.generate("answer", sub, chats)
             gen = {i: o[0] for i, o in zip(need, outs)}
         res = []
         for i, st in enumerate(states):
-            kind, items = st.data["final"]
+            kind, items = st.final
             if kind == "passages":
                 st.knowledge = list(items)
                 text = gen[i]
@@ -572,6 +581,6 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "OpenPrediction", "OpenAnswering", "RAGPipeline", "extract_answer", "combine_choice_logprobs", "vote_answers",
+    "OpenPrediction", "OpenAnswering", "RAGPipeline", "RAGState", "extract_answer", "combine_choice_logprobs", "vote_answers",
     "format_passages", "agent_results", "RAGConfig", "ANSWER_EXTRACTIONS", "OpenView",
 ]

@@ -121,7 +121,7 @@ class RAGVanilla(RAGPipeline):
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
         for st in states:
-            st.data["final"] = ("passages", [p.text for p in st.passages])
+            st.final = ("passages", [p.text for p in st.passages])
 
 
 class ChainOfNote(RAGPipeline):
@@ -135,7 +135,7 @@ class ChainOfNote(RAGPipeline):
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
         outs = self.generate_with_passages("rag_chain_of_note", states, runner)
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("chain_of_note", o)])
+            st.final = ("reasoning", [("chain_of_note", o)])
 
 
 class SelfRefine(RAGPipeline):
@@ -152,7 +152,7 @@ class SelfRefine(RAGPipeline):
         outs = self.generate_with_passages("rag_summarize", states, runner)
         for st, o in zip(states, outs):
             summary = o.strip()
-            st.data["final"] = ("passages", [summary] if summary else [])
+            st.final = ("passages", [summary] if summary else [])
 
 
 _RERANK_INDEX = re.compile(r"passage\s*(?:no\.?|number|#)?\s*[:=]?\s*\[?(\d{1,3})\b", re.I)
@@ -221,7 +221,7 @@ class SelfRerank(RAGPipeline):
                 keep = list(range(len(st.passages))) if self.config.unparsed == "all" else []
             st.trace[-1]["labels"] = {str(k): v for k, v in sorted(labels.items())}
             st.trace[-1]["kept"] = [st.passages[i].id for i in keep]
-            st.data["final"] = ("passages", [st.passages[i].text for i in keep])
+            st.final = ("passages", [st.passages[i].text for i in keep])
 
 
 class CoT(RAGPipeline):
@@ -243,7 +243,7 @@ class CoT(RAGPipeline):
             outs = [o[0] for o in self.generate_rows("rag_cot", states, runner,
                                                      [[(None, self.chat("rag_cot", st))] for st in states])]
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("cot", o)])
+            st.final = ("reasoning", [("cot", o)])
 
 
 class Guideline(RAGPipeline):
@@ -268,7 +268,7 @@ class Guideline(RAGPipeline):
                 for st, c, g in zip(states, cots, guides)]
         outs = self.generate_rows("rag_guideline_merge", states, runner, rows)
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("guideline", o[0])])
+            st.final = ("reasoning", [("guideline", o[0])])
 
 
 __all__ = [

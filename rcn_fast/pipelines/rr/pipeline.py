@@ -5,6 +5,7 @@ to retrieved evidence); see :mod:`rcn_fast.pipelines.rr`."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,15 @@ from rcn_fast.pipelines.rr.faithfulness import (
 from rcn_fast.retrieval.types import Passage
 
 
+@dataclass
+class PathState(QuestionState):
+    """One question in RR / self-consistency: its sampled reasoning
+    ``paths`` and the vote's ``pred`` (None: no path answered)."""
+
+    paths: list[ReasoningPath] = field(default_factory=list)
+    pred: int | None = None
+
+
 class SelfConsistency(StagedPipeline):
     """Self-consistency: ``num_paths`` sampled chains of thought per question
     (one generation call for the whole batch), majority vote.
@@ -39,6 +49,7 @@ class SelfConsistency(StagedPipeline):
 
     name = "self_consistency"
     config_class = SelfConsistencyConfig
+    state_class = PathState
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -67,7 +78,7 @@ class SelfConsistency(StagedPipeline):
     def sample_paths(self, states: list[QuestionState], runner: StageRunner | None = None) -> int:
         """One generation call: ``num_paths`` samples of every question's
         few-shot reasoning chat (:meth:`chat_of`), through ``runner`` (a new
-        :meth:`runner` when None). Fills ``state.data["paths"]``; returns the
+        :meth:`runner` when None). Fills ``state.paths``; returns the
         number of LLM calls made (0 or 1)."""
         c = self.config
         if not states:
@@ -78,14 +89,14 @@ class SelfConsistency(StagedPipeline):
                              num_samples=c.num_paths,
                              trace=[{"stage": sg, "num_examples": len(self.examples[sg])} for sg in stages])
         for st, texts in zip(states, outs):
-            st.data["paths"] = [make_path(t, st.question, c.conclusion_words) for t in texts]
+            st.paths = [make_path(t, st.question, c.conclusion_words) for t in texts]
         return 1
 
     def check_paths(self, states: list[QuestionState]) -> None:
         """RR's evidence step (nothing for self-consistency)."""
 
     def decide(self, st: QuestionState) -> Vote:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         return faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
 
     # ------------------------------------------------------------ the answer
@@ -96,7 +107,7 @@ class SelfConsistency(StagedPipeline):
         self.check_paths(states)
 
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
-        """The vote of each question's paths (``state.data["pred"]``); the
+        """The vote of each question's paths (``state.pred``); the
         unanswered ones fall back by the config's ``fallback`` (``"score"``:
         one scoring pass each, one LLM call for them all)."""
         votes = [self.decide(st) for st in states]
@@ -120,16 +131,16 @@ class SelfConsistency(StagedPipeline):
                 preds_idx[i] = 0
             self._trace_paths(st)
             st.trace.append(self._vote_trace(st, v, preds_idx[i]))
-            st.data["pred"] = preds_idx[i]
+            st.pred = preds_idx[i]
         return [list(lp or []) for lp in lps]
 
     def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
         """The voted answer; its knowledge is the distinct explanations of the
         paths that reached it."""
         q = st.question
-        pred = st.data["pred"]
+        pred = st.pred
         knowledge: list[str] = []
-        for p in st.data["paths"]:
+        for p in st.paths:
             if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
                 knowledge.append(p.explanation)
         return Prediction(
@@ -139,7 +150,7 @@ class SelfConsistency(StagedPipeline):
 
     def _trace_paths(self, st: QuestionState) -> None:
         q = st.question
-        for j, p in enumerate(st.data["paths"]):
+        for j, p in enumerate(st.paths):
             sents = []
             for k, (s, chk) in enumerate(zip(p.sentences, p.checked)):
                 item: dict[str, Any] = {"text": s, "checked": chk, "answer_sentence": k == p.answer.sentence}
@@ -156,7 +167,7 @@ class SelfConsistency(StagedPipeline):
             st.trace.append(entry)
 
     def _vote_trace(self, st: QuestionState, v: Vote, pred: int) -> dict[str, Any]:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         entry: dict[str, Any] = {
             "stage": "inference", "type": "vote", "method": "faithfulness" if self.does_retrieve else "majority",
             "answers": [p.answer.index for p in paths], "votes": v.votes, "totals": v.totals, "rule": v.rule,
@@ -255,7 +266,7 @@ class RR(SelfConsistency):
         c = self.config
         uniq: dict[str, int] = {}
         for st in states:
-            for p in st.data["paths"]:
+            for p in st.paths:
                 for s, chk in zip(p.sentences, p.checked):
                     if chk and s not in uniq:
                         uniq[s] = len(uniq)
@@ -284,7 +295,7 @@ class RR(SelfConsistency):
         terms = np.where(has, terms, 0.0) if ev else terms
         for st in states:
             seen: set[str] = set()
-            for p in st.data["paths"]:
+            for p in st.paths:
                 p.evidence = []
                 total = 0.0
                 for s, chk in zip(p.sentences, p.checked):
@@ -302,11 +313,11 @@ class RR(SelfConsistency):
                                                    meta={"bm25": pe["bm25"], "cosine": pe["cosine"]}))
                 p.faithfulness = total
             st.trace.append({"stage": "evidence", "type": "retrieve",
-                             "sentences": sum(sum(p.checked) for p in st.data["paths"]),
+                             "sentences": sum(sum(p.checked) for p in st.paths),
                              "passages": [x.id for x in st.passages]})
 
     def decide(self, st: QuestionState) -> Vote:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         return faithful_vote([p.answer.index for p in paths], [p.faithfulness or 0.0 for p in paths],
                              len(st.question.choices))
 
