@@ -23,16 +23,17 @@ class StageBars:
     (questions through that stage so far, questions/s and ETA; the postfix
     gives the stage's own seconds per question).
 
-    The bars of the pipeline's declared ``stages`` (stage objects or names)
-    are drawn up front, in order; the bars join the pipeline's ``observers``
-    (a :class:`~rcn_fast.pipelines.base.StageObserver`: every stage, and
-    every LLM call of a stage, names its stage and its batch).
+    The bars of the pipeline's declared ``stages`` that call the LLM under
+    its config (stage names: a stage of its own kind, e.g. SEPTA's) are
+    drawn up front, in order; the bars join the pipeline's ``observers``
+    (a :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of
+    a stage names its stage and its batch).
     """
 
     def __init__(self, unit: Unit, pipe: Any) -> None:
         from tqdm.auto import tqdm
 
-        from rcn_fast.pipelines.spec import stage_names
+        from rcn_fast.pipelines.spec import llm_stage_names
 
         self._tqdm = tqdm
         self.total = len(unit.pending)
@@ -43,7 +44,7 @@ class StageBars:
         self.seen: dict[str, set[str]] = {}
         self.busy: dict[str, float] = {}
         self._mark = time.perf_counter()
-        for name in stage_names(pipe.stages):  # declared stages get their bars in order up front
+        for name in llm_stage_names(pipe.stages, pipe.config):  # declared stages get their bars in order up front
             self._bar(name)
         pipe.observers.append(self)
 

@@ -531,20 +531,16 @@ class StagedPipeline:
         """One batch through the stages -> per question (state, its final
         result, its cost). With declared :attr:`stages`: each stage's
         ``run`` in order, the result being what the answer stage left in
-        ``state.result`` (a stage's LLM calls report it to the observers; a
-        stage that made none is reported when it ends); otherwise
-        :meth:`knowledge_stages`, then ``final_stage`` (the answer)."""
+        ``state.result`` (each LLM call of a stage reports it to the
+        observers); otherwise :meth:`knowledge_stages`, then ``final_stage``
+        (the answer)."""
         if not questions:
             return []
         runner = self.runner()
         states = runner.start(questions, self.state_class)
         if self.stages:
             for stage in self.stages:
-                calls = runner.llm_calls
                 stage.run(states, runner)
-                if runner.llm_calls == calls:
-                    with runner.stage(stage.name, states):
-                        pass
             results: Sequence[Any] = [st.result for st in states]
         else:
             self.knowledge_stages(states, runner)

@@ -143,6 +143,13 @@ def stage_names(stages: Sequence[Any]) -> list[str]:
     return [s if isinstance(s, str) else s.name for s in stages]
 
 
+def llm_stage_names(stages: Sequence[Any], config: Any) -> list[str]:
+    """The names of the stages of a list that call the LLM under ``config``
+    (those the observers hear of; a stage given by name counts)."""
+    return [s if isinstance(s, str) else s.name for s in stages
+            if isinstance(s, str) or s.llm_calls_per_question(config) > 0]
+
+
 def _index(stages: Sequence[Stage], name: str, arg: str) -> int:
     names = stage_names(stages)
     if name not in names:
@@ -180,4 +187,4 @@ def replace_stage(stages: Sequence[Stage], name: str, stage: Stage) -> tuple[Sta
     return tuple(out)
 
 
-__all__ = ["PipelineSpec", "Stage", "RETRIEVES", "stage_names", "insert_stage", "remove_stages", "replace_stage"]
+__all__ = ["PipelineSpec", "Stage", "RETRIEVES", "stage_names", "llm_stage_names", "insert_stage", "remove_stages", "replace_stage"]

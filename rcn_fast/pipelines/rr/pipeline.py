@@ -12,9 +12,9 @@ import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no
-from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.base import Answer, Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.rr.answers import ReasoningPath, make_path
-from rcn_fast.pipelines.spec import PipelineSpec
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.pipelines.rr.config import RRConfig, SelfConsistencyConfig
 from rcn_fast.pipelines.rr.faithfulness import (
     SIMILARITY_KEYS,
@@ -36,6 +36,44 @@ class PathState(QuestionState):
     pred: int | None = None
 
 
+class ReasoningPaths(Stage):
+    """One sampling call: ``num_paths`` reasoning paths per question
+    (:meth:`SelfConsistency.sample_paths`)."""
+
+    name = "rr_reasoning"
+    reads = ("question",)
+    writes = ("paths", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        runner.pipeline.sample_paths(states, runner)
+
+
+class PathCheck(Stage):
+    """RR's evidence step: retrieval and faithfulness of the paths'
+    sentences (:meth:`RR.check_paths`; no LLM call)."""
+
+    name = "faithfulness"
+    reads = ("question", "paths")
+    writes = ("paths", "passages")
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        runner.pipeline.check_paths(states)
+
+
+class VoteAnswer(Answer):
+    """The vote of the paths (:meth:`SelfConsistency.answer_stage`); with
+    ``fallback="score"`` a question no path answered gets one scoring pass."""
+
+    reads = ("question", "paths")
+    writes = ("pred", "result", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1 if config.fallback == "score" else 0
+
+
 class SelfConsistency(StagedPipeline):
     """Self-consistency: ``num_paths`` sampled chains of thought per question
     (one generation call for the whole batch), majority vote.
@@ -50,6 +88,7 @@ class SelfConsistency(StagedPipeline):
     name = "self_consistency"
     config_class = SelfConsistencyConfig
     state_class = PathState
+    spec = PipelineSpec(stages=(ReasoningPaths(), VoteAnswer()))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -100,12 +139,6 @@ class SelfConsistency(StagedPipeline):
         return faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
 
     # ------------------------------------------------------------ the answer
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """Sample the reasoning paths (:meth:`sample_paths`), then check them
-        (:meth:`check_paths`)."""
-        self.sample_paths(states, runner)
-        self.check_paths(states)
-
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         """The vote of each question's paths (``state.pred``); the
         unanswered ones fall back by the config's ``fallback`` (``"score"``:
@@ -218,7 +251,8 @@ class RR(SelfConsistency):
 
     name = "rr"
     config_class = RRConfig
-    spec = PipelineSpec(retrieves="corpus", components=("nli", "similarity"))
+    spec = PipelineSpec(retrieves="corpus", components=("nli", "similarity"),
+                        stages=(ReasoningPaths(), PathCheck(), VoteAnswer()))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
                  nli: Any = None, similarity: Any = None) -> None:
