@@ -387,9 +387,9 @@ class RAGState(QuestionState):
 class RAGPipeline(OpenAnswering):
     """Base of ActiveRAG and its RAG baselines (see the module docstring).
 
-    Subclasses implement :meth:`knowledge_stages`, which must set
-    ``state.final`` (:class:`RAGState`) to ``("passages", [texts])`` or
-    ``("reasoning", [(name, text), ...])``.
+    Subclasses declare their stages (``spec``), the last before the answer
+    setting ``state.final`` (:class:`RAGState`) to ``("passages", [texts])``
+    or ``("reasoning", [(name, text), ...])``.
     """
 
     spec = PipelineSpec(retrieves="optional_corpus", answers_open=True)  # the corpus is used when does_retrieve
@@ -581,6 +581,7 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "OpenPrediction", "OpenAnswering", "RAGPipeline", "RAGState", "extract_answer", "combine_choice_logprobs", "vote_answers",
+    "OpenPrediction", "OpenAnswering", "RAGPipeline", "RAGState", "extract_answer", "combine_choice_logprobs",
+    "vote_answers",
     "format_passages", "agent_results", "RAGConfig", "ANSWER_EXTRACTIONS", "OpenView",
 ]

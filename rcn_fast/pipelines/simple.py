@@ -105,4 +105,5 @@ class SingleRetrieval(StagedPipeline):
         self.source = as_embedding_retriever(retriever)
 
 
-__all__ = ["Vanilla", "SingleRetrieval", "QuestionPassages", "VanillaConfig", "SingleRetrievalConfig", "QUERY_MODES", "question_query"]
+__all__ = ["Vanilla", "SingleRetrieval", "QuestionPassages", "VanillaConfig", "SingleRetrievalConfig", "QUERY_MODES",
+           "question_query"]

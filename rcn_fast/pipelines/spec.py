@@ -187,4 +187,5 @@ def replace_stage(stages: Sequence[Stage], name: str, stage: Stage) -> tuple[Sta
     return tuple(out)
 
 
-__all__ = ["PipelineSpec", "Stage", "RETRIEVES", "stage_names", "llm_stage_names", "insert_stage", "remove_stages", "replace_stage"]
+__all__ = ["PipelineSpec", "Stage", "RETRIEVES", "stage_names", "llm_stage_names", "insert_stage", "remove_stages",
+           "replace_stage"]
