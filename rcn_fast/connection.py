@@ -59,12 +59,13 @@ import numpy as np
 
 from rcn_fast._validate import is_int
 from rcn_fast.data import MCQuestion, OpenQuestion
-from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StageRunner
-from rcn_fast.pipelines.reconnect import ReConnectConfig
+from rcn_fast.pipelines.base import Prediction, QuestionCost, StageRunner
 from rcn_fast.pipelines.knowledge import has_embeddings
-from rcn_fast.retrieval.adapters import as_float32
 from rcn_fast.pipelines.rag import OpenPrediction
-from rcn_fast.pipelines.reconnect import ReConnect
+from rcn_fast.pipelines.reconnect import ReConnect, ReConnectConfig
+from rcn_fast.pipelines.reconnect_stages import ReConnectState, pool_passages
+from rcn_fast.pipelines.spec import Stage, insert_stage, remove_stages, replace_stage
+from rcn_fast.retrieval.adapters import as_float32
 from rcn_fast.retrieval.types import Passage
 
 QuestionInput = MCQuestion | OpenQuestion | str | Mapping[str, Any]
@@ -301,58 +302,71 @@ class _NoEmbeddings:
         raise RuntimeError("given passages are not searched; the pool is the passages given")
 
 
-class _Connector(ReConnect):
-    """ReConnect that keeps each question's subsets and extractions, may
-    skip the answer, and (with given passages) takes the pool as given."""
+class GivenPool(Stage):
+    """Connection's retrieval stage with ``passages=``: each question's pool
+    is the passages given for it (exact duplicate texts removed), and the
+    question query is embedded only when the sampler needs it."""
 
-    def __init__(self, llm: Any, config: ReConnectConfig, *, retriever: Any, prompts: Any,
-                 answer: bool) -> None:
-        super().__init__(llm, config, retriever=retriever, prompts=prompts)
-        self.given: dict[str, list[Passage]] = {}
-        self.answer = answer
-        self.kept: dict[str, dict[str, Any]] = {}
+    name = "retrieval"
+    reads = ("question",)
+    writes = ("passages", "query_embedding", "trace")
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        super().knowledge_stages(states, runner)
+    def __init__(self, given: dict[str, list[Passage]]) -> None:
+        self.given = given
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        pipe = runner.pipeline
         for st in states:
-            self.kept[st.id] = {"subsets": [list(s) for s in st.data.get("subsets", [])],
-                                "extractions": [list(e) for e in st.data.get("extractions", [])],
-                                "queries": list(st.data.get("explanations", []))}
-
-    def _query_expansion(self, states: list[QuestionState], runner: StageRunner) -> None:
-        if not self.given:
-            super()._query_expansion(states, runner)
-            return
-        for st in states:  # given passages: no retrieval, so no retrieval queries
-            st.data["explanations"] = []
-
-    def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
-        if not self.given:
-            return super()._retrieve(states)
-        for st in states:
-            seen: set[str] = set()
-            pool = []
-            for p in self.given[st.id]:
-                if p.text not in seen:
-                    seen.add(p.text)
-                    pool.append(p)
-            st.passages = pool
+            st.passages = pool_passages([self.given[st.id]])
             st.trace.append({"stage": "retrieval", "type": "given", "given": len(self.given[st.id]),
-                             "pool": [p.id for p in pool]})
-        if not (has_embeddings(self.source) and self.config.knowledge_connection and self.config.knowledge_extraction
-                and self.config.sampling != "random"):
-            return None
-        return self.source.embed_queries([self._question_query(st.question) for st in states])
+                             "pool": [p.id for p in st.passages]})
+        c = pipe.config
+        if has_embeddings(pipe.source) and c.knowledge_connection and c.knowledge_extraction and c.sampling != "random":
+            for st, e in zip(states, pipe.source.embed_queries([pipe.question_query(st.question) for st in states])):
+                st.query_embedding = e
 
-    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
-        if self.answer:
-            return super().answer_stage(states, runner)
-        return [[] for _ in states]
 
-    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
-        if self.answer:
-            return super().open_answer_stage(states, runner)
-        return [("", "", {}) for _ in states]
+class KeepConnection(Stage):
+    """Keeps each question's subsets, extractions and queries (what a
+    :class:`Connection` reports besides the prediction)."""
+
+    name = "keep_connection"
+    reads = ("subsets", "extractions", "explanations")
+
+    def __init__(self, kept: dict[str, dict[str, Any]]) -> None:
+        self.kept = kept
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        for st in states:
+            self.kept[st.id] = {"subsets": [list(s) for s in st.subsets],
+                                "extractions": [list(e) for e in st.extractions],
+                                "queries": list(st.explanations)}
+
+
+def connection_stages(stages: Sequence[Stage], *, given: dict[str, list[Passage]] | None,
+                      kept: dict[str, dict[str, Any]], answer: bool) -> tuple[Stage, ...]:
+    """ReConnect's stage list (under its ablations) as :func:`connect` runs
+    it: with given passages :class:`GivenPool` in place of query expansion
+    and retrieval; :class:`KeepConnection` before the answer; no answer
+    stage unless ``answer``."""
+    out = tuple(stages)
+    if given is not None:
+        out = replace_stage(tuple(s for s in out if s.name != "query_expansion"), "retrieval", GivenPool(given))
+    out = insert_stage(out, KeepConnection(kept), before="answer")
+    return out if answer else remove_stages(out, "answer")
+
+
+class _Connector(ReConnect):
+    """ReConnect whose stage list is :func:`connection_stages`'s."""
+
+    def __init__(self, llm: Any, config: ReConnectConfig, *, retriever: Any, prompts: Any, answer: bool,
+                 given: dict[str, list[Passage]] | None) -> None:
+        self.given, self.answer = given, answer
+        self.kept: dict[str, dict[str, Any]] = {}
+        super().__init__(llm, config, retriever=retriever, prompts=prompts)
+
+    def declared_stages(self) -> tuple[Stage, ...]:
+        return connection_stages(super().declared_stages(), given=self.given, kept=self.kept, answer=self.answer)
 
 
 # -------------------------------------------------------------- entry point
@@ -479,9 +493,8 @@ def connect(
         if passage_embeddings is not None:
             raise ValueError("passage_embeddings: only with passages= (a retriever supplies its own)")
         source = retriever
-    pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer)
-    if given is not None:
-        pipe.given = {q.id: g for q, g in zip(qs, given)}
+    pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer,
+                      given=None if given is None else {q.id: g for q, g in zip(qs, given)})
     preds: list[Any] = [None] * len(qs)
     for kind in (MCQuestion, OpenQuestion):  # a mixed batch: each kind is its own batch, rejoined in order
         where = [i for i, q in enumerate(qs) if isinstance(q, kind)]

@@ -44,9 +44,7 @@ CYCLE_FILES: frozenset[str] = frozenset()
 LONG_FILES: frozenset[str] = frozenset()
 
 #: Importing file -> how many ``_private`` names it imports from other rcn_fast modules (issue 28 removes them).
-PRIVATE_IMPORTS: dict[str, int] = {
-    "rcn_fast/pipelines/reconnect.py": 1,  # pipelines.rag._OpenView
-}
+PRIVATE_IMPORTS: dict[str, int] = {}
 
 
 # ---------------------------------------------------------------- the walk

@@ -24,6 +24,7 @@ from rcn_fast.eval import EvalConfig, evaluate
 from rcn_fast.eval.tasks import get_task
 from rcn_fast.pipelines import CONFIGS, PIPELINES, OpenPrediction, Prediction, register
 from rcn_fast.pipelines.config import PipelineConfig
+from rcn_fast.pipelines.spec import PipelineSpec
 
 
 # ------------------------------------------------------------ a toy pipeline that must never see gold
@@ -43,8 +44,7 @@ class BlindFirst:
 
     name = "blind_first"
     config_class = BlindConfig
-    needs_llm = False
-    answers_open = True
+    spec = PipelineSpec(needs_llm=False, answers_open=True)
     seen: ClassVar[list[Any]] = []
     check_gold: ClassVar[bool] = True
 

@@ -1,6 +1,7 @@
 """A new pipeline is one module and one ``register`` call (issue 18): the
-eval command runs it from what the class declares (``retriever_kind``,
-``answers_open``, ``needs_llm``), with no change to rcn_fast.eval."""
+eval command runs it from what the class declares (its ``spec``, a
+PipelineSpec: ``retrieves``, ``answers_open``, ``needs_llm``; issue 28),
+with no change to rcn_fast.eval."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from rcn_fast.pipelines import CONFIGS, PIPELINES, register  # noqa: E402
 from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner  # noqa: E402
 from rcn_fast.pipelines.config import PipelineConfig  # noqa: E402
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch  # noqa: E402
+from rcn_fast.pipelines.spec import PipelineSpec  # noqa: E402
 from tests.test_eval import (  # noqa: E402,F401
     one_torch_thread,
     tiny_bert_dir,
@@ -54,7 +56,7 @@ class FirstPassage(StagedPipeline):
 
     name = "first_passage"
     config_class = FirstPassageConfig
-    retriever_kind = "corpus"
+    spec = PipelineSpec(retrieves="corpus")
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -113,12 +115,15 @@ def test_the_builtin_pipelines_declare_their_needs():
 
 
 def test_an_unknown_retriever_kind_is_named():
-    class Odd(FirstPassage):
-        name = "odd"
-        retriever_kind = "web"
+    with pytest.raises(ValueError, match="retrieves: expected one of .* got 'web'"):
+        PipelineSpec(retrieves="web")
 
-    with pytest.raises(EvalError, match="retriever_kind 'web' is not one of"):
-        retriever_kind(Odd)
+    class Undeclared:
+        name = "odd"
+        retriever_kind = "corpus"  # a loose class attribute is not a declaration
+
+    with pytest.raises(EvalError, match="'odd': expected a class attribute spec = "):
+        retriever_kind(Undeclared)
 
 
 def test_each_config_lives_beside_its_pipeline():

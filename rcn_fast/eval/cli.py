@@ -244,13 +244,13 @@ def _list_tasks(include_paths: Sequence[str] | None = None) -> None:
 
 
 def _list_pipelines() -> None:
-    from rcn_fast.eval.pipeline_needs import is_open_capable, pipeline_registry, retriever_kind
+    from rcn_fast.eval.pipeline_needs import is_open_capable, pipeline_registry, retriever_kind, spec_of
 
     needs_of = {"corpus": " (needs --corpus)", "example_kb": " (needs --kb)",
                 "optional_corpus": " (uses --corpus when its settings retrieve)", "none": ""}
     for name, cls in sorted(pipeline_registry().items()):
         kinds = "multiple choice" + (" + open domain" if is_open_capable(cls) else "")
-        note = getattr(cls, "usage_note", None)
+        note = spec_of(cls).usage_note
         needs = f" ({note})" if note else needs_of[retriever_kind(cls)]
         print(f"{name:18s} {kinds}{needs}")
 

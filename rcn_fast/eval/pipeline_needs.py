@@ -1,14 +1,17 @@
 """What the evaluation asks of a pipeline class: the registry, the config
-class of a name, and whether a class needs an LLM, may use the corpus
-retriever, or answers open-domain questions; the ``--pipeline-args``
-split per pipeline.
+class of a name, and the class's one declaration (:func:`spec_of`: whether
+it needs an LLM, what it retrieves from, whether it answers open-domain
+questions); the ``--pipeline-args`` split per pipeline.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcn_fast.eval.config import EvalError
+
+if TYPE_CHECKING:
+    from rcn_fast.pipelines.spec import PipelineSpec
 
 
 def pipeline_registry() -> dict[str, Any]:
@@ -24,31 +27,38 @@ def pipeline_config_class(name: str) -> Any:
     return CONFIGS[name]
 
 
-RETRIEVER_KINDS = ("none", "corpus", "optional_corpus", "example_kb")
+RETRIEVER_KINDS = ("none", "corpus", "optional_corpus", "example_kb")  # rcn_fast.pipelines.spec.RETRIEVES
+
+
+def spec_of(cls: Any) -> PipelineSpec:
+    """A pipeline class's declaration (its ``spec``, a frozen
+    :class:`~rcn_fast.pipelines.spec.PipelineSpec`): the one thing the
+    evaluation reads about a class."""
+    from rcn_fast.pipelines.spec import PipelineSpec
+
+    spec = getattr(cls, "spec", None)
+    if not isinstance(spec, PipelineSpec):
+        raise EvalError(f"pipeline {getattr(cls, 'name', cls)!r}: expected a class attribute spec = "
+                        f"rcn_fast.pipelines.PipelineSpec(...), got {type(spec).__name__}")
+    return spec
 
 
 def retriever_kind(cls: Any) -> str:
-    """What a pipeline class retrieves from (its ``retriever_kind``):
-    "none", "corpus" (a passage corpus is required), "optional_corpus"
-    (used when its settings retrieve), "example_kb" (an example knowledge
-    base, ``--kb``)."""
-    kind = getattr(cls, "retriever_kind", "none")
-    if kind not in RETRIEVER_KINDS:
-        raise EvalError(f"pipeline {getattr(cls, 'name', cls)!r}: retriever_kind {kind!r} is not one of "
-                        f"{list(RETRIEVER_KINDS)}")
-    return kind
+    """What a pipeline class retrieves from (``spec.retrieves``): "none",
+    "corpus" (a passage corpus is required), "optional_corpus" (used when
+    its settings retrieve), "example_kb" (an example knowledge base, ``--kb``)."""
+    return spec_of(cls).retrieves
 
 
 def is_open_capable(cls: Any) -> bool:
-    """Whether a pipeline class answers open-domain questions (its
-    ``answers_open``)."""
-    return bool(getattr(cls, "answers_open", False))
+    """Whether a pipeline class answers open-domain questions (``spec.answers_open``)."""
+    return spec_of(cls).answers_open
 
 
 def needs_llm(cls: Any) -> bool:
-    """Whether a pipeline class answers with the LLM (``needs_llm = False``
-    on the class: a trained pipeline such as SEPTA; no LLM is loaded for it)."""
-    return bool(getattr(cls, "needs_llm", True))
+    """Whether a pipeline class answers with the LLM (``spec.needs_llm``;
+    False for a trained pipeline such as SEPTA: no LLM is loaded for it)."""
+    return spec_of(cls).needs_llm
 
 
 def may_use_retriever(cls: Any) -> bool:
@@ -91,5 +101,5 @@ def split_pipeline_args(args: dict[str, Any], pipelines: list[str]) -> dict[str,
     return out
 
 
-__all__ = ["pipeline_registry", "pipeline_config_class", "retriever_kind", "is_open_capable", "needs_llm",
+__all__ = ["pipeline_registry", "pipeline_config_class", "spec_of", "retriever_kind", "is_open_capable", "needs_llm",
            "may_use_retriever", "needs_example_kb", "split_pipeline_args", "RETRIEVER_KINDS"]

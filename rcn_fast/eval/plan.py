@@ -10,9 +10,9 @@ whether its pipeline needs an LLM and what it retrieves from
 (:class:`Needs`) -- and the executors (:mod:`rcn_fast.eval.executors`,
 :mod:`rcn_fast.eval.ray_executor`) and the reports read it from the unit.
 
-The checkpoint key covers the task, the settings, the LLM (unless the class
-says ``needs_llm = False``), the corpus / KB contents and whatever the
-class's ``result_key(config)`` adds (SEPTA: a fingerprint of its checkpoint).
+The checkpoint key covers the task, the settings, the LLM (unless the class's
+spec says ``needs_llm=False``), the corpus / KB contents and whatever the
+spec's ``result_key(config)`` adds (SEPTA: a fingerprint of its checkpoint).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from rcn_fast.eval.pipeline_needs import (
     pipeline_config_class,
     pipeline_registry,
     retriever_kind,
+    spec_of,
     split_pipeline_args,
 )
 from rcn_fast.eval.scoring import Task, make_task
@@ -238,10 +239,11 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
 
 
 def pipeline_hook(cls: Any, name: str, pipeline: str, conf: Any) -> Any:
-    """Call the optional class hook ``cls.<name>(config)``; its user-facing
-    failures (a missing checkpoint, a bad setting) become one EvalError."""
-    hook = getattr(cls, name, None)
-    if not callable(hook):
+    """Call the class's declared ``spec.<name>(config)`` (``check_config`` or
+    ``result_key``) when it has one; its user-facing failures (a missing
+    checkpoint, a bad setting) become one EvalError."""
+    hook = getattr(spec_of(cls), name)
+    if hook is None:
         return None
     try:
         return hook(conf)

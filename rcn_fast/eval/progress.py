@@ -23,15 +23,17 @@ class StageBars:
     (questions through that stage so far, questions/s and ETA; the postfix
     gives the stage's own seconds per question).
 
-    Stages are reported by the pipeline's ``on_stage(stage, question_ids)``
-    attribute when it has one, and otherwise by its stage runners: the bars
-    join the pipeline's ``observers`` (a
-    :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of a
-    stage names its stage and its batch).
+    The bars of the pipeline's declared ``stages`` that call the LLM under
+    its config (stage names: a stage of its own kind, e.g. SEPTA's) are
+    drawn up front, in order; the bars join the pipeline's ``observers``
+    (a :class:`~rcn_fast.pipelines.base.StageObserver`: every LLM call of
+    a stage names its stage and its batch).
     """
 
     def __init__(self, unit: Unit, pipe: Any) -> None:
         from tqdm.auto import tqdm
+
+        from rcn_fast.pipelines.spec import llm_stage_names
 
         self._tqdm = tqdm
         self.total = len(unit.pending)
@@ -42,12 +44,9 @@ class StageBars:
         self.seen: dict[str, set[str]] = {}
         self.busy: dict[str, float] = {}
         self._mark = time.perf_counter()
-        for st in getattr(pipe, "stages", ()) or ():  # declared stages get their bars in order up front
-            self._bar(str(st))
-        if hasattr(pipe, "on_stage"):
-            pipe.on_stage = self.stage_done
-        elif isinstance(getattr(pipe, "observers", None), list):
-            pipe.observers.append(self)
+        for name in llm_stage_names(pipe.stages, pipe.config):  # declared stages get their bars in order up front
+            self._bar(name)
+        pipe.observers.append(self)
 
     def _bar(self, stage: str) -> Any:
         if stage not in self.bars:

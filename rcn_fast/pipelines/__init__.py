@@ -75,6 +75,7 @@ from rcn_fast.pipelines.rag_baselines import (
 from rcn_fast.pipelines.reconnect import ABLATIONS, ReConnect, ReConnectConfig, ablation_settings
 from rcn_fast.pipelines.rr import RR, RRConfig, SelfConsistency, SelfConsistencyConfig
 from rcn_fast.pipelines.simple import SingleRetrieval, SingleRetrievalConfig, Vanilla, VanillaConfig
+from rcn_fast.pipelines.spec import PipelineSpec, Stage, insert_stage, remove_stages, replace_stage
 from rcn_fast.pipelines.zebra import Zebra, ZebraConfig
 from rcn_fast.septa.pipeline import Septa, SeptaConfig
 
@@ -100,6 +101,9 @@ def register(cls: type) -> type:
     ccls = getattr(cls, "config_class", None)
     if not isinstance(ccls, type) or not callable(getattr(ccls, "from_dict", None)):
         raise TypeError(f"cls: {cls.__name__}.config_class must be a config class with from_dict, got {ccls!r}")
+    if not isinstance(getattr(cls, "spec", None), PipelineSpec):
+        raise TypeError(f"cls: {cls.__name__}.spec must be a PipelineSpec (what it needs and its stages), "
+                        f"got {getattr(cls, 'spec', None)!r}")
     PIPELINES[name] = cls
     CONFIGS[name] = ccls
     return cls
@@ -144,7 +148,7 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
         ``"w/o KE, KA"`` (also spelt ``"wo_kc"``...; a list combines them).
     **settings
         Fields of the pipeline's config class (e.g. ``num_subsets=5``), and
-        the extra components a pipeline class lists in ``component_args``
+        the extra components a pipeline class lists in ``spec.components``
         (``rr``: ``nli=`` an NLI model, see :mod:`rcn_fast.nli`).
 
     Returns
@@ -173,7 +177,7 @@ def build(name: str, *, llm: Any, retriever: Any = None, config: PipelineConfig 
         settings["prompts"] = prompts
         prompts = None
     # components a pipeline takes besides llm/retriever (e.g. RR's nli=): objects, not config fields
-    components = {k: settings.pop(k) for k in getattr(cls, "component_args", ()) if k in settings}
+    components = {k: settings.pop(k) for k in cls.spec.components if k in settings}
     cfg = ccls.from_dict({**base, **settings})
     return cls(llm, cfg, retriever=retriever, prompts=prompts, **components)
 
@@ -182,7 +186,8 @@ __all__ = [
     "ActiveRAG", "RAGVanilla", "ChainOfNote", "SelfRefine", "SelfRerank", "CoT", "Guideline", "RAGPipeline",
     "OpenPrediction", "agent_results", "extract_answer", "ActiveRAGConfig", "RAGVanillaConfig", "ChainOfNoteConfig",
     "SelfRefineConfig", "SelfRerankConfig", "CoTConfig", "GuidelineConfig", "RAGConfig",
-    "build", "register", "PIPELINES", "CONFIGS",
+    "build", "register", "PIPELINES", "CONFIGS", "PipelineSpec", "Stage", "insert_stage", "remove_stages",
+    "replace_stage",
     "Pipeline", "Prediction", "QuestionCost", "StagedPipeline", "StageRunner",
     "PipelineConfig", "VanillaConfig", "SingleRetrievalConfig", "ReConnectConfig", "ZebraConfig", "ABLATIONS",
     "ablation_settings", "config_to_dict", "config_from_dict", "load_config", "Vanilla", "SingleRetrieval",

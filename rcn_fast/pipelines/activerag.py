@@ -66,12 +66,13 @@ sampled gpt-3.5-turbo at temperature 0.2 (``temperature=0.2`` follows it).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from rcn_fast._validate import check_choice
-from rcn_fast.pipelines.base import QuestionState, StageRunner
-from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline
+from rcn_fast.pipelines.base import Answer, QuestionState, StageRunner
+from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline, RAGState
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 
 
 #: The paper's four knowledge-construction agents.
@@ -159,6 +160,59 @@ def continue_chat(history: list[dict[str, str]], reply: str, nxt: list[dict[str,
     return turns + rest
 
 
+@dataclass
+class ActiveRAGState(RAGState):
+    """One question in ActiveRAG: its chain of thought, its passages as
+    shown, and each agent's knowledge construction."""
+
+    cot: str = ""
+    passages_text: str = ""
+    construction: dict[str, str] = field(default_factory=dict)
+    #: agent -> (its construction chat, its raw reply): the nexus continues that conversation
+    construction_turns: dict[str, tuple[list[dict[str, str]], str]] = field(default_factory=dict)
+
+
+class ActiveRAGStage(Stage):
+    """An ActiveRAG stage: the pipeline's method ``method`` for the batch."""
+
+    method: ClassVar[str] = ""
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        getattr(runner.pipeline, self.method)(states, runner)
+
+
+class Retrieval(Stage):
+    """One batched retrieval: top ``top_k`` passages per question."""
+
+    name, reads, writes = "retrieval", ("question",), ("passages", "trace")
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        runner.pipeline.retrieve(states)
+
+
+class ReasoningCoT(ActiveRAGStage):
+    name, method, reads, writes = "rag_cot", "rag_cot", ("question",), ("cot", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+
+class KnowledgeConstruction(ActiveRAGStage):
+    name, method = "knowledge_construction", "construct"
+    reads, writes = ("question", "passages"), ("passages_text", "construction", "construction_turns", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return sum(a != "passage" for a in config.agents)
+
+
+class CognitiveNexus(ActiveRAGStage):
+    name, method = "cognitive_nexus", "nexus"
+    reads, writes = ("cot", "passages_text", "construction", "construction_turns"), ("final", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return len(config.agents)
+
+
 class ActiveRAG(RAGPipeline):
     """ActiveRAG (see the module docstring for stages, costs and ``"all"``).
 
@@ -182,6 +236,9 @@ class ActiveRAG(RAGPipeline):
 
     name = "activerag"
     config_class = ActiveRAGConfig
+    state_class = ActiveRAGState
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True,
+                        stages=(Retrieval(), ReasoningCoT(), KnowledgeConstruction(), CognitiveNexus(), Answer()))
 
     @property
     def generations_per_question(self) -> int:
@@ -194,36 +251,44 @@ class ActiveRAG(RAGPipeline):
         """One answer-scoring pass per agent's nexus output."""
         return len(self.config.agents)
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        c = self.config
-        agents = c.agents
-        self.retrieve(states)
+    # ------------------------------------------------------------ stages
+    def rag_cot(self, states: list[ActiveRAGState], runner: StageRunner) -> None:
         cots = self.generate_rows("rag_cot", states, runner, [[(None, self.chat("rag_cot", st))] for st in states])
         for st, o in zip(states, cots):
-            st.data["cot"] = o[0].strip()
-        builders = [a for a in agents if a != "passage"]  # "CoT w. Passage" has no construction call
+            st.cot = o[0].strip()
+
+    def builders(self) -> list[str]:
+        """The agents that write a construction ("CoT w. Passage" has none)."""
+        return [a for a in self.config.agents if a != "passage"]
+
+    def construct(self, states: list[ActiveRAGState], runner: StageRunner) -> None:
+        builders = self.builders()
         rows = []
         for st in states:
             passages = self.passages_text([p.text for p in st.passages])
-            st.data["passages_text"] = passages
+            st.passages_text = passages
             rows.append([(a, self.chat(f"activerag_{a}", st, passages=passages)) for a in builders])
         built = self.generate_rows("knowledge_construction", states, runner, rows) if builders else \
             [[] for _ in states]
-        nexus_rows = []
         for st, r, outs in zip(states, rows, built):
-            st.data["construction"] = dict(zip(builders, (o.strip() for o in outs)))
+            st.construction = dict(zip(builders, (o.strip() for o in outs)))
+            st.construction_turns = {a: (chat, o) for (a, chat), o in zip(r, outs)}
+
+    def nexus(self, states: list[ActiveRAGState], runner: StageRunner) -> None:
+        c = self.config
+        nexus_rows = []
+        for st in states:
             row = []
-            for a in agents:
-                knowledge = st.data["passages_text"] if a == "passage" else st.data["construction"][a]
-                chat = self.chat(f"activerag_nexus_{a}", st, reasoning=st.data["cot"], knowledge=knowledge)
+            for a in c.agents:
+                knowledge = st.passages_text if a == "passage" else st.construction[a]
+                chat = self.chat(f"activerag_nexus_{a}", st, reasoning=st.cot, knowledge=knowledge)
                 if c.nexus_context == "conversation" and a != "passage":
-                    k = builders.index(a)
-                    chat = continue_chat(r[k][1], outs[k], chat)
+                    chat = continue_chat(*st.construction_turns[a], chat)
                 row.append((a, chat))
             nexus_rows.append(row)
         nexus = self.generate_rows("cognitive_nexus", states, runner, nexus_rows)
         for st, outs in zip(states, nexus):
-            st.data["final"] = ("reasoning", list(zip(agents, outs)))
+            st.final = ("reasoning", list(zip(c.agents, outs)))
 
 
 __all__ = ["ActiveRAG", "ActiveRAGConfig", "ACTIVERAG_AGENTS", "ACTIVERAG_ABLATIONS", "continue_chat"]

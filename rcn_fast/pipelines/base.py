@@ -1,6 +1,7 @@
 """The pipeline protocol, the prediction record and the stage runner.
 
-A pipeline is a sequence of stages. Each stage runs for the whole batch of
+A pipeline is a sequence of stages (declared in its class's ``spec``,
+:mod:`rcn_fast.pipelines.spec`). Each stage runs for the whole batch of
 questions at once: one batched LLM call per stage (all rows of all
 questions), one batched retrieval, one batched sampler call. Per question,
 the runner records a trace of every prompt and output and the LLM cost.
@@ -17,6 +18,7 @@ from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtim
 import numpy as np
 
 from rcn_fast.data import MCQuestion
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.prompts import PromptSet, load_prompts
 from rcn_fast.retrieval.types import Passage
 
@@ -116,6 +118,12 @@ class Pipeline(Protocol):
 
     name: str
     config: Any
+    #: its declaration (a class attribute): needs, open answering, stages
+    spec: PipelineSpec
+    #: the stages it runs under its settings (Stage objects or names), for the progress bars
+    stages: Sequence[Any]
+    #: StageObserver objects told of each stage and the questions it finished
+    observers: list[Any]
 
     def run_batch(self, questions: Sequence[MCQuestion]) -> list[Prediction]:
         """Predictions for ``questions``, in order."""
@@ -164,7 +172,8 @@ def run_in_batches(questions: list[Any], batch_size: int | None, run_chunk: Call
 
 @dataclass
 class QuestionState:
-    """Per-question working state while a batch moves through the stages."""
+    """Per-question working state while a batch moves through the stages
+    (a pipeline's ``state_class`` adds its own typed fields)."""
 
     question: MCQuestion
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -172,7 +181,9 @@ class QuestionState:
     knowledge: list[str] = field(default_factory=list)
     generations: int = 0
     scoring_passes: int = 0
-    data: dict[str, Any] = field(default_factory=dict)
+    #: what the answer stage gives (label log-probabilities, or an open
+    #: question's ``(answer_text, output, meta)``); None when none ran
+    result: Any = None
 
     @property
     def id(self) -> str:
@@ -217,11 +228,17 @@ class StageRunner:
     max_new_tokens, temperature, top_p, seed : decoding of generations.
     observers : sequence of StageObserver, optional
         Told when each stage starts and which questions it finished.
+    pipeline : optional
+        The pipeline the runner works for (``runner.pipeline`` in a
+        :class:`~rcn_fast.pipelines.spec.Stage`'s ``run``).
     """
 
     def __init__(self, llm: Any, prompts: PromptSet, *, max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, observers: Sequence[StageObserver] = ()) -> None:
+                 top_p: float = 1.0, seed: int = 0, observers: Sequence[StageObserver] = (),
+                 pipeline: Any = None) -> None:
         self.llm = llm
+        #: the pipeline whose stages this runner runs (what a Stage's run() reads: config, prompts, sources)
+        self.pipeline = pipeline
         self.prompts = prompts
         self.gen_kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
         self.llm_calls = 0  # batched LLM calls made by this runner (one per stage)
@@ -229,11 +246,13 @@ class StageRunner:
         self._before: dict[str, tuple[int, int, int, int]] = {}
 
     # ------------------------------------------------------------ batch and cost
-    def start(self, questions: Sequence[Any]) -> list[QuestionState]:
-        """The working states of a batch; reads the LLM's cost tracker so that
-        :meth:`costs` gives what each question used from now on."""
+    def start(self, questions: Sequence[Any], state_class: type[QuestionState] = QuestionState
+              ) -> list[QuestionState]:
+        """The working states of a batch (``state_class`` objects); reads the
+        LLM's cost tracker so that :meth:`costs` gives what each question
+        used from now on."""
         self._before = _tag_costs(self.llm, [q.id for q in questions])
-        return [QuestionState(q) for q in questions]
+        return [state_class(q) for q in questions]
 
     def costs(self, states: Sequence[QuestionState]) -> list[QuestionCost]:
         """Per question, the LLM usage since :meth:`start` (tracker counts by
@@ -388,29 +407,53 @@ class StageRunner:
         return out
 
 
+class Answer(Stage):
+    """The answer stage of a declared stage list: the pipeline's
+    :meth:`StagedPipeline.answer_stage` (one scoring pass per question:
+    by default the labels after the answering prompt with the knowledge),
+    or for a batch of open questions its ``open_answer_stage``."""
+
+    name = "answer"
+    reads = ("question", "knowledge")
+    writes = ("result", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        pipe = runner.pipeline
+        if states and not isinstance(states[0].question, MCQuestion):
+            results = pipe.open_answer_stage(states, runner)
+        else:
+            results = pipe.answer_stage(states, runner)
+        for st, r in zip(states, results):
+            st.result = r
+
+
 class StagedPipeline:
     """Base of the built-in pipelines: question checks, batching, prompts,
-    cost bookkeeping, the answer stage. Subclasses implement
+    cost bookkeeping, the answer stage. A subclass declares its ``spec``
+    (:class:`~rcn_fast.pipelines.spec.PipelineSpec`) and either lists its
+    stage objects there (run in order over ``state_class`` states: vanilla,
+    single retrieval, ZEBRA, ReConnect) or implements
     :meth:`knowledge_stages`, which fills ``state.knowledge`` (and
-    ``state.passages``) for a whole batch."""
+    ``state.passages``) for a whole batch before :meth:`answer_stage`."""
 
     name = ""
     config_class: type = object
-    #: What a pipeline class needs, declared once; the eval command asks only
-    #: these (never a pipeline's name). ``retriever_kind``: "none",
-    #: "corpus" (a passage retriever is required), "optional_corpus" (used
-    #: when the pipeline's settings retrieve), "example_kb" (ZEBRA's example
-    #: knowledge base). ``answers_open``: answers OpenQuestion too.
-    #: ``needs_llm``: False for a trained pipeline (no model is loaded).
-    retriever_kind: ClassVar[str] = "none"
-    answers_open: ClassVar[bool] = False
-    needs_llm: ClassVar[bool] = True
+    #: What the class is, declared once (:class:`~rcn_fast.pipelines.spec.PipelineSpec`):
+    #: what it needs, whether it answers open questions, its stages. The
+    #: eval command reads only this (never a pipeline's name).
+    spec: ClassVar[PipelineSpec] = PipelineSpec()
+    #: The per-question state its stages read and write.
+    state_class: ClassVar[type[QuestionState]] = QuestionState
 
     @property
-    def needs_retriever(self) -> bool:
-        """Whether construction requires a retriever (``retriever_kind`` is
-        "corpus" or "example_kb")."""
-        return self.retriever_kind in ("corpus", "example_kb")
+    def does_retrieve(self) -> bool:
+        """Whether this pipeline, under its settings, retrieves (the one
+        answer to "does it retrieve?": its spec's ``retrieves``; a pipeline
+        with ``"optional_corpus"`` says per settings)."""
+        return self.spec.retrieves != "none"
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         from rcn_fast.llm.base import LLM
@@ -430,8 +473,12 @@ class StagedPipeline:
         self.retriever = retriever
         #: StageObserver objects every runner of this pipeline reports its stages to (e.g. progress bars)
         self.observers: list[StageObserver] = []
-        if self.needs_retriever and retriever is None:
+        if self.spec.requires_retriever and retriever is None:
             raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
+        #: the stage objects this pipeline runs, in order (see :meth:`declared_stages`); none when the
+        #: class overrides :meth:`knowledge_stages` (it then runs that and its answer stage, as it always did)
+        own = type(self).knowledge_stages is StagedPipeline.knowledge_stages
+        self.stages: list[Stage] = list(self.declared_stages()) if own else []
 
     # ------------------------------------------------------------ public API
     def describe(self) -> dict[str, Any]:
@@ -467,28 +514,42 @@ class StagedPipeline:
         return run_in_batches(mc_questions(questions), self.config.batch_size, self._run_chunk)
 
     # ------------------------------------------------------------ internals
+    def declared_stages(self) -> Sequence[Stage]:
+        """The stage objects of this pipeline under its settings: its spec's
+        (a subclass edits the list per setting, e.g. ReConnect's ablations)."""
+        return [s for s in self.spec.stages if isinstance(s, Stage)]
+
     def runner(self) -> StageRunner:
         """A stage runner with the run's decoding, reporting to :attr:`observers`."""
         c = self.config
         return StageRunner(self.llm, self.prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                           top_p=c.top_p, seed=c.seed, observers=self.observers)
+                           top_p=c.top_p, seed=c.seed, observers=self.observers, pipeline=self)
 
     def run_stages(self, questions: list[Any],
                    final_stage: Callable[[list[QuestionState], StageRunner], Sequence[Any]]
                    ) -> list[tuple[QuestionState, Any, QuestionCost]]:
-        """One batch through the stages: :meth:`knowledge_stages`, then
-        ``final_stage`` (the answer) -> per question (state, its final
-        result, its cost)."""
+        """One batch through the stages -> per question (state, its final
+        result, its cost). With declared :attr:`stages`: each stage's
+        ``run`` in order, the result being what the answer stage left in
+        ``state.result`` (each LLM call of a stage reports it to the
+        observers); otherwise :meth:`knowledge_stages`, then ``final_stage``
+        (the answer)."""
         if not questions:
             return []
         runner = self.runner()
-        states = runner.start(questions)
-        self.knowledge_stages(states, runner)
-        results = final_stage(states, runner)
+        states = runner.start(questions, self.state_class)
+        if self.stages:
+            for stage in self.stages:
+                stage.run(states, runner)
+            results: Sequence[Any] = [st.result for st in states]
+        else:
+            self.knowledge_stages(states, runner)
+            results = final_stage(states, runner)
         return list(zip(states, results, runner.costs(states)))
 
     def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
-        return [self.prediction(st, lp, cost) for st, lp, cost in self.run_stages(questions, self.answer_stage)]
+        return [self.prediction(st, lp if lp is not None else [], cost)
+                for st, lp, cost in self.run_stages(questions, self.answer_stage)]
 
     def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
         """The record of one question: the argmax of ``lp`` (first on ties)."""
@@ -501,22 +562,18 @@ class StagedPipeline:
         )
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """Fill ``state.knowledge`` for every question (default: none)."""
-
-    def uses_knowledge(self) -> bool:
-        return True
+        """Fill ``state.knowledge`` for every question (default: none). A
+        class that overrides it runs it, then :meth:`answer_stage`, instead
+        of its declared stages."""
 
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
-        """Score the labels after the answering prompt (one pass per question)."""
-        chats = []
-        for st in states:
-            if self.uses_knowledge():
-                chats.append(self.prompts.chat("answer_with_knowledge", st.question,
-                                               knowledge=self.prompts.format_list(st.knowledge)))
-            else:
-                chats.append(self.prompts.chat("answer", st.question))
+        """Score the labels after the answering prompt with the knowledge
+        (one pass per question)."""
+        P = self.prompts
+        chats = [P.chat("answer_with_knowledge", st.question, knowledge=P.format_list(st.knowledge)) for st in states]
         return runner.score("answer", states, chats)
 
 
 __all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
+           "Answer",
            "question_key", "run_in_batches", "mc_questions"]

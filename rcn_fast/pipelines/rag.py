@@ -48,6 +48,7 @@ from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline,
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
 from rcn_fast.pipelines.simple import QUERY_MODES, question_query
+from rcn_fast.pipelines.spec import PipelineSpec
 from rcn_fast.retrieval.types import Passage
 
 
@@ -279,7 +280,7 @@ def format_passages(texts: Sequence[str], fmt: str) -> str:
     return "\n".join(fmt.format(index=i + 1, text=t) for i, t in enumerate(texts))
 
 
-class _OpenView:
+class OpenView:
     """An open question seen by the prompt renderer: no options."""
 
     def __init__(self, q: OpenQuestion) -> None:
@@ -299,7 +300,7 @@ class OpenAnswering(StagedPipeline):
 
     #: what question ids key besides costs (for the duplicate-id message)
     open_ids_key = "random streams"
-    answers_open = True
+    spec = PipelineSpec(answers_open=True)
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         raise NotImplementedError
@@ -365,7 +366,8 @@ class OpenAnswering(StagedPipeline):
 
     def _run_open_chunk(self, questions: list[OpenQuestion]) -> list[OpenPrediction]:
         preds = []
-        for st, (ans, output, meta), cost in self.run_stages(questions, self.open_answer_stage):
+        for st, res, cost in self.run_stages(questions, self.open_answer_stage):
+            ans, output, meta = res if res is not None else ("", "", {})
             preds.append(OpenPrediction(
                 question_id=st.question.id, answer_text=ans, knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
                 output=output, meta=meta,
@@ -374,15 +376,24 @@ class OpenAnswering(StagedPipeline):
 
 
 # ------------------------------------------------------------------ base class
+@dataclass
+class RAGState(QuestionState):
+    """One question in ActiveRAG or a RAG baseline: ``final``, what the
+    answer reads: ``("passages", [texts])`` or ``("reasoning", [(name, text), ...])``."""
+
+    final: tuple[str, list[Any]] | None = None
+
+
 class RAGPipeline(OpenAnswering):
     """Base of ActiveRAG and its RAG baselines (see the module docstring).
 
-    Subclasses implement :meth:`knowledge_stages`, which must set
-    ``state.data["final"]`` to ``("passages", [texts])`` or
-    ``("reasoning", [(name, text), ...])``.
+    Subclasses declare their stages (``spec``), the last before the answer
+    setting ``state.final`` (:class:`RAGState`) to ``("passages", [texts])``
+    or ``("reasoning", [(name, text), ...])``.
     """
 
-    retriever_kind = "optional_corpus"  # the corpus is used when uses_retrieval() (the config retrieves)
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True)  # the corpus is used when does_retrieve
+    state_class = RAGState
     open_ids_key = "the call cache"
     #: The LLM calls of one question, declared by each pipeline class:
     #: generations (multiple choice), generations (open domain; None = the
@@ -394,12 +405,14 @@ class RAGPipeline(OpenAnswering):
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
         self.source = None
-        if self.uses_retrieval():
+        if self.does_retrieve:
             if retriever is None:
                 raise TypeError(f"retriever: the {self.name!r} pipeline needs a retriever, got None")
             self.source = as_embedding_retriever(retriever)
 
-    def uses_retrieval(self) -> bool:
+    @property
+    def does_retrieve(self) -> bool:
+        """Whether this pipeline retrieves under its settings (default: yes)."""
         return True
 
     @property
@@ -423,7 +436,7 @@ class RAGPipeline(OpenAnswering):
         """Render ``stage`` for one question (open questions have no options;
         trailing white space of their system/user turns is removed)."""
         if self.is_open(st):
-            turns = self.prompts.chat(stage, _OpenView(st.question), **extra)
+            turns = self.prompts.chat(stage, OpenView(st.question), **extra)
             for i, t in enumerate(turns):
                 if t["role"] != "assistant" or i < len(turns) - 1:
                     t["content"] = t["content"].rstrip()
@@ -485,7 +498,7 @@ class RAGPipeline(OpenAnswering):
         the batch); several items are combined (:func:`combine_choice_logprobs`)."""
         rows = []
         for st in states:
-            kind, items = st.data["final"]
+            kind, items = st.final
             if kind == "passages":
                 st.knowledge = list(items)
                 rows.append([(None, self.chat("rag_answer", st, passages=self.passages_text(items)))])
@@ -513,17 +526,17 @@ class RAGPipeline(OpenAnswering):
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
         """Open domain: per question (answer_text, output, meta)."""
         mode = self.config.answer_extraction
-        need = [i for i, st in enumerate(states) if st.data["final"][0] == "passages"]
+        need = [i for i, st in enumerate(states) if st.final[0] == "passages"]
         gen: dict[int, str] = {}
         if need:
             sub = [states[i] for i in need]
-            chats = [[self.chat("rag_answer_open", st, passages=self.passages_text(st.data["final"][1]))]
+            chats = [[self.chat("rag_answer_open", st, passages=self.passages_text(st.final[1]))]
                      for st in sub]
             outs = runner.generate("answer", sub, chats)
             gen = {i: o[0] for i, o in zip(need, outs)}
         res = []
         for i, st in enumerate(states):
-            kind, items = st.data["final"]
+            kind, items = st.final
             if kind == "passages":
                 st.knowledge = list(items)
                 text = gen[i]
@@ -568,6 +581,7 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "OpenPrediction", "OpenAnswering", "RAGPipeline", "extract_answer", "combine_choice_logprobs", "vote_answers",
-    "format_passages", "agent_results", "RAGConfig", "ANSWER_EXTRACTIONS",
+    "OpenPrediction", "OpenAnswering", "RAGPipeline", "RAGState", "extract_answer", "combine_choice_logprobs",
+    "vote_answers",
+    "format_passages", "agent_results", "RAGConfig", "ANSWER_EXTRACTIONS", "OpenView",
 ]

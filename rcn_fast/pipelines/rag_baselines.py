@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rcn_fast._validate import check_bool as _bool
 from rcn_fast._validate import check_choice
-from rcn_fast.pipelines.base import QuestionState, StageRunner
-from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline
+from rcn_fast.pipelines.base import Answer, QuestionState, StageRunner
+from rcn_fast.pipelines.rag import RAGConfig, RAGPipeline, RAGState
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 
 
 # ------------------------------------------------------------------ settings
@@ -109,6 +110,66 @@ class GuidelineConfig(RAGConfig):
     name: ClassVar[str] = "guideline"
 
 
+# ------------------------------------------------------------------ stages
+class RAGStage(Stage):
+    """A RAG stage: the pipeline's method ``method`` run for the batch
+    (it sets ``state.final`` when it is the last one before the answer)."""
+
+    reads = ("question",)
+    writes = ("passages", "final", "trace")
+    method: ClassVar[str] = ""
+    calls: ClassVar[int] = 1
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return self.calls
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        getattr(runner.pipeline, self.method)(states, runner)
+
+
+class PassagesFinal(RAGStage):
+    """Vanilla RAG: one batched retrieval; the passages go to the answer."""
+
+    name, method, calls = "retrieval", "passages_final", 0
+
+
+class ChainOfNoteStage(RAGStage):
+    name, method = "rag_chain_of_note", "chain_of_note"
+
+
+class SummaryStage(RAGStage):
+    name, method = "rag_summarize", "summarize"
+
+
+class RerankStage(RAGStage):
+    name, method = "rag_rerank", "rerank"
+
+
+class CoTStage(RAGStage):
+    name, method = "rag_cot", "cot"
+
+
+class GuidelineCoT(RAGStage):
+    name, method, writes = "rag_cot", "guideline_cot", ("cot", "trace")
+
+
+class GuidelineAnalysis(RAGStage):
+    name, method, writes = "rag_guideline", "guideline_analysis", ("analysis", "trace")
+
+
+class GuidelineMerge(RAGStage):
+    reads = ("question", "cot", "analysis")
+    name, method = "rag_guideline_merge", "guideline_merge"
+
+
+@dataclass
+class GuidelineState(RAGState):
+    """One question in Guideline: its chain of thought and the teacher's analysis."""
+
+    cot: str = ""
+    analysis: str = ""
+
+
 # ------------------------------------------------------------------ pipelines
 class RAGVanilla(RAGPipeline):
     """Vanilla RAG: the top ``top_k`` passages, then the question
@@ -117,11 +178,12 @@ class RAGVanilla(RAGPipeline):
     name = "rag_vanilla"
     config_class = RAGVanillaConfig
     open_generations = 1
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True, stages=(PassagesFinal(), Answer()))
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def passages_final(self, states: list[QuestionState], runner: StageRunner) -> None:
         self.retrieve(states)
         for st in states:
-            st.data["final"] = ("passages", [p.text for p in st.passages])
+            st.final = ("passages", [p.text for p in st.passages])
 
 
 class ChainOfNote(RAGPipeline):
@@ -131,11 +193,12 @@ class ChainOfNote(RAGPipeline):
     name = "chain_of_note"
     config_class = ChainOfNoteConfig
     generations = 1
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True, stages=(ChainOfNoteStage(), Answer()))
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def chain_of_note(self, states: list[QuestionState], runner: StageRunner) -> None:
         outs = self.generate_with_passages("rag_chain_of_note", states, runner)
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("chain_of_note", o)])
+            st.final = ("reasoning", [("chain_of_note", o)])
 
 
 class SelfRefine(RAGPipeline):
@@ -147,12 +210,13 @@ class SelfRefine(RAGPipeline):
     config_class = SelfRefineConfig
     generations = 1
     open_generations = 2
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True, stages=(SummaryStage(), Answer()))
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def summarize(self, states: list[QuestionState], runner: StageRunner) -> None:
         outs = self.generate_with_passages("rag_summarize", states, runner)
         for st, o in zip(states, outs):
             summary = o.strip()
-            st.data["final"] = ("passages", [summary] if summary else [])
+            st.final = ("passages", [summary] if summary else [])
 
 
 _RERANK_INDEX = re.compile(r"passage\s*(?:no\.?|number|#)?\s*[:=]?\s*\[?(\d{1,3})\b", re.I)
@@ -209,8 +273,9 @@ class SelfRerank(RAGPipeline):
     config_class = SelfRerankConfig
     generations = 1
     open_generations = 2
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True, stages=(RerankStage(), Answer()))
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def rerank(self, states: list[QuestionState], runner: StageRunner) -> None:
         outs = self.generate_with_passages("rag_rerank", states, runner)
         prefill = self.prompts.stage("rag_rerank").get("prefill", "")
         for st, o in zip(states, outs):
@@ -221,7 +286,7 @@ class SelfRerank(RAGPipeline):
                 keep = list(range(len(st.passages))) if self.config.unparsed == "all" else []
             st.trace[-1]["labels"] = {str(k): v for k, v in sorted(labels.items())}
             st.trace[-1]["kept"] = [st.passages[i].id for i in keep]
-            st.data["final"] = ("passages", [st.passages[i].text for i in keep])
+            st.final = ("passages", [st.passages[i].text for i in keep])
 
 
 class CoT(RAGPipeline):
@@ -231,18 +296,20 @@ class CoT(RAGPipeline):
     name = "cot"
     config_class = CoTConfig
     generations = 1
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True, stages=(CoTStage(), Answer()))
 
-    def uses_retrieval(self) -> bool:
+    @property
+    def does_retrieve(self) -> bool:
         return self.config.use_passages
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def cot(self, states: list[QuestionState], runner: StageRunner) -> None:
         if self.config.use_passages:
             outs = self.generate_with_passages("rag_cot", states, runner, prompt="rag_cot_passages")
         else:
             outs = [o[0] for o in self.generate_rows("rag_cot", states, runner,
                                                      [[(None, self.chat("rag_cot", st))] for st in states])]
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("cot", o)])
+            st.final = ("reasoning", [("cot", o)])
 
 
 class Guideline(RAGPipeline):
@@ -254,19 +321,31 @@ class Guideline(RAGPipeline):
     name = "guideline"
     config_class = GuidelineConfig
     generations = 3
+    spec = PipelineSpec(retrieves="optional_corpus", answers_open=True,
+                        stages=(GuidelineCoT(), GuidelineAnalysis(), GuidelineMerge(), Answer()))
+    state_class = GuidelineState
 
-    def uses_retrieval(self) -> bool:
+    @property
+    def does_retrieve(self) -> bool:
         return False
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
+    def guideline_cot(self, states: list[GuidelineState], runner: StageRunner) -> None:
         cots = self.generate_rows("rag_cot", states, runner, [[(None, self.chat("rag_cot", st))] for st in states])
+        for st, c in zip(states, cots):
+            st.cot = c[0]
+
+    def guideline_analysis(self, states: list[GuidelineState], runner: StageRunner) -> None:
         guides = self.generate_rows("rag_guideline", states, runner,
                                     [[(None, self.chat("rag_guideline", st))] for st in states])
-        rows = [[(None, self.chat("rag_guideline_merge", st, analysis=g[0].strip(), reasoning=c[0].strip()))]
-                for st, c, g in zip(states, cots, guides)]
+        for st, g in zip(states, guides):
+            st.analysis = g[0]
+
+    def guideline_merge(self, states: list[GuidelineState], runner: StageRunner) -> None:
+        rows = [[(None, self.chat("rag_guideline_merge", st, analysis=st.analysis.strip(), reasoning=st.cot.strip()))]
+                for st in states]
         outs = self.generate_rows("rag_guideline_merge", states, runner, rows)
         for st, o in zip(states, outs):
-            st.data["final"] = ("reasoning", [("guideline", o[0])])
+            st.final = ("reasoning", [("guideline", o[0])])
 
 
 __all__ = [

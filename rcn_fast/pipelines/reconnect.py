@@ -69,15 +69,16 @@ from rcn_fast._validate import is_number
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion
 from rcn_fast.pipelines.base import QuestionState, StageRunner
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, has_embeddings
-from rcn_fast.pipelines.rag import ANSWER_EXTRACTIONS, OpenAnswering, _OpenView, extract_answer
-from rcn_fast.pipelines.reconnect_parsing import QUERY_PARSINGS, parse_queries
+from rcn_fast.pipelines.rag import ANSWER_EXTRACTIONS, OpenAnswering, OpenView, extract_answer
+from rcn_fast.pipelines.reconnect_parsing import QUERY_PARSINGS
 from rcn_fast.pipelines.reconnect_settings import (  # noqa: F401  (re-exported)
     ABLATIONS, PRESETS, SAMPLING_STRATEGIES, SCALE_WIDTH, SUBSET_TOP_N_PLUS_ONE, ablation_settings, fill_preset,
     preset_settings,
 )
-from rcn_fast.pipelines.reconnect_stages import ConnectionStages
+from rcn_fast.pipelines.reconnect_stages import RECONNECT_STAGES, ReConnectState, reconnect_stages
 from rcn_fast.pipelines.simple import QUERY_MODES, question_query
 
 
@@ -343,29 +344,33 @@ class ReConnectConfig(PipelineConfig):
 
     @property
     def generations_per_question(self) -> int:
-        """LLM generations one question costs under these settings (1 for
-        query expansion, N extractions, 1 aggregation, each when on)."""
-        n = int(self.explanation_retrieval)
-        if self.samples_subsets:
-            n += self.num_subsets
-        return n + int(self.knowledge_connection and self.knowledge_aggregation)
+        """LLM generations one question costs under these settings: the
+        calls of ReConnect's stage list under them (:func:`reconnect_stages`;
+        1 for query expansion, N extractions, 1 aggregation, each when on)
+        without the answer."""
+        return sum(s.llm_calls_per_question(self) for s in reconnect_stages(RECONNECT_STAGES, self)
+                   if s.name != "answer")
 
     @property
     def llm_calls_per_question(self) -> int:
         """Generations plus the one answer-scoring pass (the paper's
         Table 9 counts 6 for N = 3)."""
-        return self.generations_per_question + 1
+        return sum(s.llm_calls_per_question(self) for s in reconnect_stages(RECONNECT_STAGES, self))
 
     @property
     def open_generations_per_question(self) -> int:
         """Generations of one open question: the same stages, and the
         answer is a generation instead of the scoring pass (so as many LLM
         calls as :attr:`llm_calls_per_question`, none of them scoring)."""
-        return self.generations_per_question + 1
+        return self.llm_calls_per_question
 
 
-class ReConnect(ConnectionStages, OpenAnswering):
-    """ReConnect with all its ablations.
+class ReConnect(OpenAnswering):
+    """ReConnect with all its ablations: the stage list
+    ``[QueryExpansion, ExplanationRetrieval, RelevanceSampling,
+    KnowledgeExtraction, KnowledgeAggregation, AnswerScoring]``
+    (:mod:`~rcn_fast.pipelines.reconnect_stages`), edited per ablation
+    (:func:`~rcn_fast.pipelines.reconnect_stages.reconnect_stages`).
 
     Parameters
     ----------
@@ -388,8 +393,9 @@ class ReConnect(ConnectionStages, OpenAnswering):
 
     name = "reconnect"
     config_class = ReConnectConfig
-    retriever_kind = "corpus"
-    answers_open = True  # answers OpenQuestion too (rcn_fast's extension, see the module docstring)
+    # answers OpenQuestion too (rcn_fast's extension, see the module docstring)
+    spec = PipelineSpec(retrieves="corpus", answers_open=True, stages=RECONNECT_STAGES)
+    state_class = ReConnectState
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -402,18 +408,24 @@ class ReConnect(ConnectionStages, OpenAnswering):
                 "rcn_fast Retriever"
             )
 
+    def declared_stages(self) -> tuple[Stage, ...]:
+        """The class's stage list under this config's ablations."""
+        return reconnect_stages(self.spec.stages, self.config)
+
+    # ------------------------------------------------------------ cost, from the stage list
     @property
     def generations_per_question(self) -> int:
-        return self.config.generations_per_question
+        return sum(s.llm_calls_per_question(self.config) for s in self.stages if s.name != "answer")
 
     @property
     def open_generations_per_question(self) -> int:
-        return self.config.open_generations_per_question
+        return sum(s.llm_calls_per_question(self.config) for s in self.stages)
 
     @property
     def scoring_passes_per_question(self) -> int:
-        return 1
+        return sum(s.llm_calls_per_question(self.config) for s in self.stages if s.name == "answer")
 
+    # ------------------------------------------------------------ the answer
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         """Score the labels after ReConnect's answering prompt (one pass per
         question): ``reconnect_answer`` (pre-fill ``Answer:``, the reference
@@ -423,6 +435,20 @@ class ReConnect(ConnectionStages, OpenAnswering):
         chats = [self.prompts.chat(stage, st.question, knowledge=self.prompts.format_list(st.knowledge))
                  for st in states]
         return runner.score("answer", states, chats)
+
+    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
+        """Open questions: one answer generation per question (one LLM call
+        for the batch) with the connected explanation -> per question
+        (answer text by ``answer_extraction``, the whole generation, {})."""
+        chats = [[self.stage_chat("answer_with_knowledge", st, knowledge=self.prompts.format_list(st.knowledge))]
+                 for st in states]
+        outs = runner.generate("answer", states, chats)
+        res = []
+        for st, o in zip(states, outs):
+            ans = extract_answer(o[0], self.config.answer_extraction)
+            st.trace[-1]["answer"] = ans
+            res.append((ans, o[0], {}))
+        return res
 
     def embedding_width(self) -> int | None:
         """The encoder's embedding dimension when the retriever tells it
@@ -445,71 +471,23 @@ class ReConnect(ConnectionStages, OpenAnswering):
         d["resolved"] = {"subset_size": c.subset_k, "score_scale": scale, "embedding_width": width}
         return d
 
-    def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
-        """Open questions: one answer generation per question (one LLM call
-        for the batch) with the connected explanation -> per question
-        (answer text by ``answer_extraction``, the whole generation, {})."""
-        chats = [[self._chat("answer_with_knowledge", st, knowledge=self.prompts.format_list(st.knowledge))]
-                 for st in states]
-        outs = runner.generate("answer", states, chats)
-        res = []
-        for st, o in zip(states, outs):
-            ans = extract_answer(o[0], self.config.answer_extraction)
-            st.trace[-1]["answer"] = ans
-            res.append((ans, o[0], {}))
-        return res
-
-    # ------------------------------------------------------------ open questions
-    def _chat(self, stage: str, st: QuestionState, **extra: Any) -> list[dict[str, str]]:
+    # ------------------------------------------------------------ helpers of the stages
+    def stage_chat(self, stage: str, st: QuestionState, **extra: Any) -> list[dict[str, str]]:
         """The chat of ``stage`` for one question: the stage's prompt for a
         multiple-choice question, ``open_<stage>`` (no options) for an open one."""
         if isinstance(st.question, OpenQuestion):
-            return self.prompts.chat(f"open_{stage}", _OpenView(st.question), **extra)
+            return self.prompts.chat(f"open_{stage}", OpenView(st.question), **extra)
         return self.prompts.chat(stage, st.question, **extra)
 
-    def _question_query(self, question: Any) -> str:
+    def question_query(self, question: Any) -> str:
         """The question query Q (an open question's text: it has no options)."""
         if isinstance(question, OpenQuestion):
             return question.question
         return question_query(question, self.config.query)
 
     @staticmethod
-    def _num_choices(question: Any) -> int:
+    def num_choices(question: Any) -> int:
         return len(question.choices) if isinstance(question, MCQuestion) else 0
-
-    # ------------------------------------------------------------------ stages
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        c = self.config
-        self._query_expansion(states, runner)
-        qemb = self._retrieve(states)
-        if not c.knowledge_connection:
-            # w/o KC (= w/o KE, KA): answer with every pooled passage
-            for st in states:
-                st.knowledge = [p.text for p in st.passages]
-            return
-        if c.knowledge_extraction:
-            for st, subs in zip(states, self._sample(states, qemb)):
-                st.data["subsets"] = subs
-            self._extract(states, runner)
-        if c.knowledge_aggregation:
-            self._aggregate(states, runner)
-        else:  # w/o KA: one list item per extraction output
-            for st in states:
-                st.knowledge = self._extraction_items(st)
-
-    def _query_expansion(self, states: list[QuestionState], runner: StageRunner) -> None:
-        c = self.config
-        if not c.explanation_retrieval:
-            for st in states:
-                st.data["explanations"] = []
-            return
-        chats = [[self._chat("query_expansion", st)] for st in states]
-        outs = runner.generate("query_expansion", states, chats)
-        for st, o in zip(states, outs):
-            k = c.num_queries(self._num_choices(st.question))
-            exps = parse_queries(o[0], k, c.query_parsing)
-            st.data["explanations"] = exps
-            st.trace[-1]["parsed"] = exps
 
 
 __all__ = ["ReConnect", "ReConnectConfig", "ABLATIONS", "ablation_settings", "SAMPLING_STRATEGIES"]

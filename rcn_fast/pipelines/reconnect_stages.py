@@ -1,20 +1,49 @@
-"""The knowledge-connection stages of ReConnect (retrieval pooling, subset
-sampling, extraction, aggregation) as a mixin of
-:class:`~rcn_fast.pipelines.reconnect.ReConnect`, which holds the settings
-(``self.config``), the prompts and the retriever adapter (``self.source``).
-Split out of :mod:`rcn_fast.pipelines.reconnect` to keep it small.
+"""ReConnect's stages as declared stage objects, its typed per-question
+state, and the ablations of the paper's Tables 3 and 7 as edits of the
+stage list (:func:`reconnect_stages`).
+
+ReConnect is ``[QueryExpansion, ExplanationRetrieval, RelevanceSampling,
+KnowledgeExtraction, KnowledgeAggregation, AnswerScoring]``. Each stage
+reads the pipeline (``runner.pipeline``: its config, prompts, retriever
+adapter ``source`` and the helpers ``stage_chat``, ``question_query``,
+``num_choices``, ``embedding_width``) and the fields of
+:class:`ReConnectState` it names in ``reads`` / ``writes``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
-from rcn_fast.pipelines.base import QuestionState, StageRunner, question_key
+from rcn_fast.pipelines.base import Answer, QuestionState, StageRunner, question_key
 from rcn_fast.pipelines.knowledge import has_embeddings, retrieve_batch
+from rcn_fast.pipelines.spec import Stage, remove_stages, replace_stage
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
+
+
+@dataclass
+class ReConnectState(QuestionState):
+    """One question moving through ReConnect's stages.
+
+    Attributes
+    ----------
+    explanations : list of str
+        The parsed query-expansion output (the retrieval queries besides the question).
+    query_embedding : float32 [d] or None
+        The question query's embedding (from retrieval), for the sampler.
+    subsets : list of list of Passage
+        The N sampled document subsets.
+    extractions : list of list of str
+        The parsed explanations of each extraction, one list per subset.
+    """
+
+    explanations: list[str] = field(default_factory=list)
+    query_embedding: np.ndarray | None = None
+    subsets: list[list[Passage]] = field(default_factory=list)
+    extractions: list[list[str]] = field(default_factory=list)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -22,76 +51,124 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.where(n > 0, n, 1.0)
 
 
-class ConnectionStages:
-    """Stages 2-5 of ReConnect (see :mod:`rcn_fast.pipelines.reconnect`); they
-    use ReConnect's ``_chat``, ``_question_query``, ``_num_choices`` and
-    ``embedding_width``."""
+def pool_passages(results: Sequence[Sequence[Passage]]) -> list[Passage]:
+    """The results of a question's queries pooled in order, exact duplicate
+    texts removed (first occurrence kept)."""
+    seen: set[str] = set()
+    pool: list[Passage] = []
+    for res in results:
+        for p in res:
+            if p.text not in seen:
+                seen.add(p.text)
+                pool.append(p)
+    return pool
 
-    config: Any
-    prompts: Any
-    source: Any
 
-    def _retrieve(self, states: list[QuestionState]) -> np.ndarray | None:
-        """One batched retrieval for every query of every question; returns
-        the question-query embeddings [B, d] (None without embeddings).
+# ------------------------------------------------------------------ 1. query expansion
+class QueryExpansion(Stage):
+    """One generation per question: explanations, parsed as the reference
+    code does (``query_parsing``), at most k kept."""
 
-        With explanation retrieval each query gets ``top_n`` passages; without
-        it the question query gets ``top_n * (k + 1)`` (k the explanation
-        cap), so the pool is as large as with ER. Questions that ask for the
-        same count share one retrieval call (with ER: the whole batch), so a
-        question's passages never depend on the rest of its batch."""
-        c = self.config
+    name = "query_expansion"
+    reads = ("question",)
+    writes = ("explanations", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        from rcn_fast.pipelines.reconnect_parsing import parse_queries
+
+        pipe, c = runner.pipeline, runner.pipeline.config
+        chats = [[pipe.stage_chat("query_expansion", st)] for st in states]
+        outs = runner.generate("query_expansion", states, chats)
+        for st, o in zip(states, outs):
+            k = c.num_queries(pipe.num_choices(st.question))
+            exps = parse_queries(o[0], k, c.query_parsing)
+            st.explanations = exps
+            st.trace[-1]["parsed"] = exps
+
+
+# ------------------------------------------------------------------ 2. retrieval
+class ExplanationRetrieval(Stage):
+    """One batched retrieval: ``top_n`` passages for every explanation and
+    for the question, pooled per question (exact duplicates removed)."""
+
+    name = "retrieval"
+    reads = ("question", "explanations")
+    writes = ("passages", "query_embedding", "trace")
+
+    def count(self, pipe: Any, st: ReConnectState) -> int:
+        """Passages retrieved per query of this question."""
+        return pipe.config.top_n
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        """Questions that ask for the same count share one retrieval call, so
+        a question's passages never depend on the rest of its batch."""
+        pipe = runner.pipeline
         flat: list[str] = []
         spans = []
         for st in states:
-            qs = [*st.data["explanations"], self._question_query(st.question)]
+            qs = [*st.explanations, pipe.question_query(st.question)]
             spans.append((len(flat), len(flat) + len(qs)))
             flat.extend(qs)
-        if c.explanation_retrieval:
-            counts = [c.top_n] * len(states)
-        else:
-            counts = [c.top_n * c.pool_queries(self._num_choices(st.question)) for st in states]
+        counts = [self.count(pipe, st) for st in states]
         results: list[list[Passage]] = [[] for _ in flat]
         emb_rows: list[np.ndarray | None] = [None] * len(flat)
         for k in sorted(set(counts)):
             rows = [i for (s, e), kb in zip(spans, counts) if kb == k for i in range(s, e)]
-            res_k, emb_k = retrieve_batch(self.source, [flat[i] for i in rows], k)
+            res_k, emb_k = retrieve_batch(pipe.source, [flat[i] for i in rows], k)
             for j, i in enumerate(rows):
                 results[i] = res_k[j]
                 emb_rows[i] = None if emb_k is None else emb_k[j]
-        qemb = None
-        if spans and all(emb_rows[e - 1] is not None for _, e in spans):
-            qemb = np.stack([emb_rows[e - 1] for _, e in spans])
+        have_all = bool(spans) and all(emb_rows[e - 1] is not None for _, e in spans)
         for st, (s, e), k in zip(states, spans, counts):
             res_q = [list(r) for r in results[s:e]]
-            seen: set[str] = set()
-            pool: list[Passage] = []
-            for res in res_q:
-                for p in res:
-                    if p.text not in seen:
-                        seen.add(p.text)
-                        pool.append(p)
-            st.passages = pool
+            st.passages = pool_passages(res_q)
+            st.query_embedding = emb_rows[e - 1] if have_all else None
             st.trace.append({
                 "stage": "retrieval", "type": "retrieve", "queries": flat[s:e], "top_n": k,
-                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in pool],
+                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in st.passages],
             })
-        return qemb
 
-    def _sample(self, states: list[QuestionState], qemb: np.ndarray | None) -> list[list[list[Passage]]]:
-        """One sampler call for the batch -> per question, N subsets."""
+
+class QuestionRetrieval(ExplanationRetrieval):
+    """"w/o ER": the question alone retrieves ``top_n * (k + 1)`` passages
+    (k the explanation cap), so the pool is as large as with ER."""
+
+    reads = ("question",)
+
+    def count(self, pipe: Any, st: ReConnectState) -> int:
+        return pipe.config.top_n * pipe.config.pool_queries(pipe.num_choices(st.question))
+
+
+# ------------------------------------------------------------------ 3. sampling
+class RelevanceSampling(Stage):
+    """One sampler call for the batch: N subsets of K pooled passages per
+    question, by the configured strategy (``sampling``: relevance, random,
+    topk, mmr, cluster)."""
+
+    name = "sampling"
+    reads = ("passages", "query_embedding")
+    writes = ("subsets", "trace")
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
         from rcn_fast.sampling import sample
 
-        c = self.config
+        pipe = runner.pipeline
+        c, source = pipe.config, pipe.source
         B = len(states)
+        embs = [st.query_embedding for st in states]
+        qemb = np.stack(embs) if states and all(e is not None for e in embs) else None  # type: ignore[arg-type]
         counts = np.array([len(st.passages) for st in states], dtype=np.int64)
         nmax = int(counts.max()) if B else 0
         if nmax == 0:
-            subsets = [[[] for _ in range(c.num_subsets)] for _ in states]
+            subsets: list[list[list[Passage]]] = [[[] for _ in range(c.num_subsets)] for _ in states]
+            width = pipe.embedding_width() or 1
         else:
-            if qemb is not None and has_embeddings(self.source):
+            if qemb is not None and has_embeddings(source):
                 flat = [p for st in states for p in st.passages]
-                pemb = np.asarray(self.source.passage_embeddings(flat), dtype=np.float32)
+                pemb = np.asarray(source.passage_embeddings(flat), dtype=np.float32)
                 d = width = pemb.shape[1]
                 cand = np.zeros((B, nmax, d), np.float32)
                 off = 0
@@ -103,51 +180,58 @@ class ConnectionStages:
                     q, cand = _normalize(q), _normalize(cand)
             else:  # "random" needs no embeddings
                 q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
-                width = self.embedding_width() or 1
+                width = pipe.embedding_width() or 1
             keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
-            ids = sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
-                         valid=counts, tau=c.sampler_tau(width), first=c.first, mmr_lambda=c.mmr_lambda)
-            ids = np.asarray(ids)
+            ids = np.asarray(sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
+                                    valid=counts, tau=c.sampler_tau(width), first=c.first, mmr_lambda=c.mmr_lambda))
             subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
-        if nmax == 0:
-            width = self.embedding_width() or 1
         for st, subs in zip(states, subsets):
+            st.subsets = subs
             entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling, "subset_size": c.subset_k,
                      "subsets": [[p.id for p in s] for s in subs]}
             if c.sampling == "relevance":
                 scale = c.resolved_score_scale(width)
                 entry.update(tau=c.tau, score_scale=scale, sampler_tau=c.tau / scale)
             st.trace.append(entry)
-        return subsets
 
-    @staticmethod
-    def _subsets_repeat(subsets: list[list[Passage]]) -> bool:
-        """Whether two of a question's subsets hold the same documents."""
-        keys = [frozenset(p.text for p in s) for s in subsets]
-        return len(set(keys)) < len(keys)
 
-    def repeat_decoding(self, subset: int) -> dict[str, Any]:
-        """Decoding of extraction ``subset`` of a question whose subsets
-        repeat: nucleus sampling with its own seed (``seed`` for subset 0, a
-        hash of ``(seed, subset)`` otherwise; the draw also depends on the
-        prompt, i.e. on the question and the subset)."""
-        from rcn_fast.llm.seeded import sample_seed
+# ------------------------------------------------------------------ 4. extraction
+def subsets_repeat(subsets: list[list[Passage]]) -> bool:
+    """Whether two of a question's subsets hold the same documents."""
+    keys = [frozenset(p.text for p in s) for s in subsets]
+    return len(set(keys)) < len(keys)
 
-        c = self.config
-        return {"temperature": c.repeat_temperature, "top_p": c.repeat_top_p,
-                "seed": sample_seed(c.seed, subset)}
 
-    def _extract(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """N extractions per question. Questions whose subsets are all
-        distinct share one call with the run's decoding; with
-        ``repeat_decoding="nucleus"`` the others are decoded with nucleus
-        sampling, one call per subset index (its seed), so a question's
-        extractions differ and do not depend on the batch."""
-        c = self.config
-        P = self.prompts
-        chats = [[self._chat("knowledge_extraction", st, documents=P.format_list([p.text for p in sub]))
-                  for sub in st.data["subsets"]] for st in states]
-        sampled = [c.repeat_decoding == "nucleus" and self._subsets_repeat(st.data["subsets"]) for st in states]
+def repeat_decoding(config: Any, subset: int) -> dict[str, Any]:
+    """Decoding of extraction ``subset`` of a question whose subsets repeat:
+    nucleus sampling with its own seed (``seed`` for subset 0, a hash of
+    ``(seed, subset)`` otherwise; the draw also depends on the prompt, i.e.
+    on the question and the subset)."""
+    from rcn_fast.llm.seeded import sample_seed
+
+    return {"temperature": config.repeat_temperature, "top_p": config.repeat_top_p,
+            "seed": sample_seed(config.seed, subset)}
+
+
+class KnowledgeExtraction(Stage):
+    """N extractions per question, one per subset. Questions whose subsets
+    are all distinct share one call with the run's decoding; with
+    ``repeat_decoding="nucleus"`` the others are decoded with nucleus
+    sampling, one call per subset index (its seed)."""
+
+    name = "knowledge_extraction"
+    reads = ("subsets",)
+    writes = ("extractions", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return config.num_subsets
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        pipe = runner.pipeline
+        c, P = pipe.config, pipe.prompts
+        chats = [[pipe.stage_chat("knowledge_extraction", st, documents=P.format_list([p.text for p in sub]))
+                  for sub in st.subsets] for st in states]
+        sampled = [c.repeat_decoding == "nucleus" and subsets_repeat(st.subsets) for st in states]
         outs: list[list[str]] = [[] for _ in states]
         plain = runner.generate("knowledge_extraction", states,
                                 [[] if smp else cs for smp, cs in zip(sampled, chats)])
@@ -158,37 +242,119 @@ class ConnectionStages:
                 rows = [[cs[i]] if smp and i < len(cs) else [] for smp, cs in zip(sampled, chats)]
                 if not any(rows):
                     continue
-                got = runner.generate("knowledge_extraction", states, rows, decoding=self.repeat_decoding(i))
+                got = runner.generate("knowledge_extraction", states, rows, decoding=repeat_decoding(c, i))
                 for b, o in enumerate(got):
                     outs[b].extend(o)
         for st, texts in zip(states, outs):
             exts = [parse_bullets(t) for t in texts]
-            st.data["extractions"] = exts
+            st.extractions = exts
             entries = [t for t in st.trace if t["stage"] == "knowledge_extraction" and t["type"] == "generate"]
             for entry, parsed in zip(entries, exts):
                 entry["parsed"] = parsed
 
-    @staticmethod
-    def _extraction_items(st: QuestionState) -> list[str]:
-        """The N extraction outputs as N items (each one's explanations
-        joined by spaces; empty outputs left out)."""
-        return [x for x in (" ".join(exps) for exps in st.data["extractions"]) if x]
 
-    def _aggregate(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """One aggregation per question: over the N extraction outputs, or
-        without extraction ("w/o KE") over every pooled passage."""
-        P = self.prompts
-        chats = []
-        for st in states:
-            if self.config.knowledge_extraction:
-                items = self._extraction_items(st)
-            else:
-                items = [p.text for p in st.passages]
-            chats.append([self._chat("knowledge_aggregation", st, explanations=P.format_list(items))])
+def extraction_items(st: ReConnectState) -> list[str]:
+    """The N extraction outputs as N items (each one's explanations joined
+    by spaces; empty outputs left out)."""
+    return [x for x in (" ".join(exps) for exps in st.extractions) if x]
+
+
+# ------------------------------------------------------------------ 5. aggregation
+class KnowledgeAggregation(Stage):
+    """One aggregation per question over the N extraction outputs."""
+
+    name = "knowledge_aggregation"
+    reads = ("extractions",)
+    writes = ("knowledge", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def items(self, st: ReConnectState) -> list[str]:
+        return extraction_items(st)
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        pipe = runner.pipeline
+        chats = [[pipe.stage_chat("knowledge_aggregation", st, explanations=pipe.prompts.format_list(self.items(st)))]
+                 for st in states]
         outs = runner.generate("knowledge_aggregation", states, chats)
         for st, o in zip(states, outs):
             st.knowledge = parse_bullets(o[0])
             st.trace[-1]["parsed"] = st.knowledge
 
 
-__all__ = ["ConnectionStages"]
+class PassageAggregation(KnowledgeAggregation):
+    """"w/o KE": aggregate directly from every pooled passage."""
+
+    reads = ("passages",)
+
+    def items(self, st: ReConnectState) -> list[str]:
+        return [p.text for p in st.passages]
+
+
+class ExtractionsAsKnowledge(Stage):
+    """"w/o KA": answer with the N extraction outputs as an N-item list."""
+
+    name = "extractions_as_knowledge"
+    reads = ("extractions",)
+    writes = ("knowledge",)
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        for st in states:
+            st.knowledge = extraction_items(st)
+
+
+class PassagesAsKnowledge(Stage):
+    """"w/o KC" (= "w/o KE, KA"): answer with every pooled passage."""
+
+    name = "passages_as_knowledge"
+    reads = ("passages",)
+    writes = ("knowledge",)
+
+    def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
+        for st in states:
+            st.knowledge = [p.text for p in st.passages]
+
+
+# ------------------------------------------------------------------ 6. answer
+class AnswerScoring(Answer):
+    """One scoring pass per multiple-choice question with the connected
+    explanation (:meth:`ReConnect.answer_stage`: ``reconnect_answer``, or
+    ``answer_with_knowledge`` with ``answer_turn="shared"``); an open
+    question's answer is one generation instead
+    (:meth:`ReConnect.open_answer_stage`)."""
+
+
+#: ReConnect's stages with every setting on (the paper's full pipeline).
+RECONNECT_STAGES: tuple[Stage, ...] = (QueryExpansion(), ExplanationRetrieval(), RelevanceSampling(),
+                                       KnowledgeExtraction(), KnowledgeAggregation(), AnswerScoring())
+
+
+def reconnect_stages(stages: Sequence[Stage], config: Any) -> tuple[Stage, ...]:
+    """The stage list ``stages`` (ReConnect's, or one with stages added)
+    under ``config``'s ablations (Tables 3 and 7), as list edits:
+
+    * w/o ER: no query expansion, :class:`QuestionRetrieval` for retrieval;
+    * w/o KC (= w/o KE, KA): no sampling, extraction or aggregation,
+      :class:`PassagesAsKnowledge` before the answer;
+    * w/o KE: no sampling or extraction, :class:`PassageAggregation`;
+    * w/o KA: :class:`ExtractionsAsKnowledge` for the aggregation.
+    """
+    out = tuple(stages)
+    if not config.explanation_retrieval:
+        out = replace_stage(remove_stages(out, "query_expansion"), "retrieval", QuestionRetrieval())
+    if not config.knowledge_connection:
+        out = remove_stages(out, "sampling", "knowledge_extraction")
+        return replace_stage(out, "knowledge_aggregation", PassagesAsKnowledge())
+    if not config.knowledge_extraction:
+        return replace_stage(remove_stages(out, "sampling", "knowledge_extraction"), "knowledge_aggregation",
+                             PassageAggregation())
+    if not config.knowledge_aggregation:
+        out = replace_stage(out, "knowledge_aggregation", ExtractionsAsKnowledge())
+    return out
+
+
+__all__ = ["ReConnectState", "QueryExpansion", "ExplanationRetrieval", "QuestionRetrieval", "RelevanceSampling",
+           "KnowledgeExtraction", "KnowledgeAggregation", "PassageAggregation", "ExtractionsAsKnowledge",
+           "PassagesAsKnowledge", "AnswerScoring", "RECONNECT_STAGES", "reconnect_stages", "pool_passages",
+           "extraction_items", "subsets_repeat", "repeat_decoding"]

@@ -7,9 +7,10 @@ from typing import Any, ClassVar
 
 from rcn_fast._validate import check_choice
 from rcn_fast._validate import check_int as _int
-from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.base import Answer, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 
 #: Retrieval queries of a multiple-choice question: its text, or text + options.
 QUERY_MODES = ("question", "question_choices")
@@ -65,9 +66,30 @@ class Vanilla(StagedPipeline):
 
     name = "vanilla"
     config_class = VanillaConfig
+    spec = PipelineSpec(stages=(Answer(),))
 
-    def uses_knowledge(self) -> bool:
-        return False
+    def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
+        """Score the labels after the answering prompt, without knowledge."""
+        return runner.score("answer", states, [self.prompts.chat("answer", st.question) for st in states])
+
+
+class QuestionPassages(Stage):
+    """One batched retrieval: the top ``top_n`` passages for each question
+    query are its passages and its knowledge."""
+
+    name = "retrieval"
+    reads = ("question",)
+    writes = ("passages", "knowledge", "trace")
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        pipe = runner.pipeline
+        queries = [question_query(st.question, pipe.config.query) for st in states]
+        results, _ = retrieve_batch(pipe.source, queries, pipe.config.top_n)
+        for st, q, res in zip(states, queries, results):
+            st.passages = list(res)
+            st.knowledge = [p.text for p in res]
+            st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
+                             "results": [[p.id for p in res]]})
 
 
 class SingleRetrieval(StagedPipeline):
@@ -76,20 +98,12 @@ class SingleRetrieval(StagedPipeline):
 
     name = "single_retrieval"
     config_class = SingleRetrievalConfig
-    retriever_kind = "corpus"
+    spec = PipelineSpec(retrieves="corpus", stages=(QuestionPassages(), Answer()))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
         self.source = as_embedding_retriever(retriever)
 
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        queries = [question_query(st.question, self.config.query) for st in states]
-        results, _ = retrieve_batch(self.source, queries, self.config.top_n)
-        for st, q, res in zip(states, queries, results):
-            st.passages = list(res)
-            st.knowledge = [p.text for p in res]
-            st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
-                             "results": [[p.id for p in res]]})
 
-
-__all__ = ["Vanilla", "SingleRetrieval", "VanillaConfig", "SingleRetrievalConfig", "QUERY_MODES", "question_query"]
+__all__ = ["Vanilla", "SingleRetrieval", "QuestionPassages", "VanillaConfig", "SingleRetrievalConfig", "QUERY_MODES",
+           "question_query"]

@@ -20,12 +20,13 @@ markers; on bullet lists the two agree (see ``docs/FIDELITY.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rcn_fast._validate import check_bool as _bool
 from rcn_fast._validate import check_int as _int
-from rcn_fast.pipelines.base import QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.base import Answer, QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.prompts import parse_bullets
 
@@ -57,6 +58,58 @@ class ZebraConfig(PipelineConfig):
         _int(self.max_explanations, "max_explanations", 1, allow_none=True)
 
 
+@dataclass
+class ZebraState(QuestionState):
+    """One question in ZEBRA: ``examples``, the retrieved (Example, score) pairs."""
+
+    examples: list[tuple[Any, float]] = field(default_factory=list)
+
+
+class ExampleRetrieval(Stage):
+    """Top ``top_k`` examples from the example KB for the batch (one call;
+    the question's own id excluded with ``exclude_same_id``)."""
+
+    name = "example_retrieval"
+    reads = ("question",)
+    writes = ("examples", "trace")
+
+    def run(self, states: list[ZebraState], runner: StageRunner) -> None:  # type: ignore[override]
+        pipe = runner.pipeline
+        c = pipe.config
+        exclude = [st.id for st in states] if c.exclude_same_id else None
+        found = pipe.retriever.retrieve([st.question for st in states], c.top_k, exclude_ids=exclude)
+        for st, exs in zip(states, found):
+            st.examples = list(exs)
+            st.trace.append({"stage": "example_retrieval", "type": "retrieve",
+                             "examples": [ex.id for ex, _ in exs], "scores": [s for _, s in exs]})
+
+
+class ExampleGeneration(Stage):
+    """One generation per question: the examples as few-shot turns, then
+    the question; its explanations are the knowledge."""
+
+    name = "example_generation"
+    reads = ("question", "examples")
+    writes = ("knowledge", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def run(self, states: list[ZebraState], runner: StageRunner) -> None:  # type: ignore[override]
+        pipe = runner.pipeline
+        c = pipe.config
+        chats = []
+        for st in states:
+            shots = [{"question": ex.question, "choices": ex.choices, "labels": ex.labels,
+                      "knowledge": ex.explanations[: c.max_explanations] if c.max_explanations else ex.explanations}
+                     for ex, _ in st.examples]
+            chats.append([pipe.prompts.chat("example_generation", st.question, examples=shots)])
+        outs = runner.generate("example_generation", states, chats)
+        for st, o in zip(states, outs):
+            st.knowledge = parse_bullets(o[0])
+            st.trace[-1]["parsed"] = st.knowledge
+
+
 class Zebra(StagedPipeline):
     """ZEBRA over an example knowledge base.
 
@@ -74,30 +127,13 @@ class Zebra(StagedPipeline):
 
     name = "zebra"
     config_class = ZebraConfig
-    retriever_kind = "example_kb"
+    spec = PipelineSpec(retrieves="example_kb", stages=(ExampleRetrieval(), ExampleGeneration(), Answer()))
+    state_class = ZebraState
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
         if not callable(getattr(retriever, "retrieve", None)):
             raise TypeError(f"retriever: expected an ExampleRetriever, got {type(retriever).__name__}")
-
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        c = self.config
-        exclude = [st.id for st in states] if c.exclude_same_id else None
-        found = self.retriever.retrieve([st.question for st in states], c.top_k, exclude_ids=exclude)
-        chats = []
-        for st, exs in zip(states, found):
-            st.trace.append({"stage": "example_retrieval", "type": "retrieve",
-                             "examples": [ex.id for ex, _ in exs], "scores": [s for _, s in exs]})
-            shots = [{"question": ex.question, "choices": ex.choices, "labels": ex.labels,
-                      "knowledge": ex.explanations[: c.max_explanations] if c.max_explanations else ex.explanations}
-                     for ex, _ in exs]
-            st.data["examples"] = [ex.id for ex, _ in exs]
-            chats.append([self.prompts.chat("example_generation", st.question, examples=shots)])
-        outs = runner.generate("example_generation", states, chats)
-        for st, o in zip(states, outs):
-            st.knowledge = parse_bullets(o[0])
-            st.trace[-1]["parsed"] = st.knowledge
 
 
 __all__ = ["Zebra", "ZebraConfig"]

@@ -2,21 +2,16 @@
 through the standard :class:`rcn_fast.pipelines.Prediction` records (no LLM
 calls; ``choice_logprobs`` = log-softmax of the predictor's scores).
 
-What the evaluation runner reads from the class (each optional for a
-pipeline, looked up with ``getattr``):
-
-* ``needs_llm = False`` -- no LLM is loaded (nor its package checked) and
-  the LLM is not part of the result key; ``retriever_kind = "none"`` and
-  ``answers_open = False`` (see :class:`rcn_fast.pipelines.base.StagedPipeline`);
-* ``usage_note`` -- shown by ``python -m rcn_fast.eval --list-pipelines``;
-* :meth:`Septa.check_config` -- called while planning, before anything
-  loads: a missing or incomplete checkpoint is one clear message;
-* :meth:`Septa.result_key` -- extra parts of the result key: a fingerprint
-  of the checkpoint's contents, so retraining in place is not answered
-  from old results;
-* ``on_stage`` -- an instance attribute the runner may set to a callable
-  ``on_stage(stage, question_ids)``, called after each stage of a batch
-  (``"retrieve"``, ``"predict"``) for the progress bars.
+What the evaluation reads from the class is its ``spec``
+(:class:`rcn_fast.pipelines.spec.PipelineSpec`): ``needs_llm=False`` (no
+LLM is loaded, nor its package checked, and the LLM is not part of the
+result key), ``retrieves="none"``, its ``usage_note`` for
+``--list-pipelines``, its stages ``("retrieve", "predict")`` (reported to
+the ``observers`` after each stage of a batch, for the progress bars),
+:meth:`Septa.check_config` (called while planning, before anything loads:
+a missing or incomplete checkpoint is one clear message) and
+:meth:`Septa.result_key` (a fingerprint of the checkpoint's contents, so
+retraining in place is not answered from old results).
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -32,6 +27,7 @@ from rcn_fast._validate import check_int as _int
 from rcn_fast.data import MCQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, mc_questions, run_in_batches
 from rcn_fast.pipelines.config import PipelineConfig
+from rcn_fast.pipelines.spec import PipelineSpec
 from rcn_fast.retrieval.types import Passage
 
 logger = logging.getLogger("rcn_fast.septa")
@@ -84,13 +80,6 @@ class Septa:
 
     name = "septa"
     config_class = SeptaConfig
-    component_args = ("encoder",)
-    needs_llm = False
-    retriever_kind = "none"
-    answers_open = False
-    usage_note = ("needs --pipeline-args septa.checkpoint=DIR, a directory built by python -m rcn_fast.septa "
-                  "align, build-db, train; no LLM")
-    stages = ("retrieve", "predict")
 
     @staticmethod
     def check_config(config: SeptaConfig) -> None:
@@ -125,6 +114,13 @@ class Septa:
             return {"checkpoint": None}
         return {"checkpoint": checkpoint_fingerprint(config.checkpoint)}
 
+    spec = PipelineSpec(
+        needs_llm=False, retrieves="none", stages=("retrieve", "predict"), components=("encoder",),
+        usage_note=("needs --pipeline-args septa.checkpoint=DIR, a directory built by python -m rcn_fast.septa "
+                    "align, build-db, train; no LLM"),
+        check_config=check_config.__func__, result_key=result_key.__func__,  # type: ignore[attr-defined]
+    )
+
     def __init__(self, llm: Any = None, config: SeptaConfig | None = None, *, retriever: Any = None,
                  prompts: Any = None, encoder: Any = None) -> None:
         from rcn_fast.septa.system import SeptaSystem
@@ -138,7 +134,9 @@ class Septa:
         if retriever is not None:
             raise TypeError("retriever: the 'septa' pipeline retrieves from its own subgraph database; pass None")
         self.llm, self.config = llm, config
-        self.on_stage: Callable[[str, list[str]], None] | None = None
+        #: StageObserver objects told of each stage ("retrieve", "predict") and the questions it finished
+        self.observers: list[Any] = []
+        self.stages = list(self.spec.stages)
         self.system = SeptaSystem(config.checkpoint, encoder=encoder)
         if config.top_k is not None:
             self.system.config = dataclasses.replace(self.system.config, top_k=config.top_k)
@@ -161,17 +159,24 @@ class Septa:
         for the queries, one index search)."""
         return run_in_batches(mc_questions(questions), self.config.batch_size, self._run_chunk, ids_key=None)
 
+    def _report(self, stage: str, ids: list[str], *, done: bool = False) -> None:
+        for ob in self.observers:
+            if done:
+                ob.stage_done(stage, ids)
+            else:
+                ob.stage_start(stage)
+
     def _run_chunk(self, questions: list[MCQuestion]) -> list[Prediction]:
         if not questions:
             return []
         sysm = self.system
         ids = [q.id for q in questions]
+        self._report("retrieve", ids)
         feats, enhanced = sysm.features(questions)
-        if self.on_stage is not None:
-            self.on_stage("retrieve", ids)
+        self._report("retrieve", ids, done=True)
+        self._report("predict", ids)
         scores = sysm.score(feats)
-        if self.on_stage is not None:
-            self.on_stage("predict", ids)
+        self._report("predict", ids, done=True)
         preds = []
         for qi, q in enumerate(questions):
             n = len(q.choices)

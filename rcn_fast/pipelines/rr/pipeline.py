@@ -5,14 +5,16 @@ to retrieved evidence); see :mod:`rcn_fast.pipelines.rr`."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no
-from rcn_fast.pipelines.base import Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.base import Answer, Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.rr.answers import ReasoningPath, make_path
+from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.pipelines.rr.config import RRConfig, SelfConsistencyConfig
 from rcn_fast.pipelines.rr.faithfulness import (
     SIMILARITY_KEYS,
@@ -23,6 +25,53 @@ from rcn_fast.pipelines.rr.faithfulness import (
     vote_logprobs,
 )
 from rcn_fast.retrieval.types import Passage
+
+
+@dataclass
+class PathState(QuestionState):
+    """One question in RR / self-consistency: its sampled reasoning
+    ``paths`` and the vote's ``pred`` (None: no path answered)."""
+
+    paths: list[ReasoningPath] = field(default_factory=list)
+    pred: int | None = None
+
+
+class ReasoningPaths(Stage):
+    """One sampling call: ``num_paths`` reasoning paths per question
+    (:meth:`SelfConsistency.sample_paths`)."""
+
+    name = "rr_reasoning"
+    reads = ("question",)
+    writes = ("paths", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        runner.pipeline.sample_paths(states, runner)
+
+
+class PathCheck(Stage):
+    """RR's evidence step: retrieval and faithfulness of the paths'
+    sentences (:meth:`RR.check_paths`; no LLM call)."""
+
+    name = "faithfulness"
+    reads = ("question", "paths")
+    writes = ("paths", "passages")
+
+    def run(self, states: list[QuestionState], runner: StageRunner) -> None:
+        runner.pipeline.check_paths(states)
+
+
+class VoteAnswer(Answer):
+    """The vote of the paths (:meth:`SelfConsistency.answer_stage`); with
+    ``fallback="score"`` a question no path answered gets one scoring pass."""
+
+    reads = ("question", "paths")
+    writes = ("pred", "result", "trace")
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return 1 if config.fallback == "score" else 0
 
 
 class SelfConsistency(StagedPipeline):
@@ -38,8 +87,8 @@ class SelfConsistency(StagedPipeline):
 
     name = "self_consistency"
     config_class = SelfConsistencyConfig
-    retriever_kind = "none"
-    uses_retrieval = False
+    state_class = PathState
+    spec = PipelineSpec(stages=(ReasoningPaths(), VoteAnswer()))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None) -> None:
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
@@ -68,7 +117,7 @@ class SelfConsistency(StagedPipeline):
     def sample_paths(self, states: list[QuestionState], runner: StageRunner | None = None) -> int:
         """One generation call: ``num_paths`` samples of every question's
         few-shot reasoning chat (:meth:`chat_of`), through ``runner`` (a new
-        :meth:`runner` when None). Fills ``state.data["paths"]``; returns the
+        :meth:`runner` when None). Fills ``state.paths``; returns the
         number of LLM calls made (0 or 1)."""
         c = self.config
         if not states:
@@ -79,25 +128,19 @@ class SelfConsistency(StagedPipeline):
                              num_samples=c.num_paths,
                              trace=[{"stage": sg, "num_examples": len(self.examples[sg])} for sg in stages])
         for st, texts in zip(states, outs):
-            st.data["paths"] = [make_path(t, st.question, c.conclusion_words) for t in texts]
+            st.paths = [make_path(t, st.question, c.conclusion_words) for t in texts]
         return 1
 
     def check_paths(self, states: list[QuestionState]) -> None:
         """RR's evidence step (nothing for self-consistency)."""
 
     def decide(self, st: QuestionState) -> Vote:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         return faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
 
     # ------------------------------------------------------------ the answer
-    def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
-        """Sample the reasoning paths (:meth:`sample_paths`), then check them
-        (:meth:`check_paths`)."""
-        self.sample_paths(states, runner)
-        self.check_paths(states)
-
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
-        """The vote of each question's paths (``state.data["pred"]``); the
+        """The vote of each question's paths (``state.pred``); the
         unanswered ones fall back by the config's ``fallback`` (``"score"``:
         one scoring pass each, one LLM call for them all)."""
         votes = [self.decide(st) for st in states]
@@ -114,23 +157,23 @@ class SelfConsistency(StagedPipeline):
         for i, (st, v) in enumerate(zip(states, votes)):
             nc = len(st.question.choices)
             if v.pred is not None:
-                lps[i] = vote_logprobs(v, softmax=self.uses_retrieval)
+                lps[i] = vote_logprobs(v, softmax=self.does_retrieve)
                 preds_idx[i] = v.pred
             elif lps[i] is None:  # fallback "first"
                 lps[i] = [-math.log(nc)] * nc
                 preds_idx[i] = 0
             self._trace_paths(st)
             st.trace.append(self._vote_trace(st, v, preds_idx[i]))
-            st.data["pred"] = preds_idx[i]
+            st.pred = preds_idx[i]
         return [list(lp or []) for lp in lps]
 
     def prediction(self, st: QuestionState, lp: list[float], cost: QuestionCost) -> Prediction:
         """The voted answer; its knowledge is the distinct explanations of the
         paths that reached it."""
         q = st.question
-        pred = st.data["pred"]
+        pred = st.pred
         knowledge: list[str] = []
-        for p in st.data["paths"]:
+        for p in st.paths:
             if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
                 knowledge.append(p.explanation)
         return Prediction(
@@ -140,7 +183,7 @@ class SelfConsistency(StagedPipeline):
 
     def _trace_paths(self, st: QuestionState) -> None:
         q = st.question
-        for j, p in enumerate(st.data["paths"]):
+        for j, p in enumerate(st.paths):
             sents = []
             for k, (s, chk) in enumerate(zip(p.sentences, p.checked)):
                 item: dict[str, Any] = {"text": s, "checked": chk, "answer_sentence": k == p.answer.sentence}
@@ -152,18 +195,18 @@ class SelfConsistency(StagedPipeline):
                 "dropped_after_answer": p.dropped, "answer": p.answer.index,
                 "label": None if p.answer.index is None else q.labels[p.answer.index], "parse_rule": p.answer.rule,
             }
-            if self.uses_retrieval:
+            if self.does_retrieve:
                 entry["faithfulness"] = p.faithfulness
             st.trace.append(entry)
 
     def _vote_trace(self, st: QuestionState, v: Vote, pred: int) -> dict[str, Any]:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         entry: dict[str, Any] = {
-            "stage": "inference", "type": "vote", "method": "faithfulness" if self.uses_retrieval else "majority",
+            "stage": "inference", "type": "vote", "method": "faithfulness" if self.does_retrieve else "majority",
             "answers": [p.answer.index for p in paths], "votes": v.votes, "totals": v.totals, "rule": v.rule,
             "pred": pred, "fallback": None if v.pred is not None else self.config.fallback,
         }
-        if self.uses_retrieval:
+        if self.does_retrieve:
             entry["faithfulness"] = [p.faithfulness for p in paths]
             sc = faithful_vote([p.answer.index for p in paths], None, len(st.question.choices))
             entry["majority_pred"] = sc.pred  # self-consistency on the same paths
@@ -208,9 +251,8 @@ class RR(SelfConsistency):
 
     name = "rr"
     config_class = RRConfig
-    retriever_kind = "corpus"
-    uses_retrieval = True
-    component_args = ("nli", "similarity")
+    spec = PipelineSpec(retrieves="corpus", components=("nli", "similarity"),
+                        stages=(ReasoningPaths(), PathCheck(), VoteAnswer()))
 
     def __init__(self, llm: Any, config: Any = None, *, retriever: Any = None, prompts: Any = None,
                  nli: Any = None, similarity: Any = None) -> None:
@@ -258,7 +300,7 @@ class RR(SelfConsistency):
         c = self.config
         uniq: dict[str, int] = {}
         for st in states:
-            for p in st.data["paths"]:
+            for p in st.paths:
                 for s, chk in zip(p.sentences, p.checked):
                     if chk and s not in uniq:
                         uniq[s] = len(uniq)
@@ -287,7 +329,7 @@ class RR(SelfConsistency):
         terms = np.where(has, terms, 0.0) if ev else terms
         for st in states:
             seen: set[str] = set()
-            for p in st.data["paths"]:
+            for p in st.paths:
                 p.evidence = []
                 total = 0.0
                 for s, chk in zip(p.sentences, p.checked):
@@ -305,11 +347,11 @@ class RR(SelfConsistency):
                                                    meta={"bm25": pe["bm25"], "cosine": pe["cosine"]}))
                 p.faithfulness = total
             st.trace.append({"stage": "evidence", "type": "retrieve",
-                             "sentences": sum(sum(p.checked) for p in st.data["paths"]),
+                             "sentences": sum(sum(p.checked) for p in st.paths),
                              "passages": [x.id for x in st.passages]})
 
     def decide(self, st: QuestionState) -> Vote:
-        paths: list[ReasoningPath] = st.data["paths"]
+        paths: list[ReasoningPath] = st.paths
         return faithful_vote([p.answer.index for p in paths], [p.faithfulness or 0.0 for p in paths],
                              len(st.question.choices))
 
