@@ -303,3 +303,25 @@ def test_states_are_typed_not_string_keyed():
             "activerag": {"final", "cot", "passages_text", "construction"}}
     for name, fields in want.items():
         assert fields <= {f.name for f in dataclasses.fields(PIPELINES[name].state_class)}, name
+
+
+@pytest.mark.parametrize("agent", ["associate", "note", "passage", "all"])
+def test_activerag_cost_follows_from_its_stage_list(agent):
+    """ActiveRAG's list declares what a question costs: one scoring pass per
+    reported agent (four for ``"all"``), and a run costs exactly that."""
+    p = build("activerag", llm=ScriptedLLM(), retriever=_retriever(), agent=agent)
+    declared = sum(s.llm_calls_per_question(p.config) for s in p.stages)
+    mc = p.calls_per_question()["multiple_choice"]
+    assert declared == mc["generations"] + mc["scoring_passes"]
+    assert all(pr.cost.llm_calls == declared for pr in p.run_batch(_questions()))
+
+
+def test_rag_baselines_cost_follows_from_their_stage_lists():
+    from rcn_fast.pipelines.rag import RAGPipeline
+
+    for name, cls in PIPELINES.items():
+        if not issubclass(cls, RAGPipeline) or name == "activerag":
+            continue
+        p = build(name, llm=ScriptedLLM(), retriever=_retriever())
+        mc = p.calls_per_question()["multiple_choice"]
+        assert sum(s.llm_calls_per_question(p.config) for s in p.stages) == mc["generations"] + mc["scoring_passes"], name

@@ -213,6 +213,14 @@ class CognitiveNexus(ActiveRAGStage):
         return len(config.agents)
 
 
+class AgentAnswer(Answer):
+    """The multiple-choice answer: one scoring pass per reported agent's
+    nexus output (four for ``agent="all"``)."""
+
+    def llm_calls_per_question(self, config: Any) -> int:
+        return len(config.agents)
+
+
 class ActiveRAG(RAGPipeline):
     """ActiveRAG (see the module docstring for stages, costs and ``"all"``).
 
@@ -238,7 +246,7 @@ class ActiveRAG(RAGPipeline):
     config_class = ActiveRAGConfig
     state_class = ActiveRAGState
     spec = PipelineSpec(retrieves="optional_corpus", answers_open=True,
-                        stages=(Retrieval(), ReasoningCoT(), KnowledgeConstruction(), CognitiveNexus(), Answer()))
+                        stages=(Retrieval(), ReasoningCoT(), KnowledgeConstruction(), CognitiveNexus(), AgentAnswer()))
 
     @property
     def generations_per_question(self) -> int:
