@@ -324,4 +324,5 @@ def test_rag_baselines_cost_follows_from_their_stage_lists():
             continue
         p = build(name, llm=ScriptedLLM(), retriever=_retriever())
         mc = p.calls_per_question()["multiple_choice"]
-        assert sum(s.llm_calls_per_question(p.config) for s in p.stages) == mc["generations"] + mc["scoring_passes"], name
+        declared = sum(s.llm_calls_per_question(p.config) for s in p.stages)
+        assert declared == mc["generations"] + mc["scoring_passes"], name
