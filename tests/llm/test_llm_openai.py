@@ -451,13 +451,13 @@ def test_bad_settings_are_clear_errors(server):
 
 
 def test_serve_cli_runs_as_a_module(tiny_llama_dir):
-    """``python -m rcn_fast.llm.serve`` on a free loopback port answers."""
+    """``python -m rcn_fast.serve`` on a free loopback port answers."""
     import re
     import subprocess
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rcn_fast.llm.serve", "--model", str(tiny_llama_dir), "--port", "0",
+        [sys.executable, "-m", "rcn_fast.serve", "--model", str(tiny_llama_dir), "--port", "0",
          "--name", "cli-tiny", "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

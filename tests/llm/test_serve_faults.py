@@ -458,7 +458,7 @@ def test_api_key_is_required_when_set(llm):
 
 
 def test_cli_bad_model_busy_port_and_bad_limits_are_one_message_and_exit_2(tiny_llama_dir, tmp_path, capsys):
-    from rcn_fast.llm.serve import main
+    from rcn_fast.llm.serve_cli import main
 
     def fails(argv: list[str]) -> str:
         with pytest.raises(SystemExit) as info:
