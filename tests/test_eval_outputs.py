@@ -308,6 +308,32 @@ def test_no_progress_silences_the_gguf_conversion_bars(tmp_path, tiny_gguf, capf
     assert gguf_utils.tqdm is bar and tf_logging.is_progress_bar_enabled()  # scoped: restored afterwards
 
 
+def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path, tiny_gguf, capfd, monkeypatch):
+    """--no-progress also covers the encoder's weight loading and the model the --paper runner loads once."""
+    from types import SimpleNamespace
+
+    from rcn_fast.eval import EvalConfig
+    from rcn_fast.eval.loading import Components
+    from rcn_fast.paper import run as paper_run
+    from tests.retrieval.tiny import make_tiny_bert
+
+    bert = make_tiny_bert(tmp_path / "bert")
+    monkeypatch.setenv("RCN_FAST_GGUF_CACHE", "0")
+    for progress in (True, False):
+        out = tmp_path / f"enc-{progress}"
+        out.mkdir()
+        cfg = EvalConfig(tasks=["demo"], pipelines=["single_retrieval"], model=str(tiny_gguf), encoder=str(bert),
+                         output_path=str(out), progress=progress, device="cpu")
+        capfd.readouterr()
+        assert Components(cfg, out).encoder() is not None
+        assert paper_run._load_llm_once(cfg, [SimpleNamespace(pipeline="vanilla")]) is not None
+        err = capfd.readouterr().err
+        if progress:  # the bars a load draws with progress on
+            assert "Loading weights" in err and "de-quantizing" in err, err
+        else:
+            assert "Loading weights" not in err and "de-quantizing" not in err and "%|" not in err, err
+
+
 def test_quiet_loading_is_scoped():
     pytest.importorskip("transformers")
     from transformers.utils import logging as tf_logging

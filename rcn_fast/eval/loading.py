@@ -207,8 +207,11 @@ class Components:
         args = {**encoder_defaults(name), **self.cfg.encoder_args}
         if self.cfg.device != "auto":
             args.setdefault("device", self.cfg.device)
+        from rcn_fast.eval.progress import quiet_loading
+
         try:
-            self._encoder = Encoder.from_pretrained(name, **args)
+            with quiet_loading(not self.cfg.progress):  # --no-progress: no weight-loading bars
+                self._encoder = Encoder.from_pretrained(name, **args)
         except Exception as exc:
             raise EvalError(f"encoder: cannot load {name!r}: {type(exc).__name__}: {exc}") from None
         return self._encoder

@@ -152,7 +152,10 @@ def _load_llm_once(cfg: Any, runs: Any) -> Any:
     opts = dict(cfg.model_args)
     if not cfg.model.startswith(("openai:", "vllm:")):
         opts.setdefault("device", cfg.device)
+    from rcn_fast.eval.progress import quiet_loading
+
     try:
-        return load_llm(cfg.model, **opts)
+        with quiet_loading(not cfg.progress and not cfg.model.startswith("openai:")):  # --no-progress
+            return load_llm(cfg.model, **opts)
     except Exception as exc:  # noqa: BLE001  (a model that cannot load is a user-facing input problem)
         raise EvalError(f"model: cannot load {cfg.model!r}: {type(exc).__name__}: {exc}") from None
