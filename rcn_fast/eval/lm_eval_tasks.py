@@ -48,7 +48,7 @@ from typing import Any, Iterable
 import yaml
 
 from rcn_fast.eval.task_sources import dataset_rows, take_n
-from rcn_fast.eval.task_spec import TaskCountWarning, TaskError, TaskSpec
+from rcn_fast.eval.task_spec import TaskCountWarning, TaskError, TaskSpec, read_task_yaml
 
 #: Keys of lm-eval's format that change which questions are read: a file using them is skipped.
 _UNSUPPORTED = ("process_docs", "doc_to_image", "doc_to_audio", "custom_dataset", "class")
@@ -76,22 +76,9 @@ _Loader.add_constructor("!function", lambda loader, node: _Function(str(loader.c
 
 
 def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    from rcn_fast.data.loaders import DataFormatError, read_text
-
     if path in seen or len(seen) > 16:
         raise TaskError(f"task file {path}: include cycle ({' -> '.join(map(str, seen + (path,)))})")
-    if not path.is_file():
-        raise TaskError(f"task file {path} does not exist" + (f" (included from {seen[-1]})" if seen else ""))
-    try:
-        data = yaml.load(read_text(path), Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except DataFormatError as exc:
-        raise TaskError(f"task file {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise TaskError(f"task file {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise TaskError(f"task file {path}: expected a mapping of settings, got {type(data).__name__}")
+    data = read_task_yaml(path, _Loader, seen[-1] if seen else None)
     inc = data.pop("include", None)
     if isinstance(inc, str):
         data = {**_load((path.parent / inc).resolve(), seen + (path,)), **data}

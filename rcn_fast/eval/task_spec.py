@@ -160,3 +160,31 @@ def spec_key(spec: TaskSpec) -> str:
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "package_path", "task_corpus", "spec_key",
            "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
+
+
+def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = None) -> dict[str, Any]:
+    """One task YAML file as a mapping (``include:`` left to the caller).
+
+    ``loader``: a ``yaml.SafeLoader`` subclass (default ``yaml.SafeLoader``).
+    A missing file, bytes that are not text, invalid YAML (with its line)
+    or a top level that is not a mapping is a :class:`TaskError` naming the
+    file (and the file that included it).
+    """
+    import yaml
+
+    from rcn_fast.data.loaders import DataFormatError, read_text
+
+    if not path.is_file():
+        raise TaskError(f"task file {path} does not exist"
+                        + (f" (included from {included_from})" if included_from is not None else ""))
+    try:
+        data = yaml.load(read_text(path), Loader=loader or yaml.SafeLoader)  # noqa: S506 - SafeLoader (subclasses)
+    except DataFormatError as exc:
+        raise TaskError(f"task file {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise TaskError(f"task file {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise TaskError(f"task file {path}: expected a mapping of settings, got {type(data).__name__}")
+    return data

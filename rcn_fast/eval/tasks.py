@@ -56,8 +56,6 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from rcn_fast.eval import lm_eval_tasks
 from rcn_fast.eval.task_loading import load_task_questions, split_inline_choices
 from rcn_fast.eval.task_sources import check_limit, hub_load_args
@@ -70,6 +68,7 @@ from rcn_fast.eval.task_spec import (
     TaskError,
     TaskSpec,
     normalize_name,
+    read_task_yaml,
     spec_key,
     task_corpus,
 )
@@ -80,22 +79,9 @@ _KNOWN_KEYS = {"name", "group", "kind", "dataset", "config", "split", "fields", 
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    from rcn_fast.data.loaders import DataFormatError, read_text
-
     if path in seen:
         raise TaskError(f"task file {path}: include cycle ({' -> '.join(map(str, seen + (path,)))})")
-    if not path.is_file():
-        raise TaskError(f"task file {path} does not exist" + (f" (included from {seen[-1]})" if seen else ""))
-    try:
-        data = yaml.safe_load(read_text(path))
-    except DataFormatError as exc:
-        raise TaskError(f"task file {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise TaskError(f"task file {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise TaskError(f"task file {path}: expected a mapping of settings, got {type(data).__name__}")
+    data = read_task_yaml(path, included_from=seen[-1] if seen else None)
     inc = data.pop("include", None)
     if inc is not None:
         base = _read_yaml((path.parent / str(inc)).resolve(), seen + (path,))
