@@ -128,6 +128,23 @@ def _require_eval_deps() -> None:
                         f'    pip install "rcn_fast[eval]"')
 
 
+def load_model(cfg: EvalConfig, spec: str, *, cache: Any = None) -> Any:
+    """The model ``spec`` with the run's ``--model_args`` and ``--device``
+    (local backends), its loading bars off under ``--no-progress``; any
+    failure to load is an :class:`EvalError` naming the spec."""
+    from rcn_fast.eval.progress import quiet_loading
+    from rcn_fast.llm import load_llm
+
+    opts = dict(cfg.model_args)
+    if not spec.startswith(("openai:", "vllm:")):
+        opts.setdefault("device", cfg.device)
+    try:
+        with quiet_loading(not cfg.progress and not spec.startswith("openai:")):  # --no-progress
+            return load_llm(spec, cache=cache, **opts)
+    except Exception as exc:  # any failure to load is a user-facing input problem
+        raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+
+
 class Components:
     """Lazily loaded models and retrievers (each at most once per run)."""
 
@@ -163,20 +180,9 @@ class Components:
                 check_model_packages(True, False)
             if not spec.startswith("openai:"):
                 _require_eval_deps()
-            from rcn_fast.llm import load_llm
-
-            opts = dict(self.cfg.model_args)
-            if not spec.startswith(("openai:", "vllm:")):
-                opts.setdefault("device", self.cfg.device)
             log(f"loading model {spec} ...")
             t = time.perf_counter()
-            try:
-                from rcn_fast.eval.progress import quiet_loading
-
-                with quiet_loading(not self.cfg.progress and not spec.startswith("openai:")):  # --no-progress
-                    self._llm = load_llm(spec, cache=cache, **opts)
-            except Exception as exc:  # any failure to load is a user-facing input problem
-                raise EvalError(f"model: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+            self._llm = load_model(self.cfg, spec, cache=cache)
             log(f"model loaded in {time.perf_counter() - t:.1f} s")
         else:
             from rcn_fast.llm import load_llm

@@ -146,16 +146,6 @@ def _load_llm_once(cfg: Any, runs: Any) -> Any:
     reg = pipeline_registry()
     if not any(needs_llm(reg[r.pipeline]) for r in runs) or not isinstance(cfg.model, str):
         return None
-    from rcn_fast.eval.config import EvalError
-    from rcn_fast.llm import load_llm
+    from rcn_fast.eval.loading import load_model
 
-    opts = dict(cfg.model_args)
-    if not cfg.model.startswith(("openai:", "vllm:")):
-        opts.setdefault("device", cfg.device)
-    from rcn_fast.eval.progress import quiet_loading
-
-    try:
-        with quiet_loading(not cfg.progress and not cfg.model.startswith("openai:")):  # --no-progress
-            return load_llm(cfg.model, **opts)
-    except Exception as exc:  # noqa: BLE001  (a model that cannot load is a user-facing input problem)
-        raise EvalError(f"model: cannot load {cfg.model!r}: {type(exc).__name__}: {exc}") from None
+    return load_model(cfg, cfg.model)
