@@ -205,15 +205,22 @@ def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _run_cuda(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+#: ``algorithm`` of rcn_fast._cuda.topn: the tensor-core scan where it can
+#: serve the call, else the tiled kernel; 1: the tiled kernel; 2: the scan.
+CUDA_AUTO, CUDA_TILED, CUDA_MMA = 0, 1, 2
+
+
+def _run_cuda(queries: Any, corpus: Any, k: int, algorithm: int = CUDA_AUTO) -> tuple[Any, Any]:
     mod, _ = _native.cuda_module()
     torch = A.require("torch", "pip install torch")
     queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
+    if algorithm == CUDA_AUTO and queries.dtype != corpus.dtype and not bool(torch.isfinite(queries).all()):
+        algorithm = CUDA_TILED  # the scan splits a float32 query into terms: finite rows only
     scores = torch.empty((queries.shape[0], k), dtype=torch.float32, device=corpus.device)
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
     stream = torch.cuda.current_stream(corpus.device).cuda_stream
     with torch.cuda.device(corpus.device):
-        mod.topn(queries, corpus, k, scores, ids, stream)
+        mod.topn(queries, corpus, k, scores, ids, stream, algorithm)
     return scores, ids
 
 
@@ -249,7 +256,7 @@ def _check_native(ctx: Mapping[str, Any]) -> str | None:
 
 TOPN = _dispatch.register_kernel_op(
     "topn",
-    cuda=(_check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)"),
+    cuda=(_check_cuda, _run_cuda, "CUDA scan (rcn_fast._cuda): tensor-core scores with fused selection, else tiled"),
     native=(_check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
     torch=(_run_torch, "float32-output torch.mm + topk per chunk, ties fixed where they occur"),
     numpy=(_run_numpy, "plain numpy reference"),

@@ -97,7 +97,7 @@ def split_query(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
     """A float32 query [Q, d] as ``T`` terms of a half-precision dtype.
 
     Each row is scaled by the power of two that brings its largest magnitude
-    below 1; term ``t`` holds the remainder after terms ``0..t-1``, shifted
+    below 1 (below 2 in float32's top binade); term ``t`` holds the remainder after terms ``0..t-1``, shifted
     by ``2**(shift * t)`` so it uses the dtype's full range. Returns the
     terms stacked ``[T * Q, d]`` (term-major) and their scales ``[T * Q, 1]``
     (powers of two): ``q == sum_t scales[t] * terms[t]`` to within
@@ -109,7 +109,7 @@ def split_query(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
     q = q.float()
     amax = q.abs().amax(1, keepdim=True)
     _, e = torch.frexp(amax)  # amax = m * 2**e, 0.5 <= m < 1 (0 -> e = 0)
-    row = torch.ldexp(torch.ones_like(amax), e)
+    row = torch.ldexp(torch.ones_like(amax), e.clamp(max=127))  # 2**128 is not a float32
     r = q / row  # |r| < 1, exact
     terms, scales = [], []
     for t in range(n_terms):
