@@ -96,6 +96,7 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         "library": A.library(corpus),
         "device": A.device_of(corpus),
         "dtype": ct,
+        "query_dtype": qt,
         "Q": int(queries.shape[0]),
         "N": n_rows,
         "d": int(corpus.shape[1]),
