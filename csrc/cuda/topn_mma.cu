@@ -38,6 +38,7 @@ constexpr int kDepth = 64;       // columns of one depth step
 constexpr int kQPad = 8;         // elements of padding per query row in shared memory (bank spread)
 constexpr int kMergeThreads = 256;
 constexpr int64_t kPartialBytes = int64_t(512) << 20;
+constexpr int64_t kMaxSliceRows = int64_t(1) << 31;
 
 struct WarpG {
   __device__ int rank() const { return int(threadIdx.x & 31u); }
@@ -86,6 +87,7 @@ struct ScanArgs {
   const uint16_t* terms;    // [T, Q, dpad]
   const float* scales;      // [T, Q]
   int64_t Q;
+  int qsel;                 // selections a block keeps: min(8 NT, Q) (the same for every block)
   int k;
   int64_t slice_rows;       // a multiple of the round's rows
   int tiles_per_warp;       // tiles a warp scores each round
@@ -93,11 +95,12 @@ struct ScanArgs {
   int64_t* part_i;
 };
 
-// Shared memory of a scan block with NT query tiles (QB = 8 NT queries).
+// Shared memory of a scan block with NT query tiles (qb = 8 NT query
+// columns, of which qsel have a selection).
 struct ScanSmem {
-  static size_t bytes(int terms, int qb, int dpad, const ts::Layout& L) {
-    return size_t(terms) * qb * (dpad + kQPad) * 2 + size_t(terms) * qb * 4 + size_t(qb) * sizeof(ts::Run<uint32_t>) +
-           size_t(qb) * L.slots * (sizeof(float) + sizeof(uint32_t));
+  static size_t bytes(int terms, int qb, int qsel, int dpad, const ts::Layout& L) {
+    return size_t(terms) * qb * (dpad + kQPad) * 2 + size_t(terms) * qb * 4 +
+           size_t(qsel) * sizeof(ts::Run<uint32_t>) + size_t(qsel) * L.slots * (sizeof(float) + sizeof(uint32_t));
   }
 };
 
@@ -108,10 +111,10 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
   const int qstride = a.dpad + kQPad;
   uint16_t* sq = reinterpret_cast<uint16_t*>(smem);                                  // [TERMS][QB][qstride]
   float* sscale = reinterpret_cast<float*>(sq + size_t(TERMS) * QB * qstride);       // [TERMS][QB]
-  auto* runs = reinterpret_cast<ts::Run<uint32_t>*>(sscale + TERMS * QB);            // [QB]
+  auto* runs = reinterpret_cast<ts::Run<uint32_t>*>(sscale + TERMS * QB);            // [qsel]
   const ts::Layout L = ts::layout(a.k, kWarps * kTile * a.tiles_per_warp);
-  float* sel_s = reinterpret_cast<float*>(runs + QB);                                 // [QB][slots]
-  uint32_t* sel_i = reinterpret_cast<uint32_t*>(sel_s + size_t(QB) * L.slots);       // [QB][slots]
+  float* sel_s = reinterpret_cast<float*>(runs + a.qsel);                             // [qsel][slots]
+  uint32_t* sel_i = reinterpret_cast<uint32_t*>(sel_s + size_t(a.qsel) * L.slots);   // [qsel][slots]
 
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;
   const int64_t q0 = int64_t(blockIdx.y) * QB;
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
     const int tq = i / QB, ql = i % QB;
     sscale[i] = q0 + ql < a.Q ? a.scales[tq * a.Q + q0 + ql] : 0.f;
   }
-  for (int i = threadIdx.x; i < QB; i += blockDim.x) ts::init(runs[i]);
+  for (int i = threadIdx.x; i < a.qsel; i += blockDim.x) ts::init(runs[i]);
   __syncthreads();
 
   const WarpG wg;
@@ -184,12 +187,12 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
       }
     }
     __syncthreads();
-    for (int ql = warp; ql < QB; ql += kWarps)
+    for (int ql = warp; ql < a.qsel; ql += kWarps)
       if (ts::needs_flush(runs[ql], L))
         ts::flush(wg, runs[ql], sel_s + size_t(ql) * L.slots, sel_i + size_t(ql) * L.slots, L);
     __syncthreads();
   }
-  for (int ql = warp; ql < QB; ql += kWarps) {
+  for (int ql = warp; ql < a.qsel; ql += kWarps) {
     const int64_t q = q0 + ql;
     if (q >= a.Q) continue;
     const size_t at = size_t((int64_t(blockIdx.x) * a.Q + q) * a.k);
@@ -285,7 +288,7 @@ Config pick_config(const TopnProblem& p, int terms, int dpad) {
     if (nt > 1 && 8 * (nt / 2) >= p.Q) continue;  // a narrower group already holds every query
     const int tiles = 4 / nt;
     const ts::Layout L = ts::layout(int(p.k), kWarps * kTile * tiles);
-    const size_t smem = ScanSmem::bytes(terms, 8 * nt, dpad, L);
+    const size_t smem = ScanSmem::bytes(terms, 8 * nt, int(std::min<int64_t>(8 * nt, p.Q)), dpad, L);
     if (smem <= limit) return Config{nt, tiles, smem};
   }
   return Config{0, 0, 0};
@@ -323,6 +326,7 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   int64_t S = std::max<int64_t>(1, (int64_t(4) * sms + groups - 1) / groups);
   S = std::min<int64_t>(S, std::max<int64_t>(1, (p.N + 4 * round_rows - 1) / (4 * round_rows)));
   S = std::min<int64_t>(S, std::max<int64_t>(1, kPartialBytes / (p.Q * p.k * 12)));
+  S = std::max<int64_t>(S, (p.N + kMaxSliceRows - 1) / kMaxSliceRows);  // offsets in a slice are 32-bit
   int64_t slice = (p.N + S - 1) / S;
   slice = std::max<int64_t>(round_rows, (slice + round_rows - 1) / round_rows * round_rows);
   S = std::max<int64_t>(1, (p.N + slice - 1) / slice);
@@ -347,6 +351,7 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   a.terms = terms;
   a.scales = scales;
   a.Q = p.Q;
+  a.qsel = int(std::min<int64_t>(qb, p.Q));
   a.k = int(p.k);
   a.slice_rows = slice;
   a.tiles_per_warp = c.tiles;
@@ -377,7 +382,7 @@ const char* topn_mma_unsupported(const TopnProblem& p) {
   if (p.k > kTopnMmaMaxK) return "k above the tensor-core scan's limit";
   if (p.d < 1 || p.d % 8 != 0) return "d is not a multiple of 8";
   if (p.N < 1 || p.Q < 1) return "empty input";
-  if (p.Q > int64_t(65535) * 8 || p.N > int64_t(0xFFFFFFFF) * 64) return "too many queries or rows for one launch";
+  if (p.Q > int64_t(65535) * 8) return "more than 524,280 queries in one call";
   const int64_t es = 2;
   if (reinterpret_cast<uintptr_t>(p.corpus) % 16 != 0 || (p.corpus_stride * es) % 16 != 0)
     return "corpus rows are not 16-byte aligned";
