@@ -211,6 +211,9 @@ def test_no_sort_of_a_whole_chunk_even_with_ties(monkeypatch):
     c = torch.from_numpy(rng.standard_normal((1200, 8)).astype(np.float32))
     _check(q, c, k, chunk=chunk)
     assert widths and max(widths) <= 2 * k and not fixed  # random data: no tie, no fix-up
+    widths.clear()
+    _check(q, c, k)  # one chunk, no tie: topk's output as it is, no sort at all
+    assert widths == [] and not fixed
     c[:, :] = torch.from_numpy(rng.standard_normal((1200, 8)).astype(np.float32))
     c[[10, 20, 30, 40, 50, 60], :] = 9.0  # query 0..3 all see six equal best rows in chunk 0
     q = q.abs()

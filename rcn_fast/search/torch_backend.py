@@ -21,10 +21,14 @@ Per corpus chunk (as large as memory allows on a GPU):
    with NaN are rescored with both sides upcast first, so a split never
    turns an infinite score into NaN). Nothing else is sorted per chunk.
 3. The chunk's top-k merged with the running top-k: ``[Q, 2k]`` entries put
-   in (score desc, id asc) order by two stable sorts.
+   in (score desc, id asc) order by two stable sorts. ``topk`` orders by
+   score, so a single chunk is sorted again only when equal scores sit in
+   its top-k.
 
-At the end -inf scores become the ``(-inf, -1)`` padding. One host
-synchronisation per chunk (the fix-up test).
+At the end -inf scores become the ``(-inf, -1)`` padding (only when one was
+seen). One host synchronisation per chunk (three flags: fix-up needed, equal
+neighbours, -inf); in the common case (one chunk, none of them) the result
+is the recipe's ``topk`` output as it is.
 
 float32 corpora on CUDA follow torch's float32 matmul precision: with TF32
 enabled (``torch.backends.cuda.matmul.allow_tf32``, off by default) the
@@ -188,9 +192,10 @@ def order_by_score_then_id(torch: Any, scores: Any, ids: Any) -> tuple[Any, Any]
     return scores.gather(1, by_score), ids.gather(1, by_score)
 
 
-def _chunk_topk(torch: Any, scorer: _Scorer, block: Any, k: int) -> tuple[Any, Any]:
-    """The exact top-k ``(scores, column indices)`` [Q, min(k, rows)] of one
-    chunk, in no particular order among equal scores."""
+def _chunk_topk(torch: Any, scorer: _Scorer, block: Any, k: int) -> tuple[Any, Any, bool, bool]:
+    """The exact top-k of one chunk: ``(scores, column indices)`` [Q, min(k,
+    rows)], whether they are already in (score desc, id asc) order, and
+    whether a -inf score is among them. One host synchronisation (the flags)."""
     s = scorer(block)
     rows = int(s.shape[1])
     kk = min(k + 1, rows)
@@ -202,7 +207,10 @@ def _chunk_topk(torch: Any, scorer: _Scorer, block: Any, k: int) -> tuple[Any, A
         fix |= (kth == vals[:, k]) & (kth > float("-inf"))
     kk = min(k, rows)
     vals, idx = vals[:, :kk], idx[:, :kk]
-    if bool(fix.any()):  # rare: a NaN score or a tie across the k-th place
+    tied = (vals[:, 1:] == vals[:, :-1]).any() if kk > 1 else torch.zeros((), dtype=torch.bool, device=s.device)
+    flags = torch.stack([fix.any(), tied, torch.isneginf(vals).any()]).tolist()
+    any_fix, any_tie, any_ninf = (bool(f) for f in flags)
+    if any_fix:  # rare: a NaN score or a tie across the k-th place
         sel = fix.nonzero()[:, 0]
         sub = s[sel]
         nan = torch.isnan(sub)
@@ -215,7 +223,9 @@ def _chunk_topk(torch: Any, scorer: _Scorer, block: Any, k: int) -> tuple[Any, A
         cols = _ties_lowest_id(torch, sub, kk)
         vals, idx = vals.clone(), idx.clone()
         vals[sel], idx[sel] = sub.gather(1, cols), cols
-    return vals, idx
+        any_ninf = True  # a NaN made -inf may be among them (the final mask costs two kernels)
+    # topk sorts by score; only equal scores can be out of id order
+    return vals, idx, not (any_fix or any_tie), any_ninf
 
 
 def topn_torch(queries: Any, corpus: Any, k: int, *, chunk: int | None = None,
@@ -251,19 +261,27 @@ def topn_torch(queries: Any, corpus: Any, k: int, *, chunk: int | None = None,
     if chunk is None:
         chunk = chunk_rows(n_q, dev.type, row_bytes=scorer.row_bytes(int(corpus.shape[1])),
                            free_bytes=_free_bytes(torch, dev))
-    best_s = torch.empty((n_q, 0), dtype=torch.float32, device=dev)
-    best_i = torch.empty((n_q, 0), dtype=torch.int64, device=dev)
+    best_s = best_i = None
+    ordered, any_ninf = True, False
     for start in range(0, n, chunk):
-        vals, idx = _chunk_topk(torch, scorer, corpus[start : start + chunk], k)
-        ids = idx + start
-        if best_s.shape[1]:
-            vals, ids = torch.cat([best_s, vals], 1), torch.cat([best_i, ids], 1)
-        vals, ids = order_by_score_then_id(torch, vals, ids)
-        best_s, best_i = vals[:, :k], ids[:, :k]
-    out_s = torch.full((n_q, k), float("-inf"), dtype=torch.float32, device=dev)
-    out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=dev)
-    m = best_s.shape[1]
-    keep = best_s > float("-inf")
-    out_s[:, :m] = torch.where(keep, best_s, out_s[:, :m])
-    out_i[:, :m] = torch.where(keep, best_i, out_i[:, :m])
-    return out_s, out_i
+        vals, ids, chunk_ordered, ninf = _chunk_topk(torch, scorer, corpus[start : start + chunk], k)
+        if start:
+            ids = ids + start
+        any_ninf |= ninf
+        if best_s is None:
+            best_s, best_i, ordered = vals, ids, chunk_ordered
+        else:
+            best_s, best_i = order_by_score_then_id(torch, torch.cat([best_s, vals], 1), torch.cat([best_i, ids], 1))
+            best_s, best_i, ordered = best_s[:, :k], best_i[:, :k], True
+    if best_s is None:  # no queries, or an empty corpus
+        return (torch.full((n_q, k), float("-inf"), dtype=torch.float32, device=dev),
+                torch.full((n_q, k), -1, dtype=torch.int64, device=dev))
+    if not ordered:
+        best_s, best_i = order_by_score_then_id(torch, best_s, best_i)
+    if any_ninf:  # -inf is never returned: those slots are padding
+        best_i = torch.where(torch.isneginf(best_s), -1, best_i)
+    if best_s.shape[1] < k:  # fewer rows than k: pad
+        pad = k - best_s.shape[1]
+        best_s = torch.cat([best_s, torch.full((n_q, pad), float("-inf"), device=dev)], 1)
+        best_i = torch.cat([best_i, torch.full((n_q, pad), -1, dtype=torch.int64, device=dev)], 1)
+    return best_s, best_i
