@@ -3,13 +3,17 @@ extension for the GPU, run the GPU tests and the GPU benchmarks, record the
 figures in bench/gpu_results/<device>.json and print README's GPU tables.
 
 Made for one H100 or H200 in at most 6 minutes with only what a CUDA 13 /
-torch 2.11 image has (nothing is fetched). Each step runs with its own
+torch 2.11 image has (nothing is fetched). With the default results folder,
+the last step also updates README's GPU tables and the dispatcher's table
+(rcn_fast/_gpu_measurements.json) from the files, so the kernels measured
+faster become the default at once (python bench/gpu_table.py --write). Each step runs with its own
 timeout, never beyond what is left of the total budget; a step that fails or
 times out is reported and the next ones still run (the benchmarks record what
 they measured even when the tests failed). Exit status: 0 when every step
 that ran passed, 1 otherwise, 2 for bad arguments.
 
-    bench/gpu_check.sh [--quick] [--out DIR] [--skip-build] [--budget S] [--arch 90] [--dry-run]
+    bench/gpu_check.sh [--quick] [--out DIR] [--skip-build] [--skip STEP] [--budget S]
+                       [--timeout STEP=S] [--arch 90] [--no-write] [--dry-run]
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="override one step's timeout, e.g. --timeout bench=120")
     ap.add_argument("--arch", default="90", help="CUDA architectures to build (CMake list, default: 90)")
     ap.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 4, help="parallel build jobs")
+    ap.add_argument("--no-write", action="store_true",
+                    help="with the default --out, do not update README's GPU tables and "
+                         "rcn_fast/_gpu_measurements.json from the results (they are updated by default)")
     ap.add_argument("--dry-run", action="store_true", help="print the steps and their timeouts, run nothing")
     args = ap.parse_args(argv)
     if args.skip_build:
@@ -108,7 +115,10 @@ def plan(args: argparse.Namespace, python: str = sys.executable, embed_exists: b
     if embed_exists:
         steps.append(Step("embed", pytest + [EMBED_FILE, "-k", "cuda", "--benchmark-only"] + rounds,
                           args.timeouts["embed"], bench_env))
-    steps.append(Step("tables", [python, str(HERE / "gpu_table.py"), "--folder", out], args.timeouts["tables"]))
+    tables = [python, str(HERE / "gpu_table.py"), "--folder", out]
+    if Path(out) == (HERE / "gpu_results").resolve() and not args.no_write:
+        tables.append("--write")  # keep README's tables and the dispatcher's table equal to the files
+    steps.append(Step("tables", tables, args.timeouts["tables"]))
     if not (REPO / "tests").is_dir():  # a checkout without the test suite: benchmarks only
         steps = [s for s in steps if s.name != "tests"]
     return [s for s in steps if s.name not in args.skip]

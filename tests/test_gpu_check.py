@@ -51,7 +51,9 @@ def test_defaults_plan_every_step_within_six_minutes(gc):
     assert bench.argv[bench.argv.index("-k") + 1] == "gpu or scoring_logits or scoring_hidden"
     assert bench.env["RCN_FAST_GPU_RESULTS"] == str((BENCH / "gpu_results").resolve())
     assert "RCN_FAST_BENCH_QUICK" not in bench.env
-    assert steps[3].argv[1].endswith("gpu_table.py")
+    assert steps[3].argv[1].endswith("gpu_table.py") and steps[3].argv[-1] == "--write"
+    no_write = gc.plan(gc.parse_args(["--no-write"]), python="py", embed_exists=False)[-1]
+    assert "--write" not in no_write.argv
 
 
 def test_quick_out_skip_timeouts_and_the_embedding_step(gc, tmp_path):
@@ -65,7 +67,7 @@ def test_quick_out_skip_timeouts_and_the_embedding_step(gc, tmp_path):
     assert "--benchmark-min-rounds=2" in bench.argv
     assert embed.argv[embed.argv.index("bench/bench_embed.py") + 1:][:2] == ["-k", "cuda"]
     assert embed.env == bench.env
-    assert tables.argv[-2:] == ["--folder", str(tmp_path)]
+    assert tables.argv[-2:] == ["--folder", str(tmp_path)]  # results elsewhere: printed, README untouched
     build = gc.plan(gc.parse_args(["--arch", "80;90"]), python="py", embed_exists=False)[0]
     assert "--config-settings=cmake.define.RCN_FAST_CUDA_ARCHITECTURES=80;90" in build.argv
 

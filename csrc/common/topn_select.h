@@ -16,6 +16,12 @@
 // id asc) with a bitonic network and the first k kept, which raises the
 // threshold.
 //
+// The protocol every caller follows (cuda/topn_mma.cu, cpu/topn_select.cpp):
+// offers of one round; a barrier; every lane of a run's group reads
+// needs_flush(); a barrier before the next round's offers can move nbuf
+// (or, as the scan does, one barrier after the flushes); flush() and
+// finish() are collective over the group.
+//
 // Also here: the split of a float32 query into terms of a half-precision
 // corpus dtype, so a tensor-core GEMM of corpus-dtype inputs with float32
 // accumulation scores a float32 query (the same split as
