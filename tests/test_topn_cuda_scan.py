@@ -215,15 +215,22 @@ def test_scan_non_finite_strides_and_fallbacks():
 
     rng = np.random.default_rng(13)
     base = torch.from_numpy(rng.integers(-2, 3, (400, 48)).astype(np.float32)).half()
-    base[5, 3] = float("nan")
-    base[9, 0] = float("inf")
-    base[11, 1] = float("-inf")
     q = torch.from_numpy(rng.integers(1, 3, (3, 40)).astype(np.float32))
     for c in (base[:, :40], base[::2, 8:48]):  # strided rows, 16-byte aligned
-        s, i = _gpu_topn(q.cuda(), c.cuda(), 30, CUDA_MMA)
-        rs, ri = rcn_fast.topn(q, c, 30, backend="native")
-        np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
-        np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())
+        for qq in (q, q.half()):
+            s, i = _gpu_topn(qq.cuda(), c.cuda(), 30, CUDA_MMA)
+            rs, ri = rcn_fast.topn(qq, c, 30, backend="native")
+            np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
+            np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())
+    # non-finite corpus values, queries in the corpus dtype (not split): as on the CPU
+    bad = base.clone()
+    bad[5, 3] = float("nan")
+    bad[9, 0] = float("inf")
+    bad[11, 1] = float("-inf")
+    s, i = _gpu_topn(q.half().cuda(), bad[:, :40].cuda(), 30, CUDA_MMA)
+    rs, ri = rcn_fast.topn(q.half(), bad[:, :40], 30, backend="native")
+    np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
+    assert i[0, 0].item() == 9 and 5 not in i.cpu().numpy() and 11 not in i.cpu().numpy()
     unaligned = base.cuda()[:, 1:41]  # rows off 16-byte alignment: the tiled kernel serves auto
     with pytest.raises(ValueError, match="aligned"):
         _gpu_topn(q.cuda(), unaligned, 30, CUDA_MMA)

@@ -9,7 +9,11 @@
 // a merge kernel (one block per query, the same selection) makes the final
 // list. A float32 query is split into two (float16) or three (bfloat16)
 // terms of the corpus dtype (common/topn_select.h), each scored as a column
-// of the GEMM and summed in float32, smallest term first.
+// of the GEMM and summed in float32, smallest term first. (A corpus value of
+// +-inf times a zero term is NaN: with a split query such a row's score is
+// NaN, never returned, where the float32 product would be +-inf. The launcher
+// does not look for non-finite corpus values: a pass over the corpus would
+// cost as much as the scan.)
 //
 // Fragment layout (PTX ISA, mma.m16n8k16, .row.col): lane = 4 * g + t. A
 // 64-element depth step of a 16-row tile is read as 16 contiguous elements
