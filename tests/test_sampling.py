@@ -603,10 +603,12 @@ def test_cuda_vector_and_scalar_loads_match_native(dtype):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(21)
     B, n, d, N, K = 6, 77, 130, 9, 5
-    q, c = _data(rng, B, n, d + 1, scale=0.4)
+    q, c = _data(rng, B, n, 136, scale=0.4)
     tc = torch.from_numpy(c).to(getattr(torch, dtype)).cuda()
     tq = torch.from_numpy(q).cuda()
-    for cand, query in ((tc[:, :, :d], tq[:, :d]), (tc[:, :, 1:], tq[:, 1:])):
+    # rows 136 elements apart (16-byte aligned), d = 130: packs of 8 and a
+    # 2-element tail; then rows shifted by one element: element by element
+    for cand, query in ((tc[:, :, :d], tq[:, :d]), (tc[:, :, 1 : d + 1], tq[:, 1 : d + 1])):
         g = sample_subsets(query, cand, N, K, seed=3, first="relevance", backend="cuda", return_logprobs=True)
         h = sample_subsets(query.cpu(), cand.cpu(), N, K, seed=3, first="relevance", backend="native",
                            return_logprobs=True)
