@@ -206,8 +206,6 @@ def oneliner(q, c, k):
 
 
 def _gpu_impl(impl):
-    import torch
-
     if impl == "dispatched":
         return rcn_fast.topn
     if impl in ("torch_backend", "cuda"):

@@ -95,7 +95,8 @@ def plan(args: argparse.Namespace, python: str = sys.executable, embed_exists: b
     if embed_exists is None:
         embed_exists = (REPO / EMBED_FILE).exists()
     out = str(Path(args.out).resolve())
-    bench_env = {"RCN_FAST_GPU_RESULTS": out, "RCN_FAST_GPU_COMMAND": "bench/gpu_check.sh" + (" --quick" if args.quick else "")}
+    bench_env = {"RCN_FAST_GPU_RESULTS": out,
+                 "RCN_FAST_GPU_COMMAND": "bench/gpu_check.sh" + (" --quick" if args.quick else "")}
     rounds = ["--benchmark-min-rounds=3", "--benchmark-max-time=0.25", "--benchmark-warmup=on",
               "--benchmark-warmup-iterations=1"]
     if args.quick:

@@ -163,8 +163,6 @@ def test_split_refuses_non_finite_rows():
 
 
 def _gpu_topn(q, c, k, algorithm):
-    import torch
-
     from rcn_fast.search.topn import _run_cuda
 
     return _run_cuda(q, c, k, algorithm=algorithm)
