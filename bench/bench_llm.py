@@ -47,8 +47,9 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 B, V, C, S = 256, 128_256, 5, 2
 H = 576
-G_LOGITS = f"llm label scoring from logits B={B} V={V}"
-G_HIDDEN = f"llm label scoring from hidden B={B} V={V} H={H}"
+_ON = " GPU" if CUDA else ""  # GPU groups are recorded in bench/gpu_results (bench/conftest.py)
+G_LOGITS = f"llm label scoring{_ON} from logits B={B} V={V}"
+G_HIDDEN = f"llm label scoring{_ON} from hidden B={B} V={V} H={H}"
 G_TINY = "llm label scoring, tiny model, 64 questions"
 G_PREFILL = "llm smollm2 prefill 8 prompts"
 G_GEN = "llm smollm2 greedy generation 16 prompts x 16 tokens"

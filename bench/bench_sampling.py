@@ -13,6 +13,10 @@ against the exact distribution, so they cannot drift. extra_info: subsets/s
 and GFLOP/s of the textbook algorithm (2 * B * (n*d + N*(K-1)*n*d) flops). Run:
 
     python -m pytest bench/bench_sampling.py --benchmark-only --benchmark-columns=mean,min,rounds
+
+On a GPU (``-k gpu``): B = 1,000 and 10,000 (RCN_FAST_BENCH_GPU_BS), float32,
+float16 and bfloat16, the CUDA kernel against rcn_fast's torch backend on
+the GPU; the figures are recorded in bench/gpu_results.
 """
 
 from __future__ import annotations
@@ -89,15 +93,31 @@ def test_torch_categorical_loop(benchmark, pedantic, record, data, dtype):
 
 
 # ---- GPU (skipped without a usable CUDA build and device) ----------------
+# Group "sample_subsets GPU B=<B> n=100 d=768 K=5 N=9 <dtype>" for B in
+# GPU_BS (RCN_FAST_BENCH_GPU_BS, comma-separated), three dtypes: "cuda" (the
+# kernel) and "torch_cuda" (rcn_fast's torch backend on the GPU).
+GPU_BS = tuple(int(x) for x in os.environ.get("RCN_FAST_BENCH_GPU_BS", "1000,10000").split(","))
+GPU_DTYPES = ("float32", "float16", "bfloat16")
+
+
 @pytest.fixture(scope="module")
-def gpu_data(data):
+def gpu_data():
+    """L2-normalised random inputs made on the GPU (seeded), per B and dtype."""
     torch = pytest.importorskip("torch")
     from rcn_fast import _native
 
     if _native.cuda_module()[0] is None or not torch.cuda.is_available():
         pytest.skip(f"no usable GPU: {_native.cuda_module()[1]}")
-    q, cs = data
-    return torch.from_numpy(q).cuda(), {dt: torch.from_numpy(c).cuda() for dt, c in cs.items()}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = {}
+    for b in GPU_BS:
+        q = torch.randn((b, D), device="cuda", generator=gen)
+        q /= q.norm(dim=1, keepdim=True)
+        c = torch.randn((b, n, D), device="cuda", generator=gen)
+        c /= c.norm(dim=2, keepdim=True)
+        out[b] = (q, {dt: c.to(getattr(torch, dt)) for dt in GPU_DTYPES})
+        del c
+    return out
 
 
 def _run_cuda(benchmark, backend, q, c):
@@ -111,22 +131,16 @@ def _run_cuda(benchmark, backend, q, c):
     return benchmark(call)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda(benchmark, record, gpu_data, dtype):
-    q, cs = gpu_data
-    benchmark.group = f"sample_subsets GPU B={B} n={n} d={D} K={K} N={N} {dtype}"
-    ids = _run_cuda(benchmark, "cuda", q, cs[dtype])
-    assert ids.shape == (B, N, K) and int(ids.min()) >= 0
-    _extra(benchmark)
-    record(benchmark.group, "cuda", benchmark)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_torch_cuda_vectorised(benchmark, record, gpu_data, dtype):
-    """The vectorised algorithm in torch ops on the GPU (rcn_fast's torch backend)."""
-    q, cs = gpu_data
-    benchmark.group = f"sample_subsets GPU B={B} n={n} d={D} K={K} N={N} {dtype}"
-    ids = _run_cuda(benchmark, "torch", q, cs[dtype])
-    assert ids.shape == (B, N, K)
-    _extra(benchmark)
-    record(benchmark.group, "torch_cuda", benchmark)
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("b", GPU_BS)
+@pytest.mark.parametrize("impl", ["cuda", "torch_cuda"])
+def test_gpu_sampler(benchmark, record, gpu_data, b, dtype, impl):
+    q, cs = gpu_data[b]
+    benchmark.group = f"sample_subsets GPU B={b} n={n} d={D} K={K} N={N} {dtype}"
+    ids = _run_cuda(benchmark, "cuda" if impl == "cuda" else "torch", q, cs[dtype])
+    assert ids.shape == (b, N, K) and int(ids.min()) >= 0
+    t = benchmark.stats.stats.mean if getattr(benchmark, "stats", None) else None
+    if t:
+        benchmark.extra_info["subsets/s"] = round(b * N / t, 1)
+        benchmark.extra_info["GB/s of one input read"] = round(cs[dtype].nbytes / t / 1e9, 2)
+    record(benchmark.group, impl, benchmark)

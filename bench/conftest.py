@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -67,6 +68,9 @@ def pedantic(request, benchmark):
 
 
 GPU_RESULTS = Path(__file__).with_name("gpu_results")
+#: Environment variables of a GPU run (bench/gpu_check.sh sets them): the
+#: results folder (default bench/gpu_results) and the command to record.
+RESULTS_ENV, COMMAND_ENV = "RCN_FAST_GPU_RESULTS", "RCN_FAST_GPU_COMMAND"
 
 
 def _gpu_name() -> str | None:
@@ -78,12 +82,29 @@ def _gpu_name() -> str | None:
         return None
 
 
-def write_gpu_results(results: dict[str, dict[str, float]], folder: Path = GPU_RESULTS) -> Path | None:
+def _kernel_versions() -> dict[str, int]:
+    """The compiled CUDA kernels' versions (rcn_fast._cuda.KERNEL_VERSIONS), or {}."""
+    from rcn_fast import _native
+
+    mod = _native.cuda_compiled_module()
+    return {k: int(v) for k, v in dict(getattr(mod, "KERNEL_VERSIONS", {}) or {}).items()} if mod else {}
+
+
+def results_path(name: str, folder: Path) -> Path:
+    """``<folder>/<device name in lower case, runs of other characters as ->.json``."""
+    return Path(folder) / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".json")
+
+
+def write_gpu_results(results: dict[str, dict[str, float]], folder: Path | None = None,
+                      kernels: dict[str, int] | None = None, command: str | None = None) -> Path | None:
     """Write the GPU groups (names containing " GPU ") of a run to
-    ``bench/gpu_results/<device>.json``: mean milliseconds per group and
-    implementation, merged into what earlier runs on that device recorded.
-    README's GPU table is printed from these files by
-    ``python bench/gpu_table.py``."""
+    ``<folder>/<device>.json`` (folder: ``$RCN_FAST_GPU_RESULTS`` or
+    bench/gpu_results): mean milliseconds per group and implementation,
+    merged into what earlier runs on that device recorded with the same CUDA
+    kernel versions (a file recorded with other versions is replaced: its
+    figures measured kernels that are gone). README's GPU tables and the
+    dispatcher's table are made from these files by
+    ``python bench/gpu_table.py --write``."""
     groups = {g: {impl: round(t * 1e3, 3) for impl, t in impls.items()} for g, impls in results.items()
               if " GPU " in f" {g} "}
     name = _gpu_name() if groups else None
@@ -91,18 +112,27 @@ def write_gpu_results(results: dict[str, dict[str, float]], folder: Path = GPU_R
         return None
     import rcn_fast
 
+    folder = Path(folder or os.environ.get(RESULTS_ENV) or GPU_RESULTS)
+    kernels = _kernel_versions() if kernels is None else kernels
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".json")
-    old = json.loads(path.read_text()) if path.exists() else {"groups": {}}
-    old["groups"].update(groups)
-    old.update({"device": name, "updated": datetime.date.today().isoformat(), "unit": "ms (mean)",
-                "rcn_fast": rcn_fast.__version__})
-    path.write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
+    path = results_path(name, folder)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if old.get("cuda_kernels") != kernels:
+        old = {}
+    data = {"groups": {}, **old}
+    data["groups"].update(groups)
+    data.update({"device": name, "updated": datetime.date.today().isoformat(), "unit": "ms (mean)",
+                 "rcn_fast": rcn_fast.__version__, "cuda_kernels": kernels,
+                 "command": command or os.environ.get(COMMAND_ENV) or data.get("command") or "python -m pytest bench/"})
+    data.pop("note", None)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 
 
 def pytest_sessionfinish(session):  # pragma: no cover - needs a GPU
-    write_gpu_results(_RESULTS)
+    path = write_gpu_results(_RESULTS)
+    if path is not None:
+        print(f"\nrcn_fast: GPU figures recorded in {path}")
 
 
 def pytest_terminal_summary(terminalreporter):  # pragma: no cover - reporting only
@@ -114,7 +144,7 @@ def pytest_terminal_summary(terminalreporter):  # pragma: no cover - reporting o
         ours = [i for i in impls if i in _FAST]
         if not ours:
             continue
-        base = ours[0]
+        base = "dispatched" if "dispatched" in impls else ours[0]  # GPU top-n: the default against its peers
         cells = [f"{base} {impls[base] * 1e3:.1f} ms"]
         for impl, t in sorted(impls.items()):
             if impl != base:

@@ -1,37 +1,46 @@
-"""Measured GPU speeds: where rcn_fast's CUDA kernels lose to torch.
+"""Measured GPU speeds: where rcn_fast's CUDA kernels beat the torch path.
 
 The dispatcher (:mod:`rcn_fast._dispatch`) never picks a backend known to be
 slower. For CUDA tensors the CUDA kernel of an op is chosen only where a
-measurement on a GPU showed it at least as fast as the op's torch backend on
-the same GPU, for the same dtype, at the nearest measured size (``Q`` queries
+recorded GPU run showed it at least as fast as the op's torch backend on the
+same GPU, for the same dtypes, at the nearest measured size (``Q`` queries
 for ``topn``, ``B`` questions for ``sample_subsets``, compared on a log
-scale). Where nothing is measured for a dtype, torch serves: the CUDA kernel
-must earn its place. ``backend="cuda"`` (or ``RCN_FAST_BACKEND``) still
-forces the kernel.
+scale), and only for the kernel version that run measured: a rebuilt kernel
+(a new version, see ``rcn_fast._cuda.KERNEL_VERSIONS``) must be measured
+again. Where several recorded runs (devices, workloads) are nearest, every
+one of them must show the kernel at least as fast. Where nothing is measured,
+torch serves: the CUDA kernel must earn its place. ``backend="cuda"`` (or
+``RCN_FAST_BACKEND``) still forces the kernel.
 
-Each row names the device and the bench command that produced it. Update the
-table from a GPU run of::
+The measurements are ``rcn_fast/_gpu_measurements.json``, generated from the
+recorded runs in ``bench/gpu_results/*.json`` (a test keeps the two equal)::
 
-    python -m pytest bench/bench_topn.py -k "cuda" --benchmark-only
-    python -m pytest bench/bench_sampling.py -k "cuda" --benchmark-only
-
-(``test_cuda`` is the kernel, ``test_torch_cuda*`` the torch peer.)
+    bench/gpu_check.sh                    # on a GPU: build, test, benchmark, record
+    python bench/gpu_table.py --write     # this table and README's GPU tables
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping
 
-_TOPN_CMD = "python -m pytest bench/bench_topn.py -k cuda --benchmark-only"
-_SAMPLING_CMD = "python -m pytest bench/bench_sampling.py -k cuda --benchmark-only"
+#: The version of each op's CUDA kernel in this source tree (the compiled
+#: module reports its own: ``rcn_fast._cuda.KERNEL_VERSIONS``). Issue 35 made
+#: both version 2 (top-n: the tensor-core scan; sampler: 16-byte loads,
+#: hardware float16 conversion).
+KERNEL_VERSIONS = {"topn": 2, "sample_subsets": 2}
+
+MEASUREMENTS_FILE = Path(__file__).with_name("_gpu_measurements.json")
 
 
 @dataclass(frozen=True)
 class GpuMeasurement:
-    """One measured point: mean milliseconds per call of the CUDA kernel and
-    of torch on the same GPU, same inputs."""
+    """One recorded comparison: mean milliseconds per call of the CUDA kernel
+    and of the torch path on the same GPU, same inputs."""
 
     op: str
     dtype: str
@@ -41,51 +50,94 @@ class GpuMeasurement:
     device: str
     shape: str
     command: str
+    query_dtype: str | None = None  # top-n: the queries' dtype
+    kernel_version: int = 1
+    source: str = ""  # the bench/gpu_results file
+    peer: str = "torch"  # the implementation timed as the torch path
 
 
-# H100 80GB (SXM), 2026-11 (issue 22), one run each; N = 1,000,000 x 768,
-# k = 100 for topn; B = 1000, n = 100, d = 768, N = 9, K = 5 for the sampler.
-MEASUREMENTS: tuple[GpuMeasurement, ...] = (
-    GpuMeasurement("topn", "float32", 1, 11.6, 1.5, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("topn", "float32", 32, 13.2, 2.7, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("topn", "float32", 512, 56.9, 26.5, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("topn", "float16", 1, 11.4, 1.1, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("topn", "float16", 32, 13.2, 1.7, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("topn", "float16", 512, 56.7, 13.2, "NVIDIA H100", "N=1M d=768 k=100", _TOPN_CMD),
-    GpuMeasurement("sample_subsets", "float32", 1000, 8.1, 9.7, "NVIDIA H100",
-                   "B=1000 n=100 d=768 N=9 K=5", _SAMPLING_CMD),
-    GpuMeasurement("sample_subsets", "float16", 1000, 13.6, 9.7, "NVIDIA H100",
-                   "B=1000 n=100 d=768 N=9 K=5", _SAMPLING_CMD),
-)
+@lru_cache(maxsize=None)
+def load_measurements(path: Path = MEASUREMENTS_FILE) -> tuple[GpuMeasurement, ...]:
+    """The recorded table (empty when the file is missing)."""
+    try:
+        rows = json.loads(Path(path).read_text())["rows"]
+    except FileNotFoundError:
+        return ()
+    return tuple(GpuMeasurement(**row) for row in rows)
+
 
 # the size that decides which measurement applies to a call
 SIZE_KEY = {"topn": "Q", "sample_subsets": "B"}
 
 
-def nearest_measurement(op: str, ctx: Mapping[str, Any],
-                        table: tuple[GpuMeasurement, ...] = MEASUREMENTS) -> GpuMeasurement | None:
-    """The measurement of ``op`` for the call's dtype nearest to its size
-    (log scale; ties go to the smaller measured size), or None."""
-    rows = [m for m in table if m.op == op and m.dtype == ctx.get("dtype")]
+def built_kernel_version(op: str) -> int:
+    """The version of ``op``'s kernel in the compiled CUDA module (the source
+    tree's, :data:`KERNEL_VERSIONS`, where none is compiled)."""
+    from rcn_fast import _native
+
+    mod = _native.cuda_compiled_module()
+    versions = getattr(mod, "KERNEL_VERSIONS", None) if mod is not None else None
+    if versions is None:
+        return KERNEL_VERSIONS.get(op, 1) if mod is None else 1  # a build before versions: version 1
+    return int(dict(versions).get(op, 1))
+
+
+def _matches(m: GpuMeasurement, op: str, ctx: Mapping[str, Any], version: int | None) -> bool:
+    if m.op != op or m.dtype != ctx.get("dtype"):
+        return False
+    if m.query_dtype is not None and ctx.get("query_dtype", "float32") != m.query_dtype:
+        return False
+    return version is None or m.kernel_version == version
+
+
+def nearest_measurements(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurement, ...] | None = None,
+                         version: int | None = None) -> list[GpuMeasurement]:
+    """The measurements of ``op`` for the call's dtypes (and kernel
+    ``version``, when given) at the measured size nearest to the call's (log
+    scale; ties go to the smaller size); empty when none."""
+    rows = [m for m in (load_measurements() if table is None else table) if _matches(m, op, ctx, version)]
     if not rows:
-        return None
+        return []
     key = SIZE_KEY.get(op)
     size = ctx.get(key) if key else None
     if not isinstance(size, int) or size < 1:
         size = 1
-    return min(rows, key=lambda m: (abs(math.log2(size) - math.log2(m.size)), m.size))
+    best = min(rows, key=lambda m: (abs(math.log2(size) - math.log2(m.size)), m.size)).size
+    return [m for m in rows if m.size == best]
 
 
-def cuda_slower_reason(op: str, ctx: Mapping[str, Any],
-                       table: tuple[GpuMeasurement, ...] = MEASUREMENTS) -> str | None:
+def nearest_measurement(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurement, ...] | None = None,
+                        version: int | None = None) -> GpuMeasurement | None:
+    """The first of :func:`nearest_measurements`, or None."""
+    rows = nearest_measurements(op, ctx, table, version)
+    return rows[0] if rows else None
+
+
+def cuda_slower_reason(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurement, ...] | None = None,
+                       version: int | None = None) -> str | None:
     """Why the CUDA kernel of ``op`` should not serve ``ctx`` automatically
-    (None: it was measured at least as fast as torch there)."""
-    m = nearest_measurement(op, ctx, table)
-    if m is None:
-        return (f"not yet measured against torch for {ctx.get('dtype')} on a GPU; torch serves until "
-                f"the kernel is measured faster (backend='cuda' forces it)")
-    if m.cuda_ms <= m.torch_ms:
+    (None: every nearest recorded run of the built kernel version measured
+    it at least as fast as torch there)."""
+    version = built_kernel_version(op) if version is None else version
+    rows = nearest_measurements(op, ctx, table, version)
+    what = ctx.get("dtype") if op != "topn" else f"{ctx.get('dtype')} (queries {ctx.get('query_dtype', 'float32')})"
+    if not rows:
+        others = sorted({m.kernel_version for m in (load_measurements() if table is None else table)
+                         if m.op == op and m.kernel_version != version})
+        older = f"; recorded runs measured kernel version {', '.join(map(str, others))}" if others else ""
+        return (f"kernel version {version} not yet measured against torch for {what} on a GPU{older}; torch "
+                f"serves until a recorded run shows the kernel faster (bench/gpu_check.sh; backend='cuda' forces it)")
+    slower = [m for m in rows if m.cuda_ms > m.torch_ms]
+    if not slower:
         return None
+    m = slower[0]
     key = SIZE_KEY.get(op, "size")
     return (f"measured slower than torch on {m.device}: {m.cuda_ms:g} vs {m.torch_ms:g} ms at "
-            f"{key}={m.size} ({m.dtype}, {m.shape}; `{m.command}`); backend='cuda' forces it")
+            f"{key}={m.size} ({what}, {m.shape}; kernel version {m.kernel_version}; `{m.command}`, "
+            f"bench/gpu_results/{m.source}); backend='cuda' forces it")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MEASUREMENTS":  # the recorded table, loaded on first use
+        return load_measurements()
+    raise AttributeError(name)

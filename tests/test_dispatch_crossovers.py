@@ -24,9 +24,12 @@ from rcn_fast._crossovers import GpuMeasurement, cuda_slower_reason, nearest_mea
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """A usable CUDA module as far as the availability checks can tell."""
-    mod = types.SimpleNamespace(TOPN_MAX_K=1024, topn=None, sample_subsets=None)
+    """A usable CUDA module as far as the availability checks can tell, with
+    the kernel versions the recorded runs measured (version 1)."""
+    mod = types.SimpleNamespace(TOPN_MAX_K=1024, topn=None, sample_subsets=None,
+                                KERNEL_VERSIONS={"topn": 1, "sample_subsets": 1})
     monkeypatch.setattr(_native, "cuda_module", lambda: (mod, None))
+    monkeypatch.setattr(_native, "cuda_compiled_module", lambda: mod)
     return mod
 
 
@@ -52,16 +55,53 @@ def test_topn_on_cuda_goes_to_torch_where_the_kernel_measured_slower(fake_gpu, d
 
 def test_sampler_on_cuda_follows_the_measurement_per_dtype(fake_gpu):
     op = _dispatch.get("sample_subsets")
-    # float32: the kernel measured faster (8.1 vs 9.7 ms on an H100)
+    # float32: the version 1 kernel measured faster on the H100 and the H200
     assert op.select(_sampler_ctx("float32", 1000)).name == "cuda"
     assert dict(op.report(_sampler_ctx("float32", 1000)))["cuda"] is None
-    # float16: measured slower (13.6 vs 9.7 ms)
+    # float16: slower on the H100 (13.6 vs 9.7 ms): every nearest run must agree
     assert op.select(_sampler_ctx("float16", 1000)).name == "torch"
     assert "measured slower" in dict(op.report(_sampler_ctx("float16", 1000)))["cuda"]
-    # bfloat16: never measured -> torch until it is
-    assert op.select(_sampler_ctx("bfloat16", 1000)).name == "torch"
-    assert "not yet measured" in dict(op.report(_sampler_ctx("bfloat16", 1000)))["cuda"]
-    assert op.select(_sampler_ctx("bfloat16", 1000), backend="cuda").name == "cuda"
+    # float16 at B = 10,000: slower on the H200 (116.9 vs 75.9 ms)
+    assert "116.9 vs 75.9" in dict(op.report(_sampler_ctx("float16", 10_000)))["cuda"]
+    # bfloat16: faster on the H200 (3.12 vs 14.12 ms)
+    assert op.select(_sampler_ctx("bfloat16", 1000)).name == "cuda"
+
+
+def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
+    """Issue 35's kernels (version 2) have no recorded run: torch serves
+    every CUDA call, with the reason; forcing the kernel still works."""
+    fake_gpu.KERNEL_VERSIONS = {"topn": 2, "sample_subsets": 2}
+    for op_name, ctx in (("sample_subsets", _sampler_ctx("float32", 1000)),
+                         ("sample_subsets", _sampler_ctx("bfloat16", 1000)),
+                         ("topn", _topn_ctx("float16", 1)), ("topn", {**_topn_ctx("bfloat16", 32),
+                                                                      "query_dtype": "bfloat16"})):
+        op = _dispatch.get(op_name)
+        assert op.select(ctx).name == "torch"
+        why = dict(op.report(ctx))["cuda"]
+        assert "kernel version 2 not yet measured" in why and "version 1" in why
+        assert op.select(ctx, backend="cuda").name == "cuda"
+    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "sample_subsets": 2}
+
+
+def test_the_compiled_module_reports_the_source_kernel_versions():
+    mod = _native.cuda_compiled_module()
+    if mod is None:
+        pytest.skip("rcn_fast._cuda was not compiled")
+    assert dict(mod.KERNEL_VERSIONS) == _crossovers.KERNEL_VERSIONS
+
+
+def test_a_run_of_the_built_version_decides(fake_gpu):
+    fake_gpu.KERNEL_VERSIONS = {"topn": 2, "sample_subsets": 2}
+    table = (GpuMeasurement("topn", "float16", 1, 0.3, 0.5, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"),
+             GpuMeasurement("topn", "float16", 1, 0.4, 0.5, "GPU B", "N=1000000", "cmd", "float16", 2, "b.json"),
+             GpuMeasurement("topn", "float16", 512, 9.0, 7.0, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"))
+    ctx = {**_topn_ctx("float16", 1), "query_dtype": "float16"}
+    assert cuda_slower_reason("topn", ctx, table) is None  # faster on both devices
+    assert "not yet measured" in cuda_slower_reason("topn", {**ctx, "query_dtype": "float32"}, table)
+    assert "9 vs 7 ms at Q=512" in cuda_slower_reason("topn", {**ctx, "Q": 400}, table)
+    slower_on_b = table[:1] + (GpuMeasurement("topn", "float16", 1, 0.6, 0.5, "GPU B", "N=1000000", "cmd",
+                                              "float16", 2, "b.json"),)
+    assert "GPU B" in cuda_slower_reason("topn", ctx, slower_on_b)
 
 
 def test_the_environment_override_still_forces_the_kernel(fake_gpu, monkeypatch):
@@ -84,16 +124,17 @@ def test_nearest_measurement_on_a_log_scale():
     # just below the geometric midpoint (22.6): the smaller measured size is nearer
     assert nearest_measurement("topn", {"dtype": "float32", "Q": 22}, table).size == 1
     assert nearest_measurement("topn", {"dtype": "float16", "Q": 4}, table) is None
-    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table) is None  # kernel faster
-    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table)
-    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table)
+    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table, version=1) is None  # kernel faster
+    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table, version=1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table, version=1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1}, table, version=2)
 
 
 def test_the_table_names_device_and_command_for_every_row():
     assert _crossovers.MEASUREMENTS
     for m in _crossovers.MEASUREMENTS:
-        assert m.op in _crossovers.SIZE_KEY and m.device and m.command.startswith("python -m pytest bench/")
-        assert m.cuda_ms > 0 and m.torch_ms > 0
+        assert m.op in _crossovers.SIZE_KEY and m.device and m.command and m.source.endswith(".json")
+        assert m.cuda_ms > 0 and m.torch_ms > 0 and m.kernel_version >= 1
 
 
 def test_a_slower_backend_still_serves_when_nothing_else_can():
@@ -115,12 +156,13 @@ def test_a_slower_backend_still_serves_when_nothing_else_can():
 def test_torch_backend_chunks_big_on_a_gpu_and_agrees_with_the_reference(rng):
     torch = pytest.importorskip("torch")
     from rcn_fast.search import topn_reference
-    from rcn_fast.search.topn import _run_torch, _torch_chunk
+    from rcn_fast.search.topn import _run_torch
+    from rcn_fast.search.torch_backend import chunk_rows
 
-    assert _torch_chunk(1, "cpu") == 1 << 16
-    assert _torch_chunk(1, "cuda") >= 1 << 26  # one chunk for a 1M-row corpus at Q = 1
-    assert _torch_chunk(512, "cuda") * 512 * 4 <= 1 << 28
-    assert _torch_chunk(1 << 20, "cuda") == 1 << 16
+    assert chunk_rows(1, "cpu") == 1 << 16
+    assert chunk_rows(1, "cuda") >= 1 << 26  # one chunk for a 1M-row corpus at Q = 1
+    assert chunk_rows(512, "cuda") >= 1 << 20  # and at Q = 512
+    assert chunk_rows(1 << 20, "cuda") == 1 << 16
     q = rng.standard_normal((5, 12)).astype(np.float32)
     c = np.round(rng.standard_normal((301, 12)), 1).astype(np.float32)  # ties across chunks
     ref = topn_reference(q, c, 17)
@@ -136,10 +178,11 @@ def test_info_says_what_a_gpu_would_run():
     info = json.loads(res.stdout)
     topn = info["backends"]["topn"]
     assert topn["cpu (numpy float32)"]["uses"] == "native"
+    # the built kernels (version 2) have no recorded run yet: torch, with the reason
     for q in (1, 32, 512):
-        assert topn[f"cuda (torch float16, Q={q})"]["on_a_gpu"].startswith("torch: measured slower")
+        assert topn[f"cuda (torch float16, Q={q})"]["on_a_gpu"].startswith("torch: kernel version 2 not yet measured")
     samp = info["backends"]["sample_subsets"]
-    assert samp["cuda (torch float32, B=1000)"]["on_a_gpu"].startswith("cuda")
+    assert samp["cuda (torch float32, B=1000)"]["on_a_gpu"].startswith("torch: kernel version 2")
     assert samp["cuda (torch float16, B=1000)"]["on_a_gpu"].startswith("torch")
     if not info["cuda"]["gpu_usable"]:
         assert topn["cuda (torch float32, Q=32)"]["uses"] == "torch"
@@ -157,35 +200,63 @@ def _load_bench_module(name: str):
     return mod
 
 
-def test_the_crossover_table_matches_the_recorded_gpu_results():
-    """Every row of rcn_fast/_crossovers.py is a figure recorded under
-    bench/gpu_results (so README's table and the dispatcher cannot drift)."""
+def test_the_crossover_table_is_generated_from_the_recorded_gpu_results():
+    """rcn_fast/_gpu_measurements.json is exactly what bench/gpu_table.py
+    makes of bench/gpu_results (so the dispatcher cannot drift from the
+    recorded runs), and every comparison in the files is in it."""
+    gpu_table = _load_bench_module("gpu_table")
+    assert _crossovers.MEASUREMENTS_FILE.read_text() == gpu_table.measurements_json(), (
+        "rcn_fast/_gpu_measurements.json is stale: run python bench/gpu_table.py --write")
     recorded = {}
     for path in (BENCH / "gpu_results").glob("*.json"):
-        data = json.loads(path.read_text())
-        recorded[data["device"]] = data["groups"]
-    assert recorded, "bench/gpu_results has no recorded GPU run"
+        recorded[path.name] = json.loads(path.read_text())
+    assert {"nvidia-h100.json", "nvidia-h200.json", "nvidia-h200-cuda-events.json"} <= set(recorded)
     for m in _crossovers.MEASUREMENTS:
-        groups = recorded[m.device]
-        key = f" Q={m.size} {m.dtype}" if m.op == "topn" else f" B={m.size} "
-        hits = [impls for g, impls in groups.items()
-                if g.startswith(m.op) and key in g + " " and g.endswith(m.dtype)]
-        assert len(hits) == 1, (m, list(groups))
-        assert hits[0]["cuda"] == m.cuda_ms and hits[0]["torch_cuda"] == m.torch_ms
+        data = recorded[m.source]
+        hits = [impls for g, impls in data["groups"].items()
+                if g.startswith(m.op) and (f" Q={m.size} " in g or f" B={m.size} " in g)
+                and m.dtype in g.split(" queries=")[0].split()[-1:] and impls.get("cuda") == m.cuda_ms]
+        assert hits and hits[0][m.peer] == m.torch_ms, m
+        assert m.kernel_version == data["cuda_kernels"][m.op]
+    n_cuda = sum(1 for d in recorded.values() for g, impls in d["groups"].items()
+                 if "cuda" in impls and g.split()[0] in ("topn", "sample_subsets"))
+    assert len(_crossovers.MEASUREMENTS) == n_cuda
 
 
-def test_gpu_results_recorder_and_table(tmp_path, monkeypatch):
+def test_the_h200_run_is_recorded_as_found():
+    """bench/gpu_results/nvidia-h200.json holds ../shared/gpu/nvidia-h200.json's figures."""
+    data = json.loads((BENCH / "gpu_results" / "nvidia-h200.json").read_text())
+    assert data["device"] == "NVIDIA H200" and data["cuda_kernels"] == {"topn": 1, "sample_subsets": 1}
+    assert data["groups"]["topn GPU N=1000000 Q=1 float16"] == {"cuda": 11.579, "dispatched": 3.705,
+                                                                 "torch_cuda": 1.427}
+    shared = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu" / "nvidia-h200.json"
+    if shared.exists():
+        assert data["groups"] == json.loads(shared.read_text())["groups"]
+
+
+def test_readme_gpu_tables_are_the_recorded_results():
+    gpu_table = _load_bench_module("gpu_table")
+    text = (BENCH.parent / "README.md").read_text()
+    assert gpu_table.readme_block() in text, "README's GPU tables are stale: run python bench/gpu_table.py --write"
+
+
+def test_gpu_results_recorder(tmp_path, monkeypatch):
     conftest = _load_bench_module("conftest")
-    results = {"topn GPU N=10 Q=1 float32": {"cuda": 0.002, "torch_cuda": 0.001},
+    results = {"topn GPU N=10 Q=1 float32": {"cuda": 0.002, "torch_backend": 0.001},
                "topn N=10 Q=1 float32": {"native": 0.5}}
     monkeypatch.setattr(conftest, "_gpu_name", lambda: None)
-    assert conftest.write_gpu_results(results, tmp_path) is None  # no GPU: nothing written
+    assert conftest.write_gpu_results(results, tmp_path, kernels={"topn": 2}) is None  # no GPU: nothing written
     monkeypatch.setattr(conftest, "_gpu_name", lambda: "Test GPU 9000")
-    path = conftest.write_gpu_results(results, tmp_path)
+    path = conftest.write_gpu_results(results, tmp_path, kernels={"topn": 2}, command="bench/gpu_check.sh")
     assert path.name == "test-gpu-9000.json"
     data = json.loads(path.read_text())
-    assert data["groups"] == {"topn GPU N=10 Q=1 float32": {"cuda": 2.0, "torch_cuda": 1.0}}
-    conftest.write_gpu_results({"topn GPU N=10 Q=32 float32": {"cuda": 0.003}}, tmp_path)
+    assert data["groups"] == {"topn GPU N=10 Q=1 float32": {"cuda": 2.0, "torch_backend": 1.0}}
+    assert data["cuda_kernels"] == {"topn": 2} and data["command"] == "bench/gpu_check.sh"
+    conftest.write_gpu_results({"topn GPU N=10 Q=32 float32": {"cuda": 0.003}}, tmp_path, kernels={"topn": 2})
     assert len(json.loads(path.read_text())["groups"]) == 2  # merged with the earlier run
-    table = _load_bench_module("gpu_table").tables(tmp_path)
-    assert "| topn GPU N=10 Q=1 float32 | 2 | 1 | x0.50 |" in table
+    # a rebuilt kernel: the figures of the old one are dropped, not mixed in
+    conftest.write_gpu_results({"topn GPU N=10 Q=512 float32": {"cuda": 0.004}}, tmp_path, kernels={"topn": 3})
+    assert list(json.loads(path.read_text())["groups"]) == ["topn GPU N=10 Q=512 float32"]
+    # the results folder from the environment (bench/gpu_check.sh --out)
+    monkeypatch.setenv(conftest.RESULTS_ENV, str(tmp_path / "elsewhere"))
+    assert conftest.write_gpu_results(results, kernels={}).parent == tmp_path / "elsewhere"

@@ -9,6 +9,8 @@
 
 #include "bind_util.h"
 #include "cuda/runtime.h"
+#include "cuda/sampling.h"
+#include "cuda/topn.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
@@ -50,5 +52,12 @@ NB_MODULE(_cuda, m) {
   m.def("cuda_info", &cuda_info, "Devices, driver and toolkit as this module sees them.");
   bind_topn_cuda(m);
   bind_sampling_cuda(m);
+  // the kernels' versions: a recorded GPU measurement counts for the
+  // dispatcher only while the kernel it measured is the one built
+  // (rcn_fast/_crossovers.py)
+  nb::dict versions;
+  versions["topn"] = cuda::kTopnKernelVersion;
+  versions["sample_subsets"] = cuda::kSamplingKernelVersion;
+  m.attr("KERNEL_VERSIONS") = versions;
 
 }

@@ -2,25 +2,36 @@
 // stream layout, log-probabilities) is common/subset_sampler.h, shared with
 // the CPU launcher; here it runs with a warp as the lane group.
 //
-//   rel_kernel:     block per question, warp per candidate:
+//   rel_kernel:     block per question, 8 lanes per candidate:
 //                   rel[b, j] = dot(e_q, e_j); NaN/inf flags an error
-//   sample_kernel:  warp per (question, subset), all steps in the kernel:
-//                   draw (sample_step), mark, acc_j += dot(e_chosen, e_j)
+//   sample_kernel:  warp per subset, a block holding up to 16 subsets of one
+//                   question (its candidates are read from HBM once a step
+//                   and served by L1/L2 to the block's other warps); all
+//                   steps in the kernel: draw (sample_step), mark,
+//                   acc_j += dot(e_chosen, e_j) with 8 lanes per j
+//
+// Rows are read with 16-byte loads (cuda/vec_load.cuh) where the inputs are
+// 16-byte aligned, and converted with the hardware instructions: float16
+// costs what bfloat16 costs. (Until issue 35, every element went through the
+// host's bit-manipulation float16 conversion, branches and a loop per
+// element, and a whole warp reduced each dot product: float16 ran 4.5x
+// slower than bfloat16.)
 //
 // Per-subset state (acc, eligible, weights) lives in global scratch (L1/L2
-// resident for the usual n of a few hundred); items are launched in chunks
-// so that scratch stays bounded.
+// resident for the usual n of a few hundred); questions are launched in
+// chunks so that scratch stays bounded.
 #include "cuda/sampling.h"
 
 #include <algorithm>
 
 #include "common/subset_sampler.h"
 #include "cuda/runtime.h"
+#include "cuda/vec_load.cuh"
 
 namespace rcn_fast::cuda {
 namespace {
 
-constexpr int kWarps = 4;                                   // warps per block
+constexpr int kMaxWarps = 16;                               // warps (subsets at once) per block
 constexpr int64_t kScratchBudget = int64_t(256) << 20;      // bytes per chunk
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -83,24 +94,25 @@ __device__ __forceinline__ const typename Storage<T>::type* cand_row(const Sampl
          j * p.cand_stride_n;
 }
 
-// dot(x, y) over d elements with all 32 lanes; every lane gets the sum.
-template <DType TX, DType TY>
-__device__ __forceinline__ float warp_dot(const WarpGroup& g, const typename Storage<TX>::type* x,
-                                          const typename Storage<TY>::type* y, int64_t d) {
-  float s = 0.f;
-  for (int64_t k = g.rank(); k < d; k += 32) s += load_as_float<TX>(x + k) * load_as_float<TY>(y + k);
-  return g.sum_f(s);
-}
+// lanes that compute one dot product together (a 128-byte line of float16
+// per pack round), so a warp scores 4 candidates at a time
+constexpr int kDotLanes = 8;
+constexpr int kDotsPerWarp = 32 / kDotLanes;
 
-template <DType T>
+template <DType T, bool kVec>
 __global__ void rel_kernel(SamplingProblem p, float* __restrict__ rel,
                            unsigned long long* __restrict__ bad_candidate) {
-  const WarpGroup g;
   const int64_t b = blockIdx.x;
+  const int lane = int(threadIdx.x & 31u), sub = lane % kDotLanes;
   const float* q = p.query + b * p.query_stride;
-  for (int64_t j = threadIdx.x / 32; j < p.n; j += kWarps) {
-    const float s = warp_dot<DType::F32, T>(g, q, cand_row<T>(p, b, j), p.d);
-    if (g.rank() == 0) {
+  const int64_t per_round = int64_t(blockDim.x / kDotLanes);
+  // every lane of a warp runs the same number of rounds (the shuffles need all)
+  for (int64_t j0 = int64_t(threadIdx.x / 32) * kDotsPerWarp; j0 < p.n; j0 += per_round) {
+    const int64_t j = j0 + lane / kDotLanes;
+    const bool active = j < p.n;
+    const float s = group_dot<kDotLanes, kVec, DType::F32, T>(q, cand_row<T>(p, b, active ? j : 0), p.d,
+                                                            sub, active);
+    if (active && sub == 0) {
       rel[b * p.n + j] = s;
       const bool valid = p.mask == nullptr || p.mask[b * p.n + j] != 0;
       if (valid && !sampler::sampler_isfinite(s))
@@ -109,33 +121,38 @@ __global__ void rel_kernel(SamplingProblem p, float* __restrict__ rel,
   }
 }
 
-template <DType T>
-__global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel,
-                              int64_t item0, int64_t items, float* acc_all, uint8_t* elig_all,
-                              float* w_all, unsigned long long* __restrict__ bad_score) {
+// Block = up to `warps` subsets of one question, warp w running subset
+// sg * warps + w, where block i of the launch is (question b0 + i / groups,
+// subset group sg = i % groups). Scratch slot of a warp: i * warps + w.
+template <DType T, bool kVec>
+__global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel, int64_t block0, int64_t groups,
+                              float* acc_all, uint8_t* elig_all, float* w_all,
+                              unsigned long long* __restrict__ bad_score) {
   const WarpGroup g;
-  const int64_t local = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (local >= items) return;  // whole warps leave together
-  const int64_t item = item0 + local;
-  const int64_t b = item / p.num_subsets, s = item % p.num_subsets;
+  const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32);
+  const int64_t blk = block0 + blockIdx.x;
+  const int64_t b = blk / groups, s = (blk % groups) * warps + warp;
+  if (s >= p.num_subsets) return;  // whole warps leave together
+  const int lane = g.rank(), sub = lane % kDotLanes;
   const int64_t n = p.n, K = p.subset_size;
+  const int64_t local = int64_t(blockIdx.x) * warps + warp;
   float* acc = acc_all + local * n;
   uint8_t* elig = elig_all + local * n;
-  for (int64_t j = g.rank(); j < n; j += 32) {
+  for (int64_t j = lane; j < n; j += 32) {
     acc[j] = 0.f;
     elig[j] = p.mask == nullptr ? 1 : (p.mask[b * n + j] != 0);
   }
   __syncwarp();
   const sampler::StepArgs a = sampler::step_args(p, b, s, rel + b * n, acc, elig, w_all + local * n);
-  const int64_t out0 = item * K;
+  const int64_t out0 = (b * p.num_subsets + s) * K;
   for (int64_t t = 0; t < K; ++t) {
     const sampler::Draw dr = sampler::sample_step(g, a, t);
     if (dr.index == sampler::kNonFinite) {
-      if (g.rank() == 0) atomicMin(bad_score, (unsigned long long)b);
-      for (int64_t r = t + g.rank(); r < K; r += 32) p.ids_out[out0 + r] = -1;
+      if (lane == 0) atomicMin(bad_score, (unsigned long long)b);
+      for (int64_t r = t + lane; r < K; r += 32) p.ids_out[out0 + r] = -1;
       return;
     }
-    if (g.rank() == 0) {
+    if (lane == 0) {
       p.ids_out[out0 + t] = dr.index;
       if (p.logp_out) p.logp_out[out0 + t] = dr.logp;
       if (dr.index >= 0) elig[dr.index] = 0;
@@ -143,30 +160,43 @@ __global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel,
     __syncwarp();
     if (dr.index < 0 || t + 1 == K) continue;
     const auto* ec = cand_row<T>(p, b, dr.index);
-    for (int64_t j = 0; j < n; ++j) {
-      if (!elig[j]) continue;  // the same for every lane: no divergence
-      const float sim = warp_dot<T, T>(g, ec, cand_row<T>(p, b, j), p.d);
-      if (g.rank() == 0) acc[j] += sim;
+    for (int64_t j0 = 0; j0 < n; j0 += kDotsPerWarp) {
+      const int64_t j = j0 + lane / kDotLanes;
+      const bool active = j < n && elig[j];
+      const float sim =
+          group_dot<kDotLanes, kVec, T, T>(ec, cand_row<T>(p, b, active ? j : 0), p.d, sub, active);
+      if (active && sub == 0) acc[j] += sim;
     }
     __syncwarp();
   }
 }
 
-template <DType T>
-void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
-            int64_t chunk, unsigned long long* flags) {
-  rel_kernel<T><<<unsigned(p.B), kWarps * 32, 0, stream>>>(p, rel, flags);
+template <DType T, bool kVec>
+void launch_typed(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
+                  int64_t chunk_blocks, int warps, unsigned long long* flags) {
+  rel_kernel<T, kVec><<<unsigned(p.B), 128, 0, stream>>>(p, rel, flags);
   check(cudaGetLastError(), "sampler rel kernel");
-  const int64_t items = p.B * p.num_subsets, n = p.n;
+  const int64_t n = p.n, slots = chunk_blocks * warps;
   float* acc = reinterpret_cast<float*>(scratch);
-  float* w = acc + chunk * n;
-  uint8_t* elig = reinterpret_cast<uint8_t*>(w + chunk * n);
-  for (int64_t i0 = 0; i0 < items; i0 += chunk) {
-    const int64_t m = std::min(chunk, items - i0);
-    const unsigned blocks = unsigned((m + kWarps - 1) / kWarps);
-    sample_kernel<T><<<blocks, kWarps * 32, 0, stream>>>(p, rel, i0, m, acc, elig, w, flags + 1);
+  float* w = acc + slots * n;
+  uint8_t* elig = reinterpret_cast<uint8_t*>(w + slots * n);
+  const int64_t groups = (p.num_subsets + warps - 1) / warps, blocks = p.B * groups;
+  for (int64_t i0 = 0; i0 < blocks; i0 += chunk_blocks) {
+    const int64_t m = std::min(chunk_blocks, blocks - i0);
+    sample_kernel<T, kVec><<<unsigned(m), unsigned(warps * 32), 0, stream>>>(p, rel, i0, groups, acc, elig, w,
+                                                                             flags + 1);
     check(cudaGetLastError(), "sampler kernel");
   }
+}
+
+template <DType T>
+void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
+            int64_t chunk_blocks, int warps, unsigned long long* flags) {
+  const int64_t es = int64_t(sizeof(typename Storage<T>::type));
+  const bool vec = aligned16(p.cand, es, p.cand_stride_n, p.cand_stride_b) &&
+                   aligned16(p.query, 4, p.query_stride);
+  if (vec) return launch_typed<T, true>(p, stream, rel, scratch, chunk_blocks, warps, flags);
+  launch_typed<T, false>(p, stream, rel, scratch, chunk_blocks, warps, flags);
 }
 
 }  // namespace
@@ -182,19 +212,21 @@ SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream
       check(cudaMemsetAsync(p.logp_out, 0, size_t(items * K) * sizeof(float), stream), "cudaMemsetAsync");
     return ok;
   }
-  const int64_t per_item = n * int64_t(2 * sizeof(float) + 1);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(items, kScratchBudget / per_item));
+  const int warps = int(std::min<int64_t>(p.num_subsets, kMaxWarps));
+  const int64_t per_block = warps * n * int64_t(2 * sizeof(float) + 1);
+  const int64_t blocks = p.B * ((p.num_subsets + warps - 1) / warps);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, kScratchBudget / per_block));
   float* rel = nullptr;
   uint8_t* scratch = nullptr;
   unsigned long long* flags = nullptr;
   check(cudaMallocAsync(reinterpret_cast<void**>(&rel), size_t(p.B * n) * sizeof(float), stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(chunk * per_item), stream), "cudaMallocAsync");
+  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(chunk * per_block), stream), "cudaMallocAsync");
   check(cudaMallocAsync(reinterpret_cast<void**>(&flags), 2 * sizeof(unsigned long long), stream), "cudaMallocAsync");
   check(cudaMemsetAsync(flags, 0xff, 2 * sizeof(unsigned long long), stream), "cudaMemsetAsync");
   switch (p.cand_dtype) {
-    case DType::F32: launch<DType::F32>(p, stream, rel, scratch, chunk, flags); break;
-    case DType::F16: launch<DType::F16>(p, stream, rel, scratch, chunk, flags); break;
-    case DType::BF16: launch<DType::BF16>(p, stream, rel, scratch, chunk, flags); break;
+    case DType::F32: launch<DType::F32>(p, stream, rel, scratch, chunk, warps, flags); break;
+    case DType::F16: launch<DType::F16>(p, stream, rel, scratch, chunk, warps, flags); break;
+    case DType::BF16: launch<DType::BF16>(p, stream, rel, scratch, chunk, warps, flags); break;
   }
   unsigned long long host_flags[2];
   check(cudaMemcpyAsync(host_flags, flags, sizeof host_flags, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");

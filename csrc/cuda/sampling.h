@@ -15,4 +15,8 @@ namespace rcn_fast::cuda {
 // once at the end to read the error flags, reported as on the CPU.
 SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream);
 
+// The kernel's version (2: issue 35's 16-byte loads and hardware float16
+// conversion); see kTopnKernelVersion.
+constexpr int kSamplingKernelVersion = 2;
+
 }  // namespace rcn_fast::cuda

@@ -1,6 +1,7 @@
-// Exact top-n maximum inner product search on CUDA.
+// Exact top-n maximum inner product search on CUDA: the launcher and the
+// tiled algorithm (version 1; the tensor-core scan is cuda/topn_mma.cu).
 //
-// The algorithm is the CPU one (cpu/topn.cpp): scan the corpus block by
+// The tiled algorithm is the CPU one (cpu/topn.cpp): scan the corpus block by
 // block, score each block against all queries with float32 accumulation,
 // and fold the block into every query's running top-k while it is hot. The
 // ordering (score desc, id asc; NaN/-inf never returned; (-inf, -1)
@@ -11,11 +12,13 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "common/dtypes.h"
 #include "common/topn_order.h"
 #include "cuda/runtime.h"
 #include "cuda/topn.h"
+#include "cuda/topn_mma.h"
 
 namespace rcn_fast::cuda {
 namespace {
@@ -244,9 +247,15 @@ void scores_for_chunk(const TopnProblem& p, int64_t row0, int64_t rows, float* o
 
 }  // namespace
 
-void topn_cuda(const TopnProblem& p, cudaStream_t stream) {
+void topn_cuda(const TopnProblem& p, cudaStream_t stream, TopnAlgorithm algorithm) {
   if (p.k < 1 || p.k > kTopnMaxK) throw std::invalid_argument("k: out of the CUDA kernel's range");
   if (p.Q == 0) return;
+  if (algorithm != TopnAlgorithm::Tiled) {
+    const char* why = topn_mma_unsupported(p);
+    if (why == nullptr) return topn_mma(p, stream);
+    if (algorithm == TopnAlgorithm::Mma)
+      throw std::invalid_argument(std::string("algorithm: the tensor-core scan cannot serve this call: ") + why);
+  }
   const int64_t total = p.Q * p.k;
   // running lists: (scores_out, ids_out) and a second buffer, swapped per chunk
   float* run_s[2] = {p.scores_out, nullptr};

@@ -1,9 +1,10 @@
 """Exact top-n maximum inner product search: the public op and its backends.
 
 Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
-``native`` (rcn_fast._C, CPU arrays), ``torch`` (blocked ``torch.mm`` +
-``topk``, any device), ``numpy`` (the reference, CPU). Pick one with
-``backend=`` or the ``RCN_FAST_BACKEND`` environment variable. For CUDA
+``native`` (rcn_fast._C, CPU arrays), ``torch`` (one float32-output GEMM
+and ``topk`` per chunk, any device: :mod:`rcn_fast.search.torch_backend`),
+``numpy`` (the reference, CPU). Pick one with ``backend=`` or the
+``RCN_FAST_BACKEND`` environment variable. For CUDA
 tensors the ``cuda`` kernel is picked only where it was measured at least as
 fast as torch (:mod:`rcn_fast._crossovers`); elsewhere torch serves.
 """
@@ -95,6 +96,7 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         "library": A.library(corpus),
         "device": A.device_of(corpus),
         "dtype": ct,
+        "query_dtype": qt,
         "Q": int(queries.shape[0]),
         "N": n_rows,
         "d": int(corpus.shape[1]),
@@ -204,15 +206,22 @@ def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _run_cuda(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+#: ``algorithm`` of rcn_fast._cuda.topn: the tensor-core scan where it can
+#: serve the call, else the tiled kernel; 1: the tiled kernel; 2: the scan.
+CUDA_AUTO, CUDA_TILED, CUDA_MMA = 0, 1, 2
+
+
+def _run_cuda(queries: Any, corpus: Any, k: int, algorithm: int = CUDA_AUTO) -> tuple[Any, Any]:
     mod, _ = _native.cuda_module()
     torch = A.require("torch", "pip install torch")
     queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
+    if algorithm == CUDA_AUTO and queries.dtype != corpus.dtype and not bool(torch.isfinite(queries).all()):
+        algorithm = CUDA_TILED  # the scan splits a float32 query into terms: finite rows only
     scores = torch.empty((queries.shape[0], k), dtype=torch.float32, device=corpus.device)
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
     stream = torch.cuda.current_stream(corpus.device).cuda_stream
     with torch.cuda.device(corpus.device):
-        mod.topn(queries, corpus, k, scores, ids, stream)
+        mod.topn(queries, corpus, k, scores, ids, stream, algorithm)
     return scores, ids
 
 
@@ -230,54 +239,10 @@ def _run_native(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     return scores, ids
 
 
-# score-matrix bytes per corpus chunk of the torch backend on a GPU (few,
-# large matmuls; on the CPU the native backend serves and chunks stay small)
-_TORCH_GPU_CHUNK_BYTES = 1 << 28
-
-
-def _torch_chunk(n_queries: int, device_type: str) -> int:
-    """Corpus rows per chunk of the torch backend: 65,536 on the CPU; on a
-    GPU as many as keep the float32 [Q, chunk] scores within 256 MiB."""
-    if device_type == "cpu":
-        return 1 << 16
-    return max(1 << 16, _TORCH_GPU_CHUNK_BYTES // (4 * max(1, n_queries)))
-
-
 def _run_torch(queries: Any, corpus: Any, k: int, chunk: int | None = None) -> tuple[Any, Any]:
-    import torch
+    from rcn_fast.search.torch_backend import topn_torch
 
-    q = queries.float()
-    n = corpus.shape[0] if queries.shape[0] else 0  # no queries: nothing to scan
-    if chunk is None:
-        chunk = _torch_chunk(q.shape[0], q.device.type)
-    best_s = torch.empty((q.shape[0], 0), dtype=torch.float32, device=q.device)
-    best_i = torch.empty((q.shape[0], 0), dtype=torch.int64, device=q.device)
-    for start in range(0, n, chunk):
-        block = corpus[start : start + chunk].float()
-        s = q @ block.T
-        s = torch.nan_to_num(s, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-        ids = torch.arange(start, start + block.shape[0], device=q.device).expand_as(s)
-        cs, ci = torch.cat([best_s, s], 1), torch.cat([best_i, ids], 1)
-        kk = min(k, cs.shape[1])
-        top = torch.topk(cs, kk, dim=1)
-        if int((cs >= top.values[:, -1:]).sum(1).max()) > kk:
-            # ties at the k-th score: ids decide, so sort the whole row; the
-            # candidates are in id order and the sort is stable
-            order = torch.sort(cs, dim=1, descending=True, stable=True).indices[:, :kk]
-        else:
-            # the top-k set is exact; order it by (score desc, id asc)
-            by_id = torch.sort(ci.gather(1, top.indices), dim=1, stable=True).indices
-            cand = top.indices.gather(1, by_id)
-            order = cand.gather(
-                1, torch.sort(cs.gather(1, cand), dim=1, descending=True, stable=True).indices
-            )
-        best_s, best_i = cs.gather(1, order), ci.gather(1, order)
-    out_s = torch.full((q.shape[0], k), float("-inf"), dtype=torch.float32, device=q.device)
-    out_i = torch.full((q.shape[0], k), -1, dtype=torch.int64, device=q.device)
-    keep = best_s > float("-inf")
-    out_s[:, : best_s.shape[1]] = torch.where(keep, best_s, out_s[:, : best_s.shape[1]])
-    out_i[:, : best_i.shape[1]] = torch.where(keep, best_i, out_i[:, : best_i.shape[1]])
-    return out_s, out_i
+    return topn_torch(queries, corpus, k, chunk=chunk)
 
 
 def _run_numpy(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
@@ -292,9 +257,9 @@ def _check_native(ctx: Mapping[str, Any]) -> str | None:
 
 TOPN = _dispatch.register_kernel_op(
     "topn",
-    cuda=(_check_cuda, _run_cuda, "fused CUDA scan (rcn_fast._cuda)"),
+    cuda=(_check_cuda, _run_cuda, "CUDA scan (rcn_fast._cuda): tensor-core scores with fused selection, else tiled"),
     native=(_check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
-    torch=(_run_torch, "blocked torch.mm + topk"),
+    torch=(_run_torch, "float32-output torch.mm + topk per chunk, ties fixed where they occur"),
     numpy=(_run_numpy, "plain numpy reference"),
 )
 

@@ -1,0 +1,182 @@
+"""One prepared device check (bench/gpu_check.sh runs this): build the
+extension for the GPU, run the GPU tests and the GPU benchmarks, record the
+figures in bench/gpu_results/<device>.json and print README's GPU tables.
+
+Made for one H100 or H200 in at most 6 minutes with only what a CUDA 13 /
+torch 2.11 image has (nothing is fetched). With the default results folder,
+the last step also updates README's GPU tables and the dispatcher's table
+(rcn_fast/_gpu_measurements.json) from the files, so the kernels measured
+faster become the default at once (python bench/gpu_table.py --write). Each step runs with its own
+timeout, never beyond what is left of the total budget; a step that fails or
+times out is reported and the next ones still run (the benchmarks record what
+they measured even when the tests failed). Exit status: 0 when every step
+that ran passed, 1 otherwise, 2 for bad arguments.
+
+    bench/gpu_check.sh [--quick] [--out DIR] [--skip-build] [--skip STEP] [--budget S]
+                       [--timeout STEP=S] [--arch 90] [--no-write] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STEP_NAMES = ("build", "tests", "bench", "embed", "tables")
+# seconds each step may take at most (the total budget caps them too)
+STEP_TIMEOUTS = {"build": 150, "tests": 90, "bench": 200, "embed": 60, "tables": 20}
+BENCH_FILES = ("bench/bench_topn.py", "bench/bench_sampling.py", "bench/bench_llm.py")
+BENCH_SELECT = "gpu or scoring_logits or scoring_hidden"
+EMBED_FILE = "bench/bench_embed.py"
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    timeout: float
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+        return value
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/gpu_check.sh", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller workloads (top-n N = 100,000; sampler B = 1,000) and fewer rounds")
+    ap.add_argument("--out", type=Path, default=HERE / "gpu_results",
+                    help="folder of the results file (default: bench/gpu_results)")
+    ap.add_argument("--skip", action="append", default=[], choices=STEP_NAMES, metavar="STEP",
+                    help=f"skip a step (repeatable): {', '.join(STEP_NAMES)}")
+    ap.add_argument("--skip-build", action="store_true", help="same as --skip build (reuse the installed build)")
+    ap.add_argument("--budget", type=positive(float), default=360.0,
+                    help="seconds for all steps together (default: 360)")
+    ap.add_argument("--timeout", action="append", default=[], metavar="STEP=SECONDS",
+                    help="override one step's timeout, e.g. --timeout bench=120")
+    ap.add_argument("--arch", default="90", help="CUDA architectures to build (CMake list, default: 90)")
+    ap.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 4, help="parallel build jobs")
+    ap.add_argument("--no-write", action="store_true",
+                    help="with the default --out, do not update README's GPU tables and "
+                         "rcn_fast/_gpu_measurements.json from the results (they are updated by default)")
+    ap.add_argument("--dry-run", action="store_true", help="print the steps and their timeouts, run nothing")
+    args = ap.parse_args(argv)
+    if args.skip_build:
+        args.skip.append("build")
+    timeouts = dict(STEP_TIMEOUTS)
+    for item in args.timeout:
+        name, sep, value = item.partition("=")
+        if not sep or name not in STEP_NAMES:
+            ap.error(f"--timeout: expected STEP=SECONDS with STEP in {', '.join(STEP_NAMES)}, got {item!r}")
+        try:
+            timeouts[name] = positive(float)(value)
+        except (ValueError, argparse.ArgumentTypeError):
+            ap.error(f"--timeout: expected a positive number of seconds, got {item!r}")
+    args.timeouts = timeouts
+    return args
+
+
+def plan(args: argparse.Namespace, python: str = sys.executable, embed_exists: bool | None = None) -> list[Step]:
+    """The steps to run, in order (those not skipped)."""
+    if embed_exists is None:
+        embed_exists = (REPO / EMBED_FILE).exists()
+    out = str(Path(args.out).resolve())
+    bench_env = {"RCN_FAST_GPU_RESULTS": out,
+                 "RCN_FAST_GPU_COMMAND": "bench/gpu_check.sh" + (" --quick" if args.quick else "")}
+    rounds = ["--benchmark-min-rounds=3", "--benchmark-max-time=0.25", "--benchmark-warmup=on",
+              "--benchmark-warmup-iterations=1"]
+    if args.quick:
+        bench_env.update({"RCN_FAST_BENCH_QUICK": "1", "RCN_FAST_BENCH_GPU_BS": "1000"})
+        rounds = ["--benchmark-min-rounds=2", "--benchmark-max-time=0.1", "--benchmark-warmup=on",
+                  "--benchmark-warmup-iterations=1"]
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    steps = [
+        Step("build", [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", ".",
+                       f"--config-settings=cmake.define.RCN_FAST_CUDA_ARCHITECTURES={args.arch}"],
+             args.timeouts["build"], {"RCN_FAST_CUDA": "ON", "CMAKE_BUILD_PARALLEL_LEVEL": str(args.jobs)}),
+        Step("tests", pytest + ["-m", "gpu", "tests"], args.timeouts["tests"]),
+        Step("bench", pytest + list(BENCH_FILES) + ["-k", BENCH_SELECT, "--benchmark-only",
+                                                    "--benchmark-columns=mean,min,rounds"] + rounds,
+             args.timeouts["bench"], bench_env),
+    ]
+    if embed_exists:
+        steps.append(Step("embed", pytest + [EMBED_FILE, "-k", "cuda", "--benchmark-only"] + rounds,
+                          args.timeouts["embed"], bench_env))
+    tables = [python, str(HERE / "gpu_table.py"), "--folder", out]
+    if Path(out) == (HERE / "gpu_results").resolve() and not args.no_write:
+        tables.append("--write")  # keep README's tables and the dispatcher's table equal to the files
+    steps.append(Step("tables", tables, args.timeouts["tables"]))
+    if not (REPO / "tests").is_dir():  # a checkout without the test suite: benchmarks only
+        steps = [s for s in steps if s.name != "tests"]
+    return [s for s in steps if s.name not in args.skip]
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str  # "passed", "failed (exit N)", "timed out after S s", "skipped: ..."
+    seconds: float
+
+
+def run_steps(steps: list[Step], budget: float, runner=subprocess.run, clock=time.monotonic,
+              log=print) -> list[Outcome]:
+    """Run the steps in order, each within min(its timeout, what is left of
+    the budget); steps that no longer fit (less than 5 s left) are skipped.
+    ``runner`` is :func:`subprocess.run`'s signature (tests pass a fake)."""
+    start = clock()
+    outcomes = []
+    for step in steps:
+        left = budget - (clock() - start)
+        if left < 5:
+            outcomes.append(Outcome(step.name, f"skipped: the {budget:g} s budget is spent", 0.0))
+            log(f"== {step.name}: skipped (budget spent)")
+            continue
+        limit = min(step.timeout, left)
+        log(f"== {step.name} (at most {limit:.0f} s): {shlex.join(step.argv)}")
+        t0 = clock()
+        try:
+            res = runner(step.argv, cwd=REPO, env={**os.environ, **step.env}, timeout=limit)
+            status = "passed" if res.returncode == 0 else f"failed (exit {res.returncode})"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {limit:.0f} s"
+        except OSError as exc:
+            status = f"failed ({exc})"
+        outcomes.append(Outcome(step.name, status, clock() - t0))
+        log(f"== {step.name}: {status} ({clock() - t0:.0f} s)")
+    return outcomes
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    return "\n".join(f"{o.name:<8} {o.status} ({o.seconds:.0f} s)" for o in outcomes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    steps = plan(args)
+    if args.dry_run:
+        for s in steps:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s.env.items())
+            print(f"{s.name} (timeout {s.timeout:g} s): {env + ' ' if env else ''}{shlex.join(s.argv)}")
+        print(f"budget: {args.budget:g} s")
+        return 0
+    outcomes = run_steps(steps, args.budget)
+    print("\n" + summary(outcomes))
+    return 0 if all(o.status == "passed" or o.status.startswith("skipped") for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

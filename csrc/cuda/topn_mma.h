@@ -1,0 +1,23 @@
+// Tensor-core top-n scan for float16/bfloat16 corpora (cuda/topn_mma.cu).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/problems.h"
+
+namespace rcn_fast::cuda {
+
+// Largest k of the tensor-core scan (its lists live in shared memory).
+constexpr int64_t kTopnMmaMaxK = 256;
+
+// Why the tensor-core scan cannot serve `p` on the current device (nullptr:
+// it can): float32 corpus, k > kTopnMmaMaxK, d % 8 != 0, corpus rows not
+// 16-byte aligned, compute capability below 8.0, ...
+const char* topn_mma_unsupported(const TopnProblem& p);
+
+// Enqueues the scan on `stream` (a query-split kernel, the scan, the merge);
+// scratch from cudaMallocAsync. Requires topn_mma_unsupported(p) == nullptr.
+void topn_mma(const TopnProblem& p, cudaStream_t stream);
+
+}  // namespace rcn_fast::cuda

@@ -1,0 +1,209 @@
+"""bench/gpu_check.sh (issue 35 item 4) without a GPU: its arguments, the
+steps it plans, the time budget, and the tables it prints from a results
+file (bench/gpu_table.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_rcn_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def gc():
+    return _load("gpu_check")
+
+
+@pytest.fixture(scope="module")
+def gt():
+    return _load("gpu_table")
+
+
+# ------------------------------------------------------------------ arguments and plan
+
+
+def test_defaults_plan_every_step_within_six_minutes(gc):
+    args = gc.parse_args([])
+    steps = gc.plan(args, python="py", embed_exists=False)
+    assert [s.name for s in steps] == ["build", "tests", "bench", "tables"]
+    assert args.budget <= 360 and not args.quick
+    build = steps[0]
+    assert build.env["RCN_FAST_CUDA"] == "ON" and "--no-build-isolation" in build.argv
+    assert "--config-settings=cmake.define.RCN_FAST_CUDA_ARCHITECTURES=90" in build.argv
+    assert steps[1].argv[-3:] == ["-m", "gpu", "tests"]
+    bench = steps[2]
+    assert {"bench/bench_topn.py", "bench/bench_sampling.py", "bench/bench_llm.py",
+            "--benchmark-only"} <= set(bench.argv)
+    assert bench.argv[bench.argv.index("-k") + 1] == "gpu or scoring_logits or scoring_hidden"
+    assert bench.env["RCN_FAST_GPU_RESULTS"] == str((BENCH / "gpu_results").resolve())
+    assert "RCN_FAST_BENCH_QUICK" not in bench.env
+    assert steps[3].argv[1].endswith("gpu_table.py") and steps[3].argv[-1] == "--write"
+    no_write = gc.plan(gc.parse_args(["--no-write"]), python="py", embed_exists=False)[-1]
+    assert "--write" not in no_write.argv
+
+
+def test_quick_out_skip_timeouts_and_the_embedding_step(gc, tmp_path):
+    args = gc.parse_args(["--quick", "--out", str(tmp_path), "--skip-build", "--skip", "tests",
+                          "--timeout", "bench=42", "--arch", "80;90", "--budget", "100"])
+    steps = gc.plan(args, python="py", embed_exists=True)
+    assert [s.name for s in steps] == ["bench", "embed", "tables"]
+    bench, embed, tables = steps
+    assert bench.timeout == 42 and bench.env["RCN_FAST_BENCH_QUICK"] == "1"
+    assert bench.env["RCN_FAST_BENCH_GPU_BS"] == "1000" and bench.env["RCN_FAST_GPU_RESULTS"] == str(tmp_path)
+    assert "--benchmark-min-rounds=2" in bench.argv
+    assert embed.argv[embed.argv.index("bench/bench_embed.py") + 1:][:2] == ["-k", "cuda"]
+    assert embed.env == bench.env
+    assert tables.argv[-2:] == ["--folder", str(tmp_path)]  # results elsewhere: printed, README untouched
+    build = gc.plan(gc.parse_args(["--arch", "80;90"]), python="py", embed_exists=False)[0]
+    assert "--config-settings=cmake.define.RCN_FAST_CUDA_ARCHITECTURES=80;90" in build.argv
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--timeout", "foo=3"], "STEP=SECONDS"),
+    (["--timeout", "bench"], "STEP=SECONDS"),
+    (["--timeout", "bench=-1"], "positive"),
+    (["--budget", "0"], "positive"),
+    (["--skip", "nothing"], "invalid choice"),
+    (["--jobs", "x"], "invalid"),
+])
+def test_bad_arguments_exit_2_with_the_reason(gc, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        gc.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_shell_script_runs_the_driver(tmp_path):
+    res = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "--dry-run", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": sys.executable})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0].startswith("build (timeout 150 s): RCN_FAST_CUDA=ON")
+    assert "budget: 360 s" in res.stdout
+    assert os.access(BENCH / "gpu_check.sh", os.X_OK)
+
+
+# ------------------------------------------------------------------ the budget
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_steps_share_the_budget_and_failures_do_not_stop_the_rest(gc):
+    clock = FakeClock()
+    calls = []
+
+    def runner(argv, cwd, env, timeout):
+        calls.append((argv[0], timeout, env.get("X")))
+        if argv[0] == "slow":
+            clock.t += timeout
+            raise subprocess.TimeoutExpired(argv, timeout)
+        clock.t += 10
+        return subprocess.CompletedProcess(argv, 3 if argv[0] == "bad" else 0)
+
+    steps = [gc.Step("a", ["ok"], 50, {"X": "1"}), gc.Step("b", ["bad"], 50), gc.Step("c", ["slow"], 500),
+             gc.Step("d", ["ok"], 50)]
+    out = gc.run_steps(steps, budget=100, runner=runner, clock=clock, log=lambda *_: None)
+    assert [o.status for o in out] == ["passed", "failed (exit 3)", "timed out after 80 s",
+                                       "skipped: the 100 s budget is spent"]
+    assert calls == [("ok", 50, "1"), ("bad", 50, None), ("slow", 80, None)]  # 'slow' capped by what was left
+    assert "timed out" in gc.summary(out)
+
+
+def test_main_exit_status(gc, monkeypatch, capsys):
+    monkeypatch.setattr(gc, "run_steps", lambda steps, budget: [gc.Outcome("build", "passed", 1.0),
+                                                                gc.Outcome("tests", "failed (exit 1)", 2.0)])
+    assert gc.main(["--budget", "10"]) == 1
+    monkeypatch.setattr(gc, "run_steps", lambda steps, budget: [gc.Outcome("build", "passed", 1.0),
+                                                                gc.Outcome("embed", "skipped: x", 0.0)])
+    assert gc.main([]) == 0
+    assert gc.main(["--dry-run"]) == 0 and "budget: 360 s" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the tables
+
+
+SAMPLE = {
+    "device": "Test GPU 9000", "updated": "2026-12-01", "unit": "ms (mean)",
+    "cuda_kernels": {"topn": 2, "sample_subsets": 2}, "command": "bench/gpu_check.sh",
+    "groups": {
+        "topn GPU N=1000000 Q=512 float16 queries=float16": {"dispatched": 7.5, "torch_backend": 7.4, "cuda": 2.0,
+                                                              "recipe": 7.2, "oneliner": 5.0},
+        "topn GPU N=1000000 Q=32 float16 queries=float16": {"dispatched": 1.0, "torch_backend": 1.0, "cuda": 0.5,
+                                                             "recipe": 0.9, "oneliner": 0.4},
+        "topn GPU N=1000000 Q=1 float32 queries=float32": {"dispatched": 0.9, "torch_backend": 0.9, "cuda": 1.2,
+                                                            "oneliner": 0.85},
+        "sample_subsets GPU B=10000 n=100 d=768 K=5 N=9 float16": {"cuda": 1.1, "torch_cuda": 75.0},
+        "llm label scoring GPU from logits B=256 V=128256": {"triton": 0.38, "torch full log_softmax+gather": 0.49},
+    },
+}
+
+
+def test_tables_from_a_results_file(gt, tmp_path):
+    (tmp_path / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
+    text = gt.tables(tmp_path)
+    assert text.startswith("Test GPU 9000, updated 2026-12-01 (`bench/gpu_results/test-gpu-9000.json`; ms (mean); "
+                           "CUDA kernels: sample_subsets v2, topn v2)")
+    lines = text.splitlines()
+    head = "| workload | dispatched | torch_backend | cuda | recipe | oneliner | fastest exact |"
+    assert head in lines
+    rows = [ln for ln in lines if ln.startswith("| topn")]
+    # numeric order of Q, the fastest exact implementation (never the half-precision one-liner)
+    assert rows == ["| topn N=1000000 Q=1 float32 queries=float32 | 0.9 | 0.9 | 1.2 | - | 0.85 | oneliner |",
+                    "| topn N=1000000 Q=32 float16 queries=float16 | 1 | 1 | 0.5 | 0.9 | 0.4 | cuda |",
+                    "| topn N=1000000 Q=512 float16 queries=float16 | 7.5 | 7.4 | 2 | 7.2 | 5 | cuda |"]
+    assert "| sample_subsets B=10000 n=100 d=768 K=5 N=9 float16 | 1.1 | 75 | cuda |" in lines
+    assert any(ln.startswith("| llm label scoring from logits B=256 V=128256 | 0.38 | 0.49 | triton |") for ln in lines)
+    # the command-line printer, for one device
+    res = subprocess.run([sys.executable, str(BENCH / "gpu_table.py"), "--folder", str(tmp_path),
+                          "--device", "Test GPU 9000"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == text.strip()
+    bad = subprocess.run([sys.executable, str(BENCH / "gpu_table.py"), "--folder", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--folder" in bad.stderr
+
+
+def test_crossover_rows_from_a_results_file(gt, tmp_path):
+    (tmp_path / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
+    rows = gt.crossover_rows(tmp_path)
+    by = {(r["op"], r["size"], r["dtype"]): r for r in rows}
+    assert set(by) == {("topn", 512, "float16"), ("topn", 32, "float16"), ("topn", 1, "float32"),
+                       ("sample_subsets", 10000, "float16")}
+    r = by[("topn", 512, "float16")]
+    assert (r["cuda_ms"], r["torch_ms"], r["peer"]) == (2.0, 7.4, "torch_backend")
+    assert (r["query_dtype"], r["kernel_version"]) == ("float16", 2)
+    assert r["shape"] == "N=1000000" and r["command"] == "bench/gpu_check.sh" and r["source"] == "test-gpu-9000.json"
+    assert by[("sample_subsets", 10000, "float16")]["peer"] == "torch_cuda"
+
+
+def test_write_updates_the_readme_block_and_the_measurements(gt, tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{gt.BEGIN}\nold\n{gt.END}\n\nafter\n")
+    meas = tmp_path / "m.json"
+    gt.write(tmp_path / "r", readme, meas)
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("\n\nafter\n") and gt.tables(tmp_path / "r") in text
+    assert json.loads(meas.read_text())["rows"] == gt.crossover_rows(tmp_path / "r")
+    readme.write_text("no markers")
+    with pytest.raises(SystemExit, match="markers"):
+        gt.write(tmp_path / "r", readme, meas)
