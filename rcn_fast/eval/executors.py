@@ -176,6 +176,9 @@ class LocalExecutor:
         self.components = Components(cfg, out, llm=llm if llm is not None else (
             None if isinstance(cfg.model, str) else cfg.model), encoder=encoder, retriever=retriever,
             kb_retriever=kb_retriever)
+        #: torch threads the questions ran with (None: none ran here); the process's own
+        #: setting is restored afterwards, so the reports read this one
+        self.threads_used: int | None = None
 
     def run(self, planned: Plan) -> None:
         """Answer every pending question of ``planned`` (a shard records what
@@ -196,6 +199,10 @@ class LocalExecutor:
                 torch.set_num_threads(n)
                 if why:
                     log(f"using {n} torch thread(s): {why}; set --threads to choose")
+        if todo and importlib.util.find_spec("torch") is not None:
+            import torch
+
+            self.threads_used = torch.get_num_threads()
         try:
             self._run(planned, todo)
         finally:

@@ -171,12 +171,15 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def device_info(cfg: Any) -> dict[str, Any]:
+def device_info(cfg: Any, torch_threads: int | None = None) -> dict[str, Any]:
+    """Where the run ran; ``torch_threads``: the threads its questions ran
+    with (the executor sets them for the run and restores the process's
+    own afterwards), else torch's current setting."""
     info: dict[str, Any] = {"requested": cfg.device, "platform": platform.platform(), "machine": platform.machine(),
                             "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
     torch = sys.modules.get("torch")
     if torch is not None:
-        info["torch_threads"] = torch.get_num_threads()
+        info["torch_threads"] = torch_threads if torch_threads is not None else torch.get_num_threads()
         try:
             info["cuda_available"] = bool(torch.cuda.is_available())
             if info["cuda_available"]:
@@ -271,7 +274,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
         "failures": failures,
         "versions": versions(),
         "build_info": _build_info(),
-        "device": device_info(cfg),
+        "device": device_info(cfg, getattr(state, "torch_threads", None)),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "total_time_s": time.time() - state.started,
         "output_path": str(out.resolve()),

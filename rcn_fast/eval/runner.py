@@ -54,6 +54,7 @@ class RunState:
     llm_identity: str | None = None
     started: float = 0.0
     corpora: dict[str, str] = field(default_factory=dict)
+    torch_threads: int | None = None  # the threads the questions ran with (None: none ran)
 
 
 def score_prediction(pred: Any, question: Any, task: TaskSpec) -> dict[str, float | None]:
@@ -130,7 +131,7 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     comps = local.components
     state = RunState(config=cfg, out=out, units=planned.units, tasks=planned.tasks, questions=planned.questions,
                      llm=comps._llm, llm_identity=getattr(comps._llm, "identity", None), started=started,
-                     corpora=comps.corpora)
+                     corpora=comps.corpora, torch_threads=local.threads_used)
     return reports.write_reports(state, print_table=print_table)
 
 
