@@ -7,6 +7,7 @@ hashes that key checkpoints; the checks that name a missing package.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import sys
@@ -159,6 +160,17 @@ class Components:
         self._retriever_given = retriever
         self._kb_retriever = kb_retriever
         self.corpora: dict[str, str] = {}
+
+    def provided(self) -> dict[str, Any]:
+        """The components given or already loaded (``llm``, ``encoder``,
+        ``retriever``, ``kb_retriever``; None: loaded when needed)."""
+        return {"llm": self._llm if self._llm is not None else self._llm_given, "encoder": self._encoder,
+                "retriever": self._retriever_given, "kb_retriever": self._kb_retriever}
+
+    def usage(self) -> Any:
+        """A copy of the LLM's running cost total (None before it is loaded)."""
+        cost = getattr(self._llm, "cost", None)
+        return None if cost is None else dataclasses.replace(cost.total)
 
     # -- LLM
     @property
