@@ -326,7 +326,7 @@ def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path,
                          output_path=str(out), progress=progress, device="cpu")
         capfd.readouterr()
         assert Components(cfg, out).encoder() is not None
-        assert paper_run._load_llm_once(cfg, [SimpleNamespace(pipeline="vanilla")]) is not None
+        assert paper_run._shared_loader(cfg, None, None, [SimpleNamespace(pipeline="vanilla")]).llm_loaded
         err = capfd.readouterr().err
         if progress:  # the bars a load draws with progress on
             assert "Loading weights" in err and "de-quantizing" in err, err
