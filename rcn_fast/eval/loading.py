@@ -253,9 +253,12 @@ class Components:
             enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
             if enc is None:
                 _require_eval_deps()
+            from rcn_fast.eval.progress import quiet_loading
+
             try:
-                r = Retriever.load(p, encoder=enc, device=None if enc is not None else
-                                   (None if self.cfg.device == "auto" else self.cfg.device))
+                with quiet_loading(not self.cfg.progress):  # --no-progress: the store's encoder loads quietly too
+                    r = Retriever.load(p, encoder=enc, device=None if enc is not None else
+                                       (None if self.cfg.device == "auto" else self.cfg.device))
             except Exception as exc:
                 raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
             self.corpora[corpus] = str(p)
