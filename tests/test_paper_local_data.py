@@ -286,7 +286,7 @@ def test_table9_from_local_files_offline_end_to_end(tmp_path, monkeypatch, capsy
         assert (out / results).is_file() and f"| [RECONNECT (N=5)]({results}) |" in md
         assert "ZEBRA" not in [r for r in rows if rows[r].get("run")]
         assert any("max_new_tokens 3" in d for d in doc["differences"])
-        assert any(d.startswith("--limit 2: 2-2 questions per task") for d in doc["differences"])
+        assert any(d.startswith("--limit 2: 2 questions per task") for d in doc["differences"])
         assert doc["settings"]["encoder"]["name"] == "bert" and doc["model_name"] == "llama"
         assert (out / "paper_table9.png").stat().st_size > 0
         assert main(argv) == 0  # resumed: every row from its checkpoints

@@ -109,7 +109,8 @@ class PaperReport:
                        + (f"; stores: {s['paper_corpus']}" if s.get("paper_corpus") else ""))
         counts = [i.get("questions") for i in self.tasks.values() if i.get("questions") is not None]
         if s.get("limit") is not None:
-            out.append(f"--limit {s['limit']}: {min(counts, default=0)}-{max(counts, default=0)} questions per task "
+            lo, hi = min(counts, default=0), max(counts, default=0)
+            out.append(f"--limit {s['limit']}: {lo if lo == hi else f'{lo}-{hi}'} questions per task "
                        "(the paper: each task's whole set; see Tasks)")
         if list(self.seeds) != [0, 1, 2]:
             out.append(f"seeds {self.seeds} (the paper averages three seeds, App. A.1)")
