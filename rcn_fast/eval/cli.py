@@ -6,7 +6,8 @@ all-MiniLM-L6-v2 on CPU) and prints the table. User mistakes (unknown
 names, missing files, malformed lines, models that cannot load) print one
 message and exit with status 2 (a model server that cannot serve the run
 too, checked before the first question); a run in which every question
-failed exits with 3; Ctrl-C exits with 130 and keeps every finished
+failed exits with 3, as does a ``--paper`` table in which no cell was
+measured; Ctrl-C exits with 130 and keeps every finished
 question (the same command resumes).
 """
 

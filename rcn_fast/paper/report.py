@@ -22,6 +22,8 @@ from typing import Any
 from rcn_fast.paper.presets import Preset, column_tasks
 
 REPORT_FORMAT = "rcn_fast.paper.report/1"
+#: Every pipeline's generation cap unless set (:class:`rcn_fast.pipelines.config.PipelineConfig`).
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 @dataclass
@@ -116,11 +118,11 @@ class PaperReport:
             out.append(f"seeds {self.seeds} (the paper averages three seeds, App. A.1)")
         tokens = sorted({int(r["config"]["max_new_tokens"]) for r in self.runs.values()
                          if isinstance(r.get("config"), dict) and r["config"].get("max_new_tokens") is not None})
-        if tokens:
+        if tokens and (p.kind == "cost" or tokens != [DEFAULT_MAX_NEW_TOKENS]):
             cap = f"max_new_tokens {', '.join(map(str, tokens))}"
-            why = (" (rcn_fast's default 256, the reference code's 196): every generation stops there, so "
-                   "#Tokens counts at most that many per generation" if p.kind == "cost" else
-                   " (rcn_fast's default 256, the reference code's 196)")
+            why = (f" (rcn_fast's default {DEFAULT_MAX_NEW_TOKENS}, the reference code's 196): every generation "
+                   "stops there, so #Tokens counts at most that many per generation" if p.kind == "cost" else
+                   f" (rcn_fast's default {DEFAULT_MAX_NEW_TOKENS}, the reference code's 196)")
             out.append(cap + why)
         given = s.get("pipeline_args") or {}
         if given:
