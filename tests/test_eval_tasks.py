@@ -690,3 +690,25 @@ def test_cli_names_the_hub_source_it_cannot_reach(tmp_path, monkeypatch, capsys)
     code, _, err = _cli(["--tasks", "piqa", "--pipelines", "vanilla", "--model", str(tmp_path / "m"),
                          "--output-path", str(tmp_path / "out"), "--no-progress"], capsys)
     assert code == 2 and "task 'piqa': cannot load hf:ybisk/piqa@refs/convert/parquet: ConnectionError" in err
+
+
+def test_relative_local_is_relative_to_the_yaml_that_writes_it(tmp_path, monkeypatch):
+    """Issue 37: a task YAML's relative ``local:`` is read from the YAML's own folder, an
+    ``include:``d file's from that file's folder (not the including file's, not the package,
+    not the working directory)."""
+    from rcn_fast.eval import load_task_questions
+
+    common = tmp_path / "common"
+    common.mkdir()
+    (common / "qs.jsonl").write_text(json.dumps({"id": "a", "question": {"stem": "Why?", "choices": [
+        {"label": "A", "text": "x"}, {"label": "B", "text": "y"}]}, "answerKey": "A"}) + "\n", encoding="utf-8")
+    (common / "base.yaml").write_text("kind: multiple_choice\nlocal: qs.jsonl\n", encoding="utf-8")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "t.yaml").write_text("name: t\ninclude: ../common/base.yaml\n", encoding="utf-8")
+    (mine / "u.yaml").write_text("name: u\nlocal: ../common/qs.jsonl\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "common")  # the working directory plays no part
+    for name in ("t", "u"):
+        spec = resolve_task(name, include_paths=[str(mine)])
+        assert spec.local == str((common / "qs.jsonl").resolve())
+        assert [q.id for q in load_task_questions(spec)] == ["a"]

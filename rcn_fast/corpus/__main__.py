@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from rcn_fast.retrieval.build import BuildConfig, build_corpus, merge_shards
+    from rcn_fast.retrieval.conventions import EmptyInputError
     from rcn_fast.retrieval.store import CorpusStore
 
     try:
@@ -147,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "verify":
             CorpusStore.open(args.dir, verify=True)
             print(f"{args.dir}: all files match the manifest")
+    except EmptyInputError as exc:  # say how the file came to be empty when assemble wrote it
+        from rcn_fast.corpus.assemble import explain_empty
+
+        why = explain_empty(exc.path)
+        print(f"error: {EmptyInputError(exc.path, why) if why else exc}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, ImportError) as exc:  # OSError: FileNotFoundError, PermissionError, ...
         print(f"error: {exc}", file=sys.stderr)
         return 2

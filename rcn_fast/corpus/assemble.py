@@ -32,6 +32,13 @@ into one JSON-lines statements file that ``corpus build`` embeds::
   from it and reads on from there. A finished run is not redone; other
   arguments than those of the interrupted run are refused (``overwrite=True``
   starts over).
+* **Empty sources.** A source that holds no record, or records without a
+  text in the field searched (:data:`rcn_fast.corpus.sources.STATEMENT_FIELDS`,
+  or ``text_field``), is a warning naming the fields its records have and
+  ``--text-field``; when no source gave a single document the run is a
+  :class:`ValueError` with those warnings (``corpus assemble`` exits 2), and
+  its state is discarded, so the next run (say, with ``--text-field``) starts
+  over without ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from rcn_fast.corpus.leakage import LeakChecker, LeakReport, normalise_text
-from rcn_fast.corpus.sources import SourceSpec, describe_location, is_excluded, iter_source
+from rcn_fast.corpus.sources import SourceSpec, SourceStats, describe_location, is_excluded, iter_source
 
 log = logging.getLogger("rcn_fast.corpus.assemble")
 STATE_FORMAT = "rcn_fast.corpus.assemble/1"
@@ -208,6 +215,9 @@ def assemble_corpus(cfg: AssembleConfig, tasks: Mapping[str, Sequence[Any]] | No
     report = LeakReport()
     _restore_report(report, state.get("leaks"))
     position = dict(state.get("position", {}))  # source name -> documents of it consumed
+    saved = state.get("sources", {})  # what finished sources held; the others are read (and counted) again
+    stats = {s.name: SourceStats.from_dict(saved.get(s.name)) if position.get(s.name) == -1 else SourceStats()
+             for s in specs}
 
     bar = None
     if show_progress:
@@ -224,7 +234,7 @@ def assemble_corpus(cfg: AssembleConfig, tasks: Mapping[str, Sequence[Any]] | No
             if skip < 0:  # finished source
                 continue
             consumed = 0
-            for doc in iter_source(spec, text_field=cfg.text_field, exclude=exclude):
+            for doc in iter_source(spec, text_field=cfg.text_field, exclude=exclude, stats=stats[spec.name]):
                 consumed += 1
                 if consumed <= skip:
                     continue
@@ -247,15 +257,23 @@ def assemble_corpus(cfg: AssembleConfig, tasks: Mapping[str, Sequence[Any]] | No
                 if bar is not None:
                     bar.update(1)
                 if since_commit >= cfg.chunk_size:
-                    _commit(fh, state_file, fingerprint, documents, position, counters, report, done=False)
+                    _commit(fh, state_file, fingerprint, documents, position, counters, report, stats, done=False)
                     since_commit = 0
             position[spec.name] = -1
-            _commit(fh, state_file, fingerprint, documents, position, counters, report, done=False)
-        _commit(fh, state_file, fingerprint, documents, position, counters, report, done=True)
+            why = stats[spec.name].explain(spec.name, spec.location, cfg.text_field)
+            if why:
+                log.warning(why)
+            _commit(fh, state_file, fingerprint, documents, position, counters, report, stats, done=False)
+        _commit(fh, state_file, fingerprint, documents, position, counters, report, stats, done=True)
     finally:
         fh.close()
         if bar is not None:
             bar.close()
+    if not sum(counters["read"].values()):
+        whys = [stats[s.name].explain(s.name, s.location, cfg.text_field) for s in specs
+                if not is_excluded(s.name, exclude)]
+        raise ValueError("no document was read from any source, so nothing was written to "
+                         f"{out}:\n  " + "\n  ".join(w for w in whys if w))
     leaks = report.to_dict() if checker is not None else None
     if leaks is not None:
         _write_json_atomic(out.with_name(out.name + ".leaks.json"), leaks)
@@ -269,11 +287,12 @@ def assemble_corpus(cfg: AssembleConfig, tasks: Mapping[str, Sequence[Any]] | No
 
 
 def _commit(fh: Any, state_file: Path, fingerprint: dict[str, Any], documents: int, position: dict[str, int],
-            counters: dict[str, Counter], report: LeakReport, *, done: bool) -> None:
+            counters: dict[str, Counter], report: LeakReport, stats: dict[str, SourceStats], *, done: bool) -> None:
     fh.flush()
     os.fsync(fh.fileno())
     state = {"format": STATE_FORMAT, "fingerprint": fingerprint, "bytes": fh.tell(), "documents": documents,
              "position": position, "done": done, "leaks": _dump_report(report),
+             "sources": {name: st.to_dict() for name, st in stats.items()},
              **{k: dict(v) for k, v in counters.items()}}
     _write_json_atomic(state_file, state)
 
@@ -309,6 +328,11 @@ def _load_state(state_file: Path, fingerprint: dict[str, Any], overwrite: bool, 
 
     state = read_stamped_json(state_file, STATE_FORMAT, what="an assemble state", arg="--out",
                               fix="; rerun with --overwrite to start over")
+    if state.get("done") and not sum((state.get("read") or {}).values()):
+        log.info("%s: the last run read no document; starting over", out)  # nothing to keep, nothing to resume
+        for p in (state_file, out):
+            p.unlink(missing_ok=True)
+        return {}
     if state.get("fingerprint") != json.loads(json.dumps(fingerprint)):
         raise ValueError(f"--out: {out} was assembled (or partly) with other sources, options or tasks; "
                          f"rerun with the same arguments to resume, or pass --overwrite to start over")
@@ -332,6 +356,28 @@ def _result_from_state(out: Path, state: dict[str, Any], seconds: float) -> Asse
     return AssembleResult(str(out), int(state["documents"]), Counter(state.get("read", {})),
                           Counter(state.get("written", {})), Counter(state.get("duplicates", {})),
                           Counter(state.get("leaks_dropped", {})), leaks, seconds)
+
+
+def explain_empty(path: str | os.PathLike[str]) -> str | None:
+    """Why the statements file ``path`` is empty, when ``assemble`` wrote it
+    (its state file ``<path>.assemble.json`` says what each source held);
+    None otherwise."""
+    out = Path(path)
+    state_file = _state_path(out)
+    if not state_file.is_file():
+        return None
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        fp = state["fingerprint"]
+        sources = {s["name"]: s.get("location", s["name"]) for s in fp["sources"]}
+        whys = [SourceStats.from_dict(st).explain(name, sources.get(name, name), fp.get("text_field"))
+                for name, st in (state.get("sources") or {}).items()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    whys = [w for w in whys if w]
+    return ("it was written by `python -m rcn_fast.corpus assemble`, which read no document"
+            + (":\n  " + "\n  ".join(whys) if whys else "")
+            + "\nRerun assemble with what its sources hold (e.g. --text-field FIELD), then build again")
 
 
 def iter_statements(path: str | os.PathLike[str], text_field: str = "text") -> Iterator[tuple[str, str, str]]:

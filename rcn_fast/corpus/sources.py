@@ -16,7 +16,12 @@ Each source is named by the user (``NAME=LOCATION``) and read as a stream of
   ZEBRA-KB explanation records (``id``, ``positives``: the explanations, and
   ``explanation`` in the ECQA configs) give one document per explanation;
   statement records give their ``text`` / ``contents`` / ``statement`` /
-  ``fact`` field (or the field the user names).
+  ``fact`` field, else OpenBookQA's ``fact1`` (the commonsense layout's
+  training facts), or the field the user names.
+
+What a source held is counted in a :class:`SourceStats` (records read,
+records without a text and their fields), so a source that yields no
+document can say which fields it saw and suggest ``--text-field``.
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ import csv
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Fields read as one statement per record, in this order, when no text field is named.
-STATEMENT_FIELDS = ("text", "contents", "statement", "fact")
+#: Fields read as one statement per record, in this order, when no text field is named
+#: (``fact1``: OpenBookQA's records in the commonsense layout, one science fact each).
+STATEMENT_FIELDS = ("text", "contents", "statement", "fact", "fact1")
+#: Records without a text whose field names :class:`SourceStats` keeps.
+FIELD_SAMPLE = 1000
 #: File suffixes a source folder is scanned for.
 FOLDER_SUFFIXES = (".tsv", ".jsonl", ".parquet")
 
@@ -53,6 +62,50 @@ class SourceSpec:
         if not name or not location or "/" in name or name in {".", ".."}:
             raise ValueError(f"--source: expected NAME=PATH_OR_HUB_ID with a plain NAME (no '/'), got {spec!r}")
         return cls(name, location)
+
+
+@dataclass
+class SourceStats:
+    """What reading one source saw: ``records`` read (JSON/Parquet records,
+    TSV rows), ``without_text`` of them that gave no document (no text in
+    the field read) and ``fields``, the field names of the first
+    :data:`FIELD_SAMPLE` such records with how many had each."""
+
+    records: int = 0
+    without_text: int = 0
+    fields: Counter = field(default_factory=Counter)
+
+    def count(self, rec: Any, texts: int) -> None:
+        """One record read that gave ``texts`` documents."""
+        self.records += 1
+        if texts:
+            return
+        self.without_text += 1
+        if isinstance(rec, dict) and self.without_text <= FIELD_SAMPLE:
+            self.fields.update(str(k) for k in rec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"records": self.records, "without_text": self.without_text, "fields": dict(self.fields)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SourceStats:
+        d = d if isinstance(d, dict) else {}
+        return cls(int(d.get("records", 0)), int(d.get("without_text", 0)), Counter(d.get("fields") or {}))
+
+    def explain(self, name: str, location: str, text_field: str | None) -> str | None:
+        """The warning for a source without records, or with records that
+        gave no document (None when every record gave one)."""
+        if not self.records:
+            return f"--source {name} ({location}): holds no record"
+        if not self.without_text:
+            return None
+        searched = (f"the field {text_field!r}" if text_field else
+                    f"ZEBRA-KB's positives/explanation or one of the fields {', '.join(STATEMENT_FIELDS)}")
+        seen = ", ".join(f for f, _ in self.fields.most_common(20)) or "none (not JSON objects with fields)"
+        what = ("no record" if self.without_text == self.records
+                else f"{self.without_text:,} of its {self.records:,} records")
+        return (f"--source {name} ({location}): {what} held a text in {searched}; the fields of those records: {seen}. Name the field that holds the statement "
+                "with --text-field FIELD")
 
 
 @dataclass(frozen=True)
@@ -103,16 +156,18 @@ def _texts_of(value: Any) -> list[tuple[str, str]]:
 
 
 def iter_source(spec: SourceSpec, *, text_field: str | None = None,
-                exclude: frozenset[str] = frozenset()) -> Iterator[SourceDocument]:
+                exclude: frozenset[str] = frozenset(), stats: SourceStats | None = None) -> Iterator[SourceDocument]:
     """Stream the documents of one source (see the module docstring for the layouts).
 
     Files (of a folder) whose label has a path component in ``exclude`` are
-    not read at all.
+    not read at all. ``stats``, when given, counts the records read and
+    those without a text (:class:`SourceStats`).
     """
     loc = spec.location
+    stats = stats if stats is not None else SourceStats()
     if loc.startswith("hub:"):
         for row, where, rec in iter_records(loc, what=f"--source {spec.name}"):
-            yield from _docs_of(rec, spec.name, str(row), text_field, where)
+            yield from _docs_of(rec, spec.name, str(row), text_field, where, stats)
         return
     path = Path(loc)
     if path.is_dir():
@@ -123,11 +178,11 @@ def iter_source(spec: SourceSpec, *, text_field: str | None = None,
             label = f"{spec.name}/{f.relative_to(path).with_suffix('').as_posix()}"
             if is_excluded(label, exclude):
                 continue
-            yield from _iter_file(f, label, text_field)
+            yield from _iter_file(f, label, text_field, stats)
         return
     if not path.is_file():
         raise FileNotFoundError(f"--source {spec.name}: {loc} is neither a file, a folder nor hub:OWNER/NAME")
-    yield from _iter_file(path, spec.name, text_field)
+    yield from _iter_file(path, spec.name, text_field, stats)
 
 
 def is_excluded(label: str, exclude: frozenset[str]) -> bool:
@@ -135,18 +190,18 @@ def is_excluded(label: str, exclude: frozenset[str]) -> bool:
     return bool(exclude) and any(part in exclude for part in label.split("/"))
 
 
-def _iter_file(path: Path, label: str, text_field: str | None) -> Iterator[SourceDocument]:
+def _iter_file(path: Path, label: str, text_field: str | None, stats: SourceStats) -> Iterator[SourceDocument]:
     suffix = path.suffix.lower()
     if suffix == ".tsv":
-        yield from _iter_tsv(path, label)
+        yield from _iter_tsv(path, label, stats)
     elif suffix in (".parquet", ".jsonl", ".json"):
         for row, where, rec in iter_records(path, what=f"--source {label}"):
-            yield from _docs_of(rec, label, str(row), text_field, where)
+            yield from _docs_of(rec, label, str(row), text_field, where, stats)
     else:
         raise ValueError(f"--source {label}: unsupported file type {path.name} (expected .tsv, .jsonl, .json or .parquet)")
 
 
-def _iter_tsv(path: Path, label: str) -> Iterator[SourceDocument]:
+def _iter_tsv(path: Path, label: str, stats: SourceStats) -> Iterator[SourceDocument]:
     """DPR-style rows ``id<TAB>text<TAB>title``; a header row starting with ``id`` names the columns
     (its ``text`` column is read, else the second)."""
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -163,6 +218,7 @@ def _iter_tsv(path: Path, label: str) -> Iterator[SourceDocument]:
             if len(row) <= text_col:
                 raise ValueError(f"{path}:{row_no}: expected id<TAB>text[<TAB>title], got {len(row)} column(s)")
             text = row[text_col].strip()
+            stats.count(None, 1 if text else 0)
             if text:
                 yield SourceDocument(label, row[0].strip(), text)
 
@@ -234,11 +290,13 @@ def _iter_hub_records(ident: str, what: str) -> Iterator[tuple[int, str, Any]]:
         yield row, f"hub:{ident}[{row}]", rec
 
 
-def _docs_of(rec: Any, label: str, row: str, text_field: str | None, where: str) -> Iterator[SourceDocument]:
+def _docs_of(rec: Any, label: str, row: str, text_field: str | None, where: str,
+             stats: SourceStats) -> Iterator[SourceDocument]:
     try:
         texts = record_texts(rec, text_field)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    stats.count(rec, len(texts))
     rid = rec.get("id") if isinstance(rec, dict) else None
     base = str(rid) if rid is not None and str(rid) else row
     for suffix, text in texts:

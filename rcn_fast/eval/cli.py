@@ -6,7 +6,8 @@ all-MiniLM-L6-v2 on CPU) and prints the table. User mistakes (unknown
 names, missing files, malformed lines, models that cannot load) print one
 message and exit with status 2 (a model server that cannot serve the run
 too, checked before the first question); a run in which every question
-failed exits with 3; Ctrl-C exits with 130 and keeps every finished
+failed exits with 3, as does a ``--paper`` table in which no cell was
+measured; Ctrl-C exits with 130 and keeps every finished
 question (the same command resumes).
 """
 
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
       "warns only, and is cached per corpus)")
     a("--paper", metavar="TABLE", help="run a table of the ReConnect paper (table1, table2, table3, table6, "
       "table7, table9, table10) with --model/--corpus/--kb/--encoder and write paper_<table>.md/.json/.png "
-      "beside the paper's numbers (seeds 0 1 2 unless --seeds)")
+      "beside the paper's numbers (seeds 0 1 2 unless --seeds); --tasks NAME=FILE, NAME=DIR or DIR (a folder "
+      "of <task>/<task>-<split>.jsonl) give the table's tasks local files")
     a("--paper-corpus", nargs="+", metavar="NAME=STORE", help="id=DIR ood=DIR: the in-domain store (RACo "
       "without CBD) for the ID tasks and the full store for the OOD tasks; Table 6: a store per retriever row "
       "(raco=DIR dpr=DIR zebra=DIR)")
@@ -256,16 +258,24 @@ def _list_pipelines() -> None:
 
 
 def _run_paper(ns: argparse.Namespace, cfg: EvalConfig) -> int:
-    """``--paper TABLE``: every row of the table (see :mod:`rcn_fast.paper`); prints the report."""
+    """``--paper TABLE``: every row of the table (see :mod:`rcn_fast.paper`); prints the report.
+    ``--tasks`` (or a ``--config`` file's tasks) give the table's tasks local data; a table in
+    which no cell was measured exits 3, as a run in which every question failed."""
+    from rcn_fast.eval.config import DEFAULT_TASKS
     from rcn_fast.paper.run import run_preset
 
     corpora = {k: str(v) for k, v in parse_kv(ns.paper_corpus, "--paper-corpus").items()}
+    tasks = ns.tasks or (cfg.tasks if cfg.tasks != list(DEFAULT_TASKS) else None)
     try:
-        report, files = run_preset(ns.paper, cfg, corpora=corpora, seeds=ns.seeds)
+        report, files = run_preset(ns.paper, cfg, corpora=corpora, seeds=ns.seeds, tasks=tasks)
     except ValueError as exc:
         raise EvalError(str(exc)) from None
     print(report.markdown())
     print(f"rcn_fast.eval: wrote {', '.join(files.values())}", file=sys.stderr)
+    if not report.measured_any:
+        print(f"rcn_fast.eval: error: no cell of {report.preset.name} was measured (every row or task failed or "
+              f"could not run: see the reasons under the table in {files['markdown']})", file=sys.stderr)
+        return EXIT_ALL_FAILED
     return 0
 
 

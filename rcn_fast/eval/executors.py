@@ -132,7 +132,7 @@ def _answer(pipe: Any, chunk: list[Any], cfg: EvalConfig, unit: Unit, cache_erro
     except Exception as exc:
         if cfg.strict:
             raise
-        log(f"{unit.task.name} | {unit.pipeline}: a batch failed ({type(exc).__name__}: {exc}); "
+        log(f"{unit.task.name} | {unit.display}: a batch failed ({type(exc).__name__}: {exc}); "
             f"retrying its questions one at a time")
     preds: list[Any] = []
     errors: list[str | None] = []
@@ -167,15 +167,25 @@ class LocalExecutor:
         Already-built components (see :func:`rcn_fast.eval.evaluate`).
     on_batch : callable, optional
         Called as ``on_batch(unit, n)`` after each checkpointed batch.
+    components : Components, optional
+        The loader of an earlier run with the same model, encoder and output
+        settings, whose loaded models are used (the ``--paper`` runner
+        shares one across a table's rows); ``llm`` ... are then ignored.
     """
 
     def __init__(self, cfg: EvalConfig, out: Path, *, llm: Any = None, encoder: Any = None, retriever: Any = None,
-                 kb_retriever: Any = None, on_batch: Callable[[Unit, int], None] | None = None) -> None:
+                 kb_retriever: Any = None, on_batch: Callable[[Unit, int], None] | None = None,
+                 components: Components | None = None) -> None:
         self.cfg, self.out, self.on_batch = cfg, out, on_batch
         self.given = {"llm": llm, "encoder": encoder, "retriever": retriever, "kb_retriever": kb_retriever}
-        self.components = Components(cfg, out, llm=llm if llm is not None else (
-            None if isinstance(cfg.model, str) else cfg.model), encoder=encoder, retriever=retriever,
-            kb_retriever=kb_retriever)
+        if components is not None:
+            self.given = components.provided()
+        self.components = components if components is not None else Components(
+            cfg, out, llm=llm if llm is not None else (None if isinstance(cfg.model, str) else cfg.model),
+            encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
+        #: torch threads the questions ran with (None: none ran here); the process's own
+        #: setting is restored afterwards, so the reports read this one
+        self.threads_used: int | None = None
 
     def run(self, planned: Plan) -> None:
         """Answer every pending question of ``planned`` (a shard records what
@@ -196,6 +206,10 @@ class LocalExecutor:
                 torch.set_num_threads(n)
                 if why:
                     log(f"using {n} torch thread(s): {why}; set --threads to choose")
+        if todo and importlib.util.find_spec("torch") is not None:
+            import torch
+
+            self.threads_used = torch.get_num_threads()
         try:
             self._run(planned, todo)
         finally:
@@ -216,7 +230,7 @@ class LocalExecutor:
         for spec in planned.tasks:
             for u in [u for u in units if u.task.name == spec.name and u.pending]:
                 if len(u.pending) < len(u.questions):
-                    log(f"{spec.name} | {u.pipeline} | seed {u.seed}: resuming, "
+                    log(f"{spec.name} | {u.display} | seed {u.seed}: resuming, "
                         f"{len(u.questions) - len(u.pending)} of {len(u.questions)} questions already done")
                 run_unit(u, self.components, cfg, on_batch=self.on_batch)
             if not cfg.sharded:

@@ -7,6 +7,7 @@ hashes that key checkpoints; the checks that name a missing package.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import sys
@@ -160,6 +161,17 @@ class Components:
         self._kb_retriever = kb_retriever
         self.corpora: dict[str, str] = {}
 
+    def provided(self) -> dict[str, Any]:
+        """The components given or already loaded (``llm``, ``encoder``,
+        ``retriever``, ``kb_retriever``; None: loaded when needed)."""
+        return {"llm": self._llm if self._llm is not None else self._llm_given, "encoder": self._encoder,
+                "retriever": self._retriever_given, "kb_retriever": self._kb_retriever}
+
+    def usage(self) -> Any:
+        """A copy of the LLM's running cost total (None before it is loaded)."""
+        cost = getattr(self._llm, "cost", None)
+        return None if cost is None else dataclasses.replace(cost.total)
+
     # -- LLM
     @property
     def llm_loaded(self) -> bool:
@@ -241,9 +253,12 @@ class Components:
             enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
             if enc is None:
                 _require_eval_deps()
+            from rcn_fast.eval.progress import quiet_loading
+
             try:
-                r = Retriever.load(p, encoder=enc, device=None if enc is not None else
-                                   (None if self.cfg.device == "auto" else self.cfg.device))
+                with quiet_loading(not self.cfg.progress):  # --no-progress: the store's encoder loads quietly too
+                    r = Retriever.load(p, encoder=enc, device=None if enc is not None else
+                                       (None if self.cfg.device == "auto" else self.cfg.device))
             except Exception as exc:
                 raise EvalError(f"corpus: cannot open {p}: {type(exc).__name__}: {exc}") from None
             self.corpora[corpus] = str(p)

@@ -38,6 +38,7 @@ from rcn_fast.eval.pipeline_needs import (
 )
 from rcn_fast.eval.scoring import Task, make_task
 from rcn_fast.eval.shards import shard_of
+from rcn_fast.eval.task_sources import LOCAL_DATA_HINT, hub_access, needs_hub
 from rcn_fast.eval.tasks import TaskError, TaskSpec, resolve_task, spec_key, task_corpus
 
 
@@ -77,8 +78,9 @@ class Unit:
 
     ``corpus`` is the corpus its pipeline retrieves from (None: none is
     used), ``kb`` the example KB file, ``scorer`` the task object that
-    scores its predictions, ``entry`` the ``--tasks`` entry as given; ``questions`` carry the gold answers (the
-    executor hands the pipeline :meth:`Task.unlabeled` copies).
+    scores its predictions, ``entry`` the ``--tasks`` entry as given, ``label`` its name in progress lines
+    (:attr:`display`); ``questions`` carry the gold answers (the executor hands the pipeline
+    :meth:`Task.unlabeled` copies).
     """
 
     task: TaskSpec
@@ -95,6 +97,12 @@ class Unit:
     kb: str | None = None
     scorer: Task | None = None
     entry: str = ""
+    label: str = ""  # what progress lines call the run (a --paper row: "RECONNECT (N=5)"); "" = the pipeline
+
+    @property
+    def display(self) -> str:
+        """The run's name in progress lines: its ``label``, else its pipeline."""
+        return self.label or self.pipeline
 
     def reopen(self) -> None:
         """Read the checkpoint again (after other processes appended to it:
@@ -177,13 +185,17 @@ def plan(cfg: EvalConfig, out: Path) -> Plan:
                 raise EvalError(f"pipeline {p!r} answers multiple-choice questions only; task {spec.name!r} is "
                                 f"open-domain (pipelines that answer open questions: {', '.join(able) or 'none'})")
             _check_resources(cfg, spec, p, cls, corpus)
+        hub = needs_hub(spec)
+        if hub and hub_access()[0] == "unreachable":  # one probe per run, not the hub client's retries per task
+            raise EvalError(f"task {spec.name!r}: {spec.where} is on the Hugging Face hub, which cannot be reached "
+                            f"({hub_access()[1]}); {LOCAL_DATA_HINT}")
         try:
             qs = task.load_questions(limit=cfg.limit)
         except (ValueError, TypeError, FileNotFoundError, KeyError) as exc:
             raise EvalError(f"task {spec.name!r}: {exc}") from None
         except Exception as exc:  # e.g. the hub cannot be reached
             raise EvalError(f"task {spec.name!r}: cannot load {spec.where}: "
-                            f"{type(exc).__name__}: {exc}") from None
+                            f"{type(exc).__name__}: {exc}" + (f"; {LOCAL_DATA_HINT}" if hub else "")) from None
         if not qs:
             raise EvalError(f"task {spec.name!r}: no questions")
         ids = [q.id for q in qs]

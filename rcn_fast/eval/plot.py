@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+#: Drawing order: the chance lines above the bars, the value labels (on a white box) above the lines.
+CHANCE_ZORDER, VALUE_ZORDER = 2.5, 4.0
 #: Bar colours, one per pipeline in run order (matplotlib's tab10 palette).
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
@@ -87,7 +89,7 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     The title names the metric and the model, the subtitle the questions
     per task and the seeds; a dashed line marks each task's chance level
     (1 / choices, when the results give it); every bar carries its value
-    (a 0.0 bar is a marker on the axis), a pipeline with no value says
+    on a white label drawn over the chance line (a 0.0 bar is a marker on the axis), a pipeline with no value says
     "failed", and a run in which nothing could be scored says so across
     the plot. The legend explains the error bars.
 
@@ -148,11 +150,15 @@ def draw_results(results: dict[str, Any]) -> Any:
             if h == 0.0:  # no bar to see: a marker on the axis in the pipeline's colour
                 ax.plot([x], [0.0], marker="^", markersize=7, color=colour, markeredgecolor="#333333",
                         clip_on=False, zorder=5, gid="zero")
-            ax.text(x, top + 0.012, f"{h:.2f}", ha="center", va="bottom", fontsize=value_size, gid="value")
+            # on an opaque label above the chance line: a value that sits on the line stays readable
+            ax.text(x, top + 0.012, f"{h:.2f}", ha="center", va="bottom", fontsize=value_size, gid="value",
+                    zorder=VALUE_ZORDER, bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                                               "edgecolor": "none", "alpha": 0.9})
     for i, t in enumerate(tasks):
         c = lab["chance"].get(t)
         if c is not None:
-            ax.hlines(c, i - 0.45, i + 0.45, colors="#555555", linestyles="dashed", linewidth=1.0, gid="chance")
+            ax.hlines(c, i - 0.45, i + 0.45, colors="#555555", linestyles="dashed", linewidth=1.0, gid="chance",
+                      zorder=CHANCE_ZORDER)
     if any(c is not None for c in lab["chance"].values()):
         handles.append(Line2D([], [], color="#555555", linestyle="dashed", linewidth=1.0,
                               label="chance (1 / choices)"))

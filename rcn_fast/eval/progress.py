@@ -38,7 +38,7 @@ class StageBars:
         self._tqdm = tqdm
         self.total = len(unit.pending)
         self.main = tqdm(total=len(unit.questions), initial=len(unit.questions) - len(unit.pending), unit="q",
-                         desc=f"{unit.task.name} | {unit.pipeline} | seed {unit.seed}", file=sys.stderr,
+                         desc=f"{unit.task.name} | {unit.display} | seed {unit.seed}", file=sys.stderr,
                          dynamic_ncols=True, position=0)
         self.bars: dict[str, Any] = {}
         self.seen: dict[str, set[str]] = {}

@@ -144,13 +144,14 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 
 def task_summary_line(spec: TaskSpec, units: list[Any]) -> str:
-    """One line per task: each pipeline's main metric, n and speed."""
+    """One line per task: each pipeline's main metric (named by its units' label), n and speed."""
     parts = []
     for p in dict.fromkeys(u.pipeline for u in units):
-        r = aggregate([u for u in units if u.pipeline == p])
+        pu = [u for u in units if u.pipeline == p]
+        r = aggregate(pu)
         m = spec.main_metric
         qps = r["questions_per_s"]
-        parts.append(f"{p} {m}={_fmt(r.get(m), 3)}" + (f" ({qps:.2f} q/s)" if qps else ""))
+        parts.append(f"{pu[0].display} {m}={_fmt(r.get(m), 3)}" + (f" ({qps:.2f} q/s)" if qps else ""))
     n = len(units[0].questions) if units else 0
     return f"[{spec.name}] n={n}: " + "; ".join(parts)
 
@@ -171,12 +172,15 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def device_info(cfg: Any) -> dict[str, Any]:
+def device_info(cfg: Any, torch_threads: int | None = None) -> dict[str, Any]:
+    """Where the run ran; ``torch_threads``: the threads its questions ran
+    with (the executor sets them for the run and restores the process's
+    own afterwards), else torch's current setting."""
     info: dict[str, Any] = {"requested": cfg.device, "platform": platform.platform(), "machine": platform.machine(),
                             "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
     torch = sys.modules.get("torch")
     if torch is not None:
-        info["torch_threads"] = torch.get_num_threads()
+        info["torch_threads"] = torch_threads if torch_threads is not None else torch.get_num_threads()
         try:
             info["cuda_available"] = bool(torch.cuda.is_available())
             if info["cuda_available"]:
@@ -250,10 +254,12 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                     "checkpoints": [str(x.checkpoint.path.relative_to(out)) for x in pu]}
     usage = None
     if state.llm is not None and getattr(state.llm, "cost", None) is not None:
-        tot = state.llm.cost.total
-        usage = {"loaded": True, "calls": tot.calls, "cached_calls": tot.cached_calls,
-                 "model_calls": tot.calls - tot.cached_calls, "prompt_tokens": tot.prompt_tokens,
-                 "generated_tokens": tot.generated_tokens}
+        tot, base = state.llm.cost.total, getattr(state, "usage_before", None)
+        fields = ("calls", "cached_calls", "prompt_tokens", "generated_tokens")
+        n = {f: getattr(tot, f) - (getattr(base, f) if base is not None else 0) for f in fields}
+        usage = {"loaded": True, "calls": n["calls"], "cached_calls": n["cached_calls"],
+                 "model_calls": n["calls"] - n["cached_calls"], "prompt_tokens": n["prompt_tokens"],
+                 "generated_tokens": n["generated_tokens"]}
     else:
         usage = {"loaded": False, "calls": 0, "cached_calls": 0, "model_calls": 0}
     files = {"results": f"results_{stamp}.json", "table": f"results_{stamp}.md"}
@@ -271,7 +277,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
         "failures": failures,
         "versions": versions(),
         "build_info": _build_info(),
-        "device": device_info(cfg),
+        "device": device_info(cfg, getattr(state, "torch_threads", None)),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "total_time_s": time.time() - state.started,
         "output_path": str(out.resolve()),

@@ -54,6 +54,8 @@ class RunState:
     llm_identity: str | None = None
     started: float = 0.0
     corpora: dict[str, str] = field(default_factory=dict)
+    torch_threads: int | None = None  # the threads the questions ran with (None: none ran)
+    usage_before: Any = None  # the LLM's cost total before this run (a model shared with earlier runs)
 
 
 def score_prediction(pred: Any, question: Any, task: TaskSpec) -> dict[str, float | None]:
@@ -64,7 +66,8 @@ def score_prediction(pred: Any, question: Any, task: TaskSpec) -> dict[str, floa
 
 def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = None, encoder: Any = None,
              retriever: Any = None, kb_retriever: Any = None, print_table: bool = True,
-             on_batch: Callable[[Unit, int], None] | None = None) -> dict[str, Any]:
+             on_batch: Callable[[Unit, int], None] | None = None, components: Components | None = None,
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
     """Run an evaluation and write its reports.
 
     Parameters
@@ -81,6 +84,15 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         Print the markdown table to stdout.
     on_batch : callable, optional
         Called as ``on_batch(unit, n)`` after each checkpointed batch.
+    components : Components, optional
+        The models an earlier run loaded, used again (each is loaded once
+        across the runs): a :class:`~rcn_fast.eval.loading.Components` made
+        with the same model, encoder, device and output settings (the
+        ``--paper`` runner shares one across a table's rows). ``llm`` ...
+        are then ignored. The results' ``llm_usage`` counts this run's calls.
+    labels : dict, optional
+        ``{pipeline: name}``: what progress lines call a pipeline's runs
+        (the ``--paper`` runner names each by its row, ``RECONNECT (N=5)``).
 
     Returns
     -------
@@ -114,10 +126,13 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         cfg = local_config(cfg)  # the driver plans, merges and reports as a local run
     out = output_folder(cfg)
     planned = plan(cfg, out)
+    for u in planned.units:
+        u.label = (labels or {}).get(u.pipeline, "")
     if remote is not None:  # the pending units on the cluster; what is left (nothing, normally) runs here
         remote.run(planned.units, out)
     local = LocalExecutor(cfg, out, llm=llm, encoder=encoder, retriever=retriever, kb_retriever=kb_retriever,
-                          on_batch=on_batch)
+                          on_batch=on_batch, components=components)
+    usage_before = local.components.usage()  # a shared loader's model has answered earlier runs
     local.run(planned)
     if cfg.sharded:  # one shard of many: its checkpoints are written; the merging run writes the reports
         summary = shard_summary(cfg, planned.units)
@@ -130,7 +145,7 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     comps = local.components
     state = RunState(config=cfg, out=out, units=planned.units, tasks=planned.tasks, questions=planned.questions,
                      llm=comps._llm, llm_identity=getattr(comps._llm, "identity", None), started=started,
-                     corpora=comps.corpora)
+                     corpora=comps.corpora, torch_threads=local.threads_used, usage_before=usage_before)
     return reports.write_reports(state, print_table=print_table)
 
 

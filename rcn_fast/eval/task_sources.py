@@ -1,11 +1,16 @@
 """Where a task's rows come from: the ``--limit`` reading, the hub's
 ``load_dataset`` call, a ``save_to_disk`` folder or a copy of a dataset
 repository (shared by rcn_fast's task files and lm-evaluation-harness's,
-:mod:`rcn_fast.eval.lm_eval_tasks`)."""
+:mod:`rcn_fast.eval.lm_eval_tasks`); whether the Hugging Face hub can be
+reached (:func:`hub_access`, one probe per process) and the benchmark files
+of a folder in the commonsense layout (:func:`layout_file`)."""
 
 from __future__ import annotations
 
 import math
+import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -96,4 +101,72 @@ def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
     return datasets.load_dataset(path, **kwargs), f"{spec.name}[{split}]"
 
 
-__all__ = ["check_limit", "take_n", "hub_load_args", "is_saved", "split_files", "dataset_rows"]
+def needs_hub(spec: TaskSpec) -> bool:
+    """Whether the task's questions come from the Hugging Face hub (a dataset
+    id, not a local folder, file or pinned URL)."""
+    return bool(spec.dataset) and not spec.local and not spec.url and not Path(str(spec.dataset)).expanduser().is_dir()
+
+
+#: How to evaluate a task without the hub (the end of every message about an unreachable hub).
+LOCAL_DATA_HINT = ("give the task's files instead: --tasks NAME=FILE (a question file of the split the task "
+                   "evaluates, in the CommonsenseQA JSON-lines layout), or --tasks DIR / NAME=DIR (a folder "
+                   "holding <task>/<task>-{train,dev,test}.jsonl, the commonsense layout); datasets already in "
+                   "the Hugging Face cache load offline with HF_HUB_OFFLINE=1")
+HUB_PROBE_TIMEOUT = 5.0
+_HUB_STATUS: dict[str, tuple[str, str]] = {}
+
+
+def hub_access(timeout: float = HUB_PROBE_TIMEOUT) -> tuple[str, str]:
+    """Whether the Hugging Face hub can be reached: ``("online", "")``,
+    ``("offline", why)`` under ``HF_HUB_OFFLINE=1`` (no network call; a
+    dataset in the local cache still loads) or ``("unreachable", why)``.
+
+    One HTTP request to the endpoint (``HF_ENDPOINT``, default
+    ``https://huggingface.co``) with no retry, at most ``timeout``
+    seconds; any HTTP answer counts as reachable. The answer is kept per
+    process and endpoint, so a run asks once, not once per task (the
+    hub's own loaders retry each download several times).
+    """
+    from rcn_fast.model_files import hub_offline
+
+    if hub_offline():
+        return "offline", "HF_HUB_OFFLINE is set"
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    if endpoint not in _HUB_STATUS:
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint + "/api/datasets?limit=1", method="HEAD"),
+                                   timeout=timeout).close()
+            _HUB_STATUS[endpoint] = ("online", "")
+        except urllib.error.HTTPError:  # the server answered: reachable
+            _HUB_STATUS[endpoint] = ("online", "")
+        except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections, a malformed endpoint
+            reason = getattr(exc, "reason", exc)
+            _HUB_STATUS[endpoint] = ("unreachable", f"{endpoint}: {type(reason).__name__}: {reason}")
+    return _HUB_STATUS[endpoint]
+
+
+#: Folder names of the commonsense layout that differ from the task's name.
+LAYOUT_FOLDERS = {"winogrande": ("winogrande", "wg"), "storycloze": ("storycloze", "sct"),
+                  "riddlesense": ("riddlesense", "rs"), "numersense": ("numersense", "ns")}
+
+
+def layout_file(folder: str | os.PathLike[str], task: str, split: str | None) -> Path | None:
+    """The question file of ``task``'s ``split`` in a folder of the
+    commonsense layout: ``<folder>/<task>/<task>-<split>.jsonl`` (or the
+    task's folder itself, ``<folder>/<task>-<split>.jsonl``); ``validation``
+    is spelled ``dev`` there; WinoGrande's folder may be ``wg``. None when
+    there is no such file."""
+    root = Path(folder).expanduser()
+    want = split or "dev"
+    spellings = dict.fromkeys([{"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want), want])
+    for name in LAYOUT_FOLDERS.get(task, (task,)):
+        for where in (root / name, root):
+            for sp in spellings:
+                f = where / f"{name}-{sp}.jsonl"
+                if f.is_file():
+                    return f
+    return None
+
+
+__all__ = ["check_limit", "take_n", "hub_load_args", "is_saved", "split_files", "dataset_rows", "needs_hub",
+           "hub_access", "layout_file", "LOCAL_DATA_HINT", "LAYOUT_FOLDERS"]

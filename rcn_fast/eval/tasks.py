@@ -25,7 +25,8 @@ The source is exactly one of
   :mod:`rcn_fast.data.fetch`, verified, and read offline afterwards; the
   file is in the CommonsenseQA JSON-lines layout (or the yes/no and
   open-domain layouts for those kinds).
-* ``local`` -- a question file, relative to this package or absolute.
+* ``local`` -- a question file: absolute, or relative to the folder of
+  the YAML file that writes it (a packaged task's: to this package).
 
 Optional keys: ``question_template`` (a Python format string over the
 record's fields, e.g. a pronoun question), ``choices_in_question``
@@ -82,6 +83,11 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path in seen:
         raise TaskError(f"task file {path}: include cycle ({' -> '.join(map(str, seen + (path,)))})")
     data = read_task_yaml(path, included_from=seen[-1] if seen else None)
+    if path.parent != TASKS_DIR:  # a user's file: its relative paths are relative to it, included or not
+        for k in ("local", "corpus"):
+            v = data.get(k)
+            if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
+                data[k] = str((path.parent / v).resolve())
     inc = data.pop("include", None)
     if inc is not None:
         base = _read_yaml((path.parent / str(inc)).resolve(), seen + (path,))
@@ -183,7 +189,9 @@ def registry(include_paths: Sequence[str] = ()) -> dict[str, TaskSpec]:
 def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
     """A task by name: a packaged ``tasks/<name>.yaml`` or a YAML file with
     that ``name`` in one of ``include_paths`` (its relative ``local`` and
-    ``corpus`` paths are relative to that file). Underscores match hyphens."""
+    ``corpus`` paths are relative to the file that writes them, an
+    ``include:``d one too; a packaged task's to the package). Underscores
+    match hyphens."""
     files = _task_files(include_paths)
     key = normalize_name(name)
     path = files.get(key)

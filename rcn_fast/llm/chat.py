@@ -14,6 +14,16 @@ starts. This works for templates that ``trim`` their content (the pre-fill
 is left untouched, the marker shields its end) and never depends on how a
 template spells its end-of-turn tokens.
 
+A pre-fill turn may instead ask for the rule of ReConnect's released code
+(``{"role": "assistant", "content": "Answer: ", "cut": "end_of_turn"}``,
+:data:`CUT_END_OF_TURN`): the turn is rendered as a *complete* assistant
+message, as the template writes one (a template that trims content trims
+it), and the prompt ends where the template's end-of-turn token begins:
+that token and whatever the template writes after it (a newline) are cut,
+nothing before it (:func:`render_closed_turn`). The end-of-turn text is
+found by rendering the same turns with a marker as the final content.
+Without a chat template the turn is the plain pre-fill.
+
 Models whose template has no system role (it raises, or drops the system
 text) get the system instruction as user text: prepended to the first user
 turn (separated by a blank line) when a user turn follows it directly, else
@@ -28,6 +38,8 @@ ROLES = ("system", "user", "assistant")
 Chat = list[dict[str, str]]
 
 _MARKER = "\u2063RCNFAST_PREFILL_END\u2063"
+#: ``"cut"`` of a final assistant turn: render it complete and cut the template's end-of-turn token.
+CUT_END_OF_TURN = "end_of_turn"
 
 
 def validate_chats(chats: Any, name: str = "chats") -> list[Chat]:
@@ -60,7 +72,12 @@ def validate_chats(chats: Any, name: str = "chats") -> list[Chat]:
                 raise TypeError(f"{name}[{i}][{j}]['content']: expected str, got {type(content).__name__}")
             if role == "system" and j != 0:
                 raise ValueError(f"{name}[{i}][{j}]: a system turn must be the first turn")
-            turns.append({"role": role, "content": content})
+            cut = turn.get("cut") if isinstance(turn, Mapping) else None
+            if cut is not None and (cut != CUT_END_OF_TURN or role != "assistant" or j != len(chat) - 1):
+                raise ValueError(f"{name}[{i}][{j}]['cut']: only a final assistant turn may carry "
+                                 f"'cut': {CUT_END_OF_TURN!r}, got {cut!r} on a {role} turn")
+            turns.append({"role": role, "content": content} if cut is None else
+                         {"role": role, "content": content, "cut": cut})
         out.append(turns)
     return out
 
@@ -70,6 +87,16 @@ def split_prefill(chat: Chat) -> tuple[Chat, str | None]:
     if chat[-1]["role"] == "assistant":
         return chat[:-1], chat[-1]["content"]
     return chat, None
+
+
+def cuts_end_of_turn(chat: Chat) -> bool:
+    """Whether the chat's final (assistant) turn asks for :func:`render_closed_turn`."""
+    return bool(chat) and chat[-1].get("cut") == CUT_END_OF_TURN
+
+
+def plain_turns(chat: Chat) -> Chat:
+    """The turns as ``{role, content}`` only (what a template or a server is given)."""
+    return [{"role": t["role"], "content": t["content"]} for t in chat]
 
 
 def fold_system(chat: Chat) -> Chat:
@@ -135,7 +162,9 @@ def render_chat(tokenizer: Any, chat: Chat, *, system_role: bool | None = None) 
         system_role = template_supports_system(tokenizer)
     if not system_role:
         chat = fold_system(chat)
-    turns, prefill = split_prefill(chat)
+    if cuts_end_of_turn(chat):
+        return render_closed_turn(tokenizer, plain_turns(chat))
+    turns, prefill = split_prefill(plain_turns(chat))
     if prefill is None:
         return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     marked = [*turns, {"role": "assistant", "content": prefill + _MARKER}]
@@ -149,3 +178,39 @@ def render_chat(tokenizer: Any, chat: Chat, *, system_role: bool | None = None) 
     # a template that trims content may drop the pre-fill's leading
     # whitespace; its trailing whitespace is protected by the marker
     return text[:cut]
+
+
+def render_closed_turn(tokenizer: Any, chat: Chat) -> str:
+    """The prompt of a chat whose final assistant turn is rendered complete
+    and cut at the template's end-of-turn token (the rule of ReConnect's
+    released code, ``"cut": "end_of_turn"``).
+
+    The chat is rendered as a finished conversation; the template's text
+    after an assistant turn's content (its end-of-turn token and, e.g., a
+    newline) is found by rendering the same turns with a marker as the final
+    content, and cut from the end. Whatever the template made of the turn's
+    content stays: ``"Answer: "`` is ``"Answer:"`` under a template that
+    trims content (Llama 3), ``"Answer: "`` under one that does not (ChatML).
+
+    Raises
+    ------
+    ValueError
+        The template ends the final turn otherwise than it ends the marked
+        one (nothing is cut that is not the end-of-turn text).
+    """
+    turns, content = split_prefill(chat)
+    if content is None:
+        raise ValueError("chats: a chat to cut at the end of its final turn needs a final assistant turn")
+    probe = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": _MARKER}], tokenize=False,
+                                          add_generation_prompt=False)
+    at = probe.rfind(_MARKER)
+    if at < 0:
+        raise ValueError("chats: the chat template dropped the final assistant turn; this model cannot score "
+                         "an answer turn")
+    tail = probe[at + len(_MARKER):]
+    text = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": content}], tokenize=False,
+                                         add_generation_prompt=False)
+    if not text.endswith(tail):
+        raise ValueError(f"chats: the chat template ends the answer turn otherwise than it ends a turn "
+                         f"({text[-40:]!r} does not end with its end-of-turn text {tail!r}); cannot cut it")
+    return text[:len(text) - len(tail)]

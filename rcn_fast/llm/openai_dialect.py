@@ -79,8 +79,14 @@ class Dialect:
     # ---------------------------------------------------------------- /chat/completions
     def chat(self, chat: Chat, fields: dict[str, Any], continue_prefill: bool = True) -> dict[str, Any]:
         """A ``/chat/completions`` body; a final assistant turn is continued
-        (``continue_final_message``) unless ``continue_prefill`` is False."""
-        body = {"model": self.model, "messages": chat, **fields}
+        (``continue_final_message``) unless ``continue_prefill`` is False.
+        A turn's ``cut`` (:data:`rcn_fast.llm.chat.CUT_END_OF_TURN`) is not
+        sent: the server's template renders the continued turn (transformers'
+        ``continue_final_message`` keeps its content as the template wrote
+        it, which is the cut before the end-of-turn token on templates that
+        close a turn right after its content)."""
+        body = {"model": self.model, "messages": [{"role": t["role"], "content": t["content"]} for t in chat],
+                **fields}
         if continue_prefill and chat[-1]["role"] == "assistant":
             body.update(continue_final_message=True, add_generation_prompt=False)
         return body

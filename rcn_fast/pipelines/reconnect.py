@@ -15,7 +15,9 @@ Stages, each run for the whole batch at once:
 4. ``knowledge_extraction`` (generation, ``N`` per question).
 5. ``knowledge_aggregation`` (generation, 1 per question).
 6. ``answer`` (one scoring pass per question) with the final explanation,
-   prompt ``reconnect_answer`` (pre-fill ``Answer:``; ``answer_turn``).
+   prompt ``reconnect_answer`` (pre-fill ``Answer:``; ``answer_turn``;
+   ``answer_render="closed_turn"``, set by ``preset="reference"``: the
+   reference code's end of the answer turn on any chat template).
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
 pass (6 LLM calls, the paper's Table 9). The ablations of the paper's
@@ -204,11 +206,23 @@ class ReConnectConfig(PipelineConfig):
         token is cut). ``"shared"``: the ``answer_with_knowledge`` prompt
         the other pipelines score with (pre-fill ``Answer: ``), rcn_fast's
         former ReConnect answer, for comparisons on one footing.
+    answer_render : {"prefill", "closed_turn"}
+        How the answer turn ends the prompt. ``"prefill"`` (default): the
+        prompt's pre-fill continued exactly as written (``Answer:``).
+        ``"closed_turn"`` (set by ``preset="reference"``): the reference
+        code's own rule on any chat template -- the turn ``Answer: `` (the
+        pre-fill and one space, as the reference writes it) rendered as a
+        complete assistant message, cut where the template's end-of-turn
+        token begins (:func:`rcn_fast.llm.chat.render_closed_turn`). The
+        same ids as the default with Llama 3's template (it trims the
+        space); ``Answer: `` with ChatML templates (SmolLM2), whose turns
+        keep it.
     preset : {"reference"} or None
         A named set of settings (:data:`PRESETS`): ``"reference"`` = the
         authors' released code where it differs from the paper
         (``subset_size="top_n+1"``, ``max_new_tokens=196``,
-        ``repeat_decoding="greedy"`` unless ``sampling="topk"``). Settings
+        ``repeat_decoding="greedy"`` unless ``sampling="topk"``,
+        ``answer_render="closed_turn"``). Settings
         given beside the preset win (``from_dict`` / ``build``); on direct
         construction the preset fills the fields left at their defaults.
     answer_extraction : {"full", "final"}
@@ -242,6 +256,7 @@ class ReConnectConfig(PipelineConfig):
     knowledge_aggregation: bool = True
     query_parsing: str = "reference"
     answer_turn: str = "reference"
+    answer_render: str = "prefill"
     preset: str | None = None
     answer_extraction: str = "full"
 
@@ -287,6 +302,7 @@ class ReConnectConfig(PipelineConfig):
         check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
         check_choice(self.query_parsing, "query_parsing", QUERY_PARSINGS)
         check_choice(self.answer_turn, "answer_turn", ("reference", "shared"))
+        check_choice(self.answer_render, "answer_render", ("prefill", "closed_turn"))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReConnectConfig":
@@ -434,6 +450,8 @@ class ReConnect(OpenAnswering):
         stage = "reconnect_answer" if self.config.answer_turn == "reference" else "answer_with_knowledge"
         chats = [self.prompts.chat(stage, st.question, knowledge=self.prompts.format_list(st.knowledge))
                  for st in states]
+        if self.config.answer_render == "closed_turn":
+            chats = [closed_answer_turn(c) for c in chats]
         return runner.score("answer", states, chats)
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
@@ -488,6 +506,20 @@ class ReConnect(OpenAnswering):
     @staticmethod
     def num_choices(question: Any) -> int:
         return len(question.choices) if isinstance(question, MCQuestion) else 0
+
+
+def closed_answer_turn(chat: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``answer_render="closed_turn"``: the chat's pre-filled answer turn as
+    the reference code writes it (the pre-fill and one space: ``Answer: ``),
+    to be rendered as a complete assistant message and cut at the
+    template's end-of-turn token (:data:`rcn_fast.llm.chat.CUT_END_OF_TURN`)."""
+    from rcn_fast.llm.chat import CUT_END_OF_TURN
+
+    last = chat[-1]
+    if last["role"] != "assistant":
+        raise ValueError("answer_render='closed_turn': the answer prompt needs a pre-filled assistant turn")
+    text = last["content"] if last["content"][-1:].isspace() else last["content"] + " "
+    return [*chat[:-1], {"role": "assistant", "content": text, "cut": CUT_END_OF_TURN}]
 
 
 __all__ = ["ReConnect", "ReConnectConfig", "ABLATIONS", "ablation_settings", "SAMPLING_STRATEGIES"]

@@ -55,11 +55,13 @@ SCALE_WIDTH = "width"
 #: Named presets -> the settings they set (see :func:`preset_settings`).
 PRESETS: dict[str, dict[str, Any]] = {
     # the authors' released code (src/generate.py, OurRAG) where it differs
-    # from the paper's defaults; the rest of its behaviour is already the
-    # default here (query parsing, answer turn, sampler scale, k = choices)
+    # from the paper's defaults (the answer turn's end: its own rule on any chat
+    # template); the rest of its behaviour is already the default here (query
+    # parsing, answer prompt, sampler scale, k = choices)
     "reference": {"subset_size": SUBSET_TOP_N_PLUS_ONE, "max_new_tokens": 196, "repeat_decoding": "greedy",
                   "score_scale": SCALE_WIDTH, "sampler_input": "normalized", "first": "uniform",
-                  "query_parsing": "reference", "answer_turn": "reference", "query": "question"},
+                  "query_parsing": "reference", "answer_turn": "reference", "answer_render": "closed_turn",
+                  "query": "question"},
 }
 
 

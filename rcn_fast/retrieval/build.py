@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.retrieval.conventions import DEDUP, detect_text_field, first_in_chunk
+from rcn_fast.retrieval.conventions import DEDUP, EmptyInputError, detect_text_field, first_in_chunk
 from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
 from rcn_fast.retrieval.store import (
     CHUNK_GLOB, DATA_FILES, FLAT_INDEX_HEADER, MANIFEST, CorpusStore, chunk_name, read_manifest, write_chunk,
@@ -209,6 +209,8 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
         cfg.text_field = detect_text_field(str(inp), cfg.format)
     t_hash = time.perf_counter()
     input_sha, input_bytes, spans = scan_input(str(inp), cfg.format, cfg.chunk_size)
+    if not sum(s.count for s in spans):  # a store of nothing would retrieve nothing, silently
+        raise EmptyInputError(str(inp))
     spec = _spec(cfg, encoder_desc, input_sha, input_bytes)
     logger.debug("input hashed and scanned in %.2f s", time.perf_counter() - t_hash)
     out.mkdir(parents=True, exist_ok=True)

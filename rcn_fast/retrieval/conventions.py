@@ -30,6 +30,18 @@ TEXT_FIELDS = ("text", "contents")
 DEDUP = "exact-text"  # the build spec's value when duplicates are dropped
 
 
+class EmptyInputError(ValueError):
+    """A corpus file that holds no record (``path``: the file)."""
+
+    def __init__(self, path: str, why: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"input: {path} holds no records"
+                         + (f": {why}" if why else
+                            " (an empty file: a statements file written by `python -m rcn_fast.corpus assemble` is "
+                            "empty when no source gave a document; rerun assemble as its warning says, e.g. with "
+                            "--text-field FIELD naming the records' text)"))
+
+
 def detect_text_field(path: str, fmt: str) -> str:
     """``"text"`` or ``"contents"``: the one the file's first record (JSON
     lines) or its header / columns (TSV, Parquet) has, ``text`` first.
@@ -72,7 +84,7 @@ def _first_json_keys(path: str) -> list[str]:
             if not isinstance(rec, dict):
                 raise ValueError(f"input: {path} line {lineno} is a {type(rec).__name__}, expected an object")
             return list(rec)
-    raise ValueError(f"input: {path} holds no records")
+    raise EmptyInputError(path)
 
 
 def first_in_chunk(ids: Sequence[str], texts: Sequence[str]) -> tuple[list[str], list[str], int]:
@@ -152,4 +164,4 @@ def select_rows(z: Any, mask: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["TEXT_FIELDS", "DEDUP", "detect_text_field", "first_in_chunk", "text_digests", "keep_mask", "select_rows"]
+__all__ = ["TEXT_FIELDS", "DEDUP", "EmptyInputError", "detect_text_field", "first_in_chunk", "text_digests", "keep_mask", "select_rows"]
