@@ -143,7 +143,18 @@ def task_corpus(spec: TaskSpec) -> str | None:
 
 
 def spec_key(spec: TaskSpec) -> str:
-    """A short hash of what decides a task's questions (checkpoints key on it)."""
+    """A short hash of what decides a task's questions (checkpoints key on it).
+
+    It covers the spec's fields and the content of every local file the
+    task reads: a ``local`` file (its sha256) or folder, and a ``dataset``
+    that is a local folder (a JSON-lines split folder, a ``save_to_disk``
+    folder, a copy of a hub repository), by
+    :func:`rcn_fast._hashing.content_fingerprint` -- sizes and mtimes first,
+    hashes only of files that changed. Hub datasets are keyed by id, config
+    and ``revision``; ``url`` files by their pinned ``sha256``.
+    """
+    from rcn_fast._hashing import content_fingerprint
+
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
                                                              "pipeline_args", "expected_count", "paper_table")}
     for k in ("revision", "url", "sha256", "lm_eval"):  # keys of tasks without them stay what they were
@@ -153,7 +164,9 @@ def spec_key(spec: TaskSpec) -> str:
     d.pop("size", None)  # and its size with it: adding size: keeps the checkpoints
     if spec.local:
         p = package_path(spec.local)
-        d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        d["local_sha"] = content_fingerprint(p) if p.exists() else None  # a file's: its sha256, as before
+    if spec.dataset and not spec.url and not spec.local and Path(spec.dataset).expanduser().is_dir():
+        d["data_sha"] = content_fingerprint(Path(spec.dataset).expanduser())  # a local folder's files
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -165,22 +178,28 @@ __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "packa
 def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = None) -> dict[str, Any]:
     """One task YAML file as a mapping (``include:`` left to the caller).
 
-    ``loader``: a ``yaml.SafeLoader`` subclass (default ``yaml.SafeLoader``).
-    A missing file, bytes that are not text, invalid YAML (with its line)
-    or a top level that is not a mapping is a :class:`TaskError` naming the
-    file (and the file that included it).
+    ``loader``: a :class:`rcn_fast.eval.task_limits.BoundedLoader` subclass
+    (default that class: ``yaml.SafeLoader`` with an alias budget and a
+    depth limit). A missing file, bytes that are not text, invalid YAML
+    (with its line), a file over those limits (an alias bomb) or a top
+    level that is not a mapping is a :class:`TaskError` naming the file
+    (and the file that included it).
     """
     import yaml
 
     from rcn_fast.data.loaders import DataFormatError, read_text
+    from rcn_fast.eval.task_limits import BoundedLoader, BoundedYAMLError, load_yaml
 
     if not path.is_file():
         raise TaskError(f"task file {path} does not exist"
                         + (f" (included from {included_from})" if included_from is not None else ""))
     try:
-        data = yaml.load(read_text(path), Loader=loader or yaml.SafeLoader)  # noqa: S506 - SafeLoader (subclasses)
+        data = load_yaml(read_text(path), loader or BoundedLoader)
     except DataFormatError as exc:
         raise TaskError(f"task file {exc}") from None
+    except BoundedYAMLError as exc:
+        mark = exc.problem_mark
+        raise TaskError(f"task file {path}{f':{mark.line + 1}' if mark is not None else ''}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
