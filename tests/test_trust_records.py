@@ -230,3 +230,23 @@ def test_garbage_cache_rows_never_become_an_accuracy(tmp_path, tiny_hf):
     llm = CountingLLM(tiny_hf)
     again = evaluate(_cfg(tmp_path, q), llm=llm, print_table=False)["results"]["mini"]["vanilla"]
     assert llm.rows == 8 and again["acc"] == first["acc"] and again["n_failed"] == 0
+
+
+def test_a_damaged_cached_leak_summary_is_scanned_again(tmp_path):
+    from rcn_fast.corpus.leakage import cached_corpus_leak_summary, leak_warning
+    from rcn_fast.data import MCQuestion
+
+    qs = [MCQuestion(id=f"q{i}", question=f"Which metal is liquid at room temperature, case {i}?",
+                     choices=["mercury", "iron"], answer=0) for i in range(3)]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "d0", "text": qs[0].question + " Mercury is."}) + "\n"
+                      + json.dumps({"id": "d1", "text": "Iron rusts in water."}) + "\n")
+    first = cached_corpus_leak_summary(str(corpus), {"t": qs}, tmp_path / "leaks")
+    assert first["documents"] == 1
+    [cached] = list((tmp_path / "leaks").glob("leaks-*.json"))
+    for garbage in ({"documents": -5, "tasks": {}}, {"documents": 0, "tasks": {"t": {"documents": "x"}}},
+                    {"documents": 0, "tasks": {"other": {"documents": 0, "questions_leaked": 0, "by_source": {}}}},
+                    [1, 2]):
+        cached.write_text(json.dumps(garbage))
+        again = cached_corpus_leak_summary(str(corpus), {"t": qs}, tmp_path / "leaks")
+        assert again == first and leak_warning(str(corpus), again)
