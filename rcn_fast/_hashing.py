@@ -3,13 +3,15 @@ checksum the package writes or checks (store files, ONNX exports, GGUF
 conversions, saved indexes, corpus inputs); and :func:`content_fingerprint`,
 the content hash of a file or folder, hashed again only when a file's
 size, mtime or inode changes (what keys evaluation checkpoints to the data
-they read)."""
+they read); :func:`check_once`, a check of a file (a store's finite
+embeddings) run again only when its stats change."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import time
+from typing import Callable
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -125,4 +127,53 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
     return h.hexdigest()
 
 
-__all__ = ["sha256_file", "content_fingerprint", "RACY_SECONDS"]
+_PASSED: set[tuple[str, str, tuple[int, ...]]] = set()
+
+
+def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None],
+               memo_dir: str | os.PathLike[str] | None = None) -> None:
+    """Run ``check()`` (which raises on a bad file) unless it already passed
+    on ``path`` with the same device, inode, size, mtime and ctime -- in this
+    process or, recorded in the same memo folder as
+    :func:`content_fingerprint`, in an earlier one. A pass on a file changed
+    less than :data:`RACY_SECONDS` before is not recorded.
+
+    ``tag`` names the check (another check of the same file is not skipped).
+    """
+    import json
+
+    real = os.path.realpath(os.fspath(path))
+    st = os.stat(real)
+    key = _stat_key(st)
+    if (real, tag, key) in _PASSED:
+        return
+    if memo_dir is None:
+        from rcn_fast._cache_dirs import cache_root
+
+        memo_dir = cache_root() / "content_hashes"
+    memo_file = os.path.join(os.fspath(memo_dir), hashlib.sha256(f"{tag}\0{real}".encode()).hexdigest()[:32]
+                             + ".passed.json")
+    try:
+        with open(memo_file, encoding="utf-8") as fh:
+            got = json.load(fh)
+        if got.get("format") == _MEMO_FORMAT and got.get("path") == real and got.get("tag") == tag \
+                and isinstance(got.get("stat"), list) and tuple(got["stat"]) == key:
+            _PASSED.add((real, tag, key))
+            return
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    check()
+    if _stat_key(os.stat(real)) != key or time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS:
+        return  # changing or just changed: checked now, never remembered
+    _PASSED.add((real, tag, key))
+    try:
+        os.makedirs(os.fspath(memo_dir), exist_ok=True)
+        tmp = f"{memo_file}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump({"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)}, out)
+        os.replace(tmp, memo_file)
+    except OSError:
+        pass  # a read-only cache: checked again next time
+
+
+__all__ = ["sha256_file", "content_fingerprint", "check_once", "RACY_SECONDS"]
