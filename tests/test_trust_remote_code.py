@@ -151,7 +151,7 @@ def test_a_tokenizer_only_folder_with_an_auto_map_is_refused(tiny_llama, tmp_pat
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["auto_map"] = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"tokenizer_config.json holds an 'auto_map' \(tokenization_evil.EvilTokenizer"):
+    with pytest.raises(ValueError, match=r"tokenizer_config.json holds an 'auto_map' \(tokenization_evil"):
         load_tokenizer(str(d))
 
 

@@ -333,3 +333,26 @@ def test_ordinary_templates_render_as_before():
     assert render("{% for t in choices.text %}({{ loop.index }}) {{ t|upper }} {% endfor %}", doc) == "(1) A (2) B "
     assert render("{{ '%s-%03d' % ('q', 7) }} {{ '{:>4}'.format('x') }} {{ choices.text|join(', ') }}", doc) == \
         "q-007    x a, b"
+
+
+def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monkeypatch):
+    """lm-eval's ``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}`` reads local files too."""
+    from rcn_fast.eval.tasks import resolve_task, spec_key
+
+    monkeypatch.chdir(tmp_path)
+    inc = tmp_path / "lm"
+    (tmp_path / "data").mkdir()
+    rows = [{"question": f"Q{i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
+    for name in ("test.jsonl", "extra-1.jsonl"):
+        (tmp_path / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    inc.mkdir()
+    (inc / "t.yaml").write_text("task: lmjson\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+                                "dataset_kwargs: {data_files: {test: [data/test.jsonl, 'data/extra-*.jsonl']}}\n"
+                                "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    k = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
+    for name in ("test.jsonl", "extra-1.jsonl"):
+        with open(tmp_path / "data" / name, "a") as f:
+            f.write(json.dumps({"question": f"More in {name}?", "choices": ["a", "b"], "label": 0}) + "\n")
+        k2 = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
+        assert k2 != k, name
+        k = k2

@@ -302,4 +302,5 @@ def default_models_needed(cfg: EvalConfig, todo: list[Unit], *, llm: Any, encode
     return default_llm, default_encoder
 
 
-__all__ = ["plan", "Plan", "Unit", "Needs", "pipeline_hook", "record_check", "warn_corpus_leaks", "default_models_needed"]
+__all__ = ["plan", "Plan", "Unit", "Needs", "pipeline_hook", "record_check", "warn_corpus_leaks",
+           "default_models_needed"]

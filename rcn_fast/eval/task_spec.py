@@ -142,13 +142,40 @@ def task_corpus(spec: TaskSpec) -> str | None:
 
 
 
+def local_data_files(spec: TaskSpec) -> list[Path]:
+    """The local files and folders a task's ``dataset_kwargs.data_files``
+    name (a path, a glob, a list or a ``{split: ...}`` mapping of them), as
+    the ``datasets`` loader finds them (relative to the working
+    directory), sorted."""
+    import glob
+
+    dk = spec.dataset_kwargs or {}
+    found: set[Path] = set()
+
+    def add(v: Any) -> None:
+        if isinstance(v, str):
+            for m in glob.glob(str(Path(v).expanduser()), recursive=True) if glob.has_magic(v) else [v]:
+                if Path(m).expanduser().exists():
+                    found.add(Path(m).expanduser().resolve())
+        elif isinstance(v, dict):
+            for x in v.values():
+                add(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+
+    add(dk.get("data_files"))
+    return sorted(found)
+
+
 def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it).
 
     It covers the spec's fields and the content of every local file the
     task reads: a ``local`` file (its sha256) or folder, and a ``dataset``
     that is a local folder (a JSON-lines split folder, a ``save_to_disk``
-    folder, a copy of a hub repository), by
+    folder, a copy of a hub repository) or local ``data_files`` in
+    ``dataset_kwargs`` (:func:`local_data_files`), by
     :func:`rcn_fast._hashing.content_fingerprint` -- sizes and mtimes first,
     hashes only of files that changed. Hub datasets are keyed by id, config
     and ``revision``; ``url`` files by their pinned ``sha256``.
@@ -167,12 +194,15 @@ def spec_key(spec: TaskSpec) -> str:
         d["local_sha"] = content_fingerprint(p) if p.exists() else None  # a file's: its sha256, as before
     if spec.dataset and not spec.url and not spec.local and Path(spec.dataset).expanduser().is_dir():
         d["data_sha"] = content_fingerprint(Path(spec.dataset).expanduser())  # a local folder's files
+    files = local_data_files(spec)
+    if files:  # dataset_kwargs' local data_files (``dataset: json``)
+        d["data_files_sha"] = {str(f): content_fingerprint(f) for f in files}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "package_path", "task_corpus", "spec_key",
-           "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
+           "local_data_files", "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
 
 
 def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = None) -> dict[str, Any]:

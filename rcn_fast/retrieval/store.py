@@ -140,8 +140,8 @@ class CorpusStore:
         for name, off, blob, blob_name in (("text_offsets.npy", self._text_off, self._texts, "texts.bin"),
                                            ("id_offsets.npy", self._id_off, self._ids, "ids.bin")):
             if off.dtype != np.int64 or off.ndim != 1:
-                raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 [{n + 1}]"
-                                 f"; {fix}")
+                raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 "
+                                 f"[{n + 1}]; {fix}")
             bad = _decreasing(off)
             if int(off[0]) != 0 or int(off[-1]) != len(blob) or bad.size:
                 what = (f"entries {[int(i) + 1 for i in bad[:5]]} are smaller than the entries before them"
@@ -163,7 +163,8 @@ class CorpusStore:
             seen[rows] = True
             filled += rows.size
         if filled != n or not seen.all():
-            raise ValueError(f"path: {self.path}/id_table.npy holds {filled} rows, not each of the {n} rows once; {fix}")
+            raise ValueError(f"path: {self.path}/id_table.npy holds {filled} rows, not each of the {n} rows once; "
+                             f"{fix}")
         check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix)
 
     @classmethod
