@@ -313,6 +313,14 @@ def test_other_costly_yaml_is_refused_naming_the_file_and_line(tmp_path, text, w
     ("{{ ('x' * 1000)|replace('', 'y' * 1000) }}", "replace"), ("{{ range(99999)|join('x' * 100) }}", "join"),
     ("{% set ns = namespace(s='xx') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "'\\+'"),
     ("{% for a in xs %}{% for b in xs %}{% for c in xs %}{{ a }}{% endfor %}{% endfor %}{% endfor %}", "steps"),
+    ("{% set big = 'x' * 999999 %}{% for i in range(9000) %}{{ big }}{% endfor %}", "writes more than"),
+    ("{% macro m() %}{% set b = 'x' * 999999 %}{% for i in range(9000) %}{{ b }}{% endfor %}{% endmacro %}"
+     "{% set r = m() %}ok", "writes more than"),
+    ("{{ ([('x' * 999999)] * 1000)|string }}", "'\\*': repeating"),
+    ("{{ ('x\\n' * 400000)|indent('y' * 100000) }}", "indent"),
+    ("{{ ('a b ' * 100000)|wordwrap(1, wrapstring='z' * 100000) }}", "wordwrap"),
+    ("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "bits"),
+    ("{{ (2 ** 4000) ** 4000 }}", "exponent"),
 ])
 def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
     from rcn_fast.eval.task_limits import TaskLimitError, render

@@ -16,10 +16,13 @@ mutation of the record), plus
 * a step budget per render (:data:`MAX_STEPS`): every loop iteration,
   call, filter and intercepted operator counts one;
 * a time limit per render (:data:`MAX_SECONDS`), checked at every step;
-* a size limit (:data:`MAX_CHARS`) on the output and on every value a
-  call, filter, operator or ``~`` produces; the operations that could
-  allocate more than that in one step (``*`` repetition, ``**``, padding
-  and format widths, ``replace``, ``join``) are refused before they run;
+* a size limit (:data:`MAX_CHARS`) on everything the template writes
+  (counted as it is written, in macros and blocks too) and on every value a
+  call, filter, operator or ``~`` produces (a list counts its items'
+  characters too), integers held to :data:`MAX_INT_BITS`; the operations
+  that could allocate more than that in one step (``*`` repetition,
+  ``**``, padding, indent and format widths, ``replace``, ``join``) are
+  refused before they run;
 * recursion deeper than Python's stack is a limit too.
 
 The budgets are generous for any real prompt template (a few loops over a
@@ -46,6 +49,8 @@ MAX_STEPS = 100_000
 MAX_SECONDS = 2.0
 #: Characters (or items) of a rendered template and of any value made while rendering it.
 MAX_CHARS = 1_000_000
+#: Bits of any integer made while rendering a template.
+MAX_INT_BITS = 65_536
 
 
 class TaskLimitError(ValueError):
@@ -139,7 +144,13 @@ def load_yaml(text: str, loader: type[yaml.SafeLoader] = BoundedLoader) -> Any:
 class _Budget:
     def __init__(self) -> None:
         self.steps = 0
+        self.chars = 0  # written by ``{{ ... }}`` so far (macros and blocks included)
         self.deadline = time.monotonic() + MAX_SECONDS
+
+    def emit(self, n: int) -> None:
+        self.chars += n
+        if self.chars > MAX_CHARS:
+            raise TaskLimitError(f"the template writes more than {MAX_CHARS:,} characters")
 
     def tick(self, n: int = 1) -> None:
         self.steps += n
@@ -161,13 +172,34 @@ def _tick() -> None:
         b.tick()
 
 
-def _size(v: Any) -> int:
-    return len(v) if isinstance(v, (str, bytes, list, tuple, dict, set)) else 0
+def _size(v: Any, limit: int = MAX_CHARS + 1) -> int:
+    """Characters plus items of ``v`` with its containers' contents (what
+    turning it into text costs), counted up to ``limit``."""
+    if isinstance(v, (str, bytes)):
+        return len(v)
+    if not isinstance(v, (list, tuple, dict, set, frozenset)):
+        return 0
+    total, stack = 0, [v]
+    while stack and total < limit:
+        x = stack.pop()
+        if isinstance(x, (str, bytes)):
+            total += len(x)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            total += len(x)
+            stack.extend(x)
+        elif isinstance(x, dict):
+            total += len(x)
+            stack.extend(x.keys())
+            stack.extend(x.values())
+    return total
 
 
 def _check_result(v: Any, what: str) -> Any:
-    if _size(v) > MAX_CHARS:
-        raise TaskLimitError(f"{what} makes a value of {_size(v):,} characters or items, more than {MAX_CHARS:,}")
+    n = _size(v)
+    if n > MAX_CHARS:
+        raise TaskLimitError(f"{what} makes a value of more than {MAX_CHARS:,} characters and items")
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
+        raise TaskLimitError(f"{what} makes an integer of more than {MAX_INT_BITS:,} bits")
     return v
 
 
@@ -182,6 +214,11 @@ def _precheck(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], self_: A
     if name in ("center", "ljust", "rjust", "zfill", "indent", "expandtabs", "truncate", "wordwrap"):
         if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_CHARS for v in values):
             raise TaskLimitError(f"{name}: a width over {MAX_CHARS:,}")
+        text = self_ if isinstance(self_, str) else (args[0] if args and isinstance(args[0], str) else "")
+        extra = [v for v in (list(args[1:]) if self_ is None else list(args)) + list(kwargs.values())
+                 if isinstance(v, str)]  # an indent string, a wrap string: written once a line at most
+        if extra and len(text) + (text.count("\n") + len(text) // 8 + 1) * max(map(len, extra)) > MAX_CHARS:
+            raise TaskLimitError(f"{name}: the result could be longer than {MAX_CHARS:,} characters")
     elif name in ("format", "format_map"):
         _check_widths(self_ if self_ is not None else (args[0] if args else None), name)
     elif name == "replace":
@@ -262,12 +299,17 @@ def _environment() -> Any:
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             _tick()
+            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (left, right))
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
-                    if _size(seq) and isinstance(n, int) and _size(seq) * max(n, 0) > MAX_CHARS:
+                    if isinstance(n, int) and (isinstance(seq, (str, bytes, list, tuple))) \
+                            and _size(seq) * max(n, 0) > MAX_CHARS:
                         raise TaskLimitError(f"'*': repeating {_size(seq):,} characters or items {n:,} times")
+                if ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise TaskLimitError(f"'*': an integer of more than {MAX_INT_BITS:,} bits")
             elif operator == "**" and all(isinstance(v, (int, float)) for v in (left, right)):
-                if abs(left) > 1 and abs(right) > 4096:
+                bits = max(abs(left), 2).bit_length() if ints else 64
+                if abs(left) > 1 and (abs(right) > 4096 or (ints and bits * abs(right) > MAX_INT_BITS)):
                     raise TaskLimitError(f"'**': an exponent of {right!r}")
             elif operator == "%":
                 _check_widths(left, "'%'")
@@ -289,7 +331,15 @@ def _environment() -> Any:
                 raise TaskLimitError(f"'~': the result would hold more than {MAX_CHARS:,} characters")
             return "".join(texts)
 
-    env = BoundedEnvironment(undefined=StrictUndefined, optimized=False)  # nothing is evaluated at compile time
+    def finalize(value: Any) -> Any:  # every ``{{ ... }}`` written, in macros and blocks too
+        b = _BUDGET.get()
+        if b is not None:
+            b.tick()
+            b.emit(len(value) if isinstance(value, str) else _size(value) + 16)
+        return value
+
+    # nothing is evaluated at compile time (optimized=False); every output expression is counted
+    env = BoundedEnvironment(undefined=StrictUndefined, optimized=False, finalize=finalize)
     env.filters = {name: _guarded_filter(name, f) for name, f in env.filters.items()}
     env.globals[_LOOP_GUARD] = _bounded_iter
     _ENV = env
@@ -321,4 +371,4 @@ def render(template: str, doc: dict[str, Any]) -> str:
 
 
 __all__ = ["TaskLimitError", "BoundedLoader", "BoundedYAMLError", "load_yaml", "render", "MAX_ALIAS_COST",
-           "MAX_DEPTH", "MAX_STEPS", "MAX_SECONDS", "MAX_CHARS"]
+           "MAX_DEPTH", "MAX_STEPS", "MAX_SECONDS", "MAX_CHARS", "MAX_INT_BITS"]
