@@ -157,3 +157,38 @@ def optional_available(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def row_list(bad: np.ndarray, limit: int = 10) -> str:
+    """The rows where bool ``bad`` [n] is True, for a message:
+    ``"[3, 17, ...] (12 of 5000)"``."""
+    rows = np.flatnonzero(bad)
+    shown = ", ".join(str(int(r)) for r in rows[:limit])
+    return f"[{shown}{', ...' if rows.size > limit else ''}] ({rows.size} of {bad.size})"
+
+
+#: IEEE exponent bits of the float dtypes: all set means NaN or an infinity.
+_EXPONENT = {"float16": (np.uint16, 0x7C00), "float32": (np.uint32, 0x7F800000),
+             "float64": (np.uint64, 0x7FF0000000000000), "bfloat16": (np.uint16, 0x7F80)}
+
+
+def nonfinite_rows(x: np.ndarray, block_bytes: int = 1 << 20) -> np.ndarray:
+    """bool [n]: the rows of ``x`` [n, d] holding a NaN or an infinity,
+    read about ``block_bytes`` at a time (a memory map is never loaded
+    whole). Float dtypes are tested on their bits (exponent all ones),
+    several times faster than ``np.isfinite`` on float16."""
+    n = x.shape[0]
+    bad = np.zeros(n, dtype=bool)
+    block = max(1, block_bytes // max(1, x.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))))
+    spec = _EXPONENT.get(x.dtype.name)
+    if spec is not None and np.dtype(spec[0]).itemsize != x.dtype.itemsize:
+        spec = None
+    for s in range(0, n, block):
+        part = np.ascontiguousarray(x[s : s + block]).reshape(min(block, n - s), -1)
+        if spec is not None:
+            utype, mask = spec
+            m = utype(mask)
+            bad[s : s + block] = (np.bitwise_and(part.view(utype), m) == m).any(axis=1)
+        else:
+            bad[s : s + block] = ~np.isfinite(part).all(axis=1)
+    return bad

@@ -9,6 +9,12 @@ from the local cache, or downloaded into it unless ``HF_HUB_OFFLINE`` /
 ``TRANSFORMERS_OFFLINE`` is set. :func:`model_fingerprint` identifies a
 folder's contents (it keys caches and result files), :func:`file_fingerprint`
 one file's (a ``.gguf``: it keys the converted-weights cache).
+
+Nothing in a model folder runs: every transformers loader is called with
+``trust_remote_code=False``, and a folder whose ``config.json`` or
+``tokenizer_config.json`` (or processor config) holds an ``auto_map`` --
+a pointer to the folder's own Python code -- is refused up front
+(:func:`refuse_remote_code`, run on every folder this module resolves).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import re
 import struct
@@ -32,6 +39,48 @@ _TRUTHY = ("1", "true", "yes", "on")
 _HUB_PATTERNS = ["*.json", "*.txt", "*.model", "*.safetensors"]
 _HUB_BIN_PATTERNS = ["pytorch_model*.bin"]
 _HUB_DIRS: dict[str, Path] = {}
+#: The files whose ``auto_map`` makes transformers import Python code from the folder.
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def _code_refs(amap: object) -> list[str]:
+    """The ``module.Class`` names an ``auto_map`` points at (a repo prefix ``owner/name--`` dropped)."""
+    refs = set()
+    for v in (amap.values() if isinstance(amap, dict) else [amap]):
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(x, str) and x:
+                refs.add(x.split("--")[-1])
+    return sorted(refs) or [repr(amap)]
+
+
+def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
+    """Refuse a model folder that needs its own Python code.
+
+    A ``config.json`` / ``tokenizer_config.json`` (or processor config)
+    with an ``auto_map`` points transformers at ``.py`` files in the
+    folder, which it would import with ``trust_remote_code=True``. rcn_fast
+    never passes that, so such a model cannot load anyway; refusing it here
+    names the file instead of transformers' prompt or error.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and the code it points at.
+    """
+    d = Path(model_dir)
+    for name in REMOTE_CODE_FILES:
+        f = d / name
+        if not f.is_file():
+            continue
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # transformers reports an unreadable file itself
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise ValueError(f"model: {f} holds an 'auto_map' ({', '.join(_code_refs(data['auto_map']))}): the "
+                             "model needs its own "
+                             "Python code (.py files of the model folder or its hub repository), which rcn_fast "
+                             "never runs (trust_remote_code=False); use a model transformers supports natively")
 
 
 def hub_offline() -> bool:
@@ -134,8 +183,20 @@ def resolve_model_path(model: str, *, allow_gguf: bool = False, local_files_only
     Returns
     -------
     pathlib.Path
+
+    Raises
+    ------
+    ValueError
+        Nothing to resolve, or a folder whose configs hold an ``auto_map``
+        (:func:`refuse_remote_code`).
     """
-    model = str(model)
+    path = _resolve(str(model), allow_gguf, local_files_only)
+    if path.is_dir():
+        refuse_remote_code(path)
+    return path
+
+
+def _resolve(model: str, allow_gguf: bool, local_files_only: bool) -> Path:
     if model.startswith("package:"):
         return package_model(model[len("package:"):], allow_gguf=allow_gguf)
     p = Path(model).expanduser()
@@ -316,8 +377,6 @@ def _folder_model_name(path: Path) -> str:
     """A model folder's name: a sentence-transformers folder's model card
     title (``# all-MiniLM-L6-v2``); else the hub id its ``config.json``
     came from (``_name_or_path``); else the folder's own name."""
-    import json
-
     if (path / "modules.json").is_file() and (path / "README.md").is_file():
         try:
             for line in (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()[:200]:
@@ -336,4 +395,5 @@ def _folder_model_name(path: Path) -> str:
 
 
 __all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "file_fingerprint",
-           "hub_offline", "SETTINGS_FILE", "describe_model", "gguf_general"]
+           "hub_offline", "refuse_remote_code", "REMOTE_CODE_FILES", "SETTINGS_FILE", "describe_model",
+           "gguf_general"]

@@ -186,8 +186,9 @@ class NLIModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "float16" if str(device).startswith("cuda") else "float32"
-        tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
-        model = tf.AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+        tok = tf.AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+        model = tf.AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                                                      trust_remote_code=False)
         return cls(model, tok, label_names=label_names, batch_size=batch_size, max_length=max_length,
                    device=device, name=str(path_or_id))
 

@@ -207,14 +207,22 @@ def test_load_checks_file_sizes_and_verify_checks_contents(store_dir, encoder, t
         f.truncate((d / "texts.bin").stat().st_size - 3)
     with pytest.raises(ValueError, match="texts.bin"):
         Retriever.load(d, encoder=encoder)
-    # a same-size swap passes the size check; only verify= finds it
+    # a same-size swap of the offset arrays passes the size check; the offsets' own check finds it (issue 34)
     d = copy_store(store_dir, tmp_path / "swapped")
     a, b = d / "text_offsets.npy", d / "id_offsets.npy"
     os.replace(a, d / "tmp")
     os.replace(b, a)
     os.replace(d / "tmp", b)
+    with pytest.raises(ValueError, match=r"text_offsets.npy is damaged: it runs from 0 to \d+, not 0 to \d+ \(the "
+                                         r"size of texts.bin\)"):
+        Retriever.load(d, encoder=encoder)
+    # a same-size change that keeps every array consistent (one character of a text): only verify= finds it
+    d = copy_store(store_dir, tmp_path / "edited")
+    data = bytearray((d / "texts.bin").read_bytes())
+    data[0] = ord("X") if data[0] != ord("X") else ord("Y")
+    (d / "texts.bin").write_bytes(bytes(data))
     assert Retriever.load(d, encoder=encoder).store.text(0) != Retriever.load(store_dir, encoder=encoder).store.text(0)
-    with pytest.raises(ValueError, match="text_offsets.npy.*id_offsets.npy|id_offsets.npy.*text_offsets.npy"):
+    with pytest.raises(ValueError, match="texts.bin \\(checksum mismatch\\)"):
         Retriever.load(d, encoder=encoder, verify=True)
     assert Retriever.load(store_dir, encoder=encoder, verify=True).store.text(0) == \
         Retriever.load(store_dir, encoder=encoder).store.text(0)

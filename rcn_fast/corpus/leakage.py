@@ -196,22 +196,26 @@ def corpus_leak_report(corpus: str, tasks: Mapping[str, Iterable[Any]]) -> LeakR
 
 def cached_corpus_leak_summary(corpus: str, tasks: Mapping[str, Sequence[Any]], cache_dir: Path) -> dict[str, Any]:
     """:func:`corpus_leak_report` as a dict, cached in ``cache_dir`` by the corpus's
-    files (path, size, mtime) and the question ids, so a rerun does not rescan."""
+    files (path, inode, size, mtime, ctime) and the question ids, so a rerun
+    does not rescan; a cached summary of the wrong shape is scanned again."""
     import hashlib
     import json
     import os
 
     path = Path(corpus)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    stats = [(f, f.stat()) for f in files]
     ident = {"corpus": os.fspath(path.resolve()),
-             "files": [[os.fspath(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
+             "files": [[os.fspath(f), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for f, st in stats],
              "tasks": {t: [str(q.id) for q in qs] for t, qs in sorted(tasks.items())}}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     cached = cache_dir / f"leaks-{key}.json"
     if cached.exists():
         try:
-            return json.loads(cached.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            got = json.loads(cached.read_text(encoding="utf-8"))
+            if _summary_ok(got, tasks):
+                return got
+        except (OSError, ValueError, RecursionError):
             pass
     summary = corpus_leak_report(corpus, tasks).to_dict()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +223,19 @@ def cached_corpus_leak_summary(corpus: str, tasks: Mapping[str, Sequence[Any]], 
     tmp.write_text(json.dumps(summary), encoding="utf-8")
     os.replace(tmp, cached)
     return summary
+
+
+def _summary_ok(d: Any, tasks: Mapping[str, Sequence[Any]]) -> bool:
+    """Whether a cached summary has the shape :meth:`LeakReport.to_dict`
+    writes (counts that are integers >= 0, of this run's tasks)."""
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(d, dict) or not count(d.get("documents")) or not isinstance(d.get("tasks"), dict):
+        return False
+    return all(t in tasks and isinstance(v, dict) and count(v.get("documents")) and count(v.get("questions_leaked"))
+               and v["questions_leaked"] <= len(tasks[t]) and isinstance(v.get("by_source"), dict)
+               for t, v in d["tasks"].items())
 
 
 def leak_warning(corpus: str, summary: dict[str, Any]) -> str | None:

@@ -15,6 +15,15 @@ the model's weights or served identity -- see
 :func:`rcn_fast.eval.loading.model_key` --, corpus, KB), so changed
 settings or weights never reuse stale answers.
 
+Every record read back goes through the same check as a fresh one (the
+``check`` of :class:`Checkpoint`: :meth:`rcn_fast.eval.scoring.Task.check_record`
+in an evaluation): a record that fails it -- a damaged line, a metric out
+of range or NaN, log-probs that are NaN, all ``-inf`` or fewer than the
+question's choices, a gold answer that is no longer the task's -- is left
+out (its question is answered again) with one :class:`DamagedRecordWarning`
+per file naming the file and the lines; it is never counted. Only the last
+record of a question counts (a recomputed answer supersedes a bad one).
+
 Shards (``--num-shards S --shard-id I``) append to their own files beside
 the unsharded one (:mod:`rcn_fast.eval.shards`); every checkpoint also
 reads the records of its siblings (the unsharded file and every shard file
@@ -28,8 +37,9 @@ import contextlib
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 try:
     import fcntl
@@ -50,6 +60,12 @@ def _locked(f: IO[bytes]) -> Iterator[bool]:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
+class DamagedRecordWarning(UserWarning):
+    """Records of a checkpoint file that fail the check of a fresh result
+    were left out (their questions are answered again); the message names
+    the file, the lines and why."""
+
+
 def run_key(parts: dict[str, Any]) -> str:
     """sha256 (hex, 16 chars) of a canonical JSON of ``parts``."""
     blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
@@ -68,9 +84,14 @@ class Checkpoint:
         Written once, when the file is first created.
     shard : (shard_id, num_shards), optional
         Append to that shard's own file instead of ``path``.
+    check : callable, optional
+        ``check(record)`` raises ValueError for a record that is not a
+        valid result (the rule of a fresh record); such a record read back
+        is left out, with a :class:`DamagedRecordWarning`.
     """
 
-    def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None) -> None:
+    def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None,
+                 check: Callable[[dict[str, Any]], None] | None = None) -> None:
         from rcn_fast.eval.shards import shard_file, sibling_files
 
         base = Path(path)
@@ -78,17 +99,38 @@ class Checkpoint:
         self.path = base if shard is None or shard[1] == 1 else shard_file(base, *shard)
         self.meta_path = base.with_suffix(".meta.json")
         self.meta = meta
+        self.check = check
         self.records: dict[str, dict[str, Any]] = {}
+        self._lines: dict[str, tuple[Path, int]] = {}  # where each record was read
+        self._unreadable: dict[Path, list[str]] = {}
         for other in sibling_files(base):
             if other != self.path:
                 self._load_other(other)
         self._load()
+        self._drop_damaged()
 
     def _load_other(self, path: Path) -> None:
         """Records of a sibling file another process may be appending to:
         whole lines only, nothing repaired."""
         data = path.read_bytes()
-        self._parse(data[: data.rfind(b"\n") + 1])
+        self._parse(data[: data.rfind(b"\n") + 1], path)
+
+    def _drop_damaged(self) -> None:
+        """Leave out the records ``check`` refuses (one warning per file,
+        naming the lines; lines that are not JSON too)."""
+        bad: dict[Path, list[str]] = {p: list(v) for p, v in self._unreadable.items()}
+        for qid in list(self.records) if self.check is not None else ():
+            try:
+                self.check(self.records[qid])
+            except (ValueError, TypeError, KeyError) as exc:
+                del self.records[qid]
+                path, line = self._lines[qid]
+                bad.setdefault(path, []).append(f"line {line} (question {qid!r}): {exc}")
+        for path, lines in bad.items():
+            more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
+            warnings.warn(DamagedRecordWarning(
+                f"checkpoint {path}: {len(lines)} record(s) are damaged or fail the check of a fresh result; "
+                f"their questions are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
 
     def _load(self) -> None:
         if not self.path.is_file():
@@ -102,7 +144,7 @@ class Checkpoint:
         if f is not None:
             with f, _locked(f) as locked:
                 data = self._read_repair(f, locked)
-        self._parse(data)
+        self._parse(data, self.path)
 
     @staticmethod
     def _read_repair(f: IO[bytes], locked: bool) -> bytes:
@@ -120,17 +162,19 @@ class Checkpoint:
             data = data[:good]
         return data
 
-    def _parse(self, data: bytes) -> None:
-        for raw in data.split(b"\n"):
+    def _parse(self, data: bytes, path: Path) -> None:
+        for n, raw in enumerate(data.split(b"\n"), 1):
             line = raw.decode("utf-8", errors="replace")
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:  # a damaged line: its question is answered again
+            except (json.JSONDecodeError, RecursionError):  # a damaged line: its question is answered again
+                self._unreadable.setdefault(path, []).append(f"line {n} (not JSON)")
                 continue
             if isinstance(rec, dict) and "id" in rec:
                 self.records[str(rec["id"])] = rec
+                self._lines[str(rec["id"])] = (path, n)
 
     def done(self) -> set[str]:
         return set(self.records)
@@ -171,4 +215,4 @@ class Checkpoint:
             self.records[str(r["id"])] = r
 
 
-__all__ = ["Checkpoint", "run_key"]
+__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key"]

@@ -281,11 +281,13 @@ def _run_paper(ns: argparse.Namespace, cfg: EvalConfig) -> int:
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
                   line: str | None = None, *, _default: Any = warnings.showwarning) -> None:
-    """Task warnings (a split with another count than the paper's) as one
-    ``rcn_fast.eval: warning:`` line; any other warning as Python shows it."""
+    """Task warnings (a split with another count than the paper's) and
+    damaged checkpoint records as one ``rcn_fast.eval: warning:`` line; any
+    other warning as Python shows it."""
+    from rcn_fast.eval.checkpoint import DamagedRecordWarning
     from rcn_fast.eval.tasks import TaskCountWarning
 
-    if issubclass(category, TaskCountWarning):
+    if issubclass(category, (TaskCountWarning, DamagedRecordWarning)):
         print(f"rcn_fast.eval: warning: {message}", file=sys.stderr)
     else:
         _default(message, category, filename, lineno, file, line)

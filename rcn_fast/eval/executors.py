@@ -29,7 +29,7 @@ from rcn_fast.eval.config import EvalConfig, EvalError
 from rcn_fast.eval.loading import Components, check_model_packages, log
 from rcn_fast.eval.plan import Plan, Unit, default_models_needed, plan, warn_corpus_leaks
 from rcn_fast.eval.progress import StageBars
-from rcn_fast.eval.scoring import make_task
+from rcn_fast.eval.scoring import RecordError, make_task
 from rcn_fast.eval.shards import merge_guard
 
 # Testing/debug hook: seconds to sleep after each checkpointed batch (lets a
@@ -39,10 +39,19 @@ THROTTLE_ENV = "RCN_FAST_EVAL_THROTTLE"
 
 def make_record(pred: Any, question: Any, unit: Unit, elapsed: float) -> dict[str, Any]:
     """The checkpoint record of one answered question: the task's metrics
-    and the prediction with the gold written beside it."""
+    and the prediction with the gold written beside it, checked as every
+    record read back is (:meth:`rcn_fast.eval.scoring.Task.check_record`).
+
+    Raises
+    ------
+    rcn_fast.eval.scoring.RecordError
+        The prediction is not a valid answer (its question fails, uncounted).
+    """
     task = unit.scorer or make_task(unit.task)
-    return {"id": question.id, "seed": unit.seed, "status": "ok", "metrics": task.process_results(question, pred),
-            "elapsed_s": elapsed, "prediction": task.record_prediction(question, pred)}
+    rec = {"id": question.id, "seed": unit.seed, "status": "ok", "metrics": task.process_results(question, pred),
+           "elapsed_s": elapsed, "prediction": task.record_prediction(question, pred)}
+    task.check_record(question, rec, unit.seed)
+    return rec
 
 
 def output_folder(cfg: EvalConfig) -> Path:
@@ -103,8 +112,13 @@ def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[
             recs = []
             for q, pred, err in zip(chunk, preds, errors):
                 if err is None:
-                    recs.append(make_record(pred, q, unit, per_q))
-                else:
+                    try:
+                        recs.append(make_record(pred, q, unit, per_q))
+                    except RecordError as exc:  # never counted, as a damaged record read back
+                        if cfg.strict:
+                            raise
+                        err = f"RecordError: {exc}"
+                if err is not None:
                     unit.failures.append({"task": unit.task.name, "pipeline": unit.pipeline, "seed": unit.seed,
                                           "question_id": q.id, "error": err})
             unit.checkpoint.append(recs)

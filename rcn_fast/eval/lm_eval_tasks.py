@@ -16,7 +16,8 @@ The multiple-choice subset of that format is read::
 ``doc_to_text``, ``doc_to_choice`` and ``doc_to_target`` are what lm-eval
 takes: the name of a record field, or a Jinja template over the record's
 fields (rendered in Jinja's immutable sandbox with undefined names an
-error; a ``doc_to_choice`` template renders a Python list literal, read
+error, within a budget of steps, time and sizes: :mod:`rcn_fast.eval.task_limits`,
+whose bounded YAML loader reads the files too; a ``doc_to_choice`` template renders a Python list literal, read
 with :func:`ast.literal_eval`), ``doc_to_choice`` also a list of the
 choices, ``doc_to_target`` also the answer's index. A target that renders
 to digits is the answer's index, another string must be one of the
@@ -47,6 +48,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from rcn_fast.eval.task_limits import BoundedLoader, TaskLimitError, load_yaml, render
 from rcn_fast.eval.task_sources import dataset_rows, take_n
 from rcn_fast.eval.task_spec import TaskCountWarning, TaskError, TaskSpec, read_task_yaml
 
@@ -68,8 +70,9 @@ class _Function:
         self.target = target
 
 
-class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that reads lm-eval's ``!function`` tag as a marker."""
+class _Loader(BoundedLoader):
+    """The bounded ``yaml.SafeLoader`` (:mod:`rcn_fast.eval.task_limits`) reading lm-eval's ``!function`` tag as a
+    marker."""
 
 
 _Loader.add_constructor("!function", lambda loader, node: _Function(str(loader.construct_scalar(node))))
@@ -95,8 +98,8 @@ def is_lm_eval_file(path: Path) -> bool:
     ``!function`` value, and no rcn_fast ``name``; template fragments
     included); read leniently (``!function`` tags are markers)."""
     try:
-        data = yaml.load(path.read_text(encoding="utf-8", errors="replace"), Loader=_Loader)  # noqa: S506
-    except (OSError, yaml.YAMLError):
+        data = load_yaml(path.read_text(encoding="utf-8", errors="replace"), _Loader)
+    except (OSError, yaml.YAMLError):  # the task file reader reports it, naming the file
         return False
     return isinstance(data, dict) and "name" not in data and (
         any(k in data for k in _LM_EVAL_KEYS) or any(isinstance(v, _Function) for v in data.values()))
@@ -168,46 +171,46 @@ def spec_from_file(path: Path) -> TaskSpec:
 
 
 # ------------------------------------------------------------------ records
-_ENV: Any = None
-
-
-def _render(template: str, doc: dict[str, Any]) -> str:
-    global _ENV
-    if _ENV is None:
-        from rcn_fast._arrays import require
-
-        require("jinja2", 'pip install jinja2  (or pip install "rcn_fast[eval]")')
-        from jinja2 import StrictUndefined
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
-    return _ENV.from_string(template).render(**doc)
-
-
-def _value(spec: Any, doc: dict[str, Any]) -> Any:
-    """lm-eval's reading of a doc_to_* setting: a field name, else a template."""
+def _value(spec: Any, doc: dict[str, Any], key: str) -> Any:
+    """lm-eval's reading of a doc_to_* setting: a field name, else a template
+    (rendered within the limits of :mod:`rcn_fast.eval.task_limits`)."""
     if isinstance(spec, str):
-        return doc[spec] if spec in doc else _render(spec, doc)
+        if spec in doc:
+            return doc[spec]
+        try:
+            return render(spec, doc)
+        except TaskLimitError as exc:
+            raise TaskLimitError(f"{key}: {exc}") from None
     return spec
 
 
 def convert_doc(doc: dict[str, Any], templates: dict[str, Any], qid: str, where: str) -> Any:
-    """One record -> :class:`~rcn_fast.data.MCQuestion` (``where`` names it in errors)."""
+    """One record -> :class:`~rcn_fast.data.MCQuestion` (``where`` names it in errors).
+
+    Raises
+    ------
+    rcn_fast.data.DataFormatError
+        A template error or a value that is not a question (naming ``where``).
+    rcn_fast.eval.task_limits.TaskLimitError
+        A template over the render limits (the caller names the task file).
+    """
     from jinja2 import TemplateError
 
     from rcn_fast.data import DataFormatError, MCQuestion
 
     try:
-        raw = _value(templates["doc_to_text"], doc)
-        choices = _value(templates["doc_to_choice"], doc)
+        raw = _value(templates["doc_to_text"], doc, "doc_to_text")
+        choices = _value(templates["doc_to_choice"], doc, "doc_to_choice")
         if isinstance(templates["doc_to_choice"], str) and templates["doc_to_choice"] not in doc:
             choices = ast.literal_eval(choices)
         elif isinstance(choices, dict):
             choices = list(choices.values())
-        target = _value(templates["doc_to_target"], doc)
+        target = _value(templates["doc_to_target"], doc, "doc_to_target")
+    except TaskLimitError:
+        raise
     except TemplateError as exc:
         raise DataFormatError(f"{where}: template error: {exc}") from None
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         raise DataFormatError(f"{where}: doc_to_choice did not render a list literal") from None
     if not isinstance(choices, (list, tuple)) or len(choices) < 2 or not all(
             isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in choices):
@@ -267,7 +270,10 @@ def load_questions(spec: TaskSpec, limit: int | float | None, split: str) -> tup
         rid = doc.get("id")
         qid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) and str(rid) else \
             f"{spec.name}-{split}-{row}"
-        out.append(convert_doc(doc, templates, qid, at))
+        try:
+            out.append(convert_doc(doc, templates, qid, at))
+        except TaskLimitError as exc:  # one message naming the task file (and the record)
+            raise TaskError(f"task file {spec.source}: {exc} (rendering {at})") from None
     return out, total, where
 
 

@@ -24,19 +24,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-_SHA_MEMO: dict[tuple[str, int, int], str] = {}
-
-
 def sha_file(path: Path) -> str:
-    """sha256 of a file, memoised on (path, size, mtime): a large corpus is hashed once per process."""
-    st = Path(path).stat()
-    memo_key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-    if memo_key in _SHA_MEMO:
-        return _SHA_MEMO[memo_key]
-    from rcn_fast._hashing import sha256_file
+    """sha256 of a file, hashed again only when its size, mtime, ctime or
+    inode changed (:func:`rcn_fast._hashing.content_fingerprint`, memoised
+    across runs): a large corpus is hashed once."""
+    from rcn_fast._hashing import content_fingerprint
 
-    _SHA_MEMO[memo_key] = sha256_file(path)
-    return _SHA_MEMO[memo_key]
+    return content_fingerprint(path)
 
 
 def corpus_key(corpus: str | None) -> Any:

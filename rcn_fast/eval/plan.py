@@ -10,9 +10,11 @@ whether its pipeline needs an LLM and what it retrieves from
 (:class:`Needs`) -- and the executors (:mod:`rcn_fast.eval.executors`,
 :mod:`rcn_fast.eval.ray_executor`) and the reports read it from the unit.
 
-The checkpoint key covers the task, the settings, the LLM (unless the class's
-spec says ``needs_llm=False``), the corpus / KB contents and whatever the
-spec's ``result_key(config)`` adds (SEPTA: a fingerprint of its checkpoint).
+The checkpoint key covers the task (its data files' content too), the
+settings, the LLM (unless the class's spec says ``needs_llm=False``), the
+corpus / KB contents and whatever the spec's ``result_key(config)`` adds
+(SEPTA: a fingerprint of its checkpoint). Every record read back is held to
+the check of a fresh one (:func:`record_check`).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class Unit:
         """Read the checkpoint again (after other processes appended to it:
         Ray workers, shards) and recompute the pending questions."""
         ck = self.checkpoint
-        self.checkpoint = Checkpoint(ck.base_path, ck.meta)
+        self.checkpoint = Checkpoint(ck.base_path, ck.meta, check=ck.check)
         done = self.checkpoint.done()
         self.pending = [q for q in self.questions if q.id not in done]
 
@@ -237,7 +239,8 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
             **({"pipeline_key": extra} if extra is not None else {}),
         })
         path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
-        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, meta={
+        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None,
+                        check=record_check(task, qs, seed), meta={
                         "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                         "model": llm_key if needs.llm else None,
                         **({"pipeline_key": extra} if extra is not None else {})})
@@ -248,6 +251,21 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
                           needs=needs, corpus=corpus if uses_corpus else None,
                           kb=cfg.kb if uses_kb else None, scorer=task, entry=entry))
     return units
+
+
+def record_check(task: Task, questions: list[Any], seed: int) -> Any:
+    """The check of every record read back from a unit's checkpoint: the
+    task's own check of a fresh record (:meth:`Task.check_record`) against
+    the question it answers; records of questions not in this run (another
+    ``--limit``) are left as they are."""
+    by_id = {q.id: q for q in questions}
+
+    def check(record: dict[str, Any]) -> None:
+        q = by_id.get(str(record.get("id")))
+        if q is not None:
+            task.check_record(q, record, seed)
+
+    return check
 
 
 def pipeline_hook(cls: Any, name: str, pipeline: str, conf: Any) -> Any:
@@ -296,4 +314,5 @@ def default_models_needed(cfg: EvalConfig, todo: list[Unit], *, llm: Any, encode
     return default_llm, default_encoder
 
 
-__all__ = ["plan", "Plan", "Unit", "Needs", "pipeline_hook", "warn_corpus_leaks", "default_models_needed"]
+__all__ = ["plan", "Plan", "Unit", "Needs", "pipeline_hook", "record_check", "warn_corpus_leaks",
+           "default_models_needed"]

@@ -17,7 +17,12 @@ A task object
   ActiveRAG agent's metrics -- filled in) and :meth:`Task.scored` (the
   same as a prediction object);
 * aggregates per-question values (:meth:`Task.aggregation`: mean and
-  standard error) and gives the samples' fields and the chance level.
+  standard error) and gives the samples' fields and the chance level;
+* checks a checkpoint record (:meth:`Task.check_record`): the one rule for
+  a fresh record and for every record read back from a checkpoint -- types,
+  ranges, finiteness, one log-prob per choice (none NaN, ``+inf`` or
+  positive, not all ``-inf``), the gold written beside it still the task's
+  gold, and its metrics what its prediction scores against that gold.
 
 A new kind of task is one subclass registered in :data:`TASK_TYPES`, with its
 metric names in :data:`rcn_fast.eval.task_spec.METRICS` and its readers in
@@ -31,6 +36,7 @@ import dataclasses
 import math
 from typing import Any, Callable, ClassVar
 
+from rcn_fast._validate import is_int, is_number
 from rcn_fast.data.open_domain import OpenQuestion, exact_match, string_em
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast.eval.task_loading import load_task_questions
@@ -47,6 +53,15 @@ def mean_stderr(values: list[float]) -> tuple[float, float]:
         return m, 0.0
     var = sum((v - m) ** 2 for v in values) / (n - 1)
     return m, math.sqrt(var / n)
+
+
+class RecordError(ValueError):
+    """A checkpoint record that is not a valid result of its question (the
+    message says which field and why)."""
+
+
+def _is_metric(v: Any) -> bool:
+    return v is None or (is_number(v) and math.isfinite(v) and 0.0 <= v <= 1.0)
 
 
 def _as_dict(prediction: Any) -> dict[str, Any]:
@@ -97,6 +112,46 @@ class Task:
         d = self.record_prediction(question, prediction)
         return type(prediction).from_dict(d) if hasattr(type(prediction), "from_dict") else d
 
+    def check_record(self, question: Any, record: Any, seed: int | None = None) -> None:
+        """Raise :class:`RecordError` unless ``record`` is a valid checkpoint
+        record of ``question`` (of seed ``seed`` when given): ``status``
+        ``"ok"``, a finite ``elapsed_s`` >= 0, token counts >= 0, a valid
+        prediction (:meth:`check_prediction`: the gold beside it the
+        question's gold) and ``metrics`` -- one finite value in [0, 1] per
+        metric -- equal to what the prediction scores against that gold."""
+        if not isinstance(record, dict):
+            raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+        if str(record.get("id")) != str(question.id):
+            raise RecordError(f"id {record.get('id')!r} is not the question's ({question.id!r})")
+        if record.get("status") != "ok":
+            raise RecordError(f"status {record.get('status')!r}, expected 'ok'")
+        if seed is not None and record.get("seed") != seed:
+            raise RecordError(f"seed {record.get('seed')!r}, the file's is {seed}")
+        el = record.get("elapsed_s", 0.0)
+        if not (is_number(el) and math.isfinite(el) and el >= 0):
+            raise RecordError(f"elapsed_s {el!r}: expected a finite number of seconds >= 0")
+        pred = record.get("prediction")
+        if not isinstance(pred, dict):
+            raise RecordError(f"prediction: expected a JSON object, got {type(pred).__name__}")
+        cost = pred.get("cost", {})
+        if not isinstance(cost, dict) or not all(is_int(v) and v >= 0 for v in cost.values()):
+            raise RecordError(f"prediction.cost {str(cost)[:80]}: expected counts (integers >= 0)")
+        self.check_prediction(question, pred)
+        metrics = record.get("metrics")
+        if not isinstance(metrics, dict) or set(metrics) != set(self.metrics):
+            raise RecordError(f"metrics {str(metrics)[:80]}: expected the values of {list(self.metrics)}")
+        for m, v in metrics.items():
+            if not _is_metric(v):
+                raise RecordError(f"metrics.{m} {v!r}: expected a number in [0, 1]")
+        want = self.process_results(question, pred)
+        if metrics != want:
+            raise RecordError(f"metrics {metrics} are not what the prediction scores against the gold ({want})")
+
+    def check_prediction(self, question: Any, prediction: dict[str, Any]) -> None:
+        """Raise :class:`RecordError` unless ``prediction`` (a record's, as
+        :meth:`record_prediction` writes it) is a valid answer to ``question``."""
+        raise NotImplementedError
+
     def aggregation(self) -> dict[str, Callable[[list[float]], tuple[float, float]]]:
         """Metric -> how per-question values aggregate: ``(mean, standard error)``."""
         return {m: mean_stderr for m in self.metrics}
@@ -129,6 +184,30 @@ class ChoiceTask(Task):
         if "answer" in d:
             d["answer"] = question.answer
         return d
+
+    def check_prediction(self, question: MCQuestion, prediction: dict[str, Any]) -> None:
+        """A choice index in range with its label, one log-prob per choice
+        (an empty list: a pipeline that gives no scores) under the rule of
+        fresh label scores (:func:`rcn_fast.llm.labels.label_score_problem`),
+        and the question's gold beside it."""
+        from rcn_fast.llm.labels import label_score_problem
+
+        n = len(question.choices)
+        p = prediction.get("pred")
+        if not is_int(p) or not 0 <= p < n:
+            raise RecordError(f"prediction.pred {p!r}: expected a choice index in [0, {n})")
+        labels = list(question.labels)
+        if prediction.get("label") != labels[p]:
+            raise RecordError(f"prediction.label {prediction.get('label')!r} is not choice {p}'s label {labels[p]!r}")
+        lp = prediction.get("choice_logprobs")
+        if not isinstance(lp, list) or (lp and len(lp) != n) or not all(is_number(v) for v in lp):
+            raise RecordError(f"prediction.choice_logprobs {str(lp)[:80]}: expected {n} numbers (one per choice)")
+        why = label_score_problem(lp, labels)
+        if why is not None:
+            raise RecordError(f"prediction.choice_logprobs: {why}")
+        if "answer" in prediction and prediction["answer"] != question.answer:
+            raise RecordError(f"prediction.answer {prediction['answer']!r}: the task's gold is now "
+                              f"{question.answer!r} (its data changed)")
 
     def sample_fields(self, question: MCQuestion, prediction: dict[str, Any]) -> dict[str, Any]:
         return {"target": question.answer_label, "prediction": prediction.get("label"),
@@ -171,6 +250,25 @@ class OpenTask(Task):
                 a.update(self._match(a["answer_text"], gold))
         return d
 
+    def check_prediction(self, question: OpenQuestion, prediction: dict[str, Any]) -> None:
+        """A text answer, the question's gold aliases beside it and their
+        matches (each agent's too) what the text scores against them."""
+        if not isinstance(prediction.get("answer_text"), str):
+            raise RecordError(f"prediction.answer_text {str(prediction.get('answer_text'))[:80]}: expected a string")
+        gold = list(question.answers)
+        if prediction.get("answers") != gold:
+            raise RecordError(f"prediction.answers {str(prediction.get('answers'))[:80]}: the task's gold is now "
+                              f"{str(gold)[:80]} (its data changed)")
+        agents = (prediction.get("meta") or {}).get("agents") if isinstance(prediction.get("meta"), dict) else None
+        for who, d in [("", prediction)] + [(f"meta.agents.{k}.", v) for k, v in (
+                agents.items() if isinstance(agents, dict) else ())]:
+            if not isinstance(d, dict) or not isinstance(d.get("answer_text"), str):
+                raise RecordError(f"prediction.{who}answer_text: expected a string")
+            want = self._match(d["answer_text"], gold)
+            got = {k: d.get(k) for k in want}
+            if got != want:
+                raise RecordError(f"prediction.{who}{got} are not what the answer scores against the gold ({want})")
+
     def sample_fields(self, question: OpenQuestion, prediction: dict[str, Any]) -> dict[str, Any]:
         return {"target": list(question.answers), "prediction": prediction.get("answer_text"),
                 "output": prediction.get("output")}
@@ -208,5 +306,5 @@ def scored(question: Any, prediction: Any) -> Any:
     return task_for_question(question).scored(question, prediction)
 
 
-__all__ = ["Task", "ChoiceTask", "OpenTask", "TASK_TYPES", "make_task", "task_for_question", "score", "scored",
-           "mean_stderr"]
+__all__ = ["Task", "ChoiceTask", "OpenTask", "RecordError", "TASK_TYPES", "make_task", "task_for_question", "score",
+           "scored", "mean_stderr"]

@@ -142,8 +142,46 @@ def task_corpus(spec: TaskSpec) -> str | None:
 
 
 
+def local_data_files(spec: TaskSpec) -> list[Path]:
+    """The local files and folders a task's ``dataset_kwargs.data_files``
+    name (a path, a glob, a list or a ``{split: ...}`` mapping of them), as
+    the ``datasets`` loader finds them (relative to the working
+    directory), sorted."""
+    import glob
+
+    dk = spec.dataset_kwargs or {}
+    found: set[Path] = set()
+
+    def add(v: Any) -> None:
+        if isinstance(v, str):
+            for m in glob.glob(str(Path(v).expanduser()), recursive=True) if glob.has_magic(v) else [v]:
+                if Path(m).expanduser().exists():
+                    found.add(Path(m).expanduser().resolve())
+        elif isinstance(v, dict):
+            for x in v.values():
+                add(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+
+    add(dk.get("data_files"))
+    return sorted(found)
+
+
 def spec_key(spec: TaskSpec) -> str:
-    """A short hash of what decides a task's questions (checkpoints key on it)."""
+    """A short hash of what decides a task's questions (checkpoints key on it).
+
+    It covers the spec's fields and the content of every local file the
+    task reads: a ``local`` file (its sha256) or folder, and a ``dataset``
+    that is a local folder (a JSON-lines split folder, a ``save_to_disk``
+    folder, a copy of a hub repository) or local ``data_files`` in
+    ``dataset_kwargs`` (:func:`local_data_files`), by
+    :func:`rcn_fast._hashing.content_fingerprint` -- sizes and mtimes first,
+    hashes only of files that changed. Hub datasets are keyed by id, config
+    and ``revision``; ``url`` files by their pinned ``sha256``.
+    """
+    from rcn_fast._hashing import content_fingerprint
+
     d = {k: v for k, v in spec.to_dict().items() if k not in ("description", "source", "group", "corpus",
                                                              "pipeline_args", "expected_count", "paper_table")}
     for k in ("revision", "url", "sha256", "lm_eval"):  # keys of tasks without them stay what they were
@@ -153,34 +191,45 @@ def spec_key(spec: TaskSpec) -> str:
     d.pop("size", None)  # and its size with it: adding size: keeps the checkpoints
     if spec.local:
         p = package_path(spec.local)
-        d["local_sha"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        d["local_sha"] = content_fingerprint(p) if p.exists() else None  # a file's: its sha256, as before
+    if spec.dataset and not spec.url and not spec.local and Path(spec.dataset).expanduser().is_dir():
+        d["data_sha"] = content_fingerprint(Path(spec.dataset).expanduser())  # a local folder's files
+    files = local_data_files(spec)
+    if files:  # dataset_kwargs' local data_files (``dataset: json``)
+        d["data_files_sha"] = {str(f): content_fingerprint(f) for f in files}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "package_path", "task_corpus", "spec_key",
-           "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
+           "local_data_files", "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
 
 
 def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = None) -> dict[str, Any]:
     """One task YAML file as a mapping (``include:`` left to the caller).
 
-    ``loader``: a ``yaml.SafeLoader`` subclass (default ``yaml.SafeLoader``).
-    A missing file, bytes that are not text, invalid YAML (with its line)
-    or a top level that is not a mapping is a :class:`TaskError` naming the
-    file (and the file that included it).
+    ``loader``: a :class:`rcn_fast.eval.task_limits.BoundedLoader` subclass
+    (default that class: ``yaml.SafeLoader`` with an alias budget and a
+    depth limit). A missing file, bytes that are not text, invalid YAML
+    (with its line), a file over those limits (an alias bomb) or a top
+    level that is not a mapping is a :class:`TaskError` naming the file
+    (and the file that included it).
     """
     import yaml
 
     from rcn_fast.data.loaders import DataFormatError, read_text
+    from rcn_fast.eval.task_limits import BoundedLoader, BoundedYAMLError, load_yaml
 
     if not path.is_file():
         raise TaskError(f"task file {path} does not exist"
                         + (f" (included from {included_from})" if included_from is not None else ""))
     try:
-        data = yaml.load(read_text(path), Loader=loader or yaml.SafeLoader)  # noqa: S506 - SafeLoader (subclasses)
+        data = load_yaml(read_text(path), loader or BoundedLoader)
     except DataFormatError as exc:
         raise TaskError(f"task file {exc}") from None
+    except BoundedYAMLError as exc:
+        mark = exc.problem_mark
+        raise TaskError(f"task file {path}{f':{mark.line + 1}' if mark is not None else ''}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -53,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import sqlite3
 import threading
 import time
@@ -62,11 +61,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from rcn_fast._validate import is_number
+from rcn_fast._validate import is_int, is_number
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
 from rcn_fast.llm.base import normalise_labels, pad_rows
-from rcn_fast.llm.scoring import LOGPROB_TOLERANCE, check_label_scores
+from rcn_fast.llm.labels import label_score_problem
+from rcn_fast.llm.scoring import check_label_scores
 
 DEFAULT_NAME = "llm_cache.sqlite"
 JOURNAL_MODES = ("wal", "delete", "dotfile")
@@ -94,25 +94,32 @@ CREATE TABLE IF NOT EXISTS calls_quarantine (
 """
 
 
-def check_generation(value: Any) -> None:
-    """Raise ValueError unless ``value`` is a stored :class:`Generation`."""
+def check_generation(value: Any, key: str | None = None) -> None:
+    """Raise ValueError unless ``value`` is a stored :class:`Generation`
+    (fields of the right types, token counts >= 0)."""
     if not isinstance(value, dict) or set(value) != {"text", "prompt_tokens", "generated_tokens", "finish_reason"}:
         raise ValueError(f"expected a generation record, got {str(value)[:80]}")
     if not isinstance(value["text"], str) or not isinstance(value["finish_reason"], str) or not all(
-            isinstance(value[k], int) and not isinstance(value[k], bool) for k in ("prompt_tokens", "generated_tokens")):
-        raise ValueError(f"a generation record with fields of the wrong type: {str(value)[:80]}")
+            is_int(value[k]) and value[k] >= 0 for k in ("prompt_tokens", "generated_tokens")):
+        raise ValueError(f"a generation record with fields of the wrong type or range: {str(value)[:80]}")
 
 
-def check_logprobs(value: Any) -> None:
-    """Raise ValueError unless ``value`` is a stored label-logprobs row."""
+def check_logprobs(value: Any, labels: Sequence[str] | None = None) -> None:
+    """Raise ValueError unless ``value`` is a stored label-logprobs row: a
+    number per label (``labels``: the row's labels, when known), none NaN,
+    ``+inf`` or positive and not all ``-inf`` -- the rule fresh scores are
+    held to (:func:`rcn_fast.llm.labels.label_score_problem`)."""
     if not isinstance(value, dict) or not isinstance(value.get("logprobs"), list) \
-            or not isinstance(value.get("prompt_tokens"), int) or isinstance(value.get("prompt_tokens"), bool):
+            or not is_int(value.get("prompt_tokens")) or value["prompt_tokens"] < 0:
         raise ValueError(f"expected a label-logprobs record, got {str(value)[:80]}")
-    for v in value["logprobs"]:
-        if not is_number(v):
-            raise ValueError(f"a label-logprobs record with a value that is not a number: {v!r}")
-        if math.isnan(v) or v == math.inf or v > LOGPROB_TOLERANCE:
-            raise ValueError(f"a label-logprobs record with a value that is not a log-probability: {v!r}")
+    lp = value["logprobs"]
+    if not all(is_number(v) for v in lp):
+        raise ValueError(f"a label-logprobs record with a value that is not a number: {str(lp)[:80]}")
+    if labels is not None and len(lp) != len(labels):
+        raise ValueError(f"a label-logprobs record with {len(lp)} values for {len(labels)} labels")
+    why = label_score_problem(lp, list(labels) if labels is not None else [f"#{i}" for i in range(len(lp))])
+    if why is not None:
+        raise ValueError(f"a label-logprobs record whose {why}")
 
 
 def _file_in_wal_mode(path: Path) -> bool:
@@ -297,13 +304,14 @@ class CallCache:
         return hashlib.sha256(_canonical({"model": model, "kind": kind, "request": request}).encode()).hexdigest()
 
     def get_many(self, keys: Sequence[str], *, count: bool = True,
-                 check: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                 check: Callable[[Any, str], None] | None = None) -> dict[str, Any]:
         """Cached responses (decoded JSON) of the keys present.
 
         ``count`` adds the lookups to ``hits`` / ``misses``. A row whose
-        response is not JSON, or for which ``check(value)`` raises
-        ValueError, is moved to ``calls_quarantine`` (with a warning) and
-        reported missing, so its call is made again.
+        response is not JSON, or for which ``check(value, key)`` raises
+        ValueError, is moved to ``calls_quarantine`` (with a warning naming
+        the file and the row's key) and reported missing, so its call is
+        made again.
         """
         out: dict[str, Any] = {}
         bad: dict[str, str] = {}
@@ -319,7 +327,7 @@ class CallCache:
                     try:
                         value = json.loads(v)
                         if check is not None:
-                            check(value)
+                            check(value, k)
                     except (ValueError, TypeError) as exc:
                         bad[k] = f"{type(exc).__name__}: {exc}"[:200]
                         continue
@@ -365,8 +373,9 @@ class CallCache:
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
-        logger.warning("llm cache %s: %d stored answer(s) could not be read (%s); moved them to its table "
-                       "calls_quarantine and asking again", self.path, len(bad), next(iter(bad.values())))
+        first = next(iter(bad))
+        logger.warning("llm cache %s: %d stored answer(s) are damaged (row key %s...: %s); moved them to its table "
+                       "calls_quarantine and asking again", self.path, len(bad), first[:16], bad[first])
 
     def __len__(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0])
@@ -466,7 +475,9 @@ class CachedLLM(SampleBackend):
         model = self.identity
         reqs = [{"chat": c, "labels": r} for c, r in zip(valid, rows)]
         keys = [self.cache.key(model, "label_logprobs", q) for q in reqs]
-        found = self.cache.get_many(keys, check=check_logprobs)
+        labels_of = dict(zip(keys, rows))
+        check = lambda value, key: check_logprobs(value, labels_of[key])  # noqa: E731 - the same rule as fresh rows
+        found = self.cache.get_many(keys, check=check)
         miss = [i for i, k in enumerate(keys) if k not in found]
         results: dict[int, tuple[list[float], int, int]] = {}
         if miss:
@@ -483,7 +494,7 @@ class CachedLLM(SampleBackend):
                 items.append((keys[i], model, "label_logprobs", reqs[i], {"logprobs": vals, "prompt_tokens": last[j].prompt_tokens}))
             self.cache.put_many(items)
             # another writer may have stored some of these keys first: its answer wins
-            stored = self.cache.get_many([keys[i] for i in miss], count=False, check=check_logprobs)
+            stored = self.cache.get_many([keys[i] for i in miss], count=False, check=check)
             for i in miss:
                 if keys[i] in stored:
                     results[i] = (stored[keys[i]]["logprobs"], stored[keys[i]]["prompt_tokens"], 0)

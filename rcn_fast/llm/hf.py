@@ -16,7 +16,9 @@ for other models it asks the model for the last position's logits only
 Generation: greedy decoding, or seeded sampling where each (prompt, sample)
 pair is its own row with its own random stream
 (:mod:`rcn_fast.llm.seeded`), so a sample does not depend on how rows are
-batched or on ``num_samples``.
+batched or on ``num_samples``. A NaN or ``+inf`` next-token logit stops a
+generation with an error (:mod:`rcn_fast.llm.logits`), as a NaN label score
+fails its question: broken numbers never become text.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rcn_fast.llm import scoring, seeded
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend
 from rcn_fast.llm.base import cached_label_ids, check_tags, context_length, normalise_labels, pad_rows
 from rcn_fast.llm.base import sample_costs, warn_long_prompts
+from rcn_fast.llm.logits import FiniteLogitsCheck, LogitBias
 
 HINT = "pip install 'rcn_fast[llm]'"
 
@@ -356,6 +359,8 @@ class HFLLM(SampleBackend):
         prompt_ids: Sequence[Sequence[int]],
         params: GenerationParams,
         sample_ids: Sequence[Sequence[int]] | None = None,
+        *,
+        logit_bias: dict[int, float] | None = None,
     ) -> list[list[Generation]]:
         """Generate from tokenised prompts (rows in the caller's order).
 
@@ -366,6 +371,10 @@ class HFLLM(SampleBackend):
         sample_ids : list (length B) of list of int, optional
             Which sample indices to draw per prompt; default
             ``range(params.num_samples)`` for every prompt.
+        logit_bias : dict, optional
+            ``{token id: bias}`` added to those logits before sampling or
+            the greedy argmax (checked by
+            :func:`rcn_fast.llm.logits.check_logit_bias`).
 
         Returns
         -------
@@ -375,6 +384,12 @@ class HFLLM(SampleBackend):
         by prompt length and cut into batches of ``batch_size``. Sampling
         uses :class:`rcn_fast.llm.seeded.SeededSampler`, so a sample depends
         only on (model, prompt, parameters, seed, sample index).
+
+        Raises
+        ------
+        rcn_fast.llm.logits.NonFiniteLogitsError
+            A NaN or ``+inf`` next-token logit (or a row of ``-inf`` only):
+            broken numbers are an error, never text.
         """
         torch = _torch()
         tf = A.require("transformers", HINT)
@@ -395,12 +410,12 @@ class HFLLM(SampleBackend):
         for batch in self._batches([prompt_ids[i] for i, _ in jobs]):
             rows = [prompt_ids[jobs[j][0]] for j in batch]
             ids, mask, _ = self._pad_left(rows)
-            procs = None
+            # NaN logits are an error, not text; the bias, then the seeded draw (the greedy argmax takes it)
+            procs = tf.LogitsProcessorList([FiniteLogitsCheck(f"hf:{self.name}", ids.shape[1])]
+                                           + ([LogitBias(logit_bias)] if logit_bias else []))
             if not params.greedy:
                 keys = [seeded.row_key(params.seed, jobs[j][1], rows[k]) for k, j in enumerate(batch)]
-                procs = tf.LogitsProcessorList(
-                    [seeded.SeededSampler(keys, ids.shape[1], params.temperature, params.top_p)]
-                )
+                procs.append(seeded.SeededSampler(keys, ids.shape[1], params.temperature, params.top_p))
             with torch.inference_mode():
                 seqs = self.model.generate(
                     input_ids=ids, attention_mask=mask, generation_config=gcfg, logits_processor=procs,

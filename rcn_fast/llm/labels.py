@@ -57,16 +57,27 @@ def check_label_scores(rows: Sequence[Sequence[float]], labels: Sequence[Sequenc
         (probability 0).
     """
     for i, (row, labs) in enumerate(zip(rows, labels)):
-        where = f"question {tags[i]!r} (chats[{i}])" if tags is not None else f"chats[{i}]"
-        for v, lab in zip(row, labs):
-            why = _bad_logprob(float(v))
-            if why is not None:
-                raise LabelScoreError(f"{backend}: {where}: label {lab!r} has log-probability {float(v)!r}, which is "
-                                      f"{why}: the model's or server's numbers are broken (NaN logits, an overflow), "
-                                      f"so this question has no answer and nothing is cached")
-        if row and all(float(v) == -math.inf for v in row):
-            raise LabelScoreError(f"{backend}: {where}: every label ({', '.join(map(repr, labs))}) has "
-                                  f"log-probability -inf, so this question has no answer and nothing is cached")
+        why = label_score_problem(row, labs)
+        if why is not None:
+            where = f"question {tags[i]!r} (chats[{i}])" if tags is not None else f"chats[{i}]"
+            broken = "" if why.startswith("every") else \
+                ": the model's or server's numbers are broken (NaN logits, an overflow)"
+            raise LabelScoreError(f"{backend}: {where}: {why}{broken}, so this question has no answer and nothing "
+                                  "is cached")
+
+
+def label_score_problem(row: Sequence[float], labels: Sequence[str]) -> str | None:
+    """Why one row of label log-probabilities is unusable (None: it is
+    usable): a NaN, ``+inf`` or positive score, or every label ``-inf``.
+    The one rule of :func:`check_label_scores` (fresh scores) and of every
+    reader of stored ones (the call cache, evaluation checkpoints)."""
+    for v, lab in zip(row, labels):
+        why = _bad_logprob(float(v))
+        if why is not None:
+            return f"label {lab!r} has log-probability {float(v)!r}, which is {why}"
+    if len(row) and all(float(v) == -math.inf for v in row):
+        return f"every label ({', '.join(map(repr, labels))}) has log-probability -inf"
+    return None
 
 
 _SPACE_MARKERS = ("\u0120", "\u2581")  # byte-level BPE "Ġ", SentencePiece "▁"
@@ -149,5 +160,5 @@ def pack_label_ids(per_row: Sequence[Sequence[Sequence[int]]]) -> Any:
     return out
 
 
-__all__ = ["LabelScoreError", "check_label_scores", "LOGPROB_TOLERANCE", "label_token_ids", "pack_label_ids",
-           "TORCH_HINT"]
+__all__ = ["LabelScoreError", "check_label_scores", "label_score_problem", "LOGPROB_TOLERANCE", "label_token_ids",
+           "pack_label_ids", "TORCH_HINT"]

@@ -97,9 +97,9 @@ def _hf_config(options: dict[str, Any]) -> HFConfig:
 
 def _load_pretrained(where: str, cfg: HFConfig) -> tuple[Any, Any]:
     tf = A.require("transformers", HINT)
-    tok = tf.AutoTokenizer.from_pretrained(where)
+    tok = tf.AutoTokenizer.from_pretrained(where, trust_remote_code=False)
     model = tf.AutoModelForCausalLM.from_pretrained(
-        where, dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn()
+        where, dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn(), trust_remote_code=False
     )
     return model.to(cfg.resolved_device()).eval(), tok
 
@@ -113,10 +113,11 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
     tf = A.require("transformers", HINT)
     A.require("gguf", "pip install 'gguf>=0.10' (or 'rcn_fast[llm]')")
     folder, name = str(path.parent), path.name
-    tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     dtype, attn = cfg.resolved_dtype(), cfg.resolved_attn()
     if A.optional_available("accelerate"):
-        model = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation=attn)
+        model = tf.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, attn_implementation=attn,
+                                                        trust_remote_code=False)
     else:
         import torch
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -126,10 +127,10 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
         except ImportError:  # transformers 4.x
             from transformers.modeling_utils import no_init_weights
 
-        config = tf.AutoConfig.from_pretrained(folder, gguf_file=name)
+        config = tf.AutoConfig.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
         config._attn_implementation = attn
         with no_init_weights():
-            model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
         state = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()

@@ -27,7 +27,13 @@ do to it:
   tokens (its template writes them).
 
 Other fields: ``max_tokens`` (or ``max_completion_tokens``),
-``temperature``, ``top_p``, ``n``, ``seed``, ``stop``. Next-token logprobs
+``temperature``, ``top_p``, ``n``, ``seed``, ``stop``, ``logit_bias``
+(``{token id: -100..100}`` added to the logits before sampling or the
+greedy argmax; the log-probs returned are the model's own, unbiased).
+``model`` must be the served name (``model_name``, what ``/v1/models``
+lists) or absent: another name is HTTP 404, as OpenAI and vLLM answer. A
+NaN in the model's logits while generating is HTTP 500 naming it, never
+text. Next-token logprobs
 (``logprobs`` without ``echo``) need ``max_tokens=1``. A sample depends
 only on (prompt, parameters, seed, sample index), not on the other prompts
 of the request.
@@ -41,7 +47,8 @@ CLI option): a prompt longer than the context window or ``max_tokens``
 beyond what is left of it is HTTP 400 with the numbers (as vLLM); ``n``,
 prompts x ``n``, top log-probs and prompt-log-prob entries are capped;
 non-finite or out-of-range numbers are 400 naming the field; a body over
-``max_body_bytes`` is 413, a malformed ``Content-Length`` 400; a request
+``max_body_bytes`` is 413, a malformed ``Content-Length`` (or two that
+differ) 400; a request
 must arrive within ``read_timeout``; at most ``max_connections``
 connections and ``max_queue`` waiting requests (503 with ``Retry-After``
 beyond); a request holds the model at most ``request_timeout`` seconds
@@ -84,8 +91,8 @@ from typing import Any, Callable
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.hf import HFLLM
 from rcn_fast.llm.serve_limits import (
-    APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, client_gone, content_length,
-    refuse_connection, resolve_context, sampling_params,
+    APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, check_model, client_gone,
+    content_length, logit_bias, refuse_connection, resolve_context, sampling_params,
 )
 
 
@@ -328,6 +335,7 @@ class OpenAIServer(ThreadingHTTPServer):
     def _complete(self, prompts: list[list[int]], body: dict[str, Any], sock: socket.socket | None, *, chat: bool,
                   k: int | None, echo: bool, prompt_k: int | None) -> tuple[list[dict], dict]:
         params = sampling_params(body, [len(p) for p in prompts], self.limits, self.context)
+        bias = logit_bias(body, len(self.llm.tokenizer))
         want = k is not None
         if want and params.max_new_tokens != 1:
             raise APIError(400, "logprobs: this server returns logprobs only with max_tokens=1 (next-token scoring)")
@@ -344,7 +352,7 @@ class OpenAIServer(ThreadingHTTPServer):
         def work(guard: RequestGuard) -> tuple[Any, Any, Any]:
             top = self.llm.top_logprobs_ids(prompts, max(k or 0, 1)) if want else None
             plp = self._prompt_logprobs(prompts, plp_k, guard) if plp_k is not None else None
-            return top, plp, self.llm.generate_ids(prompts, params)
+            return top, plp, self.llm.generate_ids(prompts, params, logit_bias=bias)
 
         top, plp, gens = self.run_model(sock, work)
         choices = []
@@ -503,7 +511,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._authorise()
             if self.headers.get("Transfer-Encoding"):
                 raise APIError(411, "send the request body with a Content-Length (no Transfer-Encoding)")
-            length = content_length(self.headers.get("Content-Length"), self.server.limits.max_body_bytes)
+            length = content_length(self.headers.get_all("Content-Length"), self.server.limits.max_body_bytes)
         except APIError as exc:
             self.close_connection = True
             self._error(exc.status, str(exc), exc.headers)
@@ -524,6 +532,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise APIError(400, "expected a JSON object")
             route = self.path.rstrip("/")
+            if route in ("/v1/chat/completions", "/v1/completions"):
+                check_model(body, self.server.model_name)
             if route == "/v1/chat/completions":
                 out = self.server.chat_completions(body, self.connection)
             elif route == "/v1/completions":

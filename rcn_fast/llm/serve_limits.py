@@ -219,9 +219,44 @@ def sampling_params(body: dict[str, Any], prompt_lens: list[int], limits: ServeL
         raise APIError(400, str(exc).replace("num_samples", "n")) from None
 
 
-def content_length(value: str | None, limit: int) -> int:
-    """A request's ``Content-Length`` header -> bytes: digits only (HTTP 400
-    otherwise), at most ``limit`` (HTTP 413)."""
+def check_model(body: dict[str, Any], served: str) -> None:
+    """A request's ``model``: absent (the served model, as vLLM) or the
+    name the server serves (``served``, what ``/v1/models`` lists); another
+    name is HTTP 404, as OpenAI and vLLM answer."""
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, f"model: expected a string, got {type(model).__name__}")
+    if model != served:
+        raise APIError(404, f"The model `{model[:200]}` does not exist (this server serves {served!r}, see "
+                            "/v1/models).")
+
+
+def logit_bias(body: dict[str, Any], vocab_size: int) -> dict[int, float] | None:
+    """A request's ``logit_bias`` (``{token id: -100..100}``; None when
+    absent or empty); HTTP 400 naming a bad entry."""
+    from rcn_fast.llm.logits import check_logit_bias
+
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    try:
+        return check_logit_bias(bias, vocab_size) or None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def content_length(value: str | list[str] | None, limit: int) -> int:
+    """A request's ``Content-Length`` header (or every one it sent, a
+    list) -> bytes: digits only (HTTP 400 otherwise), at most ``limit``
+    (HTTP 413); several headers with different values are HTTP 400 (RFC
+    9112 6.3: the framing is ambiguous, a request-smuggling vector)."""
+    if isinstance(value, list):
+        if len({v.strip() for v in value}) > 1:
+            raise APIError(400, f"Content-Length: the request sends {len(value)} different values "
+                                f"({', '.join(repr(v[:20]) for v in value[:4])}); send one")
+        value = value[0] if value else None
     if value is None:
         return 0
     v = value.strip()
@@ -413,4 +448,5 @@ class RequestGuard:
 
 
 __all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_k", "sampling_params",
-           "content_length", "is_loopback", "exposure_warning", "client_gone", "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]
+           "content_length", "check_model", "logit_bias", "is_loopback", "exposure_warning", "client_gone",
+           "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]

@@ -26,6 +26,8 @@ def resolve_spec(spec: str) -> Path:
 def load_tokenizer(spec: str) -> Any:
     """Only the tokenizer of a model directory, ``.gguf`` file,
     ``package:<module>`` or hub id (used to render chats client-side)."""
+    from rcn_fast.model_files import refuse_remote_code
+
     tf = A.require("transformers", HINT)
     if not isinstance(spec, str) or not spec:
         raise TypeError(f"tokenizer: expected a path or hub id, got {spec!r}")
@@ -36,8 +38,10 @@ def load_tokenizer(spec: str) -> Any:
         from rcn_fast.llm.gguf_cache import cached_tokenizer
 
         cached = cached_tokenizer(path)
-        return cached if cached is not None else tf.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return tf.AutoTokenizer.from_pretrained(str(path))
+        return cached if cached is not None else tf.AutoTokenizer.from_pretrained(
+            str(path.parent), gguf_file=path.name, trust_remote_code=False)
+    refuse_remote_code(path)  # a tokenizer-only folder is checked too
+    return tf.AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
 
 
 __all__ = ["resolve_spec", "load_tokenizer"]

@@ -70,7 +70,10 @@ class VLLMEngine(SampleBackend):
             raise ValueError(f"model: expected a model path or hub id, got {model!r}")
         self._vllm = vllm
         self.name = model
-        self.engine = vllm.LLM(model=model, **engine_kwargs)
+        if engine_kwargs.get("trust_remote_code"):
+            raise ValueError("trust_remote_code: rcn_fast never runs a model's own Python code; use a model vLLM "
+                             "supports natively")
+        self.engine = vllm.LLM(model=model, **{**engine_kwargs, "trust_remote_code": False})
         self.tokenizer = self.engine.get_tokenizer()
         self.top_logprobs = int(top_logprobs)
         self.label_spellings = tuple(label_spellings)

@@ -13,11 +13,18 @@ A store is a directory::
     faiss/               trained faiss indexes, when the faiss backend built any
                          (``<factory>-<key>.faiss``; see index.faiss_index)
 
-Every file is memory-mapped on open, so opening a 20M-passage store costs
-no reading; lookups by row are two offset reads, lookups by id one hash and
-(expected) one or two probes: O(1) both. Opening compares every data
-file's size with the manifest (a truncated or replaced file is an error
-naming it); ``verify=True`` also compares sha256 checksums.
+Every file is memory-mapped on open; lookups by row are two offset reads,
+lookups by id one hash and (expected) one or two probes: O(1) both.
+Opening checks, cheaply and every time: every data file's size against
+the manifest (a truncated or replaced file is an error naming it), the
+arrays' shapes and dtypes against the manifest, both offset arrays (start
+at 0, never decrease, end at their file's size), the id table (a power of
+two of slots, each row once) and that no embedding row holds a NaN or an
+infinity (named; a scan remembered per version of the file, see
+:func:`rcn_fast.search.flat_index.check_finite_rows`). ``verify=True`` also
+compares sha256 checksums (a same-size change that keeps the arrays
+consistent is found only then). A build refuses non-finite embeddings,
+naming the passages.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from rcn_fast._arrays import nonfinite_rows, row_list
 from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
@@ -117,6 +125,47 @@ class CorpusStore:
             raise ValueError(
                 f"path: {self.path} is inconsistent: manifest says {n} rows of dim {manifest['dim']}, files hold "
                 f"embeddings {self.embeddings.shape}, {len(self._text_off) - 1} texts, {len(self._id_off) - 1} ids")
+        self.check_arrays()
+
+    def check_arrays(self) -> None:
+        """The cheap checks of every open (module notes): dtypes, offsets,
+        id table, finite embeddings; ValueError naming the file and rows."""
+        from rcn_fast.search.flat_index import check_finite_rows
+
+        fix = "check the store with `python -m rcn_fast.corpus verify` and rebuild it"
+        n = len(self)
+        if self.embeddings.dtype.name != self.manifest["dtype"]:
+            raise ValueError(f"path: {self.path}/embeddings.npy holds {self.embeddings.dtype}, the manifest says "
+                             f"{self.manifest['dtype']}; {fix}")
+        for name, off, blob, blob_name in (("text_offsets.npy", self._text_off, self._texts, "texts.bin"),
+                                           ("id_offsets.npy", self._id_off, self._ids, "ids.bin")):
+            if off.dtype != np.int64 or off.ndim != 1:
+                raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 "
+                                 f"[{n + 1}]; {fix}")
+            bad = _decreasing(off)
+            if int(off[0]) != 0 or int(off[-1]) != len(blob) or bad.size:
+                what = (f"entries {[int(i) + 1 for i in bad[:5]]} are smaller than the entries before them"
+                        if bad.size else f"it runs from {int(off[0])} to {int(off[-1])}, not 0 to {len(blob)} (the "
+                        f"size of {blob_name})")
+                raise ValueError(f"path: {self.path}/{name} is damaged: {what}; {fix}")
+        table = self._id_table
+        size = len(table)
+        if table.dtype != np.int64 or table.ndim != 1 or size <= n or size & (size - 1):
+            raise ValueError(f"path: {self.path}/id_table.npy holds {table.dtype}{list(table.shape)}, expected int64 "
+                             f"slots, a power of two above {n}; {fix}")
+        seen = np.zeros(n, dtype=bool)
+        filled = 0
+        for s in range(0, size, 1 << 20):
+            part = np.asarray(table[s : s + (1 << 20)])
+            rows = part[part >= 0]
+            if (part < -1).any() or (rows >= n).any():
+                raise ValueError(f"path: {self.path}/id_table.npy holds rows outside [-1, {n}); {fix}")
+            seen[rows] = True
+            filled += rows.size
+        if filled != n or not seen.all():
+            raise ValueError(f"path: {self.path}/id_table.npy holds {filled} rows, not each of the {n} rows once; "
+                             f"{fix}")
+        check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False) -> "CorpusStore":
@@ -302,6 +351,15 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def _decreasing(off: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """Indices i where ``off[i + 1] < off[i]`` (read ``block`` entries at a time)."""
+    out = []
+    for s in range(0, max(len(off) - 1, 0), block):
+        part = np.asarray(off[s : s + block + 1])
+        out.append(np.flatnonzero(np.diff(part) < 0) + s)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
 def _load_npy(path: Path, mode: str | None) -> np.ndarray:
     """np.load, with any failure (a damaged header: numpy raises ValueError,
     SyntaxError, tokenize.TokenError ...) a ValueError naming the file."""
@@ -343,14 +401,20 @@ def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any,
     if emb.shape != (len(texts), dim):
         raise ValueError(f"encoder: returned shape {emb.shape} for {len(texts)} texts, "
                          f"expected ({len(texts)}, {dim})")
-    if not np.isfinite(emb).all():
-        raise ValueError(f"encoder: non-finite embeddings in chunk {c}")
+    with np.errstate(over="ignore"):  # an overflow of the store's dtype is refused just below, naming the rows
+        stored = emb.astype(dtype)
+    bad = nonfinite_rows(stored)
+    if bad.any():
+        ids_bad = [ids[i] for i in np.flatnonzero(bad)[:5]]
+        raise ValueError(f"encoder: NaN or infinite embeddings (in {dtype}) in chunk {c}, rows {row_list(bad)}, "
+                         f"passage ids {ids_bad}: the encoder's numbers are broken (NaN weights, an overflow); "
+                         "nothing was written")
     tblob, tlen = texts_to_blob(texts)
     iblob, ilen = texts_to_blob(ids)
     name = chunk_name(c)
     tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
     with open(tmp, "wb") as f:
-        np.savez(f, emb=emb.astype(dtype), text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
+        np.savez(f, emb=stored, text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
                  hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
                  dropped=np.int64(dropped))
         f.flush()
@@ -407,6 +471,10 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         for p, k, m in zip(chunk_files, counts, masks):
             with np.load(p) as npz:
                 z = npz if m is None or m.all() else select_rows(npz, m)
+                bad = nonfinite_rows(z["emb"])
+                if bad.any():  # a chunk damaged on disk before this join: no store is written from it
+                    raise ValueError(f"path: {p} holds NaN or infinite embeddings in rows {row_list(bad)}; delete it "
+                                     "and run the build again")
                 emb[row:row + k] = z["emb"]
                 tf.write(z["text_blob"].tobytes())
                 idf.write(z["id_blob"].tobytes())

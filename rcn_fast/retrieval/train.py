@@ -69,7 +69,7 @@ from typing import Any, ClassVar
 
 from rcn_fast._validate import Settings, is_int, is_number
 from rcn_fast._arrays import require
-from rcn_fast.model_files import SETTINGS_FILE, resolve_model_dir
+from rcn_fast.model_files import SETTINGS_FILE, refuse_remote_code, resolve_model_dir
 from rcn_fast.retrieval.encoders.base import TORCH_HINT, saved_settings
 from rcn_fast.retrieval.encoders.torch import model_inputs, pooled_module
 from rcn_fast.retrieval.train_data import (
@@ -350,8 +350,9 @@ def train(config: TrainConfig, *, stop_after: int | None = None, show_progress: 
         val_losses = st.get("val_losses", [])
         logger.warning("resuming %s from step %d (epoch %d, batch %d)", out, step, epoch, batch_pos)
     device = torch.device(cfg.device or "cpu")
-    tok = transformers.AutoTokenizer.from_pretrained(str(start_dir))
-    model = transformers.AutoModel.from_pretrained(str(start_dir)).to(device)
+    refuse_remote_code(start_dir)  # a resumed checkpoint folder too
+    tok = transformers.AutoTokenizer.from_pretrained(str(start_dir), trust_remote_code=False)
+    model = transformers.AutoModel.from_pretrained(str(start_dir), trust_remote_code=False).to(device)
     if cfg.gradient_checkpointing:  # renamed in transformers 5
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.train()

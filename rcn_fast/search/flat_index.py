@@ -88,7 +88,7 @@ class FlatIndex:
             raise ValueError(f"x: expected {self.dim} columns, got shape {arr.shape}")
         bad = ~np.isfinite(arr).all(axis=1)
         if bad.any():
-            raise ValueError(f"x: contains NaN or infinite values in rows {_row_list(bad)}")
+            raise ValueError(f"x: contains NaN or infinite values in rows {A.row_list(bad)}")
         if self.metric == "cosine":
             arr = _normalize(arr)
         with np.errstate(over="ignore"):  # overflow is checked just below, naming the rows
@@ -96,7 +96,7 @@ class FlatIndex:
         bad = ~np.isfinite(stored).all(axis=1)
         if bad.any():
             raise ValueError(
-                f"x: rows {_row_list(bad)} hold values beyond the range of {self.dtype} (|x| > "
+                f"x: rows {A.row_list(bad)} hold values beyond the range of {self.dtype} (|x| > "
                 f"{float(np.finfo(self.dtype).max):g}); use dtype='float32' or scale the vectors")
         self._chunks.append(stored)
         self._n += arr.shape[0]
@@ -190,8 +190,9 @@ class FlatIndex:
             ``index.json`` is not valid JSON, lacks a key or holds another
             format; ``embeddings.npy`` is not a ``.npy`` file, is shorter
             than its header says (truncated), differs in size or (with
-            ``verify``) checksum from the record, or disagrees with
-            ``index.json`` in shape or dtype. The message names the file.
+            ``verify``) checksum from the record, disagrees with
+            ``index.json`` in shape or dtype, or holds NaN or infinite rows
+            (named; :func:`check_finite_rows`). The message names the file.
         """
         path = Path(path)
         head = path / "index.json"
@@ -231,12 +232,39 @@ class FlatIndex:
                 f"path: embeddings.npy is {data.dtype}{list(data.shape)} but index.json says "
                 f"{meta['dtype']}[{meta['count']}, {meta['dim']}]"
             )
+        check_finite_rows(emb, data, "restore it or save the index again")
         index = cls(meta["dim"], meta["metric"], meta["dtype"])
         index._data, index._n = data, int(meta["count"])
         return index
 
     def __repr__(self) -> str:
         return f"FlatIndex(dim={self.dim}, metric={self.metric!r}, dtype={self.dtype!r}, n={len(self)})"
+
+
+def check_finite_rows(path: Path, data: np.ndarray, fix: str) -> None:
+    """ValueError naming ``path`` and the rows when the matrix ``data``
+    (read from ``path``) holds a NaN or an infinity: such a row scores NaN
+    and search would silently skip it.
+
+    Every row is scanned (in blocks, on the values' bits:
+    :func:`rcn_fast._arrays.nonfinite_rows`), once per version of the
+    file: a pass is remembered for the file's device, inode, size, mtime
+    and ctime (:func:`rcn_fast._hashing.check_once`), so reopening an
+    unchanged file costs one ``stat``. A scan rather than a recorded
+    checksum: it costs about a fifth of hashing the file (what
+    ``verify=True`` does; ``bench/bench_store_checks.py``), names the
+    damaged rows, and needs nothing recorded at build time (stores and
+    indexes written before it are checked too).
+    """
+    from rcn_fast._hashing import check_once
+
+    def scan() -> None:
+        bad = A.nonfinite_rows(data)
+        if bad.any():
+            raise ValueError(f"path: {path} holds NaN or infinite values in rows {A.row_list(bad)}: the file is "
+                             f"damaged (search would skip those rows); {fix}")
+
+    check_once(path, "finite-rows", scan)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -247,12 +275,6 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):  # a non-finite query row stays non-finite
         norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
         return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-
-
-def _row_list(bad: np.ndarray, limit: int = 10) -> str:
-    rows = np.flatnonzero(bad)
-    shown = ", ".join(str(int(r)) for r in rows[:limit])
-    return f"[{shown}{', ...' if rows.size > limit else ''}] ({rows.size} of {bad.size})"
 
 
 def _file_record(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:

@@ -228,8 +228,8 @@ def _text_model_class() -> Any:
             if cfg is None or model_dir is None or not hasattr(cfg, "pooling"):
                 raise ValueError("finetune_encoder: needs an rcn_fast Encoder loaded from a transformers model "
                                  f"(Encoder.from_pretrained), got {type(encoder).__name__}")
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-            self.lm = transformers.AutoModel.from_pretrained(str(model_dir))
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+            self.lm = transformers.AutoModel.from_pretrained(str(model_dir), trust_remote_code=False)
             self.names = model_inputs(self.lm)
             self.pooled = pooled_module(self.lm, cfg.pooling, self.names)
             self.prefix, self.normalize = cfg.passage_prefix or "", bool(cfg.normalize)

@@ -125,8 +125,8 @@ def make_tiny_nli(path: Path, *, id2label: dict[int, str] | None = None, seed: i
     base = make_tiny_bert(path.parent / f"{path.name}-base")
     id2label = id2label or {0: "entailment", 1: "neutral", 2: "contradiction"}
     cfg = BertConfig.from_pretrained(str(base), num_labels=len(id2label), id2label=dict(id2label),
-                                     label2id={v: k for k, v in id2label.items()})
-    tok = AutoTokenizer.from_pretrained(str(base))
+                                     label2id={v: k for k, v in id2label.items()}, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(base), trust_remote_code=False)
     torch.manual_seed(seed)
     model = BertForSequenceClassification(cfg).eval()
     with torch.no_grad():

@@ -311,8 +311,8 @@ class Encoder:
         self.config = EncoderConfig(**{**given, **{k: implied[k] for k in FOLDER_KEYS if given[k] is None}})
         config = self.config
         transformers = require("transformers", TORCH_HINT)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir))
-        self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
+        self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir), trust_remote_code=False)
         limit = getattr(self.hf_config, "max_position_embeddings", None)
         # RoBERTa-style position ids start at padding_idx + 1
         if limit and getattr(self.hf_config, "model_type", "") in ("roberta", "xlm-roberta", "mpnet"):

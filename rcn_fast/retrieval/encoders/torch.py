@@ -59,7 +59,7 @@ def load_hf_model(model_dir: Path) -> Any:
     """The Hugging Face ``AutoModel`` of ``model_dir`` (SDPA attention), in eval mode."""
     transformers = require("transformers", TORCH_HINT)
     require("torch", TORCH_HINT)
-    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa")
+    model = transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation="sdpa", trust_remote_code=False)
     return model.eval()
 
 

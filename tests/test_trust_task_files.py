@@ -1,0 +1,366 @@
+"""Issue 34 items 1 and 4: task files. A task is keyed by the content of
+every file it reads (a ``name=FOLDER`` of JSON-lines files, a YAML's
+``local:`` file or folder, an lm-eval task's local data), cheaply: a file
+is hashed again only when its stats change, through a small memo that is
+never trusted when size, mtime, ctime or inode differ. A small task file
+cannot exhaust memory or time: a YAML alias bomb and a Jinja template of
+nested ``range(99999)`` loops each fail at once with one message naming the
+file (exit 2). Tiny random-weight models built in code."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from rcn_fast._hashing import content_fingerprint  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+LETTERS = "ABCD"
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test's memos in its own cache folder (and none in the user's)."""
+    monkeypatch.setenv("RCN_FAST_CACHE", str(tmp_path / "cache"))
+    import rcn_fast._hashing as h
+
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+
+
+def _obqa_rows(answers: str, stems: list[str] | None = None) -> str:
+    rows = [{"id": f"q{i}", "question": {"stem": (stems or [])[i] if stems else f"Which is option {i}?",
+                                        "choices": [{"label": c, "text": f"option {c} of {i}"} for c in LETTERS]},
+             "answerKey": a} for i, a in enumerate(answers)]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+# ------------------------------------------------------------------ item 1: keys
+def test_the_key_follows_a_data_folders_content(tmp_path):
+    from rcn_fast.eval.tasks import resolve_task, spec_key
+
+    d = tmp_path / "obqa"
+    d.mkdir()
+    (d / "obqa-test.jsonl").write_text(_obqa_rows("ABCD"))
+    k1 = spec_key(resolve_task(f"obqa={d}"))
+    assert spec_key(resolve_task(f"obqa={d}")) == k1
+    (d / "obqa-test.jsonl").write_text(_obqa_rows("BBCD"))  # one gold answer edited
+    k2 = spec_key(resolve_task(f"obqa={d}"))
+    assert k2 != k1
+    os.utime(d / "obqa-test.jsonl")  # touched, same bytes: same key (hashed again, same content)
+    assert spec_key(resolve_task(f"obqa={d}")) == k2
+    (d / "sub").mkdir()
+    (d / "sub" / "extra.parquet").write_bytes(b"PAR1")  # any file a hub-style loader could read
+    assert spec_key(resolve_task(f"obqa={d}")) != k2
+    (d / ".DS_Store").write_bytes(b"x")  # hidden files are not data (the datasets loader skips them too)
+    assert spec_key(resolve_task(f"obqa={d}")) == spec_key(resolve_task(f"obqa={d}"))
+
+
+def test_a_yaml_tasks_local_file_or_folder_is_keyed_by_content(tmp_path):
+    from rcn_fast.eval.tasks import resolve_task, spec_key
+
+    inc = tmp_path / "tasks"
+    (inc / "data").mkdir(parents=True)
+    (inc / "data" / "q-dev.jsonl").write_text(_obqa_rows("ABCD"))
+    (inc / "t.yaml").write_text("name: mine\nlocal: data\nsplit: dev\n")
+    (inc / "f.yaml").write_text("name: minefile\nlocal: data/q-dev.jsonl\n")
+    keys = {t: spec_key(resolve_task(t, include_paths=[str(inc)])) for t in ("mine", "minefile")}
+    (inc / "data" / "q-dev.jsonl").write_text(_obqa_rows("ABCA"))
+    for t, k in keys.items():
+        assert spec_key(resolve_task(t, include_paths=[str(inc)])) != k, t
+
+
+def test_an_lm_eval_tasks_local_data_is_keyed_by_content(tmp_path):
+    from rcn_fast.eval.tasks import resolve_task, spec_key
+
+    inc = tmp_path / "lm"
+    inc.mkdir()
+    rows = [{"question": f"Q{i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
+    (inc / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (inc / "t.yaml").write_text("task: lmt\ndataset_path: d.jsonl\noutput_type: multiple_choice\ntest_split: test\n"
+                                "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    k = spec_key(resolve_task("lmt", include_paths=[str(inc)]))
+    rows[1]["label"] = 0
+    (inc / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert spec_key(resolve_task("lmt", include_paths=[str(inc)])) != k
+
+
+def test_files_are_hashed_again_only_when_their_stats_change(tmp_path, monkeypatch):
+    import rcn_fast._hashing as h
+
+    d = tmp_path / "data"
+    d.mkdir()
+    for i in range(3):
+        (d / f"f{i}.jsonl").write_text(f"row {i}\n" * 100)
+    old = time.time() - 60
+    for f in d.iterdir():
+        os.utime(f, (old, old))
+    hashed: list[str] = []
+    real = h.sha256_file
+    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    first = content_fingerprint(d)  # changed (ctime) just now: within the racy window, not remembered
+    assert sorted(hashed) == ["f0.jsonl", "f1.jsonl", "f2.jsonl"]
+    hashed.clear()
+    assert content_fingerprint(d) == first and len(hashed) == 3
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)  # (instead of waiting 2 s)
+    hashed.clear()
+    assert content_fingerprint(d) == first and len(hashed) == 3  # now remembered
+    hashed.clear()
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})  # a new process: the memo file answers
+    assert content_fingerprint(d) == first and hashed == []
+    # same size, mtime set back: the ctime (and the content) differ, so it is hashed again
+    (d / "f1.jsonl").write_text("ROW 1\n" * 100)
+    os.utime(d / "f1.jsonl", (old, old))
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+    assert content_fingerprint(d) != first and hashed == ["f1.jsonl"]
+    # a memo that lies about a file whose stats still match is not what protects: the stats are
+    # part of every entry, and a memo file that cannot be read is ignored
+    memo = next((tmp_path / "cache" / "content_hashes").glob("*.json"))
+    memo.write_text("{not json")
+    hashed.clear()
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+    assert content_fingerprint(d) != first and len(hashed) == 3
+
+
+def test_a_file_replaced_by_another_with_the_same_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
+    import rcn_fast._hashing as h
+
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
+
+    f = tmp_path / "q.jsonl"
+    f.write_text("A" * 50)
+    old = time.time() - 60
+    os.utime(f, (old, old))
+    a = content_fingerprint(f)
+    other = tmp_path / "other"
+    other.write_text("B" * 50)
+    os.utime(other, (old, old))
+    os.replace(other, f)  # another inode, same size and mtime
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+    assert content_fingerprint(f) != a
+
+
+# the eval end to end: edit the gold answers (or a question) of a folder task, rerun into the same output
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from rcn_fast.testing.tiny_llm import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("llama") / "m")
+
+
+def _run(d: Path, out: Path, model: Path) -> dict:
+    from rcn_fast.eval import EvalConfig, evaluate
+
+    return evaluate(EvalConfig(tasks=[f"obqa={d}"], pipelines=["vanilla"], model=str(model), output_path=str(out),
+                               progress=False, plot=False, device="cpu", batch_size=4), print_table=False)
+
+
+def _preds(out: Path) -> dict[str, int]:
+    recs = {}
+    for f in (out / "checkpoints" / "obqa" / "vanilla").glob("seed0-*.jsonl"):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            recs[r["id"]] = r["prediction"]["pred"]
+    return recs
+
+
+def test_edited_gold_answers_in_a_task_folder_are_scored_afresh(tmp_path, tiny_model):
+    d = tmp_path / "obqa"
+    d.mkdir()
+    (d / "obqa-test.jsonl").write_text(_obqa_rows("ABCD"))
+    out = tmp_path / "out"
+    first = _run(d, out, tiny_model)["results"]["obqa"]["vanilla"]["acc"]
+    preds = _preds(out)
+    # gold = the predictions (acc 1) unless the first run already scored 1: then gold = another choice (acc 0)
+    want = 1.0 if first < 1.0 else 0.0
+    gold = "".join(LETTERS[(preds[f"q{i}"] + (0 if want == 1.0 else 1)) % 4] for i in range(4))
+    (d / "obqa-test.jsonl").write_text(_obqa_rows(gold))
+    again = _run(d, out, tiny_model)
+    assert again["results"]["obqa"]["vanilla"]["acc"] == want  # before: the stale checkpoint's `first`
+    fresh = _run(d, tmp_path / "fresh", tiny_model)
+    assert fresh["results"]["obqa"]["vanilla"]["acc"] == want
+    assert len(list((out / "checkpoints" / "obqa" / "vanilla").glob("seed0-*.jsonl"))) == 2  # a new key
+
+
+def test_an_edited_question_in_a_task_folder_is_answered_again(tmp_path, tiny_model):
+    d = tmp_path / "obqa"
+    d.mkdir()
+    (d / "obqa-test.jsonl").write_text(_obqa_rows("ABCD"))
+    out = tmp_path / "out"
+    assert _run(d, out, tiny_model)["llm_usage"]["loaded"]
+    assert not _run(d, out, tiny_model)["llm_usage"]["loaded"]  # unchanged: nothing to do
+    stems = [f"Which is option {i}?" for i in range(4)]
+    stems[2] = "Which of these is made of stone?"
+    (d / "obqa-test.jsonl").write_text(_obqa_rows("ABCD", stems))
+    doc = _run(d, out, tiny_model)
+    assert doc["llm_usage"]["loaded"] and doc["llm_usage"]["model_calls"] >= 1  # before: the old answers, no call
+
+
+# ------------------------------------------------------------------ item 4: bounded files
+# 9 levels of 9 aliases: 9**9 (387 million) strings once expanded, 643 bytes
+_BOMB = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+         + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n" for i in range(8)))
+_NESTED_RANGE = ("{% for i in range(99999) %}{% for j in range(99999) %}{% for k in range(99999) %}"
+                 "{% endfor %}{% endfor %}{% endfor %}{{question}}")
+
+
+def _limited_cli(args: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """The eval CLI in a child with 3 GiB of address space and a time limit
+    (so the code before this issue fails here instead of taking the machine)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        return subprocess.run([sys.executable, "-m", "rcn_fast.eval", *args], capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=limit, env=env, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the eval did not stop within {timeout} s")
+
+
+def _mini_questions(path: Path) -> Path:
+    path.write_text(_obqa_rows("ABCD"))
+    return path
+
+
+@pytest.mark.parametrize("form", ["rcn_fast", "lm_eval"])
+def test_a_yaml_alias_bomb_fails_at_once_naming_the_file(tmp_path, form):
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    _mini_questions(inc / "q.jsonl")
+    if form == "rcn_fast":
+        text = _BOMB + "name: bomb\nlocal: q.jsonl\ndescription: *i\n"
+    else:
+        text = _BOMB + ("task: bomb\ndataset_path: q.jsonl\noutput_type: multiple_choice\ntest_split: test\n"
+                        "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: answerKey\n"
+                        "description: *i\n")
+    assert len(text) < 800
+    f = inc / "bomb.yaml"
+    f.write_text(text)
+    t0 = time.monotonic()
+    run = _limited_cli(["--include_path", str(inc), "--tasks", "bomb", "--pipelines", "vanilla", "--model",
+                        str(tmp_path / "no-model"), "--output-path", str(tmp_path / "out"), "--no-progress",
+                        "--no-plot"])
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [ln for ln in run.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and f"task file {f}:" in errors[0] and "alias bomb" in errors[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and time.monotonic() - t0 < 120
+
+
+def test_a_template_of_nested_ranges_fails_at_once_naming_the_file(tmp_path):
+    inc = tmp_path / "lm"
+    inc.mkdir()
+    rows = [{"question": f"Q{i}?", "choices": ["a", "b"], "label": 0} for i in range(2)]
+    (inc / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = inc / "slow.yaml"
+    f.write_text("task: slow\ndataset_path: d.jsonl\noutput_type: multiple_choice\ntest_split: test\n"
+                 f"doc_to_text: {json.dumps(_NESTED_RANGE)}\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    run = _limited_cli(["--include_path", str(inc), "--tasks", "slow", "--pipelines", "vanilla", "--model",
+                        str(tmp_path / "no-model"), "--output-path", str(tmp_path / "out"), "--no-progress",
+                        "--no-plot"])
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [ln for ln in run.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and f"task file {f}:" in errors[0], run.stderr[-2000:]
+    assert "doc_to_text: the template runs more than 100,000 steps" in errors[0] and "Traceback" not in run.stderr
+
+
+def test_aliases_within_the_budget_still_work(tmp_path):
+    from rcn_fast.eval.tasks import resolve_task
+
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    _mini_questions(inc / "q.jsonl")
+    (inc / "t.yaml").write_text("name: ok\nlocal: q.jsonl\npaper_table: &t My table\ndescription: *t\n")
+    spec = resolve_task("ok", include_paths=[str(inc)])
+    assert spec.description == "My table" == spec.paper_table
+
+
+@pytest.mark.parametrize("text, why", [
+    ("name: x\nlocal: q.jsonl\nd: &a [1, *a]\n", "recursive structure"),
+    ("name: x\nlocal: q.jsonl\nd: " + "[" * 500 + "]" * 500 + "\n", "nests more than 100 levels"),
+    ("name: x\nlocal: q.jsonl\nd: &a [" + ",".join(['"' + "y" * 5000 + '"'] * 4) + "]\ne: [" + ",".join(["*a"] * 6)
+     + "]\n", "alias bomb"),
+])
+def test_other_costly_yaml_is_refused_naming_the_file_and_line(tmp_path, text, why):
+    from rcn_fast.eval.tasks import TaskError, resolve_task
+
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    f = inc / "t.yaml"
+    f.write_text(text)
+    with pytest.raises(TaskError, match=rf"task file {f}:\d+: .*{why}"):
+        resolve_task("x", include_paths=[str(inc)])
+
+
+@pytest.mark.parametrize("template, why", [
+    ("{{ 'x' * 999999999 }}", "'\\*': repeating"), ("{{ 2 ** 99999999 }}", "exponent"),
+    ("{{ 'x'|center(999999999) }}", "center: a width"), ("{{ '%099999999d' % 1 }}", "width or precision"),
+    ("{{ '{:>99999999}'.format(1) }}", "width or precision"),
+    ("{% set s = 'xxxxxxxxxx' %}" + "{% set s = s ~ s %}" * 30 + "{{ s|length }}", "'~'"),
+    ("{% macro m(n) %}{% if n %}{{ m(n-1) }}{{ m(n-1) }}{% endif %}{% endmacro %}{{ m(40) }}", "steps"),
+    ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "recurses too deeply"),
+    ("{{ ('x' * 1000)|replace('', 'y' * 1000) }}", "replace"), ("{{ range(99999)|join('x' * 100) }}", "join"),
+    ("{% set ns = namespace(s='xx') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "'\\+'"),
+    ("{% for a in xs %}{% for b in xs %}{% for c in xs %}{{ a }}{% endfor %}{% endfor %}{% endfor %}", "steps"),
+    ("{% set big = 'x' * 999999 %}{% for i in range(9000) %}{{ big }}{% endfor %}", "writes more than"),
+    ("{% macro m() %}{% set b = 'x' * 999999 %}{% for i in range(9000) %}{{ b }}{% endfor %}{% endmacro %}"
+     "{% set r = m() %}ok", "writes more than"),
+    ("{{ ([('x' * 999999)] * 1000)|string }}", "'\\*': repeating"),
+    ("{{ ('x\\n' * 400000)|indent('y' * 100000) }}", "indent"),
+    ("{{ ('a b ' * 100000)|wordwrap(1, wrapstring='z' * 100000) }}", "wordwrap"),
+    ("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "bits"),
+    ("{{ (2 ** 4000) ** 4000 }}", "exponent"),
+])
+def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
+    from rcn_fast.eval.task_limits import TaskLimitError, render
+
+    t0 = time.monotonic()
+    with pytest.raises(TaskLimitError, match=why):
+        render(template, {"xs": list(range(100))})
+    assert time.monotonic() - t0 < 30  # a guard against a hang, not a timing
+
+
+def test_ordinary_templates_render_as_before():
+    from rcn_fast.eval.task_limits import render
+
+    doc = {"question": "Why?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "B"}
+    assert render("Question: {{question}}\nAnswer:", doc) == "Question: Why?\nAnswer:"
+    assert render("{{choices.text}}", doc) == "['a', 'b']"
+    assert render("{{choices.label.index(answerKey)}}", doc) == "1"
+    assert render("{% for t in choices.text %}({{ loop.index }}) {{ t|upper }} {% endfor %}", doc) == "(1) A (2) B "
+    assert render("{{ '%s-%03d' % ('q', 7) }} {{ '{:>4}'.format('x') }} {{ choices.text|join(', ') }}", doc) == \
+        "q-007    x a, b"
+
+
+def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monkeypatch):
+    """lm-eval's ``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}`` reads local files too."""
+    from rcn_fast.eval.tasks import resolve_task, spec_key
+
+    monkeypatch.chdir(tmp_path)
+    inc = tmp_path / "lm"
+    (tmp_path / "data").mkdir()
+    rows = [{"question": f"Q{i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
+    for name in ("test.jsonl", "extra-1.jsonl"):
+        (tmp_path / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    inc.mkdir()
+    (inc / "t.yaml").write_text("task: lmjson\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+                                "dataset_kwargs: {data_files: {test: [data/test.jsonl, 'data/extra-*.jsonl']}}\n"
+                                "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    k = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
+    for name in ("test.jsonl", "extra-1.jsonl"):
+        with open(tmp_path / "data" / name, "a") as f:
+            f.write(json.dumps({"question": f"More in {name}?", "choices": ["a", "b"], "label": 0}) + "\n")
+        k2 = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
+        assert k2 != k, name
+        k = k2
