@@ -111,7 +111,7 @@ def segment_pool(h: Any, cu_seqlens: Any, pooling: str) -> Any:
     seg = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens, output_size=h.shape[0])
     if pooling == "max":
         out = torch.full((len(lens), h.shape[1]), float("-inf"), dtype=h.dtype, device=h.device)
-        return out.index_reduce_(0, seg, h, "amax")
+        return out.scatter_reduce_(0, seg.unsqueeze(1).expand_as(h), h, "amax")
     out = torch.zeros((len(lens), h.shape[1]), dtype=h.dtype, device=h.device).index_add_(0, seg, h)
     return out / lens.clamp(min=1).unsqueeze(1).to(h.dtype)
 
