@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep passages whose text repeats an earlier one (default: keep the first, drop the rest "
                    "and log how many)")
     b.add_argument("--backend", choices=["torch", "onnx"], default=None,
-                   help="default: onnx on the CPU where onnxruntime is installed, else torch")
+                   help="default: onnx on the CPU where onnxruntime is installed (torch for a half-precision "
+                   "--encoder-dtype), else torch")
     b.add_argument("--device", default=None)
     b.add_argument("--quantize", choices=["int8"], default=None,
                    help="ONNX on CPU: dynamic int8 weights (per-row cosine to fp32 >= 0.98)")
@@ -130,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
             device = "cuda" if args.executor == "ray" and args.gpus_per_worker > 0 and args.device is None \
                 else args.device
-            backend = args.backend or ("onnx" if args.quantize else corpus_backend(device))
+            # no --backend: onnx for --quantize, torch for a half-precision --encoder-dtype (onnx runs float32)
+            backend = args.backend or ("onnx" if args.quantize else "torch" if args.encoder_dtype not in
+                                       (None, "float32") else corpus_backend(device))
             enc_kw = dict(backend=backend, device=device, quantize=args.quantize,
                           cache_dir=args.onnx_cache, pooling=args.pooling,
                           normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,
