@@ -39,6 +39,7 @@ from rcn_fast.retrieval.encoders.onnx import corpus_backend  # noqa: E402
 from rcn_fast.retrieval.encoders.unpadded import (  # noqa: E402
     UnpaddedBert, flash_varlen, segment_pool, unpadded_supported, varlen_attention_reference,
 )
+from tests.conftest import requires_gpu  # noqa: E402
 from tests.retrieval.fixtures import one_torch_thread, tiny_model  # noqa: E402,F401
 from tests.retrieval.tiny import minilm_dir, real_sentences  # noqa: E402
 
@@ -394,3 +395,25 @@ def test_build_loop_stops_on_the_first_error(stage):
         embed_chunks(list(range(12)), read, Failing(0, []), write, workers=2, prefetch=2)
     assert written == list(range(5))  # everything before the failure written, nothing after
     assert not [t for t in threading.enumerate() if t.name.startswith("rcn_fast-build")]
+
+
+# ------------------------------------------------------------------------ GPU
+@requires_gpu
+def test_cuda_defaults_and_agreement_with_the_cpu(tiny_model, tmp_path):
+    """On CUDA: bfloat16 by default, a token budget from the device, the
+    asynchronous run (pinned buffers) returning rows in input order; padded
+    and unpadded (reference attention without flash-attn) agree with the
+    CPU's float32 within bfloat16 rounding; float32 on CUDA within 1e-4."""
+    cpu = Encoder.from_pretrained(tiny_model).encode_passages(TEXTS)
+    gpu = Encoder.from_pretrained(tiny_model, device="cuda")
+    assert gpu.config.dtype == "bfloat16" and gpu.batch_tokens >= gpu.max_length
+    prepared = gpu.prepare_passages(TEXTS, batch_size=7)
+    assert all(feed["input_ids"].is_pinned() for _, feed in prepared.batches)
+    out = gpu.run(prepared).result()
+    assert out.dtype == np.float32 and out.shape == cpu.shape
+    assert ((out * cpu).sum(1)).min() > 0.99
+    packed = Encoder.from_pretrained(tiny_model, device="cuda", unpadded=True).encode_passages(TEXTS)
+    assert ((packed * cpu).sum(1)).min() > 0.99
+    f32 = Encoder.from_pretrained(tiny_model, device="cuda", dtype="float32").encode_passages(TEXTS)
+    np.testing.assert_allclose(f32, cpu, atol=1e-4)
+    assert gpu.run(gpu.prepare_passages([])).result().shape == (0, gpu.dim)

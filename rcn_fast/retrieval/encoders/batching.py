@@ -17,6 +17,7 @@ to input order through the row indices each batch carries.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -67,7 +68,7 @@ class Tokenized:
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(offsets[-1]))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(offsets[-1]))
         return cls(flat, offsets)
 
 
