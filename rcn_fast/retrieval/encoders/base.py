@@ -526,14 +526,8 @@ class Encoder:
         """Tokenise ``texts`` (``prefix`` prepended) and cut them into
         batches sorted by length, each filled up to :attr:`batch_tokens`
         padded tokens and at most ``batch_size`` texts (default
-        ``config.batch_size``; None in the corpus build: no count limit).
-        CPU work only, safe in a background thread (the corpus build
-        prepares the next chunk while the device runs this one).
-
-        Returns
-        -------
-        PreparedTexts for :meth:`run`.
-        """
+        ``config.batch_size``): CPU work, safe in a background thread.
+        Returns the PreparedTexts :meth:`run` takes."""
         texts = check_texts(texts)
         bs = self.config.batch_size if batch_size is None else batch_size
         if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
@@ -550,15 +544,10 @@ class Encoder:
         return self.prepare(texts, prefix=self.config.passage_prefix or "", batch_size=batch_size)
 
     def run(self, prepared: PreparedTexts, *, show_progress: bool = False) -> Pending:
-        """Embed prepared texts.
-
-        Returns
-        -------
-        Pending
-            ``.result()``: float32 [n, dim], input order, normalised when
-            ``config.normalize``. Backends that run asynchronously (torch
-            on CUDA) return before the device finishes.
-        """
+        """Embed prepared texts (``show_progress``: a bar over batches).
+        Returns a Pending whose ``.result()`` is float32 [n, dim] in input
+        order, normalised when ``config.normalize``; asynchronous backends
+        (torch on CUDA) return before the device finishes."""
         out = np.zeros((prepared.n, self.dim), dtype=np.float32)
         batches: Iterable = prepared.batches
         if show_progress:
