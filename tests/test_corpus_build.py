@@ -223,10 +223,28 @@ def test_shards_merge_equal_single_build(tmp_path, corpus_jsonl, encoder, built)
 
 
 # -------------------------------------------------------- SIGKILL and resume
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path, corpus_jsonl, tiny_model, encoder, built):
+@pytest.fixture(scope="module")
+def built_onnx(tmp_path_factory, corpus_jsonl, tiny_model) -> CorpusStore:
+    """The store the CLI's default (ONNX Runtime on the CPU) builds, built
+    in-process without interruption."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    out = tmp_path_factory.mktemp("built_onnx") / "store"
+    enc = Encoder.from_pretrained(tiny_model, backend="onnx", cache_dir=str(out.parent / "onnx"))
+    return build_corpus(BuildConfig(input=str(corpus_jsonl), out=str(out), chunk_size=16, dtype="float32"),
+                        enc, show_progress=False)
+
+
+@pytest.mark.parametrize("backend", ["torch", "default"])
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, corpus_jsonl, tiny_model, backend, request):
+    """kill -9 while chunks are being prepared, embedded and written in
+    their three threads; the resumed build equals an uninterrupted one byte
+    for byte (the torch backend, and the default: ONNX Runtime on the CPU)."""
+    built = request.getfixturevalue("built" if backend == "torch" else "built_onnx")
     out = tmp_path / "killed"
     args = ["build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--out", str(out),
             "--chunk-size", "16", "--dtype", "float32", "--keep-parts", "--no-progress"]
+    args += ["--backend", "torch"] if backend == "torch" else ["--onnx-cache", str(built.path.parent / "onnx")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
            THROTTLE_ENV: "0.4"}
     proc = subprocess.Popen([sys.executable, "-m", "rcn_fast.corpus", *args], env=env, cwd=str(REPO),
@@ -258,7 +276,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, corpus_jsonl, tiny_m
     assert len(after) == 8
     for name, stamp in done.items():  # finished chunks were not recomputed
         assert after[name] == stamp
-    assert_same_store(CorpusStore.open(out, verify=True), built)
+    resumed = CorpusStore.open(out, verify=True)
+    assert resumed.manifest["encoder"]["backend"] == ("torch" if backend == "torch" else "onnx")
+    assert_same_store(resumed, built)
 
 
 # ----------------------------------------------------------------------- CLI

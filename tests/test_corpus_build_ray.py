@@ -204,7 +204,7 @@ def test_ray_build_killed_then_resumed_locally(ray_cluster, tmp_path, corpus_jso
     out = tmp_path / "killed"
     args = ["build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--out", str(out),
             "--chunk-size", "16", "--dtype", "float32", "--keep-parts", "--no-progress", "--executor", "ray",
-            "--ray-address", ray_cluster, "--num-workers", "2"]
+            "--ray-address", ray_cluster, "--num-workers", "2", "--backend", "torch"]  # local_store's backend
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
            THROTTLE_ENV: "1.0"}
     proc = subprocess.Popen([sys.executable, "-m", "rcn_fast.corpus", *args], env=env, cwd=str(REPO),

@@ -1,7 +1,7 @@
 """Command line of the corpus store.
 
     python -m rcn_fast.corpus build --input FILE --encoder PATH --out DIR
-        [--backend torch|onnx] [--dtype float16|float32] [--batch-size N]
+        [--backend torch|onnx] [--dtype float16|float32] [--batch-size N] [--batch-tokens N]
         [--chunk-size N] [--num-shards S --shard-id I] [--id-field id]
         [--text-field text|contents] [--keep-duplicates] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
@@ -15,6 +15,12 @@
     python -m rcn_fast.corpus info DIR
     python -m rcn_fast.corpus verify DIR
 
+``build`` runs ONNX Runtime on the CPU where it is installed (the torch
+backend otherwise, and always on CUDA, in bfloat16 unless
+``--encoder-dtype`` says otherwise); texts are sorted by length and
+batched up to ``--batch-tokens`` padded tokens (default: 512 on the CPU,
+from the free memory on a GPU), tokenised in background threads while
+the encoder runs, and the chunks written by another thread.
 ``--executor ray`` embeds with a Ray Data actor pool (one encoder per
 worker; ``pip install "rcn_fast[ray]"``) on the cluster at ``--ray-address``
 or ``RAY_ADDRESS`` (a local one when neither is set) and writes the same
@@ -53,16 +59,22 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--keep-duplicates", action="store_true",
                    help="keep passages whose text repeats an earlier one (default: keep the first, drop the rest "
                    "and log how many)")
-    b.add_argument("--backend", choices=["torch", "onnx"], default="torch")
+    b.add_argument("--backend", choices=["torch", "onnx"], default=None,
+                   help="default: onnx on the CPU where onnxruntime is installed (torch for a half-precision "
+                   "--encoder-dtype), else torch")
     b.add_argument("--device", default=None)
     b.add_argument("--quantize", choices=["int8"], default=None,
                    help="ONNX on CPU: dynamic int8 weights (per-row cosine to fp32 >= 0.98)")
     b.add_argument("--onnx-cache", default=None, help="ONNX export cache dir ('model' = inside the model dir)")
     b.add_argument("--dtype", choices=["float16", "float32"], default="float16",
                    help="storage dtype of the embeddings")
-    b.add_argument("--encoder-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                   help="torch encoder weights/activations (float16 on CUDA only; recorded in the manifest)")
-    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--encoder-dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="torch encoder weights/activations (default: bfloat16 on CUDA, else float32; float16 on "
+                   "CUDA only; recorded in the manifest)")
+    b.add_argument("--batch-size", type=int, default=None,
+                   help="texts per forward pass at most (default: as many as --batch-tokens holds)")
+    b.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per forward pass (default: 512 on the CPU, from free memory on a GPU)")
     b.add_argument("--chunk-size", type=int, default=4096, help="records per resumable chunk")
     b.add_argument("--num-shards", type=int, default=1)
     b.add_argument("--shard-id", type=int, default=0)
@@ -116,18 +128,24 @@ def main(argv: list[str] | None = None) -> int:
                               chunk_size=args.chunk_size, num_shards=args.num_shards, shard_id=args.shard_id,
                               keep_parts=args.keep_parts, overwrite=args.overwrite,
                               keep_duplicates=args.keep_duplicates)
-            enc_kw = dict(backend=args.backend, device=args.device, quantize=args.quantize,
+            from rcn_fast.retrieval.encoders.onnx import corpus_backend
+
+            device = "cuda" if args.executor == "ray" and args.gpus_per_worker > 0 and args.device is None \
+                else args.device
+            # no --backend: onnx for --quantize, torch for a half-precision --encoder-dtype (onnx runs float32)
+            backend = args.backend or ("onnx" if args.quantize else "torch" if args.encoder_dtype not in
+                                       (None, "float32") else corpus_backend(device))
+            enc_kw = dict(backend=backend, device=device, quantize=args.quantize,
                           cache_dir=args.onnx_cache, pooling=args.pooling,
                           normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,
                           passage_prefix=args.passage_prefix, max_length=args.max_length,
-                          batch_size=args.batch_size, dtype=args.encoder_dtype)
+                          batch_tokens=args.batch_tokens, dtype=args.encoder_dtype,
+                          **({"batch_size": args.batch_size} if args.batch_size else {}))
             if args.executor == "ray":
                 from rcn_fast.retrieval.build_ray import build_corpus_ray, import_ray
                 from rcn_fast.retrieval.encoders import EncoderConfig
 
                 import_ray()  # before any work: say how to install it
-                if args.gpus_per_worker > 0 and args.device is None:
-                    enc_kw["device"] = "cuda"
                 store = build_corpus_ray(
                     cfg, EncoderConfig(model=args.encoder, **enc_kw), ray_address=args.ray_address,
                     num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,

@@ -15,6 +15,14 @@ chunks exist they are joined into the store files and ``manifest.json`` is
 written last (the chunk files and the store layout are written by
 :mod:`rcn_fast.retrieval.store`, which also reads them).
 
+The chunks are embedded by three overlapping stages
+(:mod:`rcn_fast.retrieval.build_pipeline`): background threads read and
+tokenise the next chunks (texts sorted by length, batches filled to the
+encoder's token budget), the calling thread runs the encoder, and a writer
+thread writes the finished chunks; a chunk's batches depend on that chunk
+alone, so the bytes of the store do not depend on the timing or on where
+a build was interrupted.
+
 Shards: with ``num_shards=S, shard_id=I`` a machine embeds chunks
 ``c`` with ``c % S == I`` into its own directory, decoding only those
 chunks; :func:`merge_shards` joins the S directories into a store
@@ -34,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rcn_fast.retrieval.build_pipeline import ChunkRecords, embed_chunks, prepare_workers
 from rcn_fast.retrieval.conventions import DEDUP, EmptyInputError, detect_text_field, first_in_chunk
 from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
 from rcn_fast.retrieval.store import (
@@ -68,8 +77,11 @@ class BuildConfig:
         :func:`prepare_build`).
     dtype : {"float16", "float32"}
         Storage dtype of the embeddings.
-    batch_size : int
-        Texts per encoder forward pass.
+    batch_size : int or None
+        Texts per encoder forward pass at most. None (default): as many as
+        the encoder's token budget holds (``batch_tokens`` of its
+        :class:`~rcn_fast.retrieval.encoders.EncoderConfig`: texts sorted
+        by length fill each batch up to it).
     chunk_size : int
         Records per resumable unit of work.
     num_shards, shard_id : int
@@ -92,7 +104,7 @@ class BuildConfig:
     id_field: str = "id"
     text_field: str | None = None
     dtype: str = "float16"
-    batch_size: int = 64
+    batch_size: int | None = None
     chunk_size: int = 4096
     num_shards: int = 1
     shard_id: int = 0
@@ -112,6 +124,8 @@ class BuildConfig:
             raise ValueError(f"dtype: expected 'float16' or 'float32', got {self.dtype!r}")
         for name in ("batch_size", "chunk_size", "num_shards"):
             v = getattr(self, name)
+            if name == "batch_size" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         if not (0 <= self.shard_id < self.num_shards):
@@ -319,23 +333,29 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
                                                      if cfg.num_shards > 1 else ""),
                    total=prep.done_records + sum(prep.spans[c].count for c in prep.todo),
                    initial=prep.done_records, unit="doc", unit_scale=True, file=sys.stderr)
-    computed = 0
     t0 = time.perf_counter()
     dim = int(prep.spec["encoder"]["dim"])
-    for c in prep.todo:
+
+    def read(c: int) -> ChunkRecords:
         ids, texts = read_chunk(cfg.input, cfg.format, prep.spans[c], cfg.id_field, cfg.text_field)
         dropped = 0
         if not cfg.keep_duplicates:  # within the chunk now; across chunks when the store is written
             ids, texts, dropped = first_in_chunk(ids, texts)
-        emb = encoder.encode_passages(texts, batch_size=cfg.batch_size)
-        write_chunk(prep.parts, c, ids, texts, emb, dim=dim, dtype=cfg.dtype, dropped=dropped)
-        computed += len(ids)
+        return ChunkRecords(c, ids, texts, dropped)
+
+    def write(rec: ChunkRecords, emb: Any) -> None:
+        write_chunk(prep.parts, rec.chunk, rec.ids, rec.texts, emb, dim=dim, dtype=cfg.dtype, dropped=rec.dropped)
         if bar is not None:
-            bar.update(len(ids) + dropped)
+            bar.update(len(rec.ids) + rec.dropped)
         if throttle:
             time.sleep(throttle)
-    if bar is not None:
-        bar.close()
+
+    try:
+        computed = embed_chunks(prep.todo, read, encoder, write, batch_size=cfg.batch_size,
+                                workers=prepare_workers(encoder))
+    finally:
+        if bar is not None:
+            bar.close()
     dt = time.perf_counter() - t0
     logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
                 computed, dt, computed / dt if dt > 0 else 0.0, prep.done_records)

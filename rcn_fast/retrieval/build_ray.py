@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rcn_fast.retrieval.build import THROTTLE_ENV, BuildConfig, finish_build, prepare_build
+from rcn_fast.retrieval.build_pipeline import embed_texts
 from rcn_fast.retrieval.corpus_input import ChunkSpan, read_chunk
 from rcn_fast.retrieval.store import CorpusStore, write_chunk
 
@@ -83,7 +84,7 @@ class _ChunkEmbedder:
         for k in range(len(batch["chunk"])):
             span = ChunkSpan(*(int(batch[f][k]) for f in ("chunk", "start", "stop", "first", "count")))
             ids, texts = read_chunk(b["input"], b["format"], span, b["id_field"], b["text_field"])
-            emb = self.encoder.encode_passages(texts, batch_size=b["batch_size"])
+            emb = embed_texts(self.encoder, texts, b["batch_size"])  # the local build's batches
             write_chunk(Path(b["parts"]), span.chunk, ids, texts, emb, dim=self.dim, dtype=b["dtype"])
             counts.append(len(ids))
             if self.throttle:

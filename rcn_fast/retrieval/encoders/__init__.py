@@ -3,7 +3,10 @@ PyTorch (:mod:`~rcn_fast.retrieval.encoders.torch`) or by ONNX Runtime on
 a graph rcn_fast exports itself (:mod:`~rcn_fast.retrieval.encoders.onnx`),
 over the shared base (:mod:`~rcn_fast.retrieval.encoders.base`: config,
 folder settings, tokenising and batching, and :func:`load_encoder`, the one
-place a config becomes an encoder). Each backend's class registers its
+place a config becomes an encoder), the batching of tokenised texts to a
+token budget (:mod:`~rcn_fast.retrieval.encoders.batching`) and the
+unpadded BERT forward pass (:mod:`~rcn_fast.retrieval.encoders.unpadded`,
+flash-attn's variable-length kernels where installed). Each backend's class registers its
 ``backend`` name with the base when defined; importing this package
 defines both.
 """

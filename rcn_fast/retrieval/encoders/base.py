@@ -24,8 +24,12 @@ Settings not given explicitly come, in this order, from
    an E5 model or a plain transformers folder: the E5 conventions (``"query: "`` / ``"passage: "``,
    mean pooling over the attention mask, L2 normalisation, 512 tokens).
 
-Texts are tokenised once, sorted by token length and batched, so a batch
-pads only to its own longest text; results come back in input order.
+Texts are tokenised once, sorted by token length and cut into batches
+filled to a token budget (:mod:`rcn_fast.retrieval.encoders.batching`), so
+a batch pads only to its own longest text; results come back in input
+order. :meth:`Encoder.prepare` (tokenise and batch, any thread) and
+:meth:`Encoder.run` (the forward passes) are the two halves the corpus
+build overlaps.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ import numpy as np
 from rcn_fast._arrays import require
 from rcn_fast._validate import check_texts
 from rcn_fast.model_files import SETTINGS_FILE, model_fingerprint, resolve_model_dir
+from rcn_fast.retrieval.encoders.batching import (
+    CPU_BATCH_TOKENS, Pending, PreparedTexts, Tokenized, normalize_rows, pad_batch, plan_batches, tokenize_texts,
+)
 from rcn_fast.retrieval.st_folder import (
     E5_PREFIXES,
     NO_PREFIXES,
@@ -94,15 +101,32 @@ class EncoderConfig:
     lowercase : bool or None
         Lower-case texts before tokenising (a sentence-transformers
         folder's ``do_lower_case``). None: from the folder, else False.
-    dtype : {"float32", "float16", "bfloat16"}
+    dtype : {"float32", "float16", "bfloat16"} or None
         Weights and activations of the torch backend (``"fp16"``,
         ``"bf16"`` accepted). float16 needs a CUDA device; bfloat16 runs on
         CUDA or CPU. Pooling and normalisation run in float32 and outputs
         are float32 whatever the dtype. The ONNX backend runs float32 only.
+        None: bfloat16 for the torch backend on CUDA (what GPU embedding
+        servers run, several times float32's speed; rows keep a cosine of
+        0.98 or more to float32 in the tests), float32 otherwise.
     device : str or None
         ``"cpu"`` or ``"cuda"`` (``"cuda:1"``...); None is CPU.
     batch_size : int
-        Default texts per forward pass.
+        Default texts per forward pass (at most; see ``batch_tokens``).
+    batch_tokens : int or None
+        Padded tokens per forward pass (texts sorted by length fill each
+        batch up to it; :func:`~rcn_fast.retrieval.encoders.batching.plan_batches`);
+        at least ``max_length``. None: 512 on the CPU, on CUDA what the
+        free device memory affords (up to 262,144;
+        :func:`~rcn_fast.retrieval.encoders.batching.device_batch_tokens`).
+    unpadded : bool or None
+        torch backend: run BERT models on packed tokens with variable-length
+        attention (flash-attn's kernels where installed, else a plain
+        per-text reference; :mod:`~rcn_fast.retrieval.encoders.unpadded`).
+        None: when flash-attn is installed, the device is CUDA, the dtype
+        float16/bfloat16 and the model a BERT; otherwise padded batches
+        through PyTorch's SDPA. True where the model is not a BERT is an
+        error.
     quantize : None or "int8"
         ONNX only, CPU provider only: dynamic int8 quantisation of the MatMul
         weights (per-channel int8 weights, activations quantised per batch).
@@ -119,7 +143,11 @@ class EncoderConfig:
         ONNX Runtime execution providers, first = the one that must run.
         None derives them from ``device``.
     intra_op_threads : int or None
-        ONNX Runtime / torch intra-op threads (None: library default).
+        ONNX Runtime / torch intra-op threads. None: the library default
+        for torch; for ONNX Runtime on the CPU one thread per session call,
+        with as many calls (batches) in flight as the process has cores
+        (data-parallel batches: no per-operator synchronisation between
+        cores).
     local_files_only : bool
         Never download a hub id; use only the local Hugging Face cache.
         Also implied when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` is
@@ -134,9 +162,11 @@ class EncoderConfig:
     passage_prefix: str | None = None
     max_length: int | None = None
     lowercase: bool | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
     device: str | None = None
     batch_size: int = 32
+    batch_tokens: int | None = None
+    unpadded: bool | None = None
     quantize: str | None = None
     cache_dir: str | None = None
     providers: list[str] | None = None
@@ -151,6 +181,9 @@ class EncoderConfig:
             raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {self.backend!r}")
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ValueError(f"pooling: expected one of {list(POOLINGS)} or None, got {self.pooling!r}")
+        if self.dtype is None:
+            self.dtype = "bfloat16" if self.backend == "torch" and str(self.device or "cpu").startswith("cuda") \
+                else "float32"
         dt = DTYPE_ALIASES.get(str(self.dtype).removeprefix("torch."), str(self.dtype).removeprefix("torch."))
         if dt not in DTYPES:
             raise ValueError(f"dtype: expected one of {list(DTYPES)} (or fp32/fp16/bf16), got {self.dtype!r}")
@@ -167,12 +200,14 @@ class EncoderConfig:
         for name in ("query_prefix", "passage_prefix"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name}: expected a str or None, got {type(getattr(self, name)).__name__}")
-        for name in ("normalize", "lowercase"):
+        if self.unpadded and self.backend != "torch":
+            raise ValueError("unpadded: packed-token attention needs backend='torch'")
+        for name in ("normalize", "lowercase", "unpadded"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool or None, got {getattr(self, name)!r}")
-        for name in ("max_length", "batch_size"):
+        for name in ("max_length", "batch_size", "batch_tokens"):
             v = getattr(self, name)
-            if name == "max_length" and v is None:
+            if name != "batch_size" and v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -319,6 +354,11 @@ class Encoder:
             limit -= 2
         self.max_length = min(config.max_length, limit) if limit else config.max_length
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if config.batch_tokens is not None and config.batch_tokens < self.max_length:
+            raise ValueError(f"batch_tokens: {config.batch_tokens} cannot hold one text of max_length "
+                             f"{self.max_length} tokens; pass at least {self.max_length} (or a smaller max_length)")
+        #: padded tokens per forward pass (backends on a device may raise the automatic value)
+        self.batch_tokens = config.batch_tokens or max(CPU_BATCH_TOKENS, self.max_length)
 
     # ---------------------------------------------------------- construction
     @classmethod
@@ -333,9 +373,11 @@ class Encoder:
         passage_prefix: str | None = None,
         max_length: int | None = None,
         lowercase: bool | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         device: str | None = None,
         batch_size: int = 32,
+        batch_tokens: int | None = None,
+        unpadded: bool | None = None,
         quantize: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         providers: list[str] | None = None,
@@ -360,9 +402,9 @@ class Encoder:
             (downloaded when not cached and downloads are on); see
             :attr:`EncoderConfig.model`.
         backend : {"torch", "onnx"}
-        dtype : {"float32", "float16", "bfloat16"}
-            torch backend only; float16 on CUDA only (see
-            :attr:`EncoderConfig.dtype`).
+        dtype : {"float32", "float16", "bfloat16"} or None
+            torch backend only; float16 on CUDA only; None: bfloat16 on
+            CUDA, else float32 (see :attr:`EncoderConfig.dtype`).
         quantize : None or "int8"
             ONNX on CPU only; per-row cosine to fp32 torch >= 0.98 (see
             :attr:`EncoderConfig.quantize`).
@@ -380,7 +422,8 @@ class Encoder:
             A :class:`TorchEncoder` or an :class:`OnnxEncoder`.
         """
         cfg = EncoderConfig(
-            model=str(path_or_id), backend=backend, device=device, batch_size=batch_size, quantize=quantize,
+            model=str(path_or_id), backend=backend, device=device, batch_size=batch_size, batch_tokens=batch_tokens,
+            unpadded=unpadded, quantize=quantize,
             cache_dir=None if cache_dir is None else str(cache_dir), providers=providers,
             intra_op_threads=intra_op_threads, local_files_only=local_files_only, pooling=pooling,
             normalize=normalize, query_prefix=query_prefix, passage_prefix=passage_prefix, max_length=max_length,
@@ -469,55 +512,60 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], *, prefix: str = "", batch_size: int | None = None,
                output: str = "numpy", show_progress: bool = False) -> Any:
-        """Embed ``texts`` with ``prefix`` prepended; float32 [n, dim]."""
-        texts = check_texts(texts)
+        """Embed ``texts`` with ``prefix`` prepended; float32 [n, dim]
+        (:meth:`prepare` then :meth:`run`)."""
         if output not in ("numpy", "torch"):
             raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
-        bs = self.config.batch_size if batch_size is None else batch_size
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if texts:
-            full = [prefix + t for t in texts]
-            if self.config.lowercase:
-                full = [t.lower() for t in full]
-            batches = list(self.batches(full, bs))
-            it: Iterable = batches
-            if show_progress:
-                from tqdm.auto import tqdm
-
-                it = tqdm(batches, desc="encode", unit="batch")
-            for rows, feed in it:
-                out[rows] = self._forward(feed)
-            if self.config.normalize:
-                norms = np.linalg.norm(out, axis=1, keepdims=True)
-                out /= np.where(norms > 0, norms, 1.0)
+        out = self.run(self.prepare(texts, prefix=prefix, batch_size=batch_size), show_progress=show_progress).result()
         if output == "torch":
             torch = require("torch", TORCH_HINT)
             return torch.from_numpy(out)
         return out
 
-    def batches(self, texts: list[str], batch_size: int) -> Iterable[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        """Length-sorted padded batches: yields (row indices int64 [b],
-        feed {name: int64 [b, L]}), longest texts first."""
-        enc = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False,
-                             return_attention_mask=False, return_token_type_ids=False)
-        ids = enc["input_ids"]
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        order = np.argsort(-lengths, kind="stable")
-        for start in range(0, len(ids), batch_size):
-            rows = order[start:start + batch_size]
-            L = int(max(lengths[rows].max(), 1))
-            input_ids = np.full((len(rows), L), self.pad_id, dtype=np.int64)
-            mask = np.zeros((len(rows), L), dtype=np.int64)
-            for j, r in enumerate(rows):
-                n = lengths[r]
-                input_ids[j, :n] = ids[r]
-                mask[j, :n] = 1
-            feed = {"input_ids": input_ids, "attention_mask": mask}
-            if "token_type_ids" in self.input_names:
-                feed["token_type_ids"] = np.zeros_like(input_ids)
-            yield rows, feed
+    def prepare(self, texts: Sequence[str], *, prefix: str = "", batch_size: int | None = None) -> PreparedTexts:
+        """Tokenise ``texts`` (``prefix`` prepended) and cut them into
+        batches sorted by length, each filled up to :attr:`batch_tokens`
+        padded tokens and at most ``batch_size`` texts (default
+        ``config.batch_size``): CPU work, safe in a background thread.
+        Returns the PreparedTexts :meth:`run` takes."""
+        texts = check_texts(texts)
+        bs = self.config.batch_size if batch_size is None else batch_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        full = [prefix + t for t in texts]
+        if self.config.lowercase:
+            full = [t.lower() for t in full]
+        tok = tokenize_texts(self.tokenizer, full, self.max_length)
+        return PreparedTexts(len(texts), [(rows, self._feed(tok, rows))
+                                          for rows in plan_batches(tok.lengths, self.batch_tokens, bs)])
+
+    def prepare_passages(self, texts: Sequence[str], batch_size: int | None = None) -> PreparedTexts:
+        """:meth:`prepare` with the passage prefix."""
+        return self.prepare(texts, prefix=self.config.passage_prefix or "", batch_size=batch_size)
+
+    def run(self, prepared: PreparedTexts, *, show_progress: bool = False) -> Pending:
+        """Embed prepared texts (``show_progress``: a bar over batches).
+        Returns a Pending whose ``.result()`` is float32 [n, dim] in input
+        order, normalised when ``config.normalize``; asynchronous backends
+        (torch on CUDA) return before the device finishes."""
+        out = np.zeros((prepared.n, self.dim), dtype=np.float32)
+        batches: Iterable = prepared.batches
+        if show_progress:
+            from tqdm.auto import tqdm
+
+            batches = tqdm(batches, desc="encode", unit="batch")
+        self._run_batches(batches, out)
+        return Pending(normalize_rows(out) if self.config.normalize else out)
+
+    def _run_batches(self, batches: Iterable[tuple[np.ndarray, Any]], out: np.ndarray) -> None:
+        """``out[rows] = forward(feed)`` for every batch (in turn here;
+        backends may run them in parallel)."""
+        for rows, feed in batches:
+            out[rows] = self._forward(feed)
+
+    def _feed(self, tok: Tokenized, rows: np.ndarray) -> Any:
+        """The model inputs of one batch (padded numpy arrays here)."""
+        return pad_batch(tok, rows, self.pad_id, "token_type_ids" in self.input_names)
 
     # ------------------------------------------------------------- backends
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")

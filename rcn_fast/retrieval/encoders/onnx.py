@@ -15,14 +15,16 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast.model_files import model_fingerprint
 from rcn_fast.retrieval.encoders.base import EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig
+from rcn_fast.retrieval.encoders.batching import cpu_workers
 from rcn_fast.retrieval.encoders.torch import load_hf_model, model_inputs, pooled_module
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -33,6 +35,19 @@ def default_cache_dir() -> Path:
     from rcn_fast._cache_dirs import cache_root
 
     return cache_root() / "onnx"
+
+
+def corpus_backend(device: str | None) -> str:
+    """The backend a corpus build uses when none is named: ``"onnx"`` on
+    the CPU where ONNX Runtime and the exporter's packages (onnx,
+    onnxscript, torch) are installed, else ``"torch"`` (always on CUDA,
+    where the torch backend runs bfloat16 and unpadded attention)."""
+    import importlib.util
+
+    if str(device or "cpu").split(":")[0] != "cpu":
+        return "torch"
+    needed = ("onnxruntime", "onnx", "onnxscript", "torch")
+    return "onnx" if all(importlib.util.find_spec(m) is not None for m in needed) else "torch"
 
 
 # ------------------------------------------------------------ export checksums
@@ -411,8 +426,12 @@ class OnnxEncoder(Encoder):
         self.input_names = tuple(meta["inputs"])
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if config.intra_op_threads:
-            so.intra_op_num_threads = config.intra_op_threads
+        #: batches run at once: on the CPU provider without intra_op_threads, one single-threaded
+        #: session call per core (data-parallel batches, no per-operator barrier between cores)
+        self.workers = cpu_workers() if wanted == "CPUExecutionProvider" and not config.intra_op_threads else 1
+        if config.intra_op_threads or self.workers > 1:
+            so.intra_op_num_threads = config.intra_op_threads or 1
+        self._pool: ThreadPoolExecutor | None = None
         # 2 = warnings: onnxruntime's own notice that nodes went to another
         # provider than the preferred one is printed, not hidden
         so.log_severity_level = 2
@@ -431,6 +450,28 @@ class OnnxEncoder(Encoder):
     def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(["embeddings"], {n: feed[n] for n in self.input_names})[0].astype(np.float32, copy=False)
 
+    def _run_batches(self, batches: Iterable[tuple[np.ndarray, Any]], out: np.ndarray) -> None:
+        """Up to :attr:`workers` batches at once (``session.run`` releases
+        the GIL and is thread-safe); each batch's rows are written by the
+        thread that ran it, so the order of completion does not matter."""
+        batches = list(batches)
+        if self.workers <= 1 or len(batches) <= 1:
+            return super()._run_batches(batches, out)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rcn_fast-onnx")
 
-__all__ = ["OnnxEncoder", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
+        def one(batch: tuple[np.ndarray, Any]) -> None:
+            out[batch[0]] = self._forward(batch[1])
+
+        futures = [self._pool.submit(one, b) for b in batches]
+        try:
+            for f in futures:
+                f.result()  # re-raises a worker's error
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+__all__ = ["OnnxEncoder", "corpus_backend", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
            "export_problem", "verify_export", "write_export_checksums", "EXPORT_CHECKSUMS"]
