@@ -211,7 +211,8 @@ def test_progress_bars_come_from_the_stage_list():
 
     p = build("reconnect", llm=ScriptedLLM(), retriever=_retriever(), ablation="w/o KA")
     qs = _questions()
-    unit = SimpleNamespace(pending=qs, questions=qs, pipeline=p.name, seed=0, task=SimpleNamespace(name="mini"))
+    unit = SimpleNamespace(pending=qs, questions=qs, pipeline=p.name, display=p.name, seed=0,
+                           task=SimpleNamespace(name="mini"))
     bars = StageBars(unit, p)
     llm_stages = ["query_expansion", "knowledge_extraction", "answer"]  # w/o KA: no aggregation call
     try:

@@ -97,7 +97,7 @@ def test_observers_see_rag_generation_and_answer_scoring(name, agent, stages, op
 
 
 def _bars(p, questions):
-    unit = SimpleNamespace(pending=list(questions), questions=list(questions), pipeline=p.name, seed=0,
+    unit = SimpleNamespace(pending=list(questions), questions=list(questions), pipeline=p.name, display=p.name, seed=0,
                            task=SimpleNamespace(name="mini"))
     bars = StageBars(unit, p)
     try:

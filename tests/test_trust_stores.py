@@ -150,6 +150,8 @@ class Broken:
         self.enc, self.marker, self.value = enc, marker, value
 
     def __getattr__(self, name):
+        if name in ("prepare_passages", "run"):  # the build then calls encode_passages (its plain-encoder path)
+            raise AttributeError(name)
         return getattr(self.enc, name)
 
     def encode_passages(self, texts, **kw):
