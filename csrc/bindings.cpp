@@ -13,6 +13,7 @@ using namespace rcn_fast;
 
 void bind_topn(nb::module_& m);
 void bind_sampling(nb::module_& m);
+void bind_quant(nb::module_& m);
 
 namespace {
 
@@ -36,5 +37,6 @@ NB_MODULE(_C, m) {
   m.doc() = "rcn_fast native CPU kernels (framework-free C++; see csrc/)";
   bind_topn(m);
   bind_sampling(m);
+  bind_quant(m);
   m.def("build_info", &build_info, "What this module was built with and what it runs.");
 }
