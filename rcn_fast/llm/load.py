@@ -83,7 +83,7 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         if len(spec) != 2:
             raise ValueError(f"spec: expected a (model, tokenizer) pair, got a tuple of {len(spec)}")
         model, tok = spec
-        _engine(options, native_possible=False)
+        _engine(_pop_engine(options), options, native_possible=False)
         cfg = _hf_config(options)
         return HFLLM(model, tok, config=cfg)
     if isinstance(spec, LLM):
@@ -98,14 +98,14 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
     if found is not None:
         loader, rest = found
         return loader(rest, **options)
+    engine = _pop_engine(options)
+    cfg = _hf_config({k: v for k, v in options.items() if k not in _NATIVE_ONLY})  # checks the values first
     path = resolve_spec(spec)
     name = spec[len("package:"):] if spec.startswith("package:") else spec
-    engine = _engine(options, native_possible=path.is_file())
-    if engine != "transformers":
+    if _engine(engine, options, native_possible=path.is_file()) != "transformers":
         native = _load_native(path, name, engine, options)
         if native is not None:
             return native
-    cfg = _hf_config({k: v for k, v in options.items() if k not in _NATIVE_ONLY})
     if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/gguf_cache.py)
         from rcn_fast.llm.gguf_cache import load_gguf_cached
 
@@ -115,11 +115,15 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
     return HFLLM(model, tok, name=name, config=cfg)
 
 
-def _engine(options: dict[str, Any], *, native_possible: bool) -> str:
-    """Pop and check ``engine``; refuse native-engine options where only transformers can run."""
+def _pop_engine(options: dict[str, Any]) -> str:
     engine = options.pop("engine", "auto")
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {list(ENGINES)}, got {engine!r}")
+    return engine
+
+
+def _engine(engine: str, options: dict[str, Any], *, native_possible: bool) -> str:
+    """The engine to try; refuse native-engine options where only transformers can run."""
     if not native_possible:
         if engine == "native":
             raise ValueError("engine: 'native' runs .gguf files only (a model directory, hub id or (model, tokenizer) "
@@ -153,10 +157,6 @@ def _load_native(path: Path, name: str, engine: str, options: dict[str, Any]) ->
     """The native engine for ``path``, or None where ``engine="auto"``
     leaves it to transformers (a CUDA GPU, options it does not run, a model
     it does not support)."""
-    unknown = set(options) - _HF_OPTIONS - _NATIVE_ONLY
-    if unknown:
-        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of "
-                        f"{sorted(_HF_OPTIONS | _NATIVE_ONLY | {'engine'})}")
     clash = {k: options[k] for k, ok in _NATIVE_COMPATIBLE.items() if k in options and options[k] not in ok}
     if clash:
         if engine == "native":
@@ -180,7 +180,8 @@ def _load_native(path: Path, name: str, engine: str, options: dict[str, Any]) ->
 def _hf_config(options: dict[str, Any]) -> HFConfig:
     unknown = set(options) - _HF_OPTIONS
     if unknown:
-        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of {sorted(_HF_OPTIONS)}")
+        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of "
+                        f"{sorted(_HF_OPTIONS | _NATIVE_ONLY | {'engine'})}")
     return HFConfig(**options)
 
 

@@ -56,7 +56,9 @@ def pair(request, tmp_path_factory):
     model = _model(arch, len(tok), tok.eos_token_id, tok.pad_token_id)
     path = tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}") / "tiny.gguf"
     write_gguf(model, tok, path, qtype=qtype, arch=arch)
-    native = load_llm(str(path), batch_size=3, num_threads=2)
+    with pytest.MonkeyPatch.context() as mp:  # the tokenizer cache of these files stays in the test's folder
+        mp.setenv("RCN_FAST_CACHE", str(path.parent / "cache"))
+        native = load_llm(str(path), batch_size=3, num_threads=2)
     hf = load_llm(str(path), engine="transformers", device="cpu")
     assert isinstance(native, GGUFLLM)
     return native, hf

@@ -203,7 +203,11 @@ class GGUFLLM(SampleBackend):
 
     def score_ids(self, prompt_ids: Sequence[Sequence[int]], label_ids: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
         """Label log-probs for tokenised prompts; ``label_ids[b][c]`` are the
-        spelling ids of label c of row b. Returns ragged rows."""
+        spelling ids of label c of row b. Returns ragged rows.
+
+        Only the LM-head rows of the labels' tokens are multiplied (by the
+        engine's batch-invariant product, so a row scores the same bits in
+        any batch), then :func:`rcn_fast.llm.scoring.choice_logprobs`."""
         from rcn_fast.llm import scoring
         from rcn_fast.llm.labels import TORCH_HINT
 
@@ -213,10 +217,9 @@ class GGUFLLM(SampleBackend):
         hidden = self.final_hidden(prompt_ids)
         used = sorted({t for row in label_ids for sp in row for t in sp})
         where = {t: j for j, t in enumerate(used)}
-        weight = torch.from_numpy(self.model.head_rows(np.asarray(used, dtype=np.int64)))
+        logits = self.model.head_logits(hidden, np.asarray(used, dtype=np.int64))  # [B, labels' ids]
         packed = scoring.pack_label_ids([[[where[t] for t in sp] for sp in row] for row in label_ids])
-        lp, _ = scoring.choice_logprobs_from_hidden(torch.from_numpy(hidden), weight, packed,
-                                                    backend=self.config.scoring_backend)
+        lp, _ = scoring.choice_logprobs(torch.from_numpy(logits), packed, backend=self.config.scoring_backend)
         lp = lp.float().numpy()
         return [lp[b, : len(label_ids[b])].tolist() for b in range(len(prompt_ids))]
 

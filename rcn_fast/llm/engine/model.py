@@ -209,12 +209,16 @@ class NativeLlama:
                             self.isa)
         return out
 
-    def head_rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` of the LM head, dequantised: float32 ``[len(ids), n_embd]``."""
+    def head_logits(self, hidden: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Logits of tokens ``ids`` for final hidden states ``hidden`` [B,
+        n_embd]: float32 ``[B, len(ids)]``, computed from the LM head's rows
+        in their own format by the batch-invariant product (each entry the
+        same bits as the full logits of the forward pass, in any batch)."""
         data, qtype, _, k = self._head
         ids = np.asarray(ids, dtype=np.int64)
-        out = np.empty((len(ids), k), dtype=np.float32)
-        _native().quant_dequantize(np.ascontiguousarray(data[ids]), qtype, k, out)
+        out = np.empty((hidden.shape[0], len(ids)), dtype=np.float32)
+        _native().quant_matmul(np.ascontiguousarray(hidden, dtype=np.float32), np.ascontiguousarray(data[ids]), qtype,
+                               k, out, num_threads=1, isa=self.isa)
         return out
 
 

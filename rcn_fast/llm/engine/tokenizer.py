@@ -13,8 +13,8 @@ on it unchanged.
 
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``:
 Llama 3, SmolLM, Qwen2, Mistral-Nemo, ...), with the pre-tokenizer split
-of the file's ``tokenizer.ggml.pre`` where transformers knows one (else
-GPT-2's). Other vocabularies (SentencePiece ``"llama"``) raise
+of the file's ``tokenizer.ggml.pre`` where transformers knows one (else its
+architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``) raise
 :class:`NotImplementedError` naming ``engine="transformers"``.
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
@@ -22,7 +22,7 @@ a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
 ``<cache root>/gguf-tokenizers/<sha256 of the file's header>/tokenizer.json``
 (the header holds the whole vocabulary, merges, special tokens and
 template, so the key is exact), with a manifest recording the tokenizers
-version and the file's size and checksum; an entry that fails these checks
+version, the builder's version and the file's size and checksum; an entry that fails these checks
 is rebuilt, one that cannot be written is skipped (``RCN_FAST_GGUF_CACHE=0``
 turns the cache off). :func:`load_tokenizer` builds or reads it on a
 background thread, and the first use waits for it.
@@ -47,6 +47,8 @@ from rcn_fast.llm.engine.gguf_file import GGUFFile
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
+#: bumped when build_backend builds differently (an entry of another version is rebuilt)
+BUILD_VERSION = 2
 logger = logging.getLogger(__name__)
 
 # GGUF token types
@@ -65,6 +67,9 @@ PRE_TOKENIZER_SPLITS = {
     "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "pixtral": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
+#: general.architecture -> the split of its own tokenizer class (transformers' Qwen2Tokenizer), where the
+#: file names no known pre-tokenizer
+ARCH_SPLITS = {"qwen2": _QWEN2_SPLIT}
 
 
 @lru_cache(maxsize=1)
@@ -107,7 +112,7 @@ def build_backend(g: GGUFFile) -> Any:
     bpe = tk.models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], continuing_subword_prefix="",
                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     tok = tk.Tokenizer(bpe)
-    split = PRE_TOKENIZER_SPLITS.get(g.get("tokenizer.ggml.pre"))
+    split = PRE_TOKENIZER_SPLITS.get(g.get("tokenizer.ggml.pre")) or ARCH_SPLITS.get(g.get("general.architecture"))
     if split is None:
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     else:
@@ -132,11 +137,12 @@ def build_backend(g: GGUFFile) -> Any:
     return tok
 
 
-def cache_entry(header_sha256: str) -> Path:
-    """The cache folder of the tokenizer of a GGUF file whose header hashes to ``header_sha256``."""
+def cache_dir() -> Path | None:
+    """The folder of the tokenizer cache, or None when ``RCN_FAST_GGUF_CACHE`` turns it off."""
     from rcn_fast._cache_dirs import cache_root
+    from rcn_fast.llm.gguf_cache import cache_enabled
 
-    return cache_root() / "gguf-tokenizers" / header_sha256
+    return cache_root() / "gguf-tokenizers" if cache_enabled() else None
 
 
 def _read_cached(entry: Path, source: str) -> Any | None:
@@ -149,6 +155,7 @@ def _read_cached(entry: Path, source: str) -> Any | None:
     try:
         meta = read_stamped_json(entry / "manifest.json", CACHE_FORMAT, what="a GGUF tokenizer cache entry")
         ok = (meta.get("source_header_sha256") == source and meta.get("tokenizers") == tk.__version__
+              and meta.get("build") == BUILD_VERSION
               and f.is_file() and not f.is_symlink() and f.stat().st_size == meta.get("size")
               and sha256_file(f) == meta.get("sha256"))
         if ok:
@@ -171,7 +178,7 @@ def _write_cached(entry: Path, source: str, tok: Any) -> None:
         tmp.mkdir()
         f = tmp / "tokenizer.json"
         tok.save(str(f))
-        meta = {"format": CACHE_FORMAT, "source_header_sha256": source, "tokenizers": tk.__version__,
+        meta = {"format": CACHE_FORMAT, "source_header_sha256": source, "tokenizers": tk.__version__, "build": BUILD_VERSION,
                 "size": f.stat().st_size, "sha256": sha256_file(f)}
         (tmp / "manifest.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         shutil.rmtree(entry, ignore_errors=True)
@@ -184,14 +191,13 @@ def _write_cached(entry: Path, source: str, tok: Any) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached_backend(g: GGUFFile) -> Any:
-    """:func:`build_backend` through the tokenizer cache (module notes)."""
-    from rcn_fast.llm.gguf_cache import cache_enabled
-
-    if not cache_enabled():
+def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
+    """:func:`build_backend` through the tokenizer cache in ``folder``
+    (module notes; None: no cache)."""
+    if folder is None:
         return build_backend(g)
     source = hashlib.sha256(g.header_bytes()).hexdigest()
-    entry = cache_entry(source)
+    entry = folder / source
     if entry.exists():
         tok = _read_cached(entry, source)
         if tok is not None:
@@ -260,6 +266,7 @@ class GGUFTokenizer:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._g = g
+        self._cache = cache_dir()  # read here: the environment of the caller, not of the thread's start
         if background:
             threading.Thread(target=self._build, name="rcn_fast-gguf-tokenizer", daemon=True).start()
         else:
@@ -267,7 +274,7 @@ class GGUFTokenizer:
 
     def _build(self) -> None:
         try:
-            self._backend = cached_backend(self._g)
+            self._backend = cached_backend(self._g, self._cache)
             self._special = {n: (self._backend.id_to_token(i) if i is not None else None) for n, i in self._ids.items()}
         except BaseException as exc:  # re-raised on the caller's thread at first use
             self._error = exc
@@ -366,5 +373,5 @@ def load_tokenizer(g: GGUFFile, *, background: bool = True) -> GGUFTokenizer:
     return GGUFTokenizer(g, background=background)
 
 
-__all__ = ["GGUFTokenizer", "load_tokenizer", "build_backend", "cached_backend", "cache_entry", "PRE_TOKENIZER_SPLITS",
+__all__ = ["GGUFTokenizer", "load_tokenizer", "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS",
            "CACHE_FORMAT"]
