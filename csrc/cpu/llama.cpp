@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -30,8 +32,10 @@
 namespace rcn_fast {
 namespace {
 
-// Sense-counting barrier: spins (the wait is usually a microsecond), then
-// yields the core so a loaded machine's other work can run.
+// Generation-counting barrier: spins first (the wait is usually a few
+// microseconds when every thread has a core), then sleeps on a condition
+// variable, so on a machine with more runnable threads than cores a waiting
+// thread gives its core to the one it waits for instead of burning it.
 class SpinBarrier {
  public:
   explicit SpinBarrier(int n) : n_(n) {}
@@ -40,21 +44,31 @@ class SpinBarrier {
     const int gen = gen_.load(std::memory_order_acquire);
     if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
       count_.store(0, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_acq_rel);
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        gen_.fetch_add(1, std::memory_order_acq_rel);
+      }
+      if (sleepers_.load(std::memory_order_acquire) > 0) cv_.notify_all();
       return;
     }
-    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins < 4096)
-        RCN_CPU_RELAX();
-      else
-        std::this_thread::yield();
+    for (int spins = 0; spins < kSpins; ++spins) {
+      if (gen_.load(std::memory_order_acquire) != gen) return;
+      RCN_CPU_RELAX();
     }
+    std::unique_lock<std::mutex> lock(m_);
+    sleepers_.fetch_add(1, std::memory_order_acq_rel);
+    cv_.wait(lock, [&] { return gen_.load(std::memory_order_acquire) != gen; });
+    sleepers_.fetch_sub(1, std::memory_order_acq_rel);
   }
 
  private:
+  static constexpr int kSpins = 20000;  // ~50-100 us of pause instructions
   const int n_;
   alignas(64) std::atomic<int> count_{0};
   alignas(64) std::atomic<int> gen_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex m_;
+  std::condition_variable cv_;
 };
 
 void need(bool ok, const std::string& what) {

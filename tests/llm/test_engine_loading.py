@@ -141,13 +141,24 @@ def test_prefix_cache_lookup_and_lru_by_bytes():
     one = _kv(1)[0].nbytes * 2  # bytes of one cached token
     pc = PrefixCache(10 * one)
     assert pc.store([1, 2, 3], *_kv(3)) and pc.store([1, 2, 3, 4, 5], *_kv(5))
-    assert pc.lookup([1, 2, 3, 4, 5, 6], 5).tokens == (1, 2, 3, 4, 5)
-    assert pc.lookup([1, 2, 3, 4, 5], 4).tokens == (1, 2, 3)  # at most max_len tokens
-    assert pc.lookup([1, 2, 9], 2) is None and pc.nbytes == 8 * one
-    pc.lookup([1, 2, 3], 3)  # (1, 2, 3) is now the most recent
-    assert pc.store([7, 8, 9], *_kv(3))  # 11 tokens > 10: the least recent (1..5) goes
-    assert (1, 2, 3, 4, 5) not in pc and (1, 2, 3) in pc and pc.nbytes == 6 * one and pc.stats.evicted == 1
+    e, n = pc.lookup([1, 2, 3, 4, 5, 6], 5)
+    assert e.tokens == (1, 2, 3, 4, 5) and n == 5
+    assert pc.lookup([1, 2, 3, 4, 9], 9)[1] == 4  # the longest common prefix, part of an entry
+    assert pc.lookup([1, 2, 3, 4, 5], 2)[1] == 2  # at most max_len tokens
+    assert pc.lookup([1, 2, 9], 2, min_len=3) is None and pc.lookup([8], 5) is None and pc.nbytes == 8 * one
+    assert pc.lookup([1, 2, 3], 3)[0].tokens == (1, 2, 3, 4, 5)  # a tie goes to the most recently used
+    assert pc.store([7, 8, 9], *_kv(3))  # 11 tokens > 10: the least recent, (1, 2, 3), goes
+    assert (1, 2, 3) not in pc and (1, 2, 3, 4, 5) in pc and pc.nbytes == 8 * one and pc.stats.evicted == 1
+    assert pc.store([1, 2, 3], *_kv(3))  # 11 again: now (1..5) is the least recent
+    assert (1, 2, 3, 4, 5) not in pc and pc.nbytes == 6 * one and pc.stats.evicted == 2
     assert not pc.store(list(range(11)), *_kv(11))  # alone over the budget: not stored
+    # a speculative entry goes first and never pushes out the others
+    assert pc.store([4, 4, 4, 4], *_kv(4), speculative=True) and pc.nbytes == 10 * one
+    assert not pc.store([5, 5], *_kv(2), speculative=True)  # would need to evict a kept entry: it goes itself
+    assert (1, 2, 3) in pc and (7, 8, 9) in pc and (4, 4, 4, 4) in pc
+    pc.lookup([4, 4, 4, 4, 1], 4)  # used: promoted
+    assert pc.store([6], *_kv(1))
+    assert (7, 8, 9) not in pc and (1, 2, 3) in pc and (4, 4, 4, 4) in pc
     with pytest.raises(ValueError, match="k, v"):
         pc.store([1], *_kv(2))
     with pytest.raises(ValueError, match="max_bytes"):

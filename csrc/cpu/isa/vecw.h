@@ -161,12 +161,23 @@ inline vf vexp(vf x) {
   return vscale2(y, n);
 }
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+// The block's first two float16 values (d, and m for Q4_1) as floats 0 and 1
+// (one 4-byte load: every block is longer than that).
+inline __m128 dm_pair(const uint8_t* blk) {
+  uint32_t v;
+  std::memcpy(&v, blk, sizeof v);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(int(v)));
+}
+#endif
+
 // The 32 weights of one block as kChunks vectors (elements [j*W, j*W + W)
 // in out[j]).
 template <QType T>
 inline void dq_block(const uint8_t* blk, vf* out) {
 #if defined(__AVX512F__)
-  const vf d = vset(f16(blk));
+  const __m128 dm = dm_pair(blk);  // d (and m) converted at once
+  const vf d = _mm512_broadcastss_ps(dm);
   if constexpr (T == QType::Q8_0) {
     for (int j = 0; j < 2; ++j) {
       const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * j)));
@@ -183,13 +194,14 @@ inline void dq_block(const uint8_t* blk, vf* out) {
       out[0] = vmul(_mm512_cvtepi32_ps(lo), d);
       out[1] = vmul(_mm512_cvtepi32_ps(hi), d);
     } else {
-      const vf m = vset(f16(blk + 2));
+      const vf m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
       out[0] = vfma(_mm512_cvtepi32_ps(lo), d, m);
       out[1] = vfma(_mm512_cvtepi32_ps(hi), d, m);
     }
   }
 #elif defined(__AVX2__)
-  const vf d = vset(f16(blk));
+  const __m128 dm = dm_pair(blk);
+  const vf d = _mm256_broadcastss_ps(dm);
   if constexpr (T == QType::Q8_0) {
     for (int j = 0; j < 4; ++j) {
       const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * j)));
@@ -205,7 +217,7 @@ inline void dq_block(const uint8_t* blk, vf* out) {
     if constexpr (T == QType::Q4_0) {
       for (int j = 0; j < 4; ++j) out[j] = vmul(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(8))), d);
     } else {
-      const vf m = vset(f16(blk + 2));
+      const vf m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
       for (int j = 0; j < 4; ++j) out[j] = vfma(_mm256_cvtepi32_ps(q[j]), d, m);
     }
   }

@@ -12,7 +12,15 @@ What is stored: the shared prefixes of a call's prompts (the longest common
 prefix of each prompt with its neighbours in sorted order: a stage's
 instructions and few-shot examples, a question's shared context), each
 computed once and reused by every prompt that starts with it, in this call
-and in later ones.
+and in later ones; and each prompt once prefilled, stored *speculatively*:
+at the least-recently-used end, so it is the first to go when the budget
+is short and never pushes out a shared prefix, and moved up when a later
+prompt reuses it.
+
+A lookup takes the longest common prefix of the prompt with any stored
+entry (an entry's first n positions are the keys and values of its first n
+tokens), so a prompt reuses what it shares with an earlier one even where
+that one goes on differently.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class PrefixEntry:
     tokens: tuple[int, ...]
     k: np.ndarray
     v: np.ndarray
+    ids: np.ndarray | None = None  # the tokens as int64, for prefix comparisons
 
     @property
     def nbytes(self) -> int:
@@ -63,7 +72,6 @@ class PrefixCache:
             raise ValueError(f"max_bytes: expected an int >= 0, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
-        self._lengths: dict[int, int] = {}  # prefix length -> entries of that length
         self._bytes = 0
         self._lock = threading.Lock()
         self.stats = PrefixCacheStats()
@@ -78,59 +86,69 @@ class PrefixCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._lengths.clear()
             self._bytes = 0
 
-    def lookup(self, tokens: Sequence[int], max_len: int) -> PrefixEntry | None:
-        """The longest stored prefix of ``tokens`` of at most ``max_len``
-        tokens (marked most recently used), or None."""
+    def lookup(self, tokens: Sequence[int], max_len: int, min_len: int = 1, *,
+               touch: bool = True) -> tuple[PrefixEntry, int] | None:
+        """The stored entry sharing the longest prefix with ``tokens`` and
+        that length, cut to ``max_len``; None when no entry shares
+        ``min_len`` tokens. With ``touch`` (a use) the entry becomes the most
+        recently used and the statistics count it."""
+        q = np.asarray(tokens, dtype=np.int64)
         with self._lock:
-            self.stats.lookups += 1
-            t = tuple(tokens)
-            for n in sorted(self._lengths, reverse=True):
-                if n > max_len or n > len(t):
+            if touch:
+                self.stats.lookups += 1
+            best, best_n = None, 0
+            for e in reversed(self._entries.values()):  # most recent first: it wins ties
+                m = min(len(e.ids), len(q), max_len)  # type: ignore[arg-type]
+                if m <= best_n:
                     continue
-                e = self._entries.get(t[:n])
-                if e is not None:
-                    self._entries.move_to_end(e.tokens)
-                    self.stats.hits += 1
-                    self.stats.reused_tokens += n
-                    return e
-        return None
+                diff = np.flatnonzero(e.ids[:m] != q[:m])  # type: ignore[index]
+                n = int(diff[0]) if len(diff) else m
+                if n > best_n:
+                    best, best_n = e, n
+            if best is None or best_n < max(1, min_len):
+                return None
+            if touch:
+                self._entries.move_to_end(best.tokens)
+                self.stats.hits += 1
+                self.stats.reused_tokens += best_n
+            return best, best_n
 
     def __contains__(self, tokens: Sequence[int]) -> bool:
         return tuple(tokens) in self._entries
 
-    def store(self, tokens: Sequence[int], k: np.ndarray, v: np.ndarray) -> bool:
+    def store(self, tokens: Sequence[int], k: np.ndarray, v: np.ndarray, *, speculative: bool = False) -> bool:
         """Keep the keys/values of prefix ``tokens`` (``[n_layer, len(tokens), D]``
-        each; the arrays are kept, not copied). Returns False when the entry
-        alone exceeds the budget (not stored)."""
+        each; the arrays are kept, not copied), as the most recently used
+        entry, or with ``speculative`` as the least (first out). Returns
+        False when it is not stored: alone over the budget, or speculative
+        and already held."""
         t = tuple(int(x) for x in tokens)
         if k.shape[1] != len(t) or v.shape != k.shape:
             raise ValueError(f"k, v: expected [n_layer, {len(t)}, D] arrays of one shape, got {k.shape}, {v.shape}")
-        e = PrefixEntry(t, k, v)
+        e = PrefixEntry(t, k, v, np.asarray(t, dtype=np.int64))
         if e.nbytes > self.max_bytes:
             return False
         with self._lock:
+            if speculative and t in self._entries:
+                return False
             old = self._entries.pop(t, None)
             if old is not None:
                 self._forget(old)
             self._entries[t] = e
-            self._lengths[len(t)] = self._lengths.get(len(t), 0) + 1
+            if speculative:
+                self._entries.move_to_end(t, last=False)
             self._bytes += e.nbytes
             self.stats.stored += 1
             while self._bytes > self.max_bytes:
                 _, victim = self._entries.popitem(last=False)
                 self._forget(victim)
                 self.stats.evicted += 1
-        return True
+        return t in self._entries
 
     def _forget(self, e: PrefixEntry) -> None:
         self._bytes -= e.nbytes
-        n = len(e.tokens)
-        self._lengths[n] -= 1
-        if not self._lengths[n]:
-            del self._lengths[n]
 
 
 def shared_prefixes(prompts: Sequence[Sequence[int]], min_len: int) -> list[tuple[int, ...]]:

@@ -83,7 +83,8 @@ class Runner:
         kept: list[tuple[int, ...]] = []
         for p in shared_prefixes(prompts, self.min_prefix):
             parent = max((q for q in kept if p[: len(q)] == q), key=len, default=())
-            if len(p) - len(parent) >= self.min_prefix and p not in pc:
+            hit = pc.lookup(p, len(p), self.min_prefix, touch=False)  # computed before (in full or as part of a longer entry)
+            if len(p) - len(parent) >= self.min_prefix and (hit is None or hit[1] < len(p)):
                 kept.append(p)
         # levels: a prefix runs after the kept prefixes it extends
         level: dict[tuple[int, ...], int] = {}
@@ -93,13 +94,14 @@ class Runner:
             self.run([p for p in kept if level[p] == lv], mode="store")
 
     def _admit(self, cache: object, row: _Row) -> None:
-        """Copy the longest cached prefix of the row's prompt into its slot."""
+        """Copy the longest cached prefix of the row's prompt into its slot
+        (at least ``min_prefix`` tokens, at most all but the last)."""
         pc = self.prefix_cache
         if pc is None or pc.max_bytes == 0:
             return
-        e = pc.lookup(row.prompt, len(row.prompt) - 1)
-        if e is not None:
-            n = len(e.tokens)
+        hit = pc.lookup(row.prompt, len(row.prompt) - 1, self.min_prefix)
+        if hit is not None:
+            e, n = hit
             cache.write(row.slot, e.k, e.v, n)  # type: ignore[attr-defined]
             row.pos = n
 
@@ -184,6 +186,10 @@ class Runner:
             for r in active:
                 r.pos += r.take
             finished: list[_Row] = []
+            if mode != "store" and self.prefix_cache is not None and self.prefix_cache.max_bytes:
+                for r in out_rows:  # prompts just prefilled: kept for later calls, first out
+                    if not r.generated and len(r.prompt) >= self.min_prefix:
+                        self.prefix_cache.store(r.prompt, *cache.read(r.slot, len(r.prompt)), speculative=True)
             if mode == "generate":
                 steps = [len(r.generated) for r in out_rows]
                 new = choose([r.index for r in out_rows], steps, res)  # type: ignore[misc]
