@@ -62,7 +62,7 @@ class SpinBarrier {
   }
 
  private:
-  static constexpr int kSpins = 20000;  // ~50-100 us of pause instructions
+  static constexpr int kSpins = 2000;  // some tens of microseconds of pause instructions
   const int n_;
   alignas(64) std::atomic<int> count_{0};
   alignas(64) std::atomic<int> gen_{0};
@@ -144,8 +144,8 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, 64)));
 
   // Everything is allocated here, before the threads start.
-  std::vector<float> x(size_t(n * H)), xn(size_t(n * H)), q(size_t(n * Q)), kb(size_t(n * D)), vb(size_t(n * D));
-  std::vector<float> att(size_t(n * Q)), gb(size_t(n * FF)), ub(size_t(n * FF)), hid(size_t(std::max<int64_t>(b.n_out, 1) * H));
+  std::vector<float> x(size_t(n * H)), q(size_t(n * Q)), kb(size_t(n * D)), vb(size_t(n * D));
+  std::vector<float> att(size_t(n * Q)), gb(size_t(n * FF)), ub(size_t(n * FF));
   std::vector<float> rc(size_t(n * std::max<int64_t>(half, 1))), rs(size_t(n * std::max<int64_t>(half, 1)));
   int64_t maxpos = 0;
   for (int64_t i = 0; i < n; ++i) maxpos = std::max<int64_t>(maxpos, b.pos[i]);
@@ -153,6 +153,7 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   const size_t per_thread = size_t(qgemm_scratch_floats(kmax) + G * (maxpos + 1) + 16);
   std::vector<float> scratch(per_thread * size_t(threads));
   const int steps = 4 + h.n_layer * 10;
+  std::vector<float> xn(size_t(threads) * size_t(n * H));  // per thread (n_out <= n rows at the end)
   std::unique_ptr<std::atomic<int64_t>[]> counters(new std::atomic<int64_t>[size_t(steps)]);
   for (int s = 0; s < steps; ++s) counters[size_t(s)].store(0, std::memory_order_relaxed);
   SpinBarrier barrier(threads);
@@ -204,6 +205,11 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       each(m.N, quant_chunk_rows(m.N, threads), [&](int64_t n0, int64_t n1) { k.qgemm(a, n0, n1, scr); });
     };
 
+    float* xn_t = xn.data() + size_t(t) * size_t(n * H);  // this thread's normed copy of x
+    auto norm_all = [&](const float* wt) {
+      for (int64_t i = 0; i < n; ++i) rmsnorm(x.data() + i * H, wt, xn_t + i * H);
+    };
+
     each(n, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         dequant_row_ref(QType(w.tok_embd.qtype), w.tok_embd.data + int64_t(b.tokens[i]) * w.tok_embd.row_bytes, 0, H,
@@ -214,23 +220,34 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       const LlamaLayerWeights& L = w.layers[size_t(l)];
       float* kc = b.k_cache + int64_t(l) * b.n_slots * b.ctx * D;
       float* vc = b.v_cache + int64_t(l) * b.n_slots * b.ctx * D;
-      each(n, 4, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) rmsnorm(x.data() + i * H, L.attn_norm, xn.data() + i * H);
-      });
-      barrier.wait();
-      matmul(L.wq, xn.data(), H, n, q.data(), Q, L.bq, false);
-      matmul(L.wk, xn.data(), H, n, kb.data(), D, L.bk, false);
-      matmul(L.wv, xn.data(), H, n, vb.data(), D, L.bv, false);
-      barrier.wait();
-      each(n, 4, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-          for (int64_t hh = 0; hh < NH; ++hh) rope(q.data() + i * Q + hh * HD, i);
-          const int64_t cell = (int64_t(b.slots[i]) * b.ctx + b.pos[i]) * D;
-          for (int64_t hh = 0; hh < KVH; ++hh) rope(kb.data() + i * D + hh * HD, i);
-          std::copy(kb.data() + i * D, kb.data() + (i + 1) * D, kc + cell);
-          std::copy(vb.data() + i * D, vb.data() + (i + 1) * D, vc + cell);
-        }
-      });
+      // every thread norms all tokens itself (cheap next to the products), so
+      // no barrier is needed between the norm and the products that read it
+      norm_all(L.attn_norm);
+      {  // q, k, v one head of rows at a time; each head's rope and cache write right after
+        const QGemmArgs qa{xn_t, H, n, L.wq.data, L.wq.row_bytes, L.wq.qtype, H, L.bq, q.data(), Q, false};
+        const QGemmArgs ka{xn_t, H, n, L.wk.data, L.wk.row_bytes, L.wk.qtype, H, L.bk, kb.data(), D, false};
+        const QGemmArgs va{xn_t, H, n, L.wv.data, L.wv.row_bytes, L.wv.qtype, H, L.bv, vb.data(), D, false};
+        each(NH + 2 * KVH, 1, [&](int64_t j0, int64_t j1) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const int kind = j < NH ? 0 : j < NH + KVH ? 1 : 2;
+            const int64_t hh = kind == 0 ? j : kind == 1 ? j - NH : j - NH - KVH;
+            k.qgemm(kind == 0 ? qa : kind == 1 ? ka : va, hh * HD, (hh + 1) * HD, scr);
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t cell = (int64_t(b.slots[i]) * b.ctx + b.pos[i]) * D + hh * HD;
+              if (kind == 0) {
+                rope(q.data() + i * Q + hh * HD, i);
+              } else if (kind == 1) {
+                float* r = kb.data() + i * D + hh * HD;
+                rope(r, i);
+                std::copy(r, r + HD, kc + cell);
+              } else {
+                const float* r = vb.data() + i * D + hh * HD;
+                std::copy(r, r + HD, vc + cell);
+              }
+            }
+          }
+        });
+      }
       barrier.wait();
       each(n * KVH, 1, [&](int64_t j0, int64_t j1) {
         for (int64_t j = j0; j < j1; ++j) {
@@ -244,13 +261,10 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       barrier.wait();
       matmul(L.wo, att.data(), Q, n, x.data(), H, nullptr, true);
       barrier.wait();
-      each(n, 4, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) rmsnorm(x.data() + i * H, L.ffn_norm, xn.data() + i * H);
-      });
-      barrier.wait();
+      norm_all(L.ffn_norm);
       {  // gate and up for the same rows, then SiLU(gate) * up on them: no barrier between
-        const QGemmArgs ga{xn.data(), H, n, L.gate.data, L.gate.row_bytes, L.gate.qtype, H, nullptr, gb.data(), FF, false};
-        const QGemmArgs ua{xn.data(), H, n, L.up.data, L.up.row_bytes, L.up.qtype, H, nullptr, ub.data(), FF, false};
+        const QGemmArgs ga{xn_t, H, n, L.gate.data, L.gate.row_bytes, L.gate.qtype, H, nullptr, gb.data(), FF, false};
+        const QGemmArgs ua{xn_t, H, n, L.up.data, L.up.row_bytes, L.up.qtype, H, nullptr, ub.data(), FF, false};
         each(FF, quant_chunk_rows(FF, threads), [&](int64_t n0, int64_t n1) {
           k.qgemm(ga, n0, n1, scr);
           k.qgemm(ua, n0, n1, scr);
@@ -261,15 +275,13 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       matmul(L.down, gb.data(), FF, n, x.data(), H, nullptr, true);
       barrier.wait();
     }
-    each(b.n_out, 4, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) rmsnorm(x.data() + b.out_rows[j] * H, w.out_norm, hid.data() + j * H);
-    });
-    barrier.wait();
     if (b.n_out == 0) return;
+    float* hid_t = xn_t;  // the final norm of the out rows, again per thread
+    for (int64_t j = 0; j < b.n_out; ++j) rmsnorm(x.data() + b.out_rows[j] * H, w.out_norm, hid_t + j * H);
     if (b.logits) {
-      matmul(w.output, hid.data(), H, b.n_out, b.out, h.n_vocab, nullptr, false);
+      matmul(w.output, hid_t, H, b.n_out, b.out, h.n_vocab, nullptr, false);
     } else if (t == 0) {
-      std::copy(hid.begin(), hid.begin() + b.n_out * H, b.out);
+      std::copy(hid_t, hid_t + b.n_out * H, b.out);
     }
   });
 }

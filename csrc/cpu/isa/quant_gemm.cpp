@@ -40,6 +40,8 @@ constexpr int RMAX = 2, CMAX = 4;  // 8 accumulators + 4 unpacked + 1 of 16
 constexpr int RMAX = 2, CMAX = 2;
 #endif
 
+constexpr int64_t kPrefetch = 1024;  // bytes ahead in each weight row
+
 struct Tile {
   float v[RMAX][CMAX];
 };
@@ -55,6 +57,12 @@ inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t w
     for (int c = 0; c < C; ++c) acc[r][c] = vzero();
   const int64_t nb = K / kQuantBlock;
   for (int64_t b = 0; b < nb; ++b) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+    if ((b & 1) == 0) {  // the weights stream from memory once: ask for them kPrefetch bytes ahead
+      RCN_UNROLL
+      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + c * ws + b * bytes + kPrefetch), _MM_HINT_T0);
+    }
+#endif
 #if defined(__AVX512F__)
     vf wv[C][kChunks];  // all C rows unpacked, x loaded once per chunk
     RCN_UNROLL
