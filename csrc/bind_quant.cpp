@@ -8,6 +8,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -196,7 +197,8 @@ class LlamaModel {
     b.out = out.data();
     try {
       nb::gil_scoped_release release;
-      llama_forward(w_, b, num_threads, k);
+      std::lock_guard<std::mutex> lock(mu_);  // one call at a time: the workspace is shared
+      llama_forward(w_, b, num_threads, k, ws_);
     } catch (const std::invalid_argument& e) {
       throw nb::value_error(e.what());
     }
@@ -221,6 +223,8 @@ class LlamaModel {
   }
 
   LlamaWeights w_;
+  LlamaWorkspace ws_;
+  std::mutex mu_;
   std::vector<nb::object> keep_;
 };
 

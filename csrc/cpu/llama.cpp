@@ -92,7 +92,8 @@ void llama_check_weights(const LlamaWeights& w) {
   const LlamaHParams& h = w.hp;
   need(h.n_layer >= 1 && h.n_embd >= 1 && h.n_head >= 1 && h.n_head_kv >= 1 && h.n_ff >= 1 && h.n_vocab >= 1,
        "hparams: expected positive sizes");
-  need(h.n_head % h.n_head_kv == 0, "hparams: n_head must be a multiple of n_head_kv");
+  need(h.n_head % h.n_head_kv == 0 && h.n_head / h.n_head_kv <= 64,
+       "hparams: n_head must be a multiple of n_head_kv, at most 64 times it");
   need(h.head_dim >= 1 && h.head_dim <= 512, "hparams: head_dim must be in [1, 512]");
   need(h.rope_dim >= 0 && h.rope_dim <= h.head_dim && h.rope_dim % 2 == 0,
        "hparams: rope_dim must be even and at most head_dim");
@@ -115,7 +116,8 @@ void llama_check_weights(const LlamaWeights& w) {
   }
 }
 
-void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, const QuantKernels& k) {
+void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, const QuantKernels& k,
+                   LlamaWorkspace& ws) {
   const LlamaHParams& h = w.hp;
   const int64_t n = b.n, H = h.n_embd, HD = h.head_dim, NH = h.n_head, KVH = h.n_head_kv;
   const int64_t Q = NH * HD, D = KVH * HD, FF = h.n_ff, G = NH / KVH, half = h.rope_dim / 2;
@@ -143,17 +145,27 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   int threads = num_threads > 0 ? num_threads : default_num_threads();
   threads = int(std::max<int64_t>(1, std::min<int64_t>(threads, 64)));
 
-  // Everything is allocated here, before the threads start.
-  std::vector<float> x(size_t(n * H)), q(size_t(n * Q)), kb(size_t(n * D)), vb(size_t(n * D));
-  std::vector<float> att(size_t(n * Q)), gb(size_t(n * FF)), ub(size_t(n * FF));
-  std::vector<float> rc(size_t(n * std::max<int64_t>(half, 1))), rs(size_t(n * std::max<int64_t>(half, 1)));
+  // Every buffer is carved from the workspace here, before the threads
+  // start; the workspace only grows, so steady decoding allocates nothing
+  // (fresh pages would be zeroed by the kernel on every call).
   int64_t maxpos = 0;
   for (int64_t i = 0; i < n; ++i) maxpos = std::max<int64_t>(maxpos, b.pos[i]);
   const int64_t kmax = std::max<int64_t>({H, FF, Q});
-  const size_t per_thread = size_t(qgemm_scratch_floats(kmax) + G * (maxpos + 1) + 16);
-  std::vector<float> scratch(per_thread * size_t(threads));
+  const int64_t per_thread = (qgemm_scratch_floats(kmax) + G * (maxpos + 1) + 16 + 15) / 16 * 16;
+  const int64_t hr = n * std::max<int64_t>(half, 1);
+  const int64_t sizes[] = {n * H, n * Q, n * D, n * D, n * Q, n * FF, n * FF, hr, hr, per_thread * threads,
+                           int64_t(threads) * n * H};
+  int64_t total = 0;
+  for (int64_t sz : sizes) total += (sz + 15) / 16 * 16;
+  float* base = ws.get(size_t(total));
+  float* bufs[11];
+  for (int i = 0; i < 11; ++i) {
+    bufs[i] = base;
+    base += (sizes[i] + 15) / 16 * 16;
+  }
+  float *x = bufs[0], *q = bufs[1], *kb = bufs[2], *vb = bufs[3], *att = bufs[4], *gb = bufs[5], *ub = bufs[6];
+  float *rc = bufs[7], *rs = bufs[8], *scratch = bufs[9], *xn = bufs[10];
   const int steps = 4 + h.n_layer * 10;
-  std::vector<float> xn(size_t(threads) * size_t(n * H));  // per thread (n_out <= n rows at the end)
   std::unique_ptr<std::atomic<int64_t>[]> counters(new std::atomic<int64_t>[size_t(steps)]);
   for (int s = 0; s < steps; ++s) counters[size_t(s)].store(0, std::memory_order_relaxed);
   SpinBarrier barrier(threads);
@@ -164,8 +176,8 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
     for (int64_t j = 0; j < half; ++j) {
       const float inv = 1.0f / std::pow(h.rope_base, float(2 * j) / float(h.rope_dim));
       const float th = float(b.pos[i]) * inv;
-      rc[size_t(i * half + j)] = std::cos(th);
-      rs[size_t(i * half + j)] = std::sin(th);
+      rc[i * half + j] = std::cos(th);
+      rs[i * half + j] = std::sin(th);
     }
 
   const float scale = 1.0f / std::sqrt(float(HD));
@@ -176,8 +188,8 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
     for (int64_t i = 0; i < H; ++i) out[i] = wt[i] * (in[i] * r);
   };
   auto rope = [&](float* v, int64_t i) {
-    const float* c = rc.data() + i * half;
-    const float* s = rs.data() + i * half;
+    const float* c = rc + i * half;
+    const float* s = rs + i * half;
     for (int64_t j = 0; j < half; ++j) {
       const int64_t a = h.rope_neox ? j : 2 * j, bb = h.rope_neox ? j + half : 2 * j + 1;
       const float x0 = v[a], x1 = v[bb];
@@ -187,7 +199,7 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   };
 
   run_threads_together(threads, [&](int t) {
-    float* scr = scratch.data() + size_t(t) * per_thread;
+    float* scr = scratch + int64_t(t) * per_thread;
     float* scores = scr + qgemm_scratch_floats(kmax);
     int step = 0;
     // items [0, count) in chunks of `chunk`, taken from this step's counter
@@ -205,15 +217,15 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       each(m.N, quant_chunk_rows(m.N, threads), [&](int64_t n0, int64_t n1) { k.qgemm(a, n0, n1, scr); });
     };
 
-    float* xn_t = xn.data() + size_t(t) * size_t(n * H);  // this thread's normed copy of x
+    float* xn_t = xn + int64_t(t) * n * H;  // this thread's normed copy of x
     auto norm_all = [&](const float* wt) {
-      for (int64_t i = 0; i < n; ++i) rmsnorm(x.data() + i * H, wt, xn_t + i * H);
+      for (int64_t i = 0; i < n; ++i) rmsnorm(x + i * H, wt, xn_t + i * H);
     };
 
     each(n, 1, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
         dequant_row_ref(QType(w.tok_embd.qtype), w.tok_embd.data + int64_t(b.tokens[i]) * w.tok_embd.row_bytes, 0, H,
-                        x.data() + i * H);
+                        x + i * H);
     });
     barrier.wait();
     for (int l = 0; l < h.n_layer; ++l) {
@@ -224,9 +236,9 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       // no barrier is needed between the norm and the products that read it
       norm_all(L.attn_norm);
       {  // q, k, v one head of rows at a time; each head's rope and cache write right after
-        const QGemmArgs qa{xn_t, H, n, L.wq.data, L.wq.row_bytes, L.wq.qtype, H, L.bq, q.data(), Q, false};
-        const QGemmArgs ka{xn_t, H, n, L.wk.data, L.wk.row_bytes, L.wk.qtype, H, L.bk, kb.data(), D, false};
-        const QGemmArgs va{xn_t, H, n, L.wv.data, L.wv.row_bytes, L.wv.qtype, H, L.bv, vb.data(), D, false};
+        const QGemmArgs qa{xn_t, H, n, L.wq.data, L.wq.row_bytes, L.wq.qtype, H, L.bq, q, Q, false};
+        const QGemmArgs ka{xn_t, H, n, L.wk.data, L.wk.row_bytes, L.wk.qtype, H, L.bk, kb, D, false};
+        const QGemmArgs va{xn_t, H, n, L.wv.data, L.wv.row_bytes, L.wv.qtype, H, L.bv, vb, D, false};
         each(NH + 2 * KVH, 1, [&](int64_t j0, int64_t j1) {
           for (int64_t j = j0; j < j1; ++j) {
             const int kind = j < NH ? 0 : j < NH + KVH ? 1 : 2;
@@ -235,13 +247,13 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
             for (int64_t i = 0; i < n; ++i) {
               const int64_t cell = (int64_t(b.slots[i]) * b.ctx + b.pos[i]) * D + hh * HD;
               if (kind == 0) {
-                rope(q.data() + i * Q + hh * HD, i);
+                rope(q + i * Q + hh * HD, i);
               } else if (kind == 1) {
-                float* r = kb.data() + i * D + hh * HD;
+                float* r = kb + i * D + hh * HD;
                 rope(r, i);
                 std::copy(r, r + HD, kc + cell);
               } else {
-                const float* r = vb.data() + i * D + hh * HD;
+                const float* r = vb + i * D + hh * HD;
                 std::copy(r, r + HD, vc + cell);
               }
             }
@@ -253,31 +265,31 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t i = j / KVH, g = j % KVH;
           const int64_t base = int64_t(b.slots[i]) * b.ctx * D + g * HD;
-          AttnArgs a{q.data() + i * Q + g * G * HD, HD, int(G), kc + base, vc + base, D, int64_t(b.pos[i]) + 1,
-                     int(HD), scale, att.data() + i * Q + g * G * HD, HD, scores};
+          AttnArgs a{q + i * Q + g * G * HD, HD, int(G), kc + base, vc + base, D, int64_t(b.pos[i]) + 1,
+                     int(HD), scale, att + i * Q + g * G * HD, HD, scores};
           k.attend(a);
         }
       });
       barrier.wait();
-      matmul(L.wo, att.data(), Q, n, x.data(), H, nullptr, true);
+      matmul(L.wo, att, Q, n, x, H, nullptr, true);
       barrier.wait();
       norm_all(L.ffn_norm);
       {  // gate and up for the same rows, then SiLU(gate) * up on them: no barrier between
-        const QGemmArgs ga{xn_t, H, n, L.gate.data, L.gate.row_bytes, L.gate.qtype, H, nullptr, gb.data(), FF, false};
-        const QGemmArgs ua{xn_t, H, n, L.up.data, L.up.row_bytes, L.up.qtype, H, nullptr, ub.data(), FF, false};
+        const QGemmArgs ga{xn_t, H, n, L.gate.data, L.gate.row_bytes, L.gate.qtype, H, nullptr, gb, FF, false};
+        const QGemmArgs ua{xn_t, H, n, L.up.data, L.up.row_bytes, L.up.qtype, H, nullptr, ub, FF, false};
         each(FF, quant_chunk_rows(FF, threads), [&](int64_t n0, int64_t n1) {
           k.qgemm(ga, n0, n1, scr);
           k.qgemm(ua, n0, n1, scr);
-          for (int64_t i = 0; i < n; ++i) k.silu_mul(gb.data() + i * FF + n0, ub.data() + i * FF + n0, n1 - n0);
+          for (int64_t i = 0; i < n; ++i) k.silu_mul(gb + i * FF + n0, ub + i * FF + n0, n1 - n0);
         });
       }
       barrier.wait();
-      matmul(L.down, gb.data(), FF, n, x.data(), H, nullptr, true);
+      matmul(L.down, gb, FF, n, x, H, nullptr, true);
       barrier.wait();
     }
     if (b.n_out == 0) return;
     float* hid_t = xn_t;  // the final norm of the out rows, again per thread
-    for (int64_t j = 0; j < b.n_out; ++j) rmsnorm(x.data() + b.out_rows[j] * H, w.out_norm, hid_t + j * H);
+    for (int64_t j = 0; j < b.n_out; ++j) rmsnorm(x + b.out_rows[j] * H, w.out_norm, hid_t + j * H);
     if (b.logits) {
       matmul(w.output, hid_t, H, b.n_out, b.out, h.n_vocab, nullptr, false);
     } else if (t == 0) {

@@ -12,6 +12,7 @@
 // and on any thread count.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,12 +68,30 @@ struct LlamaBatch {
   float* out = nullptr;
 };
 
+// Scratch memory of the forward pass, kept between calls (grown, never
+// shrunk, never zeroed): a model's calls must not overlap.
+class LlamaWorkspace {
+ public:
+  float* get(size_t floats) {
+    if (floats > cap_) {
+      buf_.reset(new float[floats]);
+      cap_ = floats;
+    }
+    return buf_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> buf_;
+  size_t cap_ = 0;
+};
+
 // Checks the weights' shapes and formats; throws std::invalid_argument naming the tensor.
 void llama_check_weights(const LlamaWeights& w);
 
 // Checks the batch (ids, slots, positions, out rows in range; no (slot,
 // position) written twice), then runs it: std::invalid_argument names the
 // offending input.
-void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, const QuantKernels& k);
+void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, const QuantKernels& k,
+                   LlamaWorkspace& ws);
 
 }  // namespace rcn_fast

@@ -24,62 +24,131 @@ namespace {
 
 // hd = NCH * W (the last chunk may be partial: `tail` lanes, 0 = full)
 template <int NCH>
-void attend_t(const AttnArgs& a, int tail) {
-  const int64_t n = a.n;
-  const int last = tail ? tail : W;
-  for (int g = 0; g < a.G; ++g) {
-    const float* q = a.q + g * a.q_stride;
-    float* s = a.scores + g * n;
-    vf qv[NCH];
+inline vf chunk_load(const float* p, int c, int last) {
+  return c + 1 < NCH ? vld(p + c * W) : vld_n(p + c * W, last);
+}
+
+constexpr int64_t kAhead = 8;  // positions prefetched ahead (the cache rows stream from memory once)
+
+// Ask for a row of hd = NCH * W floats (its cache lines) ahead of its use.
+template <int NCH>
+inline void prefetch_row(const float* p) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  RCN_UNROLL
+  for (int l = 0; l < (NCH * W * 4 + 63) / 64; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + 64 * l, _MM_HINT_T0);
+#else
+  (void)p;
+#endif
+}
+
+// Scores of one query head against positions [0, n): four positions at a
+// time share one reduction (vsum4; the same tree as a single vsum).
+template <int NCH>
+void scores_t(const AttnArgs& a, const float* q, float* s, int last) {
+  vf qv[NCH];
+  RCN_UNROLL
+  for (int c = 0; c < NCH; ++c) qv[c] = chunk_load<NCH>(q, c, last);
+  int64_t p = 0;
+  for (; p + 4 <= a.n; p += 4) {
     RCN_UNROLL
-    for (int c = 0; c < NCH; ++c) qv[c] = c + 1 < NCH ? vld(q + c * W) : vld_n(q + c * W, last);
-    vf mx = vset(-INFINITY);
-    int64_t p = 0;
-    for (; p < n; ++p) {
-      const float* k = a.k + p * a.kv_stride;
-      vf acc = vzero();
-      RCN_UNROLL
-      for (int c = 0; c < NCH; ++c) acc = vfma(qv[c], c + 1 < NCH ? vld(k + c * W) : vld_n(k + c * W, last), acc);
-      s[p] = vsum(acc) * a.scale;
-    }
-    // softmax: max, exponentials, their sum (fixed order)
-    p = 0;
-    for (; p + W <= n; p += W) mx = vmax(mx, vld(s + p));
-    float m = vhmax(mx);
-    for (; p < n; ++p) m = s[p] > m ? s[p] : m;
-    if (std::isnan(m)) m = 0.0f;  // NaN scores stay NaN through the exponentials
-    vf tot = vzero();
-    p = 0;
-    for (; p + W <= n; p += W) {
-      const vf e = vexp(vsub(vld(s + p), vset(m)));
-      vst(s + p, e);
-      tot = vadd(tot, e);
-    }
-    if (p < n) {
-      const int r = int(n - p);
-      const vf e = vexp(vsub(vld_n(s + p, r), vset(m)));
-      vst_n(s + p, e, r);
-      tot = vadd(tot, vld_n(s + p, r));
-    }
-    const float inv = 1.0f / vsum(tot);
-    vf acc[NCH];
+    for (int i = 0; i < 4; ++i)
+      if (p + i + kAhead < a.n) prefetch_row<NCH>(a.k + (p + i + kAhead) * a.kv_stride);
+    vf acc[4];
     RCN_UNROLL
-    for (int c = 0; c < NCH; ++c) acc[c] = vzero();
-    for (p = 0; p < n; ++p) {
-      const float* v = a.v + p * a.kv_stride;
-      const vf e = vset(s[p]);
+    for (int i = 0; i < 4; ++i) acc[i] = vzero();
+    RCN_UNROLL
+    for (int c = 0; c < NCH; ++c)
       RCN_UNROLL
-      for (int c = 0; c < NCH; ++c) acc[c] = vfma(e, c + 1 < NCH ? vld(v + c * W) : vld_n(v + c * W, last), acc[c]);
+      for (int i = 0; i < 4; ++i) acc[i] = vfma(qv[c], chunk_load<NCH>(a.k + (p + i) * a.kv_stride, c, last), acc[i]);
+    vsum4(acc[0], acc[1], acc[2], acc[3], s + p);
+    RCN_UNROLL
+    for (int i = 0; i < 4; ++i) s[p + i] *= a.scale;
+  }
+  for (; p < a.n; ++p) {
+    vf acc = vzero();
+    RCN_UNROLL
+    for (int c = 0; c < NCH; ++c) acc = vfma(qv[c], chunk_load<NCH>(a.k + p * a.kv_stride, c, last), acc);
+    s[p] = vsum(acc) * a.scale;
+  }
+}
+
+// exp(s - max) in place; returns 1 / their sum.
+inline float softmax_inplace(float* s, int64_t n) {
+  vf mx = vset(-INFINITY);
+  int64_t p = 0;
+  for (; p + W <= n; p += W) mx = vmax(mx, vld(s + p));
+  float m = vhmax(mx);
+  for (; p < n; ++p) m = s[p] > m ? s[p] : m;
+  if (std::isnan(m)) m = 0.0f;  // NaN scores stay NaN through the exponentials
+  vf tot = vzero();
+  p = 0;
+  for (; p + W <= n; p += W) {
+    const vf e = vexp(vsub(vld(s + p), vset(m)));
+    vst(s + p, e);
+    tot = vadd(tot, e);
+  }
+  if (p < n) {
+    const int r = int(n - p);
+    const vf e = vexp(vsub(vld_n(s + p, r), vset(m)));
+    vst_n(s + p, e, r);
+    tot = vadd(tot, vld_n(s + p, r));
+  }
+  return 1.0f / vsum(tot);
+}
+
+// out_g = sum_p e_gp v_p * inv_g for the G heads at once (each value row read once).
+template <int NCH, int G>
+void values_t(const AttnArgs& a, const float* inv, int last) {
+  vf acc[G][NCH];
+  RCN_UNROLL
+  for (int g = 0; g < G; ++g)
+    RCN_UNROLL
+    for (int c = 0; c < NCH; ++c) acc[g][c] = vzero();
+  for (int64_t p = 0; p < a.n; ++p) {
+    const float* v = a.v + p * a.kv_stride;
+    if (p + kAhead < a.n) prefetch_row<NCH>(v + kAhead * a.kv_stride);
+    RCN_UNROLL
+    for (int c = 0; c < NCH; ++c) {
+      const vf vc = chunk_load<NCH>(v, c, last);
+      RCN_UNROLL
+      for (int g = 0; g < G; ++g) acc[g][c] = vfma(vset(a.scores[g * a.n + p]), vc, acc[g][c]);
     }
+  }
+  RCN_UNROLL
+  for (int g = 0; g < G; ++g) {
     float* out = a.out + g * a.out_stride;
     RCN_UNROLL
     for (int c = 0; c < NCH; ++c) {
-      const vf r = vmul(acc[c], vset(inv));
+      const vf r = vmul(acc[g][c], vset(inv[g]));
       if (c + 1 < NCH)
         vst(out + c * W, r);
       else
         vst_n(out + c * W, r, last);
     }
+  }
+}
+
+template <int NCH>
+void attend_t(const AttnArgs& a, int tail) {
+  const int last = tail ? tail : W;
+  float inv[64];
+  for (int g = 0; g < a.G; ++g) {
+    scores_t<NCH>(a, a.q + g * a.q_stride, a.scores + g * a.n, last);
+    inv[g] = softmax_inplace(a.scores + g * a.n, a.n);
+  }
+  if (a.G * NCH <= 16 && a.G <= 4) {  // all heads' accumulators fit the registers
+    switch (a.G) {
+      case 1: values_t<NCH, 1>(a, inv, last); return;
+      case 2: if constexpr (2 * NCH <= 16) values_t<NCH, 2>(a, inv, last); return;
+      case 3: if constexpr (3 * NCH <= 16) values_t<NCH, 3>(a, inv, last); return;
+      default: if constexpr (4 * NCH <= 16) values_t<NCH, 4>(a, inv, last); return;
+    }
+  }
+  for (int g = 0; g < a.G; ++g) {
+    AttnArgs one = a;
+    one.scores = a.scores + g * a.n;
+    one.out = a.out + g * a.out_stride;
+    values_t<NCH, 1>(one, inv + g, last);
   }
 }
 

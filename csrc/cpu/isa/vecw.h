@@ -141,6 +141,34 @@ inline vf vfloor(vf x) {
 }
 #endif
 
+// The sums of four vectors, each by exactly vsum's tree (so a value does not
+// depend on whether it was reduced alone or in a group of four).
+inline void vsum4(vf a, vf b, vf c, vf d, float* out) {
+#if defined(__AVX512F__)
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4E));
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
+  alignas(64) float t[16];
+  _mm512_store_ps(t, x);
+  out[0] = t[0], out[1] = t[4], out[2] = t[8], out[3] = t[12];
+#elif defined(__AVX2__)
+  __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  ab = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0x4E));
+  cd = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0x4E));
+  ab = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0xB1));
+  cd = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0xB1));
+  alignas(32) float t[8], u[8];
+  _mm256_store_ps(t, ab);
+  _mm256_store_ps(u, cd);
+  out[0] = t[0], out[1] = t[4], out[2] = u[0], out[3] = u[4];
+#else
+  out[0] = vsum(a), out[1] = vsum(b), out[2] = vsum(c), out[3] = vsum(d);
+#endif
+}
+
 constexpr int kChunks = 32 / W;  // vectors per quantised block
 
 // exp(x) per lane (Cephes' expf polynomial, ~2 ulp); NaN stays NaN, the

@@ -187,7 +187,7 @@ class NativeLlama:
         return KVCache(self.hp, slots, ctx)
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, cache: KVCache,
-                out_rows: np.ndarray, logits: bool = True) -> np.ndarray:
+                out_rows: np.ndarray, logits: bool = True, out: np.ndarray | None = None) -> np.ndarray:
         """Run a ragged batch (see csrc/cpu/llama.h).
 
         Parameters
@@ -200,9 +200,12 @@ class NativeLlama:
         logits : bool
             True: logits float32 [m, n_vocab]; False: the final normed
             hidden state float32 [m, n_embd].
+        out : float32 array, optional
+            Written instead of a new array (C-contiguous, that shape).
         """
         width = self.hp.n_vocab if logits else self.hp.n_embd
-        out = np.empty((len(out_rows), width), dtype=np.float32)
+        if out is None:
+            out = np.empty((len(out_rows), width), dtype=np.float32)
         self._model.forward(np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(slots, dtype=np.int32),
                             np.ascontiguousarray(positions, dtype=np.int32), cache.k, cache.v,
                             np.ascontiguousarray(out_rows, dtype=np.int64), bool(logits), out, self.num_threads,

@@ -72,6 +72,14 @@ class Runner:
         #: forward passes and tokens run (prefill + decode), for benchmarks
         self.forward_calls = 0
         self.forward_tokens = 0
+        self._out: dict[bool, np.ndarray] = {}  # output buffers reused between steps (fresh pages cost zeroing)
+
+    def _out_buffer(self, rows: int, logits: bool) -> np.ndarray:
+        width = self.model.hp.n_vocab if logits else self.model.hp.n_embd
+        buf = self._out.get(logits)
+        if buf is None or buf.shape[0] < rows:
+            buf = self._out[logits] = np.empty((max(rows, 16), width), dtype=np.float32)
+        return buf[:rows]
 
     # ------------------------------------------------------------ prefixes
 
@@ -178,7 +186,7 @@ class Runner:
                     out_rows.append(r)
             res = self.model.forward(np.asarray(toks, dtype=np.int32), np.asarray(slot_ids, dtype=np.int32),
                                      np.asarray(pos, dtype=np.int32), cache, np.asarray(outs, dtype=np.int64),
-                                     logits=want_logits)
+                                     logits=want_logits, out=self._out_buffer(len(outs), want_logits))
             self.forward_calls += 1
             self.forward_tokens += len(toks)
             for r in decoding:
