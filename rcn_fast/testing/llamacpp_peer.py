@@ -11,7 +11,7 @@ file), so both sides run the same tokens.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -111,9 +111,4 @@ class LlamaCppPeer:
             lc.llama_free(ctx)
 
 
-def generated_count(rows: Sequence[Sequence[int]], eos: Any) -> int:
-    """Tokens generated (an end-of-generation token counts, as in the engine's costs)."""
-    return sum(len(r) for r in rows)
-
-
-__all__ = ["LlamaCppPeer", "generated_count"]
+__all__ = ["LlamaCppPeer"]

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rcn_fast.llm.engine.model import NativeLlama
+from rcn_fast.llm.engine.model import KVCache, NativeLlama
 from rcn_fast.llm.engine.prefix_cache import PrefixCache, shared_prefixes
 
 #: choose(rows, steps, logits [m, V]) -> next token per output row
@@ -101,7 +101,7 @@ class Runner:
         for lv in sorted(set(level.values())):
             self.run([p for p in kept if level[p] == lv], mode="store")
 
-    def _admit(self, cache: object, row: _Row) -> None:
+    def _admit(self, cache: KVCache, row: _Row) -> None:
         """Copy the longest cached prefix of the row's prompt into its slot
         (at least ``min_prefix`` tokens, at most all but the last)."""
         pc = self.prefix_cache
@@ -110,7 +110,7 @@ class Runner:
         hit = pc.lookup(row.prompt, len(row.prompt) - 1, self.min_prefix)
         if hit is not None:
             e, n = hit
-            cache.write(row.slot, e.k, e.v, n)  # type: ignore[attr-defined]
+            cache.write(row.slot, e.k, e.v, n)
             row.pos = n
 
     # ------------------------------------------------------------ the loop
