@@ -83,6 +83,36 @@ def test_logits_equal_transformers_on_the_same_file(pair):
         np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * scale + 1e-5)
 
 
+def test_every_kernel_variant_runs_the_same_model(pair):
+    """generic, AVX2 and AVX-512 (those this CPU runs): each close to
+    transformers, each batch invariant on its own."""
+    from rcn_fast import _native
+
+    native, hf = pair
+    ids = hf.encode_chats([mcq_chat(QUESTIONS[0])])[0]
+    with torch.no_grad():
+        ref = hf.model(torch.tensor([ids])).logits[0].double().numpy()
+    m = native.model
+    chosen = m.isa
+    compiled = _native.cpu_module()[0].quant_info()["compiled"].split(",")
+    try:
+        for isa in compiled:
+            m.isa = isa
+            try:
+                got = _full_logits_native(native, ids)
+            except ValueError as exc:  # compiled in, but this CPU lacks it
+                assert "not supported" in str(exc)
+                continue
+            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max() + 1e-5)
+            c = m.new_cache(1, len(ids))
+            last = m.forward(np.array(ids[:-1]), np.zeros(len(ids) - 1), np.arange(len(ids) - 1), c, np.array([0]))
+            step = m.forward(np.array(ids[-1:]), np.zeros(1), np.array([len(ids) - 1]), c, np.array([0]))
+            np.testing.assert_array_equal(step[0], got[-1])
+            assert last.shape == (1, got.shape[1])
+    finally:
+        m.isa = chosen
+
+
 def test_label_logprobs_and_greedy_text_equal_transformers(pair):
     native, hf = pair
     chats = [mcq_chat(q) for q in QUESTIONS]
