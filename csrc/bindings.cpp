@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "cpu/parallel.h"
+#include "cpu/quant.h"
 #include "cpu/simd.h"
 
 namespace nb = nanobind;
@@ -13,6 +14,7 @@ using namespace rcn_fast;
 
 void bind_topn(nb::module_& m);
 void bind_sampling(nb::module_& m);
+void bind_quant(nb::module_& m);
 
 namespace {
 
@@ -24,6 +26,8 @@ nb::dict build_info() {
   info["simd_active"] = simd_name(active_simd());
   info["simd_note"] = simd_note();
   info["cpu_features"] = cpu_features();
+  info["llm_kernels"] = quant_kernels().name;  // the local LLM engine's variant (csrc/cpu/quant.h)
+  info["llm_kernels_compiled"] = quant_compiled();
   info["num_threads"] = default_num_threads();
   info["cuda_compiled"] = bool(RCN_CUDA_COMPILED);
   info["cuda_option"] = RCN_CUDA_OPTION;
@@ -36,5 +40,6 @@ NB_MODULE(_C, m) {
   m.doc() = "rcn_fast native CPU kernels (framework-free C++; see csrc/)";
   bind_topn(m);
   bind_sampling(m);
+  bind_quant(m);
   m.def("build_info", &build_info, "What this module was built with and what it runs.");
 }

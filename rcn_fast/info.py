@@ -123,6 +123,9 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"native module : {nat['compiler']}; SIMD compiled [{nat['simd_compiled']}], "
                      f"active {nat['simd_active']}" + (f" ({nat['simd_note']})" if nat["simd_note"] else ""))
         lines.append(f"cpu features  : {nat['cpu_features'] or '-'}; threads {nat['num_threads']}")
+        if "llm_kernels" in nat:
+            lines.append(f"llm engine    : GGML-format kernels compiled [{nat['llm_kernels_compiled']}], "
+                         f"active {nat['llm_kernels']}")
     cu = info["cuda"]
     state = "compiled" if cu["compiled"] else "not compiled"
     if cu["compiled"]:

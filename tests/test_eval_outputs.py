@@ -288,7 +288,7 @@ def _load_through_the_eval(tmp_path, gguf_path, progress: bool) -> None:
 
     out = tmp_path / f"o-{progress}"
     cfg = EvalConfig(tasks=["demo"], pipelines=["vanilla"], model=str(gguf_path), output_path=str(out),
-                     progress=progress, device="cpu")
+                     progress=progress, device="cpu", model_args={"engine": "transformers"})
     out.mkdir()
     assert Components(cfg, out).llm() is not None
 
@@ -323,7 +323,7 @@ def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path,
         out = tmp_path / f"enc-{progress}"
         out.mkdir()
         cfg = EvalConfig(tasks=["demo"], pipelines=["single_retrieval"], model=str(tiny_gguf), encoder=str(bert),
-                         output_path=str(out), progress=progress, device="cpu")
+                         output_path=str(out), progress=progress, device="cpu", model_args={"engine": "transformers"})
         capfd.readouterr()
         assert Components(cfg, out).encoder() is not None
         assert paper_run._shared_loader(cfg, None, None, [SimpleNamespace(pipeline="vanilla")]).llm_loaded

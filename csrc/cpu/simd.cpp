@@ -17,6 +17,7 @@ namespace {
 // not know "f16c".
 struct X86Features {
   bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false, avx512f = false;
+  bool avx512bw = false, avx512vl = false, avx512dq = false;
 };
 
 X86Features x86_features() {
@@ -38,18 +39,12 @@ X86Features x86_features() {
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     f.avx2 = f.avx && ((b >> 5) & 1u);
     f.avx512f = zmm && ((b >> 16) & 1u);
+    f.avx512dq = f.avx512f && ((b >> 17) & 1u);
+    f.avx512bw = f.avx512f && ((b >> 30) & 1u);
+    f.avx512vl = f.avx512f && ((b >> 31) & 1u);
   }
 #endif
   return f;
-}
-
-bool cpu_supports_avx2() {
-#if RCN_HAVE_AVX2
-  const X86Features f = x86_features();
-  return f.avx2 && f.fma && f.f16c;
-#else
-  return false;
-#endif
 }
 
 struct Choice {
@@ -73,8 +68,11 @@ Choice choose() {
         c.level = SimdLevel::Generic;
         c.note = "RCN_FAST_SIMD=avx2 ignored: this build or CPU lacks avx2+fma+f16c";
       }
+    } else if (std::strcmp(env, "avx512") == 0) {
+      // only the quantised-weight kernels (cpu/quant.cpp) have an avx512 variant
+      c.note = avx2 ? "RCN_FAST_SIMD=avx512: avx2 (no avx512 variant of this kernel)" : "";
     } else {
-      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not one of generic|avx2; ignored";
+      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not one of generic|avx2|avx512; ignored";
     }
   }
   return c;
@@ -87,13 +85,33 @@ const Choice& choice() {
 
 }  // namespace
 
+bool cpu_supports_avx2() {
+#if RCN_HAVE_AVX2
+  const X86Features f = x86_features();
+  return f.avx2 && f.fma && f.f16c;
+#else
+  return false;
+#endif
+}
+
+bool cpu_supports_avx512() {
+#if RCN_HAVE_AVX512
+  const X86Features f = x86_features();
+  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && cpu_supports_avx2();
+#else
+  return false;
+#endif
+}
+
 std::string simd_compiled() { return RCN_HAVE_AVX2 ? "generic,avx2" : "generic"; }
 
 std::string cpu_features() {
   std::string out;
   const X86Features f = x86_features();
   const std::pair<const char*, bool> named[] = {{"sse4.2", f.sse42}, {"avx", f.avx},   {"avx2", f.avx2},
-                                                {"fma", f.fma},       {"f16c", f.f16c}, {"avx512f", f.avx512f}};
+                                                {"fma", f.fma},       {"f16c", f.f16c}, {"avx512f", f.avx512f},
+                                                {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
+                                                {"avx512dq", f.avx512dq}};
   for (const auto& [name, has] : named) {
     if (!has) continue;
     if (!out.empty()) out += ' ';

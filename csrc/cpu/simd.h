@@ -15,6 +15,10 @@ std::string cpu_features();
 // and simd_note() says why.
 SimdLevel active_simd();
 const char* simd_name(SimdLevel level);
+// Whether this build and CPU (and OS) run the avx2 (+fma, f16c) and the
+// avx512 (f, bw, vl, dq) variants.
+bool cpu_supports_avx2();
+bool cpu_supports_avx512();
 std::string simd_note();
 
 }  // namespace rcn_fast

@@ -196,6 +196,29 @@ def generate_by_samples(backend: Any, chats: Sequence[Any], *, max_new_tokens: i
     )
 
 
+def finish_generation(tokenizer: Any, toks: Sequence[int], n_prompt: int, params: GenerationParams,
+                      stop_ids: set[int], eos_ids: Sequence[int]) -> Generation:
+    """One row's new tokens -> :class:`Generation` (the local backends).
+
+    The text is cut at the first token in ``stop_ids`` (end of turn, EOS,
+    padding) and then at the first stop string. ``generated_tokens`` counts
+    the tokens the row generated: an end-of-turn token counts, padding after
+    a row that a stop string ended does not (the pad id may also be an
+    end-of-turn id, so the stop string decides).
+    """
+    cut = next((k for k, t in enumerate(toks) if t in stop_ids), None)
+    body = list(toks) if cut is None else list(toks[:cut])
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    hits = [p for p in (text.find(s) for s in params.stop or ()) if p >= 0]
+    if hits:  # generation ends at the token that completes a stop string
+        return Generation(text=text[: min(hits)], prompt_tokens=n_prompt, generated_tokens=len(body),
+                          finish_reason="stop")
+    if cut is not None:
+        return Generation(text=text, prompt_tokens=n_prompt, generated_tokens=cut + (1 if toks[cut] in eos_ids else 0),
+                          finish_reason="stop")
+    return Generation(text=text, prompt_tokens=n_prompt, generated_tokens=len(toks), finish_reason="length")
+
+
 def logsumexp(xs: Sequence[float]) -> float:
     """log(sum(exp(x))) of plain floats (-inf for none, or all -inf)."""
     xs = [x for x in xs if x != -math.inf]

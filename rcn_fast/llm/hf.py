@@ -36,7 +36,7 @@ from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring, seeded
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend
 from rcn_fast.llm.base import cached_label_ids, check_tags, context_length, normalise_labels, pad_rows
-from rcn_fast.llm.base import sample_costs, warn_long_prompts
+from rcn_fast.llm.base import finish_generation, sample_costs, warn_long_prompts
 from rcn_fast.llm.logits import FiniteLogitsCheck, LogitBias
 
 HINT = "pip install 'rcn_fast[llm]'"
@@ -427,21 +427,7 @@ class HFLLM(SampleBackend):
         return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
 
     def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
-        """One row's new tokens -> Generation. ``generated_tokens`` counts
-        the tokens the row generated, not the batch: an end-of-turn token
-        counts, padding after a row that a stop string ended does not (the
-        pad id may also be an end-of-turn id, so the stop string decides)."""
-        cut = next((k for k, t in enumerate(toks) if t in stop_ids), None)
-        body = toks if cut is None else toks[:cut]
-        text = self.tokenizer.decode(body, skip_special_tokens=True)
-        hits = [p for p in (text.find(s) for s in params.stop or ()) if p >= 0]
-        if hits:  # transformers ends a row at the token that completes a stop string
-            text, n_gen, reason = text[: min(hits)], len(body), "stop"
-        elif cut is not None:
-            n_gen, reason = cut + (1 if toks[cut] in self.eos_ids else 0), "stop"
-        else:
-            n_gen, reason = len(toks), "length"
-        return Generation(text=text, prompt_tokens=n_prompt, generated_tokens=n_gen, finish_reason=reason)
+        return finish_generation(self.tokenizer, toks, n_prompt, params, stop_ids, self.eos_ids)
 
     # ---------------------------------------------------------------- protocol
 

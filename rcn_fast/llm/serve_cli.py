@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     from rcn_fast.llm.load import load_llm
     from rcn_fast.llm.serve import make_server
 
-    try:
-        llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size)
+    try:  # the server runs the transformers backend (it reads the model's logits and tensors directly)
+        llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+                       engine="transformers")
     except Exception as exc:  # noqa: BLE001 -- any load failure is one message, not a traceback
         _fail(f"--model {args.model!r} could not be loaded: {type(exc).__name__}: {exc}")
     if not isinstance(llm, HFLLM):

@@ -4,6 +4,8 @@ the call-cache writer process."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from rcn_fast.testing.tiny_llm import (  # noqa: F401  (shared with bench/; re-exported for the tests)
     CHATML,
     NO_SYSTEM,
@@ -17,9 +19,19 @@ def write_llama_gguf(model, tok, path) -> None:
     """Write a tiny Llama model and its byte-level BPE tokenizer as a GGUF
     file, the way llama.cpp's converter lays them out (q/k rows permuted for
     its rope layout, which transformers' GGUF reader undoes)."""
+    write_gguf(model, tok, path)
+
+
+def write_gguf(model, tok, path, *, qtype: str = "F32", arch: str = "llama") -> None:
+    """Write a tiny Llama (``arch="llama"``: q/k rows permuted as llama.cpp's
+    converter does) or Qwen2 model (``"qwen2"``: q/k/v biases, tied head)
+    and its byte-level BPE tokenizer as a GGUF file, the matrices in GGML
+    format ``qtype`` (``F32``, ``F16``, ``Q4_0``, ``Q4_1``, ``Q8_0``; norms
+    and biases stay F32)."""
     import json
 
     import gguf
+    from gguf import quants
 
     cfg = model.config
     tj = json.loads(tok.backend_tokenizer.to_str())
@@ -30,8 +42,8 @@ def write_llama_gguf(model, tok, path) -> None:
     for a in tj["added_tokens"]:
         tokens[a["id"]] = a["content"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -49,14 +61,23 @@ def write_llama_gguf(model, tok, path) -> None:
     w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
     w.add_chat_template(tok.chat_template)
+    gtype = gguf.GGMLQuantizationType[qtype]
+
+    def put(name, x):
+        if x.ndim == 2 and qtype != "F32":
+            w.add_tensor(name, quants.quantize(x.astype(np.float32), gtype), raw_dtype=gtype)
+        else:
+            w.add_tensor(name, x.astype(np.float32))
 
     def permute(x, n_head, n_kv):
+        if arch != "llama":
+            return x
         n = n_kv if n_kv != n_head else n_head
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    put("token_embd.weight", sd["model.embed_tokens.weight"])
     names = {
         "attn_norm": "input_layernorm", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
         "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -64,12 +85,16 @@ def write_llama_gguf(model, tok, path) -> None:
     }
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        w.add_tensor(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], nh, nh))
-        w.add_tensor(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], nh, nkv))
+        put(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], nh, nh))
+        put(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], nh, nkv))
         for g, h in names.items():
-            w.add_tensor(f"blk.{i}.{g}.weight", sd[p + h + ".weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
+            put(f"blk.{i}.{g}.weight", sd[p + h + ".weight"])
+        for g in ("q", "k", "v"):
+            if p + f"self_attn.{g}_proj.bias" in sd:
+                put(f"blk.{i}.attn_{g}.bias", sd[p + f"self_attn.{g}_proj.bias"])
+    put("output_norm.weight", sd["model.norm.weight"])
+    if not getattr(cfg, "tie_word_embeddings", False):
+        put("output.weight", sd["lm_head.weight"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

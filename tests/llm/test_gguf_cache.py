@@ -1,4 +1,5 @@
-"""The converted-weights cache of GGUF models (issue 27.10): the second load
+"""The converted-weights cache of GGUF models on transformers (issue 27.10;
+engine="transformers": the native engine reads GGUF files in place): the second load
 of a .gguf reads the cache (the GGUF reader is not called) and gives the
 same logits, tokens and chat rendering; a damaged, extended or stale entry
 is rebuilt; nothing but data files is ever read from it."""
@@ -56,7 +57,7 @@ def _logits(llm) -> np.ndarray:
 
 
 def test_second_load_reads_the_cache_and_gives_identical_logits(gguf_file, cache, conversions):
-    first = load_llm(str(gguf_file), device="cpu")
+    first = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 1 and conversions[0][1:] == ("float32", "cpu")
     entries = list((cache / "gguf").iterdir())
     assert [e.name for e in entries] == [gguf_cache_sha(gguf_file)]
@@ -64,7 +65,7 @@ def test_second_load_reads_the_cache_and_gives_identical_logits(gguf_file, cache
     assert manifest["format"] == gguf_cache.CACHE_FORMAT and "model.safetensors" in manifest["files"]
     assert all(n.endswith((".safetensors", ".json", ".txt", ".jinja", ".model")) for n in manifest["files"])
 
-    second = load_llm(str(gguf_file), device="cpu")
+    second = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 1, "the second load converted the GGUF again"
     assert second.identity == first.identity
     assert second.render(CHATS) == first.render(CHATS)
@@ -75,9 +76,9 @@ def test_second_load_reads_the_cache_and_gives_identical_logits(gguf_file, cache
 
 
 def test_cache_keeps_float32_whatever_dtype_is_asked(gguf_file, cache, conversions):
-    half = load_llm(str(gguf_file), device="cpu", dtype="bfloat16")
+    half = load_llm(str(gguf_file), engine="transformers", device="cpu", dtype="bfloat16")
     assert half.model.dtype == torch.bfloat16 and conversions[0][1] == "float32"
-    full = load_llm(str(gguf_file), device="cpu")
+    full = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 1 and full.model.dtype == torch.float32
     from safetensors import safe_open
 
@@ -93,7 +94,7 @@ def _entry(cache):
 @pytest.mark.parametrize("damage", ["weights-bytes", "weights-truncated", "manifest-json", "manifest-missing",
                                     "extra-pickle", "file-missing", "other-transformers"])
 def test_damaged_or_stale_entry_is_rebuilt(gguf_file, cache, conversions, damage, caplog):
-    first = load_llm(str(gguf_file), device="cpu")
+    first = load_llm(str(gguf_file), engine="transformers", device="cpu")
     entry = _entry(cache)
     weights = entry / "model.safetensors"
     if damage == "weights-bytes":
@@ -115,13 +116,13 @@ def test_damaged_or_stale_entry_is_rebuilt(gguf_file, cache, conversions, damage
         meta["transformers"] = "0.0.1"
         (entry / gguf_cache.MANIFEST).write_text(json.dumps(meta))
     with caplog.at_level("WARNING", logger="rcn_fast.llm.gguf_cache"):
-        again = load_llm(str(gguf_file), device="cpu")
+        again = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 2, "a damaged entry was used instead of converting again"
     assert "stale or damaged" in caplog.text
     np.testing.assert_array_equal(_logits(again), _logits(first))
     gguf_cache.verify_entry(_entry(cache), gguf_cache_sha(gguf_file))  # the rebuilt entry is whole
     assert not (_entry(cache) / "pytorch_model.bin").exists()
-    load_llm(str(gguf_file), device="cpu")
+    load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 2
 
 
@@ -132,13 +133,13 @@ def gguf_cache_sha(path) -> str:
 
 
 def test_a_changed_gguf_gets_its_own_entry(gguf_file, cache, conversions, tiny_llm, tmp_path):
-    load_llm(str(gguf_file), device="cpu")
+    load_llm(str(gguf_file), engine="transformers", device="cpu")
     with torch.no_grad():
         model = type(tiny_llm.model)(tiny_llm.model.config)
         model.load_state_dict(tiny_llm.model.state_dict())
         model.lm_head.weight.mul_(-1.0)
     write_llama_gguf(model, tiny_llm.tokenizer, gguf_file)  # same path, other weights
-    changed = load_llm(str(gguf_file), device="cpu")
+    changed = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 2 and len(list((cache / "gguf").iterdir())) == 2
     ref = load_llm((model.eval(), tiny_llm.tokenizer), device="cpu")
     np.testing.assert_allclose(_logits(changed), _logits(ref), rtol=1e-5, atol=1e-5)
@@ -146,21 +147,21 @@ def test_a_changed_gguf_gets_its_own_entry(gguf_file, cache, conversions, tiny_l
 
 def test_cache_off_and_unwritable_cache_still_load(gguf_file, cache, conversions, monkeypatch, caplog):
     monkeypatch.setenv(gguf_cache.ENV, "0")
-    load_llm(str(gguf_file), device="cpu")
-    load_llm(str(gguf_file), device="cpu")
+    load_llm(str(gguf_file), engine="transformers", device="cpu")
+    load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 2 and not (cache / "gguf").exists()
     monkeypatch.delenv(gguf_cache.ENV)
     cache.mkdir()
     (cache / "gguf").write_text("a file where the cache folder should be")
     with caplog.at_level("WARNING", logger="rcn_fast.llm.gguf_cache"):
-        llm = load_llm(str(gguf_file), device="cpu")
+        llm = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 3 and "not cached" in caplog.text and llm.label_logprobs(CHATS, ["A", "B"]).shape == (2, 2)
 
 
 def test_load_tokenizer_reads_the_cached_tokenizer(gguf_file, cache, conversions, monkeypatch):
     from rcn_fast.llm.tokenizer import load_tokenizer
 
-    llm = load_llm(str(gguf_file), device="cpu")
+    llm = load_llm(str(gguf_file), engine="transformers", device="cpu")
     import transformers
 
     real = transformers.AutoTokenizer.from_pretrained

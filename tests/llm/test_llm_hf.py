@@ -299,7 +299,7 @@ def test_gguf_file_loads_and_matches_the_directory_model(tiny_llm, tmp_path):
 
     path = tmp_path / "tiny.gguf"
     write_llama_gguf(tiny_llm.model, tiny_llm.tokenizer, path)
-    g = load_llm(str(path))
+    g = load_llm(str(path), engine="transformers")
     assert g.identity.startswith(f"hf:{path}:float32:")
     chats = [mcq_chat(q) for q in QUESTIONS[:3]]
     assert g.render(chats) == tiny_llm.render(chats)

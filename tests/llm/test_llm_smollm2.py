@@ -17,8 +17,10 @@ CHATS = [
 ]
 
 
-def test_smollm2_label_logprobs_and_generation(smollm2):
-    llm = smollm2
+def test_smollm2_label_logprobs_and_generation(smollm2_hf):
+    """The transformers backend (the native engine's tests compare against it:
+    tests/llm/test_engine_smollm2.py)."""
+    llm = smollm2_hf
     assert llm.scoring_mode == "hidden" and llm.system_role
     text = llm.render(CHATS)[0]
     assert text.endswith("<|im_start|>assistant\nAnswer: ") and text.count("<|im_end|>") == 2

@@ -1,0 +1,175 @@
+"""Loading the native engine: which engine ``load_llm`` picks and the
+option checks, the GGUF reader's errors, models it refuses, the tokenizer
+cache (written once, read after, rebuilt when damaged or stale), loading
+and generating without importing transformers; and the prefix cache's
+bookkeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+from llm_helpers import build_model, build_tokenizer, mcq_chat, write_gguf  # noqa: E402
+
+from rcn_fast.llm import load_llm  # noqa: E402
+from rcn_fast.llm.engine import GGUFLLM, UnsupportedModel  # noqa: E402
+from rcn_fast.llm.engine import tokenizer as toklib  # noqa: E402
+from rcn_fast.llm.engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
+from rcn_fast.llm.engine.prefix_cache import PrefixCache, shared_prefixes  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    pytest.importorskip("torch")
+    tok = build_tokenizer()
+    model = build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(model, tok, path)
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RCN_FAST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RCN_FAST_GGUF_CACHE", raising=False)
+    return tmp_path / "cache" / "gguf-tokenizers"
+
+
+def test_engine_choice_and_option_checks(tiny_gguf, tiny_llama_dir, cache):
+    from rcn_fast.llm.hf import HFLLM
+
+    assert isinstance(load_llm(str(tiny_gguf)), GGUFLLM)
+    assert isinstance(load_llm(str(tiny_gguf), device="cpu", num_threads=1, prefix_cache_mb=0), GGUFLLM)
+    assert isinstance(load_llm(str(tiny_gguf), engine="transformers"), HFLLM)
+    assert isinstance(load_llm(str(tiny_gguf), dtype="bfloat16"), HFLLM)  # not float32: transformers
+    with pytest.raises(ValueError, match="dtype"):
+        load_llm(str(tiny_gguf), engine="native", dtype="bfloat16")
+    with pytest.raises(ValueError, match="engine"):
+        load_llm(str(tiny_gguf), engine="llama.cpp")
+    with pytest.raises(ValueError, match="num_threads"):
+        load_llm(str(tiny_gguf), num_threads=-1)
+    with pytest.raises(ValueError, match="batch_size"):
+        load_llm(str(tiny_gguf), batch_size=0)
+    with pytest.raises(ValueError, match="'native' runs .gguf files only"):
+        load_llm(str(tiny_llama_dir), engine="native")
+    with pytest.raises(TypeError, match="native engine only"):
+        load_llm(str(tiny_llama_dir), prefix_cache_mb=10)
+    with pytest.raises(TypeError, match="unknown option"):
+        load_llm(str(tiny_gguf), threads=2)
+
+
+def test_gguf_reader_refuses_what_is_not_gguf(tiny_gguf, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + bytes(60))
+    with pytest.raises(GGUFError, match="magic"):
+        GGUFFile(bad)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
+    with pytest.raises(GGUFError, match="truncated|past the end"):
+        GGUFFile(cut)
+    g = GGUFFile(tiny_gguf)
+    assert g.get("general.architecture") == "llama" and "blk.0.attn_q.weight" in g.tensors
+    assert g.float32("output_norm.weight").dtype == np.float32
+
+
+def test_models_the_engine_does_not_run_name_the_transformers_engine(tmp_path):
+    import gguf
+
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+        load_llm(str(path), engine="native")
+
+
+def test_tokenizer_cache_is_written_once_then_read(tiny_gguf, cache, monkeypatch, caplog):
+    builds = []
+    real = toklib.build_backend
+    monkeypatch.setattr(toklib, "build_backend", lambda g: builds.append(1) or real(g))
+    chats = [mcq_chat("What is 2 + 2? A. 4 B. 5")]
+    first = load_llm(str(tiny_gguf)).encode_chats(chats)
+    entries = list(cache.iterdir())
+    assert len(builds) == 1 and len(entries) == 1
+    meta = json.loads((entries[0] / "manifest.json").read_text())
+    assert meta["format"] == toklib.CACHE_FORMAT and meta["build"] == toklib.BUILD_VERSION
+    assert load_llm(str(tiny_gguf)).encode_chats(chats) == first and len(builds) == 1  # read, not built
+    (entries[0] / "tokenizer.json").write_text('{"damaged": true}')
+    with caplog.at_level("WARNING"):
+        assert load_llm(str(tiny_gguf)).encode_chats(chats) == first
+    assert len(builds) == 2 and "rebuilding" in caplog.text
+    meta = json.loads((entries[0] / "manifest.json").read_text())
+    meta["build"] = -1
+    (entries[0] / "manifest.json").write_text(json.dumps(meta))
+    assert load_llm(str(tiny_gguf)).encode_chats(chats) == first and len(builds) == 3  # stale builder: rebuilt
+    monkeypatch.setenv("RCN_FAST_GGUF_CACHE", "0")
+    assert load_llm(str(tiny_gguf)).encode_chats(chats) == first and len(builds) == 4
+
+
+def test_loads_and_generates_without_transformers(tiny_gguf, tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from rcn_fast.llm import load_llm
+        llm = load_llm({str(tiny_gguf)!r})
+        out = llm.generate([[{{"role": "user", "content": "What is 2 + 2?"}}]], max_new_tokens=4)
+        assert out[0][0].generated_tokens >= 1
+        print("transformers" in sys.modules)
+    """)
+    env = dict(os.environ, RCN_FAST_CACHE=str(tmp_path / "cache"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def _kv(n: int, d: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((2, n, d), np.float32), np.ones((2, n, d), np.float32)
+
+
+def test_prefix_cache_lookup_and_lru_by_bytes():
+    one = _kv(1)[0].nbytes * 2  # bytes of one cached token
+    pc = PrefixCache(10 * one)
+    assert pc.store([1, 2, 3], *_kv(3)) and pc.store([1, 2, 3, 4, 5], *_kv(5))
+    e, n = pc.lookup([1, 2, 3, 4, 5, 6], 5)
+    assert e.tokens == (1, 2, 3, 4, 5) and n == 5
+    assert pc.lookup([1, 2, 3, 4, 9], 9)[1] == 4  # the longest common prefix, part of an entry
+    assert pc.lookup([1, 2, 3, 4, 5], 2)[1] == 2  # at most max_len tokens
+    assert pc.lookup([1, 2, 9], 2, min_len=3) is None and pc.lookup([8], 5) is None and pc.nbytes == 8 * one
+    assert pc.lookup([1, 2, 3], 3)[0].tokens == (1, 2, 3, 4, 5)  # a tie goes to the most recently used
+    assert pc.store([7, 8, 9], *_kv(3))  # 11 tokens > 10: the least recent, (1, 2, 3), goes
+    assert (1, 2, 3) not in pc and (1, 2, 3, 4, 5) in pc and pc.nbytes == 8 * one and pc.stats.evicted == 1
+    assert pc.store([1, 2, 3], *_kv(3))  # 11 again: now (1..5) is the least recent
+    assert (1, 2, 3, 4, 5) not in pc and pc.nbytes == 6 * one and pc.stats.evicted == 2
+    assert not pc.store(list(range(11)), *_kv(11))  # alone over the budget: not stored
+    # a speculative entry goes first and never pushes out the others
+    assert pc.store([4, 4, 4, 4], *_kv(4), speculative=True) and pc.nbytes == 10 * one
+    assert not pc.store([5, 5], *_kv(2), speculative=True)  # would need to evict a kept entry: it goes itself
+    assert (1, 2, 3) in pc and (7, 8, 9) in pc and (4, 4, 4, 4) in pc
+    pc.lookup([4, 4, 4, 4, 1], 4)  # used: promoted
+    assert pc.store([6], *_kv(1))
+    assert (7, 8, 9) not in pc and (1, 2, 3) in pc and (4, 4, 4, 4) in pc
+    with pytest.raises(ValueError, match="k, v"):
+        pc.store([1], *_kv(2))
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(-1)
+
+
+def test_shared_prefixes_are_the_longest_common_prefixes_with_neighbours():
+    instr = list(range(100, 140))
+    prompts = [instr + [1, 2, 3, 4], instr + [1, 2, 5], instr + [9], [7] * 50, instr]
+    got = shared_prefixes(prompts, min_len=8)
+    # instr + [1, 2] is shared by the first two; instr by those and the 3rd/5th (the 5th keeps a token to run)
+    assert got == [tuple(instr[:-1]), tuple(instr), tuple(instr + [1, 2])]
+    assert shared_prefixes(prompts, min_len=45) == []
+    assert shared_prefixes([[1, 2, 3]], min_len=1) == []
