@@ -163,12 +163,40 @@ def test_build_cpu(benchmark, pedantic, record, cpu_setup):
     time_build(pedantic, benchmark, record, CPU_GROUP, src, len(texts), work, ["--encoder", str(d)])
 
 
+# Opt-in settings that trade float32 agreement for speed (documented deviations,
+# never the default): each is timed as its own group, against the same
+# sentence-transformers measurement.
+CPU_OPT_IN = {
+    "int8": ["--quantize", "int8"],  # ONNX Runtime, dynamic int8 MatMul weights
+    "bfloat16": ["--backend", "torch", "--encoder-dtype", "bfloat16"],  # fast where the CPU has bf16 dot products
+}
+
+
+def cpu_opt_in_group(name: str) -> str:
+    return f"{CPU_GROUP} (opt-in {' '.join(CPU_OPT_IN[name])})"
+
+
+@pytest.mark.parametrize("name", sorted(CPU_OPT_IN))
+def test_build_cpu_opt_in(benchmark, pedantic, record, cpu_setup, name):
+    """An opt-in setting of the command (not the default; see README)."""
+    from rcn_fast.retrieval.encoders import Encoder
+
+    d, texts, src, work = cpu_setup
+    if name == "int8":
+        Encoder.from_pretrained(d, backend="onnx", quantize="int8")  # the one-time export, outside the timing
+    benchmark.extra_info["setting"] = " ".join(CPU_OPT_IN[name])
+    time_build(pedantic, benchmark, record, cpu_opt_in_group(name), src, len(texts), work / name,
+               ["--encoder", str(d), *CPU_OPT_IN[name]])
+
+
 def test_sentence_transformers_cpu(benchmark, pedantic, record, cpu_setup):
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed")
     d, texts, _, _ = cpu_setup
     model = st.SentenceTransformer(str(d), device="cpu")
     model.encode(texts[:64], show_progress_bar=False)  # warm
     time_st(pedantic, benchmark, record, CPU_GROUP, model, texts, 32)
+    for name in CPU_OPT_IN:  # the same measurement is the peer of the opt-in settings
+        record(cpu_opt_in_group(name), "sentence-transformers", benchmark)
 
 
 # ----------------------------------------------------------------------- GPU
