@@ -366,7 +366,7 @@ def context_length(config: Any) -> int | None:
     return None
 
 
-def warn_long_prompts(lengths: Sequence[int], context: int | None, model: str) -> int:
+def warn_long_prompts(lengths: Sequence[int], context: int | None, model: str, stacklevel: int = 3) -> int:
     """Warn (:class:`ContextLengthWarning`) when prompts exceed ``context``.
 
     Parameters
@@ -388,8 +388,18 @@ def warn_long_prompts(lengths: Sequence[int], context: int | None, model: str) -
             f"{len(over)} of {len(lengths)} prompt(s) are longer than the {context}-token context of {model} "
             f"(the longest, row {i}, has {n} tokens); they run untruncated and the model's answers to them are "
             "unreliable: shorten the input or use a model with a longer context",
-            ContextLengthWarning, stacklevel=3)
+            ContextLengthWarning, stacklevel=stacklevel)
     return len(over)
+
+
+def check_prompt_ids(prompt_ids: Sequence[Sequence[int]], context: int | None, model: str) -> int:
+    """Refuse a prompt that encodes to no tokens (ValueError naming its row
+    in ``chats``) and warn about prompts longer than ``context``
+    (:func:`warn_long_prompts`); returns how many are."""
+    for i, ids in enumerate(prompt_ids):
+        if not ids:
+            raise ValueError(f"chats[{i}]: the prompt encodes to no tokens")
+    return warn_long_prompts([len(ids) for ids in prompt_ids], context, model, stacklevel=4)
 
 
 def pad_rows(rows: Sequence[Sequence[float]]) -> np.ndarray:

@@ -36,7 +36,7 @@ from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring, seeded
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend
 from rcn_fast.llm.base import cached_label_ids, check_tags, context_length, normalise_labels, pad_rows
-from rcn_fast.llm.base import finish_generation, sample_costs, warn_long_prompts
+from rcn_fast.llm.base import check_prompt_ids, finish_generation, sample_costs
 from rcn_fast.llm.logits import FiniteLogitsCheck, LogitBias
 
 HINT = "pip install 'rcn_fast[llm]'"
@@ -266,10 +266,7 @@ class HFLLM(SampleBackend):
         (counted in ``long_prompts``)."""
         special = not chatlib.has_chat_template(self.tokenizer)
         out = [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
-        for i, ids in enumerate(out):
-            if not ids:
-                raise ValueError(f"chats[{i}]: the prompt encodes to no tokens")
-        self.long_prompts += warn_long_prompts([len(ids) for ids in out], self.context_length, self.name)
+        self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
         return out
 
     def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:

@@ -28,7 +28,7 @@ from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, cached_label_ids
 from rcn_fast.llm.base import check_tags, finish_generation, normalise_labels, pad_rows, sample_costs
-from rcn_fast.llm.base import warn_long_prompts
+from rcn_fast.llm.base import check_prompt_ids
 from rcn_fast.llm.engine.gguf_file import GGUFFile
 from rcn_fast.llm.engine.model import NativeLlama
 from rcn_fast.llm.engine.prefix_cache import PrefixCache
@@ -175,10 +175,7 @@ class GGUFLLM(SampleBackend):
         :class:`~rcn_fast.llm.base.ContextLengthWarning`)."""
         special = not chatlib.has_chat_template(self.tokenizer)
         out = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
-        for i, ids in enumerate(out):
-            if not ids:
-                raise ValueError(f"chats[{i}]: the prompt encodes to no tokens")
-        self.long_prompts += warn_long_prompts([len(ids) for ids in out], self.context_length, self.name)
+        self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
         return out
 
     def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
