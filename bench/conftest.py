@@ -27,6 +27,10 @@ from typing import Any
 
 import pytest
 
+# rcn_fast.testing.data finds ../shared next to the checkout it was imported
+# from; an installed rcn_fast has none, so name this checkout's
+os.environ.setdefault("RCN_FAST_SHARED", str(Path(__file__).resolve().parents[1].parent / "shared"))
+
 _RESULTS: dict[str, dict[str, float]] = defaultdict(dict)
 _FAST = {"native", "rcn_fast", "batched", "cuda", "triton", "onnx"}
 

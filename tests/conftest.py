@@ -37,6 +37,9 @@ def _test_the_installed_package() -> None:
     os.environ.setdefault("PYTHONSAFEPATH", "1")
 
 
+# rcn_fast.testing.data finds ../shared next to the checkout it was imported
+# from; the installed package has no checkout, so name this one's
+os.environ.setdefault("RCN_FAST_SHARED", str(REPO.parent / "shared"))
 _test_the_installed_package()
 
 import numpy as np  # noqa: E402

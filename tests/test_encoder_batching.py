@@ -43,7 +43,8 @@ from tests.conftest import requires_gpu  # noqa: E402
 from tests.retrieval.fixtures import one_torch_thread, tiny_model  # noqa: E402,F401
 from tests.retrieval.tiny import minilm_dir, real_sentences  # noqa: E402
 
-TEXTS = real_sentences(90) + ["", "x", " ".join(real_sentences(30))]  # an empty one, a 1-char one, one past 64 tokens
+# an empty one, a 1-char one, one past 256 tokens (whichever sentences real_sentences finds)
+TEXTS = real_sentences(90) + ["", "x", " ".join(real_sentences(30) * 4)]
 
 
 def ragged(rng: random.Random, n: int, max_len: int) -> Tokenized:
