@@ -291,3 +291,16 @@ def test_cli_info_verify_and_errors(built, tmp_path, corpus_jsonl, tiny_model):
     assert res.returncode == 0 and "match" in res.stdout
     res = run_cli("info", str(tmp_path / "nothing"))
     assert res.returncode == 2 and "manifest.json" in res.stderr
+
+
+def test_no_progress_silences_the_encoders_loading_bar(tmp_path, corpus_jsonl, tiny_model):
+    """``corpus build --no-progress`` draws no bar at all: not the build's,
+    not transformers' weight loading (which it drew before)."""
+    base = ["build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--backend", "torch",
+            "--dtype", "float32"]
+    shown = run_cli(*base, "--out", str(tmp_path / "a"))
+    assert shown.returncode == 0, shown.stderr
+    assert "Loading weights" in shown.stderr  # the bar this test is about exists
+    quiet = run_cli(*base, "--out", str(tmp_path / "b"), "--no-progress")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Loading weights" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr

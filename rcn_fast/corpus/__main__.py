@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                     num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
                     cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress)
             else:
-                enc = Encoder.from_pretrained(args.encoder, **enc_kw)
+                from rcn_fast.eval.progress import quiet_loading
+
+                with quiet_loading(args.no_progress):  # --no-progress: no weight-loading bars either
+                    enc = Encoder.from_pretrained(args.encoder, **enc_kw)
                 store = build_corpus(cfg, enc, show_progress=not args.no_progress)
             if store is None:
                 print(f"shard {cfg.shard_id}/{cfg.num_shards} done in {cfg.out}; join the shards with "
