@@ -16,6 +16,8 @@
 
 #include "common/dtypes.h"
 #include "common/topn_order.h"
+#include "common/topn_select.h"
+#include "cuda/lane_groups.cuh"
 #include "cuda/runtime.h"
 #include "cuda/topn.h"
 #include "cuda/topn_mma.h"
@@ -190,28 +192,8 @@ __global__ void merge_select_kernel(const float* __restrict__ prev_s, const int6
     keep_i[i] = -1;
   }
   __syncthreads();
-  for (int size = 2; size <= width; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const int j = i ^ stride;
-        if (j > i) {
-          // entries past target are padding and sort last
-          const bool i_pad = keep_i[i] < 0, j_pad = keep_i[j] < 0;
-          const bool j_first = !j_pad && (i_pad || topn_better(keep_s[j], keep_i[j], keep_s[i], keep_i[i]));
-          const bool ascending_block = (i & size) == 0;
-          if (j_first == ascending_block) {
-            const float ts = keep_s[i];
-            keep_s[i] = keep_s[j];
-            keep_s[j] = ts;
-            const int64_t ti = keep_i[i];
-            keep_i[i] = keep_i[j];
-            keep_i[j] = ti;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  // padding (-inf, -1) sorts after every admissible entry (common/topn_order.h)
+  topn_select::bitonic_sort(BlockG{}, keep_s, keep_i, width);
   for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
     next_s[q * k + i] = i < target ? keep_s[i] : -INFINITY;
     next_i[q * k + i] = i < target ? keep_i[i] : -1;

@@ -28,6 +28,7 @@
 #include <stdexcept>
 
 #include "common/topn_select.h"
+#include "cuda/lane_groups.cuh"
 #include "cuda/runtime.h"
 #include "cuda/topn_mma.h"
 
@@ -43,20 +44,6 @@ constexpr int kQPad = 8;         // elements of padding per query row in shared 
 constexpr int kMergeThreads = 256;
 constexpr int64_t kPartialBytes = int64_t(512) << 20;
 constexpr int64_t kMaxSliceRows = int64_t(1) << 31;
-
-struct WarpG {
-  __device__ int rank() const { return int(threadIdx.x & 31u); }
-  __device__ int size() const { return 32; }
-  __device__ void sync() const { __syncwarp(); }
-  __device__ int claim(int* c) const { return atomicAdd(c, 1); }
-};
-
-struct BlockG {
-  __device__ int rank() const { return int(threadIdx.x); }
-  __device__ int size() const { return int(blockDim.x); }
-  __device__ void sync() const { __syncthreads(); }
-  __device__ int claim(int* c) const { return atomicAdd(c, 1); }
-};
 
 template <DType T>
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
