@@ -29,6 +29,57 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 RACY_SECONDS = 2.0
 _MEMO_FORMAT = "rcn_fast.content_hashes/1"
 _PROCESS_MEMO: dict[tuple[str, tuple[int, ...]], str] = {}
+#: Memo files the memo folder may hold; past this, a write removes the least
+#: recently written ones down to half of it (a lost memo costs one hash).
+MAX_MEMO_FILES = 4096
+
+
+def _write_memo(memo_dir: str | os.PathLike[str], memo_file: str, record: dict) -> None:
+    """Write ``record`` to ``memo_file`` atomically, then keep the folder
+    within :data:`MAX_MEMO_FILES`; a cache that cannot be written is
+    ignored (the file is hashed or checked again next time)."""
+    import json
+
+    try:
+        os.makedirs(os.fspath(memo_dir), exist_ok=True)
+        tmp = f"{memo_file}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(record, out)
+        os.replace(tmp, memo_file)
+    except OSError:
+        return
+    _prune_memos(os.fspath(memo_dir), keep=memo_file)
+
+
+def _prune_memos(memo_dir: str, keep: str) -> None:
+    """Past :data:`MAX_MEMO_FILES` files, remove the least recently written
+    (by mtime) down to half of it, never ``keep`` (the memo just written).
+    Temporary files of writers killed mid-write count too."""
+    try:
+        with os.scandir(memo_dir) as it:
+            files = [e for e in it if e.is_file(follow_symlinks=False)]
+        if len(files) <= MAX_MEMO_FILES:
+            return
+        aged = []
+        for e in files:
+            try:
+                aged.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
+            except OSError:
+                continue
+        aged.sort()
+        excess = len(aged) - MAX_MEMO_FILES // 2
+        for _, path in aged:
+            if excess <= 0:
+                break
+            if path == keep:  # both os.path.join(memo_dir, name)
+                continue
+            try:
+                os.unlink(path)
+                excess -= 1
+            except OSError:
+                continue
+    except OSError:
+        pass
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, ...]:
@@ -64,7 +115,9 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
     file or folder under ``memo_dir`` (default ``<rcn_fast cache>/content_hashes``,
     :func:`rcn_fast._cache_dirs.cache_root`). A file changed less than
     :data:`RACY_SECONDS` before it was hashed is not memoised. A memo that
-    cannot be read or written is ignored (the files are hashed).
+    cannot be read or written is ignored (the files are hashed). The memo
+    folder keeps at most :data:`MAX_MEMO_FILES` files (the least recently
+    written go first).
 
     Raises
     ------
@@ -111,14 +164,7 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
         keep[rel] = [list(key), sha]
         entries.append((rel, st.st_size, sha))
     if keep != stored:
-        try:
-            os.makedirs(os.fspath(memo_dir), exist_ok=True)
-            tmp = f"{memo_file}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as out:
-                json.dump({"format": _MEMO_FORMAT, "root": root, "files": keep}, out)
-            os.replace(tmp, memo_file)
-        except OSError:
-            pass  # a read-only cache: hashed again next time
+        _write_memo(memo_dir, memo_file, {"format": _MEMO_FORMAT, "root": root, "files": keep})
     if not is_dir:
         return entries[0][2]
     h = hashlib.sha256(b"rcn_fast.folder/1\0")
@@ -166,14 +212,7 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
     if _stat_key(os.stat(real)) != key or time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS:
         return  # changing or just changed: checked now, never remembered
     _PASSED.add((real, tag, key))
-    try:
-        os.makedirs(os.fspath(memo_dir), exist_ok=True)
-        tmp = f"{memo_file}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump({"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)}, out)
-        os.replace(tmp, memo_file)
-    except OSError:
-        pass  # a read-only cache: checked again next time
+    _write_memo(memo_dir, memo_file, {"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)})
 
 
-__all__ = ["sha256_file", "content_fingerprint", "check_once", "RACY_SECONDS"]
+__all__ = ["sha256_file", "content_fingerprint", "check_once", "RACY_SECONDS", "MAX_MEMO_FILES"]

@@ -9,6 +9,7 @@ file (exit 2). Tiny random-weight models built in code."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -364,3 +365,29 @@ def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monke
         k2 = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
         assert k2 != k, name
         k = k2
+
+
+def test_the_memo_folder_stays_bounded_and_keeps_the_newest(tmp_path, monkeypatch):
+    import rcn_fast._hashing as h
+
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
+    monkeypatch.setattr(h, "MAX_MEMO_FILES", 8)
+    memos = tmp_path / "cache" / "content_hashes"
+    files = []
+    for i in range(30):
+        f = tmp_path / f"f{i}.txt"
+        f.write_text(f"content {i}\n")
+        files.append(f)
+        content_fingerprint(f)
+        assert len(list(memos.iterdir())) <= 8
+        name = hashlib.sha256(os.path.realpath(f).encode()).hexdigest()[:32] + ".json"
+        assert (memos / name).is_file()  # never the one just written
+    # a pruned memo costs one hash, never a wrong fingerprint
+    hashed: list[str] = []
+    real = h.sha256_file
+    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+    assert content_fingerprint(files[0]) == real(files[0]) and hashed == ["f0.txt"]
+    hashed.clear()
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})
+    assert content_fingerprint(files[0]) == real(files[0]) and hashed == []  # remembered again
