@@ -34,21 +34,32 @@ _PROCESS_MEMO: dict[tuple[str, tuple[int, ...]], str] = {}
 MAX_MEMO_FILES = 4096
 
 
-def _write_memo(memo_dir: str | os.PathLike[str], memo_file: str, record: dict) -> None:
-    """Write ``record`` to ``memo_file`` atomically, then keep the folder
+def _memo_file(memo_dir: str | os.PathLike[str] | None, key: str, suffix: str) -> str:
+    """The memo file for ``key`` in ``memo_dir`` (default
+    ``<rcn_fast cache>/content_hashes``)."""
+    if memo_dir is None:
+        from rcn_fast._cache_dirs import cache_root
+
+        memo_dir = cache_root() / "content_hashes"
+    return os.path.join(os.fspath(memo_dir), hashlib.sha256(key.encode()).hexdigest()[:32] + suffix)
+
+
+def _write_memo(memo_file: str, record: dict) -> None:
+    """Write ``record`` to ``memo_file`` atomically, then keep its folder
     within :data:`MAX_MEMO_FILES`; a cache that cannot be written is
     ignored (the file is hashed or checked again next time)."""
     import json
 
+    memo_dir = os.path.dirname(memo_file)
     try:
-        os.makedirs(os.fspath(memo_dir), exist_ok=True)
+        os.makedirs(memo_dir, exist_ok=True)
         tmp = f"{memo_file}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as out:
             json.dump(record, out)
         os.replace(tmp, memo_file)
     except OSError:
         return
-    _prune_memos(os.fspath(memo_dir), keep=memo_file)
+    _prune_memos(memo_dir, keep=memo_file)
 
 
 def _prune_memos(memo_dir: str, keep: str) -> None:
@@ -131,11 +142,7 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
         raise FileNotFoundError(f"{path} does not exist")
     is_dir = os.path.isdir(root)
     rels = _folder_files(root) if is_dir else ["."]
-    if memo_dir is None:
-        from rcn_fast._cache_dirs import cache_root
-
-        memo_dir = cache_root() / "content_hashes"
-    memo_file = os.path.join(os.fspath(memo_dir), hashlib.sha256(root.encode()).hexdigest()[:32] + ".json")
+    memo_file = _memo_file(memo_dir, root, ".json")
     try:
         with open(memo_file, encoding="utf-8") as fh:
             got = json.load(fh)
@@ -164,7 +171,7 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
         keep[rel] = [list(key), sha]
         entries.append((rel, st.st_size, sha))
     if keep != stored:
-        _write_memo(memo_dir, memo_file, {"format": _MEMO_FORMAT, "root": root, "files": keep})
+        _write_memo(memo_file, {"format": _MEMO_FORMAT, "root": root, "files": keep})
     if not is_dir:
         return entries[0][2]
     h = hashlib.sha256(b"rcn_fast.folder/1\0")
@@ -193,12 +200,7 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
     key = _stat_key(st)
     if (real, tag, key) in _PASSED:
         return
-    if memo_dir is None:
-        from rcn_fast._cache_dirs import cache_root
-
-        memo_dir = cache_root() / "content_hashes"
-    memo_file = os.path.join(os.fspath(memo_dir), hashlib.sha256(f"{tag}\0{real}".encode()).hexdigest()[:32]
-                             + ".passed.json")
+    memo_file = _memo_file(memo_dir, f"{tag}\0{real}", ".passed.json")
     try:
         with open(memo_file, encoding="utf-8") as fh:
             got = json.load(fh)
@@ -212,7 +214,7 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
     if _stat_key(os.stat(real)) != key or time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS:
         return  # changing or just changed: checked now, never remembered
     _PASSED.add((real, tag, key))
-    _write_memo(memo_dir, memo_file, {"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)})
+    _write_memo(memo_file, {"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)})
 
 
 __all__ = ["sha256_file", "content_fingerprint", "check_once", "RACY_SECONDS", "MAX_MEMO_FILES"]
