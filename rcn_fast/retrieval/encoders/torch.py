@@ -12,8 +12,12 @@ import numpy as np
 
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.encoders.base import TORCH_HINT, Encoder, EncoderConfig
-from rcn_fast.retrieval.encoders.batching import Pending, PreparedTexts, Tokenized, device_batch_tokens, pack_batch
-from rcn_fast.retrieval.encoders.unpadded import UnpaddedBert, flash_varlen, segment_pool, unpadded_supported
+from rcn_fast.retrieval.encoders.batching import (
+    Pending, PreparedTexts, Tokenized, batch_progress, device_batch_tokens, pack_batch,
+)
+from rcn_fast.retrieval.encoders.unpadded import (
+    UnpaddedBert, flash_varlen, segment_pool, unpadded_supported, varlen_attention_reference,
+)
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -116,7 +120,7 @@ class TorchEncoder(Encoder):
             return UnpaddedBert(self.model, flash) if flash is not None and why is None else None
         if why is not None:
             raise ValueError(f"unpadded: this model cannot run unpadded: {why}; pass unpadded=False")
-        return UnpaddedBert(self.model, flash)  # no flash-attn: the reference attention
+        return UnpaddedBert(self.model, flash or varlen_attention_reference)  # flash-attn only where it runs
 
     def _feed(self, tok: Tokenized, rows: np.ndarray) -> Any:
         feed = pack_batch(tok, rows) if self.unpadded is not None else super()._feed(tok, rows)
@@ -150,14 +154,16 @@ class TorchEncoder(Encoder):
     def run(self, prepared: PreparedTexts, *, show_progress: bool = False) -> Pending:
         """See :meth:`Encoder.run`; on CUDA every batch is queued on the
         device and the result copied to pinned host memory without a wait:
-        ``.result()`` waits for it."""
+        ``.result()`` waits for it (the bar of ``show_progress`` counts
+        batches queued)."""
         if self.device.type != "cuda" or prepared.n == 0:
             return super().run(prepared, show_progress=show_progress)
         torch = require("torch", TORCH_HINT)
-        with torch.inference_mode():
+        with torch.inference_mode(), batch_progress(len(prepared.batches), show_progress) as tick:
             out = torch.empty((prepared.n, self.dim), dtype=torch.float32, device=self.device)
             for _, feed in prepared.batches:
                 out.index_copy_(0, feed["rows"].to(self.device, non_blocking=True), self._pooled(feed).float())
+                tick()
             if self.config.normalize:  # as normalize_rows: rows of norm 0 stay 0
                 norms = out.norm(dim=1, keepdim=True)
                 out /= torch.where(norms > 0, norms, torch.ones_like(norms))
