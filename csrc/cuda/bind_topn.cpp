@@ -35,5 +35,8 @@ void bind_topn_cuda(nb::module_& m) {
         nb::arg("ids_out"), nb::arg("stream") = 0, nb::arg("algorithm") = 0,
         "Exact top-k inner product search on CUDA into preallocated outputs.\n"
         "algorithm: 0 the tensor-core scan where it can serve the call, else the tiled kernel;\n"
-        "1 the tiled kernel; 2 the tensor-core scan (ValueError where it cannot serve).");
+        "1 the tiled kernel; 2 the tensor-core scan (k <= TOPN_MMA_MAX_K; ValueError where it cannot serve).\n"
+        "0 and 2 do not check the query values: float32 queries on a float16/bfloat16 corpus must be\n"
+        "finite (the scan splits them into terms of the corpus dtype; a row with NaN or +-inf gets only\n"
+        "padding). The caller checks (rcn_fast.search.topn passes 1 for non-finite queries).");
 }

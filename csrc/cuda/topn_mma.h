@@ -13,7 +13,11 @@ constexpr int64_t kTopnMmaMaxK = 256;
 
 // Why the tensor-core scan cannot serve `p` on the current device (nullptr:
 // it can): float32 corpus, k > kTopnMmaMaxK, d % 8 != 0, corpus rows not
-// 16-byte aligned, compute capability below 8.0, ...
+// 16-byte aligned, compute capability below 8.0, ... It never reads the
+// query values: float32 queries on a float16/bfloat16 corpus are split into
+// terms of the corpus dtype, which needs finite queries (a row with a NaN or
+// +-inf scores NaN everywhere, so its results are all padding). The caller
+// checks (rcn_fast/search/topn.py asks for the tiled kernel instead).
 const char* topn_mma_unsupported(const TopnProblem& p);
 
 // Enqueues the scan on `stream` (a query-split kernel, the scan, the merge);
