@@ -185,8 +185,7 @@ __global__ void merge_select_kernel(const float* __restrict__ prev_s, const int6
   __syncthreads();
 
   // bitonic sort of the kept entries by (score desc, id asc), padded
-  int width = 1;
-  while (width < k) width <<= 1;
+  const int width = topn_select::next_pow2(int(k));
   for (int64_t i = target + threadIdx.x; i < width; i += blockDim.x) {
     keep_s[i] = -INFINITY;
     keep_i[i] = -1;

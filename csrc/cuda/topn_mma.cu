@@ -31,6 +31,7 @@
 #include "cuda/lane_groups.cuh"
 #include "cuda/runtime.h"
 #include "cuda/topn_mma.h"
+#include "cuda/vec_load.cuh"
 
 namespace rcn_fast::cuda {
 namespace {
@@ -305,7 +306,7 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   const ts::SplitSpec sp = ts::split_spec(CT, p.query_dtype);
   const int d = int(p.d), dpad = (d + kDepth - 1) / kDepth * kDepth;
   const Config c = pick_config(p, sp.terms, dpad);
-  if (c.nt == 0) throw std::logic_error("topn_mma: no configuration fits (topn_mma_supported said yes)");
+  if (c.nt == 0) throw std::logic_error("topn_mma: no configuration fits (topn_mma_unsupported said it fits)");
   const int qb = 8 * c.nt;
   int dev = 0, sms = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -374,9 +375,7 @@ const char* topn_mma_unsupported(const TopnProblem& p) {
   if (p.d < 1 || p.d % 8 != 0) return "d is not a multiple of 8";
   if (p.N < 1 || p.Q < 1) return "empty input";
   if (p.Q > int64_t(65535) * 8) return "more than 524,280 queries in one call";
-  const int64_t es = 2;
-  if (reinterpret_cast<uintptr_t>(p.corpus) % 16 != 0 || (p.corpus_stride * es) % 16 != 0)
-    return "corpus rows are not 16-byte aligned";
+  if (!aligned16(p.corpus, 2, p.corpus_stride)) return "corpus rows are not 16-byte aligned";
   int dev = 0, major = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
