@@ -44,11 +44,16 @@ def data():
     return q, {"float32": c, "float16": c.astype(np.float16)}
 
 
-def _extra(benchmark):
-    t = benchmark.stats.stats.mean
-    flops = 2 * B * (n * D + N * (K - 1) * n * D)
-    benchmark.extra_info["subsets/s"] = round(B * N / t, 1)
+def _extra(benchmark, b: int = B) -> float | None:
+    """subsets/s and textbook GFLOP/s of ``b`` questions into extra_info; the
+    mean seconds a call (None, nothing recorded, when no timing was taken)."""
+    t = benchmark.stats.stats.mean if getattr(benchmark, "stats", None) else None
+    if not t:
+        return None
+    flops = 2 * b * (n * D + N * (K - 1) * n * D)
+    benchmark.extra_info["subsets/s"] = round(b * N / t, 1)
     benchmark.extra_info["GFLOP/s (textbook)"] = round(flops / t / 1e9, 2)
+    return t
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -139,8 +144,7 @@ def test_gpu_sampler(benchmark, record, gpu_data, b, dtype, impl):
     benchmark.group = f"sample_subsets GPU B={b} n={n} d={D} K={K} N={N} {dtype}"
     ids = _run_cuda(benchmark, "cuda" if impl == "cuda" else "torch", q, cs[dtype])
     assert ids.shape == (b, N, K) and int(ids.min()) >= 0
-    t = benchmark.stats.stats.mean if getattr(benchmark, "stats", None) else None
+    t = _extra(benchmark, b)
     if t:
-        benchmark.extra_info["subsets/s"] = round(b * N / t, 1)
         benchmark.extra_info["GB/s of one input read"] = round(cs[dtype].nbytes / t / 1e9, 2)
     record(benchmark.group, impl, benchmark)

@@ -93,12 +93,25 @@ def _sort_key(group: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", group)]
 
 
-def tables(folder: Path = FOLDER) -> str:
-    """Every results file as markdown: a heading line, then a table per op."""
+def _shown(folder: Path, name: str) -> str:
+    """A results file as the tables name it: relative to the repository
+    (``bench/gpu_results/<name>``) when inside it, else its absolute path."""
+    path = Path(folder).resolve() / name
+    try:
+        return path.relative_to(REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def tables(folder: Path = FOLDER, device: str | None = None) -> str:
+    """Every results file as markdown (only those recorded on ``device``,
+    when given): a heading line, then a table per op."""
     out = []
     for name, data in load(folder):
+        if device is not None and data.get("device") != device:
+            continue
         kernels = ", ".join(f"{k} v{v}" for k, v in sorted(data.get("cuda_kernels", {}).items())) or "unknown"
-        out.append(f"{data['device']}, updated {data['updated']} (`bench/gpu_results/{name}`; {data['unit']}; "
+        out.append(f"{data['device']}, updated {data['updated']} (`{_shown(folder, name)}`; {data['unit']}; "
                    f"CUDA kernels: {kernels})\n")
         by_op: dict[str, dict] = {}
         for group, impls in data["groups"].items():
@@ -176,23 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--folder: {args.folder} is not a folder")
     if args.write:
         write(args.folder)
-    if args.device:
-        text = tables_for_device(args.folder, args.device)
-    else:
-        text = tables(args.folder)
+    text = tables(args.folder, args.device or None)
     sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
     return 0
-
-
-def tables_for_device(folder: Path, device: str) -> str:
-    """The tables of the files recorded on ``device`` only."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, data in load(folder):
-            if data.get("device") == device:
-                (Path(tmp) / name).write_text(json.dumps(data))
-        return tables(Path(tmp))
 
 
 if __name__ == "__main__":

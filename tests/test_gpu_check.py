@@ -160,8 +160,9 @@ SAMPLE = {
 def test_tables_from_a_results_file(gt, tmp_path):
     (tmp_path / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
     text = gt.tables(tmp_path)
-    assert text.startswith("Test GPU 9000, updated 2026-12-01 (`bench/gpu_results/test-gpu-9000.json`; ms (mean); "
-                           "CUDA kernels: sample_subsets v2, topn v2)")
+    # the file as found (it named bench/gpu_results/ whatever the folder)
+    assert text.startswith(f"Test GPU 9000, updated 2026-12-01 (`{tmp_path.resolve() / 'test-gpu-9000.json'}`; "
+                           "ms (mean); CUDA kernels: sample_subsets v2, topn v2)")
     lines = text.splitlines()
     head = "| workload | dispatched | torch_backend | cuda | recipe | oneliner | fastest exact |"
     assert head in lines
@@ -179,6 +180,22 @@ def test_tables_from_a_results_file(gt, tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH / "gpu_table.py"), "--folder", str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--folder" in bad.stderr
+
+
+def test_tables_name_the_real_folder_and_filter_by_device(gt, tmp_path):
+    (tmp_path / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
+    (tmp_path / "other-gpu.json").write_text(json.dumps({**SAMPLE, "device": "Other GPU"}))
+    # the recorded runs: named relative to the repository, as README shows them
+    assert "(`bench/gpu_results/nvidia-h100.json`;" in gt.tables()
+    both = gt.tables(tmp_path)
+    one = gt.tables(tmp_path, device="Test GPU 9000")
+    assert "Other GPU" in both and "Test GPU 9000" in both
+    assert "Other GPU" not in one and one.startswith("Test GPU 9000, updated") and one in both
+    assert gt.tables(tmp_path, device="No such GPU") == ""
+    res = subprocess.run([sys.executable, str(BENCH / "gpu_table.py"), "--folder", str(tmp_path),
+                          "--device", "Other GPU"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == gt.tables(tmp_path, device="Other GPU").strip()
+    assert f"`{tmp_path.resolve() / 'other-gpu.json'}`" in res.stdout and "Test GPU 9000" not in res.stdout
 
 
 def test_crossover_rows_from_a_results_file(gt, tmp_path):
@@ -207,3 +224,29 @@ def test_write_updates_the_readme_block_and_the_measurements(gt, tmp_path):
     readme.write_text("no markers")
     with pytest.raises(SystemExit, match="markers"):
         gt.write(tmp_path / "r", readme, meas)
+
+
+# ------------------------------------------------------------------ the GPU benchmarks' extra info
+
+
+def test_gpu_sampler_bench_records_subsets_and_gflops_of_its_own_b(monkeypatch):
+    """bench/bench_sampling.py's GPU benchmark reports what the CPU ones do
+    (subsets/s and textbook GFLOP/s, of its own B) plus GB/s; it once wrote
+    subsets/s by hand and dropped GFLOP/s."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    bs = _load("bench_sampling")
+    b, t = 10000, 0.002
+    bench = SimpleNamespace(stats=SimpleNamespace(stats=SimpleNamespace(mean=t)), extra_info={}, group=None)
+    recorded = []
+    monkeypatch.setattr(bs, "_run_cuda", lambda benchmark, backend, q, c: np.zeros((b, bs.N, bs.K), np.int64))
+    c = np.zeros((4, 8), np.float16)
+    bs.test_gpu_sampler(bench, lambda *a: recorded.append(a), {b: (None, {"float16": c})}, b, "float16", "cuda")
+    flops = 2 * b * (bs.n * bs.D + bs.N * (bs.K - 1) * bs.n * bs.D)
+    assert bench.extra_info == {"subsets/s": round(b * bs.N / t, 1), "GFLOP/s (textbook)": round(flops / t / 1e9, 2),
+                                "GB/s of one input read": round(c.nbytes / t / 1e9, 2)}
+    assert recorded and recorded[0][:2] == (bench.group, "cuda")
+    # no timing taken (--benchmark-disable): nothing recorded, no error
+    off = SimpleNamespace(stats=None, extra_info={})
+    assert bs._extra(off, b) is None and off.extra_info == {}
