@@ -106,24 +106,17 @@ def nearest_measurements(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasur
     return [m for m in rows if m.size == best]
 
 
-def nearest_measurement(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurement, ...] | None = None,
-                        version: int | None = None) -> GpuMeasurement | None:
-    """The first of :func:`nearest_measurements`, or None."""
-    rows = nearest_measurements(op, ctx, table, version)
-    return rows[0] if rows else None
-
-
 def cuda_slower_reason(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurement, ...] | None = None,
                        version: int | None = None) -> str | None:
     """Why the CUDA kernel of ``op`` should not serve ``ctx`` automatically
     (None: every nearest recorded run of the built kernel version measured
     it at least as fast as torch there)."""
     version = built_kernel_version(op) if version is None else version
+    table = load_measurements() if table is None else table
     rows = nearest_measurements(op, ctx, table, version)
     what = ctx.get("dtype") if op != "topn" else f"{ctx.get('dtype')} (queries {ctx.get('query_dtype', 'float32')})"
     if not rows:
-        others = sorted({m.kernel_version for m in (load_measurements() if table is None else table)
-                         if m.op == op and m.kernel_version != version})
+        others = sorted({m.kernel_version for m in table if m.op == op and m.kernel_version != version})
         older = f"; recorded runs measured kernel version {', '.join(map(str, others))}" if others else ""
         return (f"kernel version {version} not yet measured against torch for {what} on a GPU{older}; torch "
                 f"serves until a recorded run shows the kernel faster (bench/gpu_check.sh; backend='cuda' forces it)")
@@ -135,9 +128,3 @@ def cuda_slower_reason(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasurem
     return (f"measured slower than torch on {m.device}: {m.cuda_ms:g} vs {m.torch_ms:g} ms at "
             f"{key}={m.size} ({what}, {m.shape}; kernel version {m.kernel_version}; `{m.command}`, "
             f"bench/gpu_results/{m.source}); backend='cuda' forces it")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "MEASUREMENTS":  # the recorded table, loaded on first use
-        return load_measurements()
-    raise AttributeError(name)

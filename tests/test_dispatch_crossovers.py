@@ -19,7 +19,7 @@ import pytest
 
 import rcn_fast
 from rcn_fast import _crossovers, _dispatch, _native
-from rcn_fast._crossovers import GpuMeasurement, cuda_slower_reason, nearest_measurement
+from rcn_fast._crossovers import GpuMeasurement, cuda_slower_reason, nearest_measurements
 
 
 @pytest.fixture
@@ -119,11 +119,11 @@ def test_nearest_measurement_on_a_log_scale():
         GpuMeasurement("topn", "float32", 1, 1.0, 2.0, "GPU", "s", "cmd"),
         GpuMeasurement("topn", "float32", 512, 9.0, 3.0, "GPU", "s", "cmd"),
     )
-    assert nearest_measurement("topn", {"dtype": "float32", "Q": 4}, table).size == 1
-    assert nearest_measurement("topn", {"dtype": "float32", "Q": 200}, table).size == 512
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 4}, table)] == [1]
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 200}, table)] == [512]
     # just below the geometric midpoint (22.6): the smaller measured size is nearer
-    assert nearest_measurement("topn", {"dtype": "float32", "Q": 22}, table).size == 1
-    assert nearest_measurement("topn", {"dtype": "float16", "Q": 4}, table) is None
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 22}, table)] == [1]
+    assert nearest_measurements("topn", {"dtype": "float16", "Q": 4}, table) == []
     assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table, version=1) is None  # kernel faster
     assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table, version=1)
     assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table, version=1)
@@ -131,8 +131,8 @@ def test_nearest_measurement_on_a_log_scale():
 
 
 def test_the_table_names_device_and_command_for_every_row():
-    assert _crossovers.MEASUREMENTS
-    for m in _crossovers.MEASUREMENTS:
+    assert _crossovers.load_measurements()
+    for m in _crossovers.load_measurements():
         assert m.op in _crossovers.SIZE_KEY and m.device and m.command and m.source.endswith(".json")
         assert m.cuda_ms > 0 and m.torch_ms > 0 and m.kernel_version >= 1
 
@@ -211,7 +211,7 @@ def test_the_crossover_table_is_generated_from_the_recorded_gpu_results():
     for path in (BENCH / "gpu_results").glob("*.json"):
         recorded[path.name] = json.loads(path.read_text())
     assert {"nvidia-h100.json", "nvidia-h200.json", "nvidia-h200-cuda-events.json"} <= set(recorded)
-    for m in _crossovers.MEASUREMENTS:
+    for m in _crossovers.load_measurements():
         data = recorded[m.source]
         hits = [impls for g, impls in data["groups"].items()
                 if g.startswith(m.op) and (f" Q={m.size} " in g or f" B={m.size} " in g)
@@ -220,7 +220,7 @@ def test_the_crossover_table_is_generated_from_the_recorded_gpu_results():
         assert m.kernel_version == data["cuda_kernels"][m.op]
     n_cuda = sum(1 for d in recorded.values() for g, impls in d["groups"].items()
                  if "cuda" in impls and g.split()[0] in ("topn", "sample_subsets"))
-    assert len(_crossovers.MEASUREMENTS) == n_cuda
+    assert len(_crossovers.load_measurements()) == n_cuda
 
 
 def test_the_h200_run_is_recorded_as_found():
