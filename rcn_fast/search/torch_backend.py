@@ -27,8 +27,10 @@ Per corpus chunk (as large as memory allows on a GPU):
 
 At the end -inf scores become the ``(-inf, -1)`` padding (only when one was
 seen). One host synchronisation per chunk (three flags: fix-up needed, equal
-neighbours, -inf); in the common case (one chunk, none of them) the result
-is the recipe's ``topk`` output as it is.
+neighbours, -inf), and one more per call where a float32 query would be
+split (whether every query value is finite: only finite queries are split);
+in the common case (one chunk, none of the flags) the result is the
+recipe's ``topk`` output as it is.
 
 float32 corpora on CUDA follow torch's float32 matmul precision: with TF32
 enabled (``torch.backends.cuda.matmul.allow_tf32``, off by default) the
@@ -134,10 +136,10 @@ class _Scorer:
         self.n_queries = int(queries.shape[0])
         ct = str(corpus.dtype).removeprefix("torch.")
         self.out_dtype_ok = ct != "float32" and mm_out_dtype_supported(torch, corpus.device, corpus.dtype)
-        self.exact_q = queries.float()
+        self.queries = queries
         self.scales = None
         if ct == "float32":
-            self.mode, self.lhs = "f32", self.exact_q
+            self.mode, self.lhs = "f32", queries.float()
         elif queries.dtype == corpus.dtype:
             self.mode, self.lhs = "half", queries
         else:
@@ -147,7 +149,7 @@ class _Scorer:
                 self.mode = "split"
                 self.lhs, self.scales = split_query(torch, queries, ct)
             else:
-                self.mode, self.lhs = "upcast", self.exact_q
+                self.mode, self.lhs = "upcast", queries.float()
         self.terms = 1 if self.scales is None else self.lhs.shape[0] // max(1, self.n_queries)
 
     def row_bytes(self, d: int) -> int:
@@ -170,7 +172,7 @@ class _Scorer:
 
     def exact(self, block: Any, rows: Any) -> Any:
         """Scores of the query rows ``rows`` with both sides upcast."""
-        return self.torch.mm(self.exact_q[rows], self.torch.as_tensor(block).float().T)
+        return self.torch.mm(self.queries[rows].float(), block.float().T)
 
 
 def _ties_lowest_id(torch: Any, s: Any, k: int) -> Any:
