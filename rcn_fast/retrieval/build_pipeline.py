@@ -12,9 +12,17 @@
 
 Chunks go through every stage in input order (each stage consumes the
 previous one's results in submission order), and a chunk's batches depend
-on that chunk alone, so the store is the same whatever the timing: a build
-interrupted at any point and resumed gives the same bytes. An error in any
-stage stops the others and is raised in the calling thread.
+on that chunk and the batch settings alone, so the store is the same
+whatever the timing: a build interrupted at any point and resumed with the
+same ``batch_size``, token budget (the encoder's ``batch_tokens``) and
+attention path (the torch encoder's ``unpadded``) gives the same bytes.
+These settings are not in the encoder's ``describe()`` that a resume
+checks: a resume with others is not detected, and the chunks embedded
+after it may differ from an uninterrupted build's by float rounding. The
+torch encoder's automatic budget on CUDA comes from the device memory free
+at load; set ``batch_tokens`` where a resumed build must match byte for
+byte. An error in any stage stops the others and is raised in the calling
+thread.
 """
 
 from __future__ import annotations
@@ -77,11 +85,9 @@ def embed_chunks(chunks: list[int], read: Callable[[int], ChunkRecords], encoder
     int
         Records embedded (duplicates dropped not counted).
     """
-    staged = _staged(encoder)
-
     def prepare(c: int) -> tuple[ChunkRecords, Any]:
         rec = read(c)
-        return rec, (_prepare(encoder, rec.texts, batch_size) if staged else None)
+        return rec, _prepare(encoder, rec.texts, batch_size)
 
     written = queue.Queue(maxsize=2)
     failure: list[BaseException] = []
@@ -103,20 +109,15 @@ def embed_chunks(chunks: list[int], read: Callable[[int], ChunkRecords], encoder
     thread.start()
     pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rcn_fast-build-prepare")
     ahead: deque[Future] = deque()
-    todo = iter(chunks)
     done = 0
     try:
-        for c in todo:
+        for c in chunks:
             ahead.append(pool.submit(prepare, c))
             if len(ahead) > max(0, prefetch) + max(1, workers) - 1:
-                done += _run_one(ahead.popleft(), encoder, staged, batch_size, written, failure)
+                done += _run_one(ahead.popleft(), encoder, batch_size, written, failure)
         while ahead:
-            done += _run_one(ahead.popleft(), encoder, staged, batch_size, written, failure)
-    except BaseException:
-        for f in ahead:
-            f.cancel()
-        raise
-    finally:
+            done += _run_one(ahead.popleft(), encoder, batch_size, written, failure)
+    finally:  # on an error: the chunks not yet being prepared are cancelled
         pool.shutdown(wait=True, cancel_futures=True)
         written.put(_STOP)
         thread.join()
@@ -125,15 +126,18 @@ def embed_chunks(chunks: list[int], read: Callable[[int], ChunkRecords], encoder
     return done
 
 
-def _staged(encoder: Any) -> bool:
-    return hasattr(encoder, "prepare_passages") and hasattr(encoder, "run")
-
-
 def _prepare(encoder: Any, texts: list[str], batch_size: int | None) -> Any:
+    """The prepare stage: an Encoder's PreparedTexts, None for any other
+    encoder (whose ``encode_passages`` :func:`_start` calls)."""
+    if not (hasattr(encoder, "prepare_passages") and hasattr(encoder, "run")):
+        return None
     return encoder.prepare_passages(texts, batch_size=_NO_COUNT_LIMIT if batch_size is None else batch_size)
 
 
-def _encode_now(encoder: Any, texts: list[str], batch_size: int | None) -> Pending:
+def _start(encoder: Any, prepared: Any, texts: list[str], batch_size: int | None) -> Pending:
+    """The run stage: the embeddings of ``texts`` from what :func:`_prepare` returned."""
+    if prepared is not None:
+        return encoder.run(prepared)
     kw = {} if batch_size is None else {"batch_size": batch_size}
     return Pending(np.asarray(encoder.encode_passages(texts, **kw), dtype=np.float32))
 
@@ -147,9 +151,7 @@ def embed_texts(encoder: Any, texts: list[str], batch_size: int | None = None) -
     -------
     float32 [len(texts), d]
     """
-    if _staged(encoder):
-        return encoder.run(_prepare(encoder, texts, batch_size)).result()
-    return _encode_now(encoder, texts, batch_size).result()
+    return _start(encoder, _prepare(encoder, texts, batch_size), texts, batch_size).result()
 
 
 def prepare_workers(encoder: Any) -> int:
@@ -163,12 +165,12 @@ def prepare_workers(encoder: Any) -> int:
     return max(1, min(4, cpu_workers() // 2)) if on_device else 1
 
 
-def _run_one(fut: Future, encoder: Any, staged: bool, batch_size: int | None, written: queue.Queue,
+def _run_one(fut: Future, encoder: Any, batch_size: int | None, written: queue.Queue,
              failure: list[BaseException]) -> int:
     if failure:
         raise failure[0]
     rec, prepared = fut.result()
-    pending = encoder.run(prepared) if staged else _encode_now(encoder, rec.texts, batch_size)
+    pending = _start(encoder, prepared, rec.texts, batch_size)
     while True:  # hand over, but notice a writer that failed meanwhile
         if failure:
             raise failure[0]
