@@ -121,8 +121,7 @@ def plan_batches(lengths: np.ndarray, max_tokens: int, max_rows: int | None = No
     return out
 
 
-def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: bool = False,
-              length: int | None = None) -> dict[str, np.ndarray]:
+def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: bool = False) -> dict[str, np.ndarray]:
     """Right-padded model inputs of ``rows`` (no Python loop per row).
 
     Parameters
@@ -133,18 +132,16 @@ def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: b
     pad_id : int
     with_token_types : bool
         Add ``token_type_ids`` (zeros).
-    length : int or None
-        Pad to this many columns (default: the longest row, at least 1).
 
     Returns
     -------
     dict
-        ``input_ids`` and ``attention_mask`` int64 [b, L] (and
-        ``token_type_ids``).
+        ``input_ids`` and ``attention_mask`` int64 [b, L], L the longest
+        row (at least 1) (and ``token_type_ids``).
     """
     rows = np.asarray(rows, dtype=np.int64)
     lens = tok.offsets[rows + 1] - tok.offsets[rows]
-    L = int(max(lens.max(initial=0), 1)) if length is None else int(length)
+    L = int(max(lens.max(initial=0), 1))
     cols = np.arange(L, dtype=np.int64)
     mask = cols[None, :] < lens[:, None]
     input_ids = np.full((len(rows), L), pad_id, dtype=np.int64)

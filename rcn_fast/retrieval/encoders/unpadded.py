@@ -24,8 +24,6 @@ from typing import Any, Callable
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.encoders.base import TORCH_HINT
 
-FLASH_HINT = "pip install flash-attn --no-build-isolation  (CUDA; unpadded attention for fp16/bf16 encoders)"
-
 
 def flash_varlen() -> Callable[..., Any] | None:
     """flash-attn's ``flash_attn_varlen_func``, or None when flash-attn is
@@ -162,8 +160,8 @@ class UnpaddedBert:
         F = torch.nn.functional
         emb = self.model.embeddings
         h = emb.word_embeddings(input_ids)
-        if getattr(emb, "token_type_embeddings", None) is not None:
-            h = h + emb.token_type_embeddings(torch.zeros_like(input_ids))
+        if getattr(emb, "token_type_embeddings", None) is not None:  # every token of type 0
+            h = h + emb.token_type_embeddings.weight[0]
         h = emb.LayerNorm(h + emb.position_embeddings(position_ids))
         T = h.shape[0]
         for layer, (w, b) in zip(self.model.encoder.layer, self.qkv):
@@ -175,5 +173,4 @@ class UnpaddedBert:
         return h
 
 
-__all__ = ["UnpaddedBert", "flash_varlen", "segment_pool", "unpadded_supported", "varlen_attention_reference",
-           "FLASH_HINT"]
+__all__ = ["UnpaddedBert", "flash_varlen", "segment_pool", "unpadded_supported", "varlen_attention_reference"]
