@@ -331,9 +331,13 @@ def test_dtype_defaults_to_bfloat16_on_cuda_only():
 
 def test_corpus_backend_default():
     assert corpus_backend("cuda") == corpus_backend("cuda:0") == "torch"
+    # int8 runs on ONNX Runtime only; a half-precision dtype on torch only (ONNX runs float32)
+    assert corpus_backend("cpu", quantize="int8") == corpus_backend("cuda", "int8", "float32") == "onnx"
+    assert corpus_backend("cpu", dtype="bfloat16") == corpus_backend(None, None, "fp16") == "torch"
+    assert corpus_backend("cuda", dtype="float32") == "torch"
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    assert corpus_backend(None) == corpus_backend("cpu") == "onnx"
+    assert corpus_backend(None) == corpus_backend("cpu") == corpus_backend("cpu", dtype="fp32") == "onnx"
 
 
 # ------------------------------------------------------------ the build loop

@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
             device = "cuda" if args.executor == "ray" and args.gpus_per_worker > 0 and args.device is None \
                 else args.device
-            # no --backend: onnx for --quantize, torch for a half-precision --encoder-dtype (onnx runs float32)
-            backend = args.backend or ("onnx" if args.quantize else "torch" if args.encoder_dtype not in
-                                       (None, "float32") else corpus_backend(device))
+            backend = args.backend or corpus_backend(device, args.quantize, args.encoder_dtype)
             enc_kw = dict(backend=backend, device=device, quantize=args.quantize,
                           cache_dir=args.onnx_cache, pooling=args.pooling,
                           normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,

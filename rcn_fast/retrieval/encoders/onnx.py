@@ -21,9 +21,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rcn_fast._arrays import require
+from rcn_fast._arrays import optional_available, require
 from rcn_fast.model_files import model_fingerprint
-from rcn_fast.retrieval.encoders.base import EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig
+from rcn_fast.retrieval.encoders.base import (
+    DTYPE_ALIASES, EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig,
+)
 from rcn_fast.retrieval.encoders.batching import cpu_workers
 from rcn_fast.retrieval.encoders.torch import load_hf_model, model_inputs, pooled_module
 
@@ -37,17 +39,23 @@ def default_cache_dir() -> Path:
     return cache_root() / "onnx"
 
 
-def corpus_backend(device: str | None) -> str:
-    """The backend a corpus build uses when none is named: ``"onnx"`` on
-    the CPU where ONNX Runtime and the exporter's packages (onnx,
-    onnxscript, torch) are installed, else ``"torch"`` (always on CUDA,
-    where the torch backend runs bfloat16 and unpadded attention)."""
-    import importlib.util
+def corpus_backend(device: str | None, quantize: str | None = None, dtype: str | None = None) -> str:
+    """The backend a corpus build uses when none is named.
 
+    ``"onnx"`` when ``quantize`` is set (int8 runs on ONNX Runtime only);
+    else ``"torch"`` for a half-precision ``dtype`` (ONNX runs float32);
+    else ``"onnx"`` on the CPU where ONNX Runtime and the exporter's
+    packages (onnx, onnxscript, torch) are installed, otherwise ``"torch"``
+    (always on CUDA, where the torch backend runs bfloat16 and unpadded
+    attention).
+    """
+    if quantize:
+        return "onnx"
+    if DTYPE_ALIASES.get(dtype, dtype) not in (None, "float32"):
+        return "torch"
     if str(device or "cpu").split(":")[0] != "cpu":
         return "torch"
-    needed = ("onnxruntime", "onnx", "onnxscript", "torch")
-    return "onnx" if all(importlib.util.find_spec(m) is not None for m in needed) else "torch"
+    return "onnx" if all(optional_available(m) for m in ("onnxruntime", "onnx", "onnxscript", "torch")) else "torch"
 
 
 # ------------------------------------------------------------ export checksums
