@@ -67,6 +67,14 @@ def output_folder(cfg: EvalConfig) -> Path:
     return out
 
 
+def given_llm(cfg: EvalConfig, llm: Any) -> Any:
+    """The already-built LLM a run was given: ``llm``, else ``cfg.model``
+    when it is a model object rather than a spec (None: load ``cfg.model``)."""
+    if llm is not None:
+        return llm
+    return None if isinstance(cfg.model, str) else cfg.model
+
+
 def run_unit(unit: Unit, comps: Components, cfg: EvalConfig, on_batch: Callable[[Unit, int], None] | None = None,
              ) -> None:
     """Answer a unit's pending questions, checkpointing every batch."""
@@ -195,8 +203,7 @@ class LocalExecutor:
         if components is not None:
             self.given = components.provided()
         self.components = components if components is not None else Components(
-            cfg, out, llm=llm if llm is not None else (None if isinstance(cfg.model, str) else cfg.model),
-            encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
+            cfg, out, llm=given_llm(cfg, llm), encoder=encoder, retriever=retriever, kb_retriever=kb_retriever)
         #: torch threads the questions ran with (None: none ran here); the process's own
         #: setting is restored afterwards, so the reports read this one
         self.threads_used: int | None = None
@@ -293,5 +300,5 @@ def choose_threads(requested: int | None) -> tuple[int | None, str]:
     return idle, f"other work keeps the CPU busy (load average {load:.1f} on {cpus} cores)"
 
 
-__all__ = ["LocalExecutor", "run_unit", "run_slice", "make_record", "shard_summary", "output_folder",
+__all__ = ["LocalExecutor", "run_unit", "run_slice", "make_record", "shard_summary", "output_folder", "given_llm",
            "choose_threads", "THROTTLE_ENV"]

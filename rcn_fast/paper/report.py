@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast.paper.presets import Preset, column_tasks
+from rcn_fast.pipelines.config import PipelineConfig
+from rcn_fast.pipelines.reconnect_settings import PRESETS
 
 REPORT_FORMAT = "rcn_fast.paper.report/1"
 #: Every pipeline's generation cap unless set (:class:`rcn_fast.pipelines.config.PipelineConfig`).
-DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_NEW_TOKENS = PipelineConfig.max_new_tokens
+#: The authors' released code's cap (ReConnect's ``"reference"`` preset).
+REFERENCE_MAX_NEW_TOKENS = PRESETS["reference"]["max_new_tokens"]
 
 
 @dataclass
@@ -120,9 +124,9 @@ class PaperReport:
                          if isinstance(r.get("config"), dict) and r["config"].get("max_new_tokens") is not None})
         if tokens and (p.kind == "cost" or tokens != [DEFAULT_MAX_NEW_TOKENS]):
             cap = f"max_new_tokens {', '.join(map(str, tokens))}"
-            why = (f" (rcn_fast's default {DEFAULT_MAX_NEW_TOKENS}, the reference code's 196): every generation "
-                   "stops there, so #Tokens counts at most that many per generation" if p.kind == "cost" else
-                   f" (rcn_fast's default {DEFAULT_MAX_NEW_TOKENS}, the reference code's 196)")
+            why = f" (rcn_fast's default {DEFAULT_MAX_NEW_TOKENS}, the reference code's {REFERENCE_MAX_NEW_TOKENS})"
+            if p.kind == "cost":
+                why += ": every generation stops there, so #Tokens counts at most that many per generation"
             out.append(cap + why)
         given = s.get("pipeline_args") or {}
         if given:

@@ -17,19 +17,15 @@ reached is asked once (:func:`rcn_fast.eval.task_sources.hub_access`).
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rcn_fast.eval.loading import log
 from rcn_fast.paper.presets import (DEFAULT_SEEDS, ID_TASKS, NOT_IMPLEMENTED, OOD_TASKS, TABLE6_RETRIEVERS, Preset,
                                     RowRun, get_preset)
 from rcn_fast.paper.report import PaperReport, fill_cells
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def row_reason(run: RowRun | None, cfg: Any, corpora: Mapping[str, str]) -> str | None:
@@ -255,10 +251,9 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
         measured[row] = {t: r for t, r in done[slug]["results"].items() if r is not None}
     report = PaperReport(preset, fill_cells(preset, measured, row_reasons, task_reasons), model=str(cfg.model),
                          seeds=seeds, settings=_settings(cfg, corpora, seeds, tasks or (), llm, encoder),
-                         tasks=task_info, runs={row: {"run": runs[row].slug(), "pipeline": runs[row].pipeline,
-                                                      "results": done[runs[row].slug()]["files"],
-                                                      "config": done[runs[row].slug()]["config"]}
-                                                for row in runs if runs[row].slug() in done})
+                         tasks=task_info, runs={row: {"run": slug, "pipeline": run.pipeline,
+                                                      "results": done[slug]["files"], "config": done[slug]["config"]}
+                                                for row, run in runs.items() if (slug := run.slug()) in done})
     if preset.kind == "cost":
         report.notes.append("#Tokens is measured as generated tokens per question; rcn_fast scores the answer "
                             "labels without generating, where the paper's Single RAG counts its one answer token")
@@ -269,14 +264,14 @@ def _shared_loader(cfg: Any, llm: Any, encoder: Any, runs: Any) -> Any:
     """One loader for every row (:class:`~rcn_fast.eval.loading.Components`): each model loads once. The
     user's LLM is loaded now when a row needs it (a model that cannot load stops the table before any
     row runs); the encoder and the retrievers when a row first needs them."""
-    from rcn_fast.eval.executors import output_folder
+    from rcn_fast.eval.executors import given_llm, output_folder
     from rcn_fast.eval.loading import Components
     from rcn_fast.eval.pipeline_needs import needs_llm, pipeline_registry
 
-    shared = Components(cfg, output_folder(cfg), llm=llm if llm is not None else (
-        None if isinstance(cfg.model, str) else cfg.model), encoder=encoder)
+    given = given_llm(cfg, llm)
+    shared = Components(cfg, output_folder(cfg), llm=given, encoder=encoder)
     reg = pipeline_registry()
-    if llm is None and isinstance(cfg.model, str) and any(needs_llm(reg[r.pipeline]) for r in runs):
+    if given is None and any(needs_llm(reg[r.pipeline]) for r in runs):
         shared.llm()
     return shared
 
