@@ -6,7 +6,7 @@ import math
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -240,11 +240,30 @@ def cached_label_ids(cache: dict[tuple[str, ...], list[list[int]]], tokenizer: A
     return cache[key]
 
 
+#: end-of-turn tokens of common chat templates: generation stops at those a vocabulary holds
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
+
+
+def stop_token_ids(tokenizer: Any, extra: Iterable[int] = ()) -> list[int]:
+    """The ids that end a generation (the local backends), sorted: ``extra``
+    (a generation config's EOS ids), the tokenizer's EOS id and those of
+    the :data:`END_OF_TURN_TOKENS` that are its special or added tokens."""
+    ids = {int(e) for e in extra}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    added = set(getattr(tokenizer, "all_special_tokens", [])) | set(tokenizer.get_added_vocab())
+    for tok in END_OF_TURN_TOKENS:
+        if tok in added:
+            ids.add(int(tokenizer.convert_tokens_to_ids(tok)))
+    return sorted(ids)
+
+
 class SampleBackend:
-    """Base of the backends that draw samples by index (HF, OpenAI server,
-    vLLM) and of the call cache's :class:`~rcn_fast.llm.cache.CachedLLM`:
-    :meth:`generate` and :meth:`generate_samples` check their arguments
-    here; a subclass implements :meth:`_draw`."""
+    """Base of the backends that draw samples by index (HF and the native
+    engine, through :class:`LocalBackend`; OpenAI server, vLLM) and of the
+    call cache's :class:`~rcn_fast.llm.cache.CachedLLM`: :meth:`generate`
+    and :meth:`generate_samples` check their arguments here; a subclass
+    implements :meth:`_draw`."""
 
     def generate(
         self,
@@ -321,6 +340,101 @@ class SampleBackend:
         """The samples ``sample_ids[b]`` of each (checked, non-empty) chat
         list, with the backend's cost recorded."""
         raise NotImplementedError
+
+
+class LocalBackend(SampleBackend):
+    """Base of the backends that run a model in this process on its own
+    tokenizer (transformers' :class:`~rcn_fast.llm.hf.HFLLM`, the native
+    engine's :class:`~rcn_fast.llm.engine.GGUFLLM`): chat rendering, label
+    ids, label scoring and drawing samples, the same for both.
+
+    A subclass sets ``tokenizer``, ``system_role``, ``name``, ``cost``,
+    ``config.label_spellings`` and ``_label_cache`` (a dict), and
+    implements ``encode_texts``, ``score_ids`` and ``generate_ids``;
+    :attr:`prefix` names the backend in error messages.
+    """
+
+    #: the backend in messages: ``"<prefix>:<name>"``
+    prefix = ""
+    tokenizer: Any
+    system_role: bool
+    name: str
+    cost: CostTracker
+    config: Any
+    _label_cache: dict[tuple[str, ...], list[list[int]]]
+
+    def render(self, chats: Sequence[Any]) -> list[str]:
+        """Prompt texts of validated chats (see :mod:`rcn_fast.llm.chat`)."""
+        from rcn_fast.llm import chat as chatlib
+
+        return [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
+        from rcn_fast.llm import chat as chatlib
+
+        return self.encode_texts(self.render(chatlib.validate_chats(chats)))
+
+    def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
+        return cached_label_ids(self._label_cache, self.tokenizer, labels, self.config.label_spellings)
+
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]],
+                  label_ids: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
+        raise NotImplementedError
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
+                     sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
+        raise NotImplementedError
+
+    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
+              tags: list[str] | None) -> list[list[Generation]]:
+        """Samples ``sample_ids[b]`` of each chat, generated on the model
+        (:meth:`generate_ids`)."""
+        res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
+        self.cost.record_rows(sample_costs(res), tags)
+        return res
+
+    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
+        """Log-probabilities over choice labels after each chat.
+
+        Parameters
+        ----------
+        chats : list of chats, length B
+            Normally ending in a pre-filled assistant turn ``"Answer: "``.
+        labels : list of str, or list (length B) of list of str
+            The same labels for every row, or per row (ragged rows are
+            padded with ``-inf``).
+        tags : list of str, optional
+
+        Returns
+        -------
+        float32 ndarray [B, C]
+            Log-softmax over the labels of each row. Each label is scored
+            by the logsumexp of its single-token spellings (``"A"`` and
+            ``" A"`` by default); a label with no single-token spelling is
+            a ValueError.
+
+        Raises
+        ------
+        LabelScoreError
+            A row the model scores NaN or ``+inf`` (NaN logits, an
+            overflow): :func:`rcn_fast.llm.scoring.check_label_scores`.
+        """
+        from rcn_fast.llm import chat as chatlib
+        from rcn_fast.llm import scoring
+
+        valid = chatlib.validate_chats(chats)
+        rows = normalise_labels(labels, len(valid))
+        tags = check_tags(tags, len(valid))
+        if not valid:
+            return np.zeros((0, 0), dtype=np.float32)
+        prompt_ids = self.encode_texts(self.render(valid))
+        res = self.score_ids(prompt_ids, [self.label_ids_for(r) for r in rows])
+        scoring.check_label_scores(res, rows, f"{self.prefix}:{self.name}", tags)  # a NaN row fails its question
+        self.cost.record_rows([Cost(1, len(p), 0) for p in prompt_ids], tags)
+        return pad_rows(res)
 
 
 def normalise_labels(labels: Any, n: int) -> list[list[str]]:

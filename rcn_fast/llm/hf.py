@@ -28,15 +28,12 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-import numpy as np
-
 from rcn_fast import _arrays as A
 from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import scoring, seeded
-from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend
-from rcn_fast.llm.base import cached_label_ids, check_tags, context_length, normalise_labels, pad_rows
-from rcn_fast.llm.base import check_prompt_ids, finish_generation, sample_costs
+from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
+from rcn_fast.llm.base import check_prompt_ids, context_length, finish_generation, stop_token_ids
 from rcn_fast.llm.logits import FiniteLogitsCheck, LogitBias
 
 HINT = "pip install 'rcn_fast[llm]'"
@@ -45,8 +42,6 @@ HINT = "pip install 'rcn_fast[llm]'"
 PLAIN_HEAD_MODEL_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2", "smollm3", "gemma", "mixtral"}
 )
-
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
 
 def _torch() -> Any:
@@ -111,7 +106,7 @@ class HFConfig:
         return "sdpa"
 
 
-class HFLLM(SampleBackend):
+class HFLLM(LocalBackend):
     """An LLM served in this process by transformers.
 
     Parameters
@@ -124,6 +119,8 @@ class HFLLM(SampleBackend):
         Device/dtype are applied by :func:`rcn_fast.llm.load_llm`; a
         model passed in directly is used where it is.
     """
+
+    prefix = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None, config: HFConfig | None = None) -> None:
         torch = _torch()
@@ -225,20 +222,10 @@ class HFLLM(SampleBackend):
         return f"hf:{self.name}:{dtype}:{digest}"
 
     def _eos_ids(self) -> list[int]:
-        ids: set[int] = set()
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        gen = getattr(self.model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-        added = set(getattr(self.tokenizer, "all_special_tokens", [])) | set(self.tokenizer.get_added_vocab())
-        for tok in _END_OF_TURN:
-            if tok in added:
-                ids.add(int(self.tokenizer.convert_tokens_to_ids(tok)))
-        return sorted(ids)
+        """:func:`~rcn_fast.llm.base.stop_token_ids` with the generation config's EOS ids."""
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        extra = [eos] if isinstance(eos, int) else list(eos) if isinstance(eos, (list, tuple)) else []
+        return stop_token_ids(self.tokenizer, extra)
 
     def _scoring_mode(self) -> str:
         torch = _torch()
@@ -256,10 +243,6 @@ class HFLLM(SampleBackend):
 
     # ---------------------------------------------------------------- prompts
 
-    def render(self, chats: Sequence[Any]) -> list[str]:
-        """Prompt texts of validated chats (see :mod:`rcn_fast.llm.chat`)."""
-        return [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
-
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of prompt texts. Prompts longer than the model's context
         run untruncated, with a :class:`~rcn_fast.llm.base.ContextLengthWarning`
@@ -268,9 +251,6 @@ class HFLLM(SampleBackend):
         out = [list(self.tokenizer.encode(t, add_special_tokens=special)) for t in texts]
         self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
         return out
-
-    def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
-        return self.encode_texts(self.render(chatlib.validate_chats(chats)))
 
     def _batches(self, prompt_ids: Sequence[Sequence[int]]) -> list[list[int]]:
         order = sorted(range(len(prompt_ids)), key=lambda i: -len(prompt_ids[i]))
@@ -345,9 +325,6 @@ class HFLLM(SampleBackend):
             for j, i in enumerate(batch):
                 out[i] = list(zip(top.indices[j].tolist(), top.values[j].tolist()))
         return out
-
-    def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
-        return cached_label_ids(self._label_cache, self.tokenizer, labels, self.config.label_spellings)
 
     # ---------------------------------------------------------------- generation
 
@@ -425,51 +402,3 @@ class HFLLM(SampleBackend):
 
     def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
         return finish_generation(self.tokenizer, toks, n_prompt, params, stop_ids, self.eos_ids)
-
-    # ---------------------------------------------------------------- protocol
-
-    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
-              tags: list[str] | None) -> list[list[Generation]]:
-        """Samples ``sample_ids[b]`` of each chat, generated on the model
-        (:meth:`generate_ids`)."""
-        res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
-        self.cost.record_rows(sample_costs(res), tags)
-        return res
-
-    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
-        """Log-probabilities over choice labels after each chat.
-
-        Parameters
-        ----------
-        chats : list of chats, length B
-            Normally ending in a pre-filled assistant turn ``"Answer: "``.
-        labels : list of str, or list (length B) of list of str
-            The same labels for every row, or per row (ragged rows are
-            padded with ``-inf``).
-        tags : list of str, optional
-
-        Returns
-        -------
-        float32 ndarray [B, C]
-            Log-softmax over the labels of each row. Each label is scored
-            by the logsumexp of its single-token spellings (``"A"`` and
-            ``" A"`` by default); a label with no single-token spelling is
-            a ValueError.
-
-        Raises
-        ------
-        LabelScoreError
-            A row the model scores NaN or ``+inf`` (NaN logits, an
-            overflow): :func:`rcn_fast.llm.scoring.check_label_scores`.
-        """
-        valid = chatlib.validate_chats(chats)
-        rows = normalise_labels(labels, len(valid))
-        tags = check_tags(tags, len(valid))
-        if not valid:
-            return np.zeros((0, 0), dtype=np.float32)
-        prompt_ids = self.encode_texts(self.render(valid))
-        label_ids = [self.label_ids_for(r) for r in rows]
-        res = self.score_ids(prompt_ids, label_ids)
-        scoring.check_label_scores(res, rows, f"hf:{self.name}", tags)  # a NaN row fails its question
-        self.cost.record_rows([Cost(1, len(p), 0) for p in prompt_ids], tags)
-        return pad_rows(res)

@@ -123,14 +123,16 @@ def _pop_engine(options: dict[str, Any]) -> str:
 
 
 def _engine(engine: str, options: dict[str, Any], *, native_possible: bool) -> str:
-    """The engine to try; refuse native-engine options where only transformers can run."""
-    if not native_possible:
-        if engine == "native":
-            raise ValueError("engine: 'native' runs .gguf files only (a model directory, hub id or (model, tokenizer) "
-                             "pair runs on transformers)")
+    """The engine to try; refuse native-engine options where only transformers
+    runs (a model that is not a .gguf file, or ``engine="transformers"``)."""
+    if not native_possible and engine == "native":
+        raise ValueError("engine: 'native' runs .gguf files only (a model directory, hub id or (model, tokenizer) "
+                         "pair runs on transformers)")
+    if not native_possible or engine == "transformers":
         extra = sorted(_NATIVE_ONLY & set(options))
         if extra:
-            raise TypeError(f"options: {extra} apply to the native engine only (.gguf files)")
+            raise TypeError(f"options: {extra} apply to the native engine only (.gguf files, engine 'auto' or "
+                            f"'native')")
         return "transformers"
     return engine
 

@@ -63,6 +63,8 @@ def test_engine_choice_and_option_checks(tiny_gguf, tiny_llama_dir, cache):
         load_llm(str(tiny_llama_dir), engine="native")
     with pytest.raises(TypeError, match="native engine only"):
         load_llm(str(tiny_llama_dir), prefix_cache_mb=10)
+    with pytest.raises(TypeError, match="native engine only"):  # not dropped in silence
+        load_llm(str(tiny_gguf), engine="transformers", num_threads=2)
     with pytest.raises(TypeError, match="unknown option"):
         load_llm(str(tiny_gguf), threads=2)
 
@@ -93,6 +95,48 @@ def test_models_the_engine_does_not_run_name_the_transformers_engine(tmp_path):
     w.close()
     with pytest.raises(UnsupportedModel, match="engine='transformers'"):
         load_llm(str(path), engine="native")
+
+
+@pytest.mark.parametrize("change", ["sentencepiece", "no merges"])
+def test_a_vocabulary_the_engine_cannot_build_is_refused_at_load(change, tmp_path, cache, monkeypatch):
+    """Refused when the model is made (not on the tokenizer's background
+    thread at first use), so engine="auto" falls back to transformers."""
+    pytest.importorskip("torch")
+    import gguf
+
+    from rcn_fast.llm import load as load_mod
+
+    with monkeypatch.context() as mp:
+        if change == "sentencepiece":
+            real = gguf.GGUFWriter.add_tokenizer_model
+            mp.setattr(gguf.GGUFWriter, "add_tokenizer_model", lambda self, model: real(self, "llama"))
+        else:
+            mp.setattr(gguf.GGUFWriter, "add_token_merges", lambda self, merges: None)
+        tok = build_tokenizer()
+        path = tmp_path / "other-vocab.gguf"
+        write_gguf(build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id), tok, path)
+    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+        toklib.GGUFTokenizer(GGUFFile(path))
+    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+        load_llm(str(path), engine="native")
+    assert load_mod._load_native(path, str(path), "auto", {}) is None  # auto: transformers runs it
+
+
+def test_one_prompts_samples_prefill_it_once(tiny_gguf, cache):
+    """The samples of one prompt share all of it but its last token: it is
+    prefilled once, not once per sample; the samples stay those drawn
+    without the prefix cache."""
+    llm = load_llm(str(tiny_gguf), num_threads=1)
+    chat = [{"role": "user", "content": "Please read the following question carefully and answer it. " * 3}]
+    n = len(llm.encode_chats([chat])[0])
+    assert n > 40
+    kw = dict(max_new_tokens=2, temperature=1.0, num_samples=4, seed=5)
+    got = llm.generate([chat], **kw)
+    assert llm.runner.forward_tokens <= n + 4 * 2  # the prompt once, then per sample its last token and one step
+    assert llm.eos_ids is llm.eos_ids  # computed once
+    llm.prefix_cache.max_bytes = 0
+    assert llm.generate([chat], **kw) == got
+    assert llm.runner.forward_tokens >= n + 4 * n  # without the cache each sample prefills the prompt
 
 
 def test_tokenizer_cache_is_written_once_then_read(tiny_gguf, cache, monkeypatch, caplog):

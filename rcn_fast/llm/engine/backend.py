@@ -19,6 +19,7 @@ import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,9 +27,8 @@ import numpy as np
 
 from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, cached_label_ids
-from rcn_fast.llm.base import check_tags, finish_generation, normalise_labels, pad_rows, sample_costs
-from rcn_fast.llm.base import check_prompt_ids
+from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
+from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
 from rcn_fast.llm.engine.gguf_file import GGUFFile
 from rcn_fast.llm.engine.model import NativeLlama
 from rcn_fast.llm.engine.prefix_cache import PrefixCache
@@ -38,7 +38,6 @@ from rcn_fast.llm.engine.tokenizer import GGUFTokenizer
 
 #: bumped when the engine's numbers change (part of the identity)
 NUMERICS_VERSION = 1
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
 
 @dataclass
@@ -86,7 +85,7 @@ class EngineConfig:
         return asdict(self)
 
 
-class GGUFLLM(SampleBackend):
+class GGUFLLM(LocalBackend):
     """A Llama-family GGUF model served in this process by the native engine.
 
     Parameters
@@ -103,6 +102,8 @@ class GGUFLLM(SampleBackend):
         An architecture, tensor format or tokenizer the engine does not run
         (load it with ``engine="transformers"``).
     """
+
+    prefix = "native"
 
     def __init__(self, path: str | Path, *, name: str | None = None, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -140,13 +141,12 @@ class GGUFLLM(SampleBackend):
     def pad_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
-    @property
+    @cached_property
     def eos_ids(self) -> list[int]:
-        """The end-of-sequence id and the end-of-turn tokens the vocabulary has."""
-        ids = {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()
-        added = self.tokenizer.get_added_vocab()
-        ids.update(added[t] for t in _END_OF_TURN if t in added)
-        return sorted(ids)
+        """The end-of-sequence id and the end-of-turn tokens the vocabulary
+        has (:func:`~rcn_fast.llm.base.stop_token_ids`; computed at first
+        use, when the tokenizer is built)."""
+        return stop_token_ids(self.tokenizer)
 
     @property
     def identity(self) -> str:
@@ -166,10 +166,6 @@ class GGUFLLM(SampleBackend):
 
     # ---------------------------------------------------------------- prompts
 
-    def render(self, chats: Sequence[Any]) -> list[str]:
-        """Prompt texts of validated chats (see :mod:`rcn_fast.llm.chat`)."""
-        return [chatlib.render_chat(self.tokenizer, c, system_role=self.system_role) for c in chats]
-
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of prompt texts (long prompts run untruncated with a
         :class:`~rcn_fast.llm.base.ContextLengthWarning`)."""
@@ -177,12 +173,6 @@ class GGUFLLM(SampleBackend):
         out = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
         self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
         return out
-
-    def encode_chats(self, chats: Sequence[Any]) -> list[list[int]]:
-        return self.encode_texts(self.render(chatlib.validate_chats(chats)))
-
-    def label_ids_for(self, labels: Sequence[str]) -> list[list[int]]:
-        return cached_label_ids(self._label_cache, self.tokenizer, labels, self.config.label_spellings)
 
     # ---------------------------------------------------------------- forward
 
@@ -290,37 +280,11 @@ class GGUFLLM(SampleBackend):
             return bool(params.stop) and any(s in tok.decode(toks, skip_special_tokens=True) for s in params.stop)
 
         with self._lock:
-            self.runner.warm(list({tuple(r): r for r in rows}.values()))
+            self.runner.warm(rows)  # duplicates too: one prompt's samples share all of it but the last token
             new = self.runner.run(rows, mode="generate", max_new_tokens=params.max_new_tokens, choose=choose, done=done)
         results = {job: finish_generation(tok, new[j], len(rows[j]), params, stop_ids, self.eos_ids)
                    for j, job in enumerate(jobs)}
         return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
-
-    # ---------------------------------------------------------------- protocol
-
-    def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],
-              tags: list[str] | None) -> list[list[Generation]]:
-        res = self.generate_ids(self.encode_texts(self.render(valid)), params, sids)
-        self.cost.record_rows(sample_costs(res), tags)
-        return res
-
-    def label_logprobs(self, chats: Sequence[Any], labels: Any, *, tags: Sequence[str] | None = None) -> np.ndarray:
-        """Log-probabilities over choice labels after each chat (as
-        :meth:`rcn_fast.llm.hf.HFLLM.label_logprobs`): float32 [B, C],
-        ``-inf`` padded; a NaN/``+inf`` row raises
-        :class:`~rcn_fast.llm.scoring.LabelScoreError`."""
-        from rcn_fast.llm import scoring
-
-        valid = chatlib.validate_chats(chats)
-        rows = normalise_labels(labels, len(valid))
-        tags = check_tags(tags, len(valid))
-        if not valid:
-            return np.zeros((0, 0), dtype=np.float32)
-        prompt_ids = self.encode_texts(self.render(valid))
-        res = self.score_ids(prompt_ids, [self.label_ids_for(r) for r in rows])
-        scoring.check_label_scores(res, rows, f"native:{self.name}", tags)
-        self.cost.record_rows([Cost(1, len(p), 0) for p in prompt_ids], tags)
-        return pad_rows(res)
 
 
 __all__ = ["GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "NUMERICS_VERSION"]

@@ -195,8 +195,8 @@ class Runner:
                 r.pos += r.take
             finished: list[_Row] = []
             if mode != "store" and self.prefix_cache is not None and self.prefix_cache.max_bytes:
-                for r in out_rows:  # prompts just prefilled: kept for later calls, first out
-                    if not r.generated and len(r.prompt) >= self.min_prefix:
+                for r in out_rows:  # prompts just prefilled: kept for later calls, first out (unless held already)
+                    if not r.generated and len(r.prompt) >= self.min_prefix and r.prompt not in self.prefix_cache:
                         self.prefix_cache.store(r.prompt, *cache.read(r.slot, len(r.prompt)), speculative=True)
             if mode == "generate":
                 steps = [len(r.generated) for r in out_rows]

@@ -2,7 +2,7 @@
 
 :class:`GGUFTokenizer` builds a `tokenizers` (Rust) BPE tokenizer from the
 file's ``tokenizer.ggml.*`` arrays the way transformers' GGUF reader does
-(so both give the same ids: tests/llm/test_engine_tokenizer.py checks it on
+(so both give the same ids: tests/llm/test_engine_smollm2.py checks it on
 the chat templates and texts the pipelines use), and renders the chat
 template with jinja2 in a sandbox configured as transformers configures
 it. It offers the part of the transformers tokenizer API that rcn_fast
@@ -14,8 +14,9 @@ on it unchanged.
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``:
 Llama 3, SmolLM, Qwen2, Mistral-Nemo, ...), with the pre-tokenizer split
 of the file's ``tokenizer.ggml.pre`` where transformers knows one (else its
-architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``) raise
-:class:`NotImplementedError` naming ``engine="transformers"``.
+architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``), and
+one without merges, raise :class:`~rcn_fast.llm.engine.UnsupportedModel`
+naming ``engine="transformers"`` when the :class:`GGUFTokenizer` is made.
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
 a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
@@ -24,7 +25,7 @@ a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
 template, so the key is exact), with a manifest recording the tokenizers
 version, the builder's version and the file's size and checksum; an entry that fails these checks
 is rebuilt, one that cannot be written is skipped (``RCN_FAST_GGUF_CACHE=0``
-turns the cache off). :func:`load_tokenizer` builds or reads it on a
+turns the cache off). :class:`GGUFTokenizer` builds or reads it on a
 background thread, and the first use waits for it.
 """
 
@@ -44,6 +45,7 @@ from typing import Any, Sequence
 
 from rcn_fast import _arrays as A
 from rcn_fast.llm.engine.gguf_file import GGUFFile
+from rcn_fast.llm.engine.model import UnsupportedModel
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
@@ -86,23 +88,35 @@ def _byte_alphabet() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+def check_vocabulary(g: GGUFFile) -> None:
+    """Refuse a vocabulary :func:`build_backend` cannot build (from the
+    metadata keys alone: no array is parsed).
+
+    Raises
+    ------
+    UnsupportedModel
+        Not a byte-level BPE vocabulary, or one without merges.
+    """
+    kind = g.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise UnsupportedModel(f"{g.path}: tokenizer.ggml.model {kind!r} is not supported by the local engine "
+                               f"(byte-level BPE 'gpt2' only); load it with engine='transformers'")
+    if "tokenizer.ggml.merges" not in g.metadata:
+        raise UnsupportedModel(f"{g.path}: the vocabulary has no merges; load it with engine='transformers'")
+
+
 def build_backend(g: GGUFFile) -> Any:
     """A ``tokenizers.Tokenizer`` for the vocabulary of GGUF file ``g``.
 
     Raises
     ------
-    NotImplementedError
-        Not a byte-level BPE vocabulary.
+    UnsupportedModel
+        Not a byte-level BPE vocabulary (:func:`check_vocabulary`).
     """
     tk = A.require("tokenizers", HINT)
-    kind = g.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise NotImplementedError(f"{g.path}: tokenizer.ggml.model {kind!r} is not supported by the local engine "
-                                  f"(byte-level BPE 'gpt2' only); load it with engine='transformers'")
+    check_vocabulary(g)
     tokens = g.array("tokenizer.ggml.tokens")
     merges = g.get("tokenizer.ggml.merges")
-    if merges is None:
-        raise NotImplementedError(f"{g.path}: the vocabulary has no merges; load it with engine='transformers'")
     types = g.get("tokenizer.ggml.token_type")
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
@@ -253,6 +267,12 @@ class GGUFTokenizer:
     g : GGUFFile
     background : bool
         Build the vocabulary on a background thread (the first use waits).
+
+    Raises
+    ------
+    UnsupportedModel
+        A vocabulary the engine cannot run (:func:`check_vocabulary`),
+        refused here, before any background work.
     """
 
     def __init__(self, g: GGUFFile, *, background: bool = True) -> None:
@@ -261,6 +281,7 @@ class GGUFTokenizer:
         tokens_meta = g.metadata.get("tokenizer.ggml.tokens")
         if tokens_meta is None:
             raise ValueError(f"spec: {g.path} holds no tokenizer (tokenizer.ggml.tokens)")
+        check_vocabulary(g)
         self._ids = {name: g.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unk", "pad")}
         self._backend: Any = None
         self._error: BaseException | None = None
@@ -368,10 +389,5 @@ class GGUFTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
-def load_tokenizer(g: GGUFFile, *, background: bool = True) -> GGUFTokenizer:
-    """The tokenizer of GGUF file ``g`` (built on a background thread by default)."""
-    return GGUFTokenizer(g, background=background)
-
-
-__all__ = ["GGUFTokenizer", "load_tokenizer", "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS",
+__all__ = ["GGUFTokenizer", "check_vocabulary", "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS",
            "CACHE_FORMAT"]
