@@ -154,7 +154,10 @@ def render_chat(tokenizer: Any, chat: Chat, *, system_role: bool | None = None) 
     -------
     str
         Ends with the generation prompt (no pre-fill) or with the pre-fill
-        text exactly as given (no end-of-turn tokens after it).
+        text exactly as given (no end-of-turn tokens after it); a pre-fill
+        with ``"cut": "end_of_turn"`` ends as the template writes its
+        content (:func:`render_closed_turn`: ``"Answer: "`` becomes
+        ``"Answer:"`` under a template that trims content).
     """
     if not has_chat_template(tokenizer):
         return render_plain(chat)
