@@ -46,7 +46,7 @@ inline const char* qtype_name(QType t) {
 inline bool qtype_is_blocked(QType t) { return t == QType::Q4_0 || t == QType::Q4_1 || t == QType::Q8_0; }
 
 // Bytes of one block (quantised types) or of one element (F32, F16).
-inline int64_t qtype_unit_bytes(QType t) {
+constexpr int64_t qtype_unit_bytes(QType t) {
   switch (t) {
     case QType::F32: return 4;
     case QType::F16: return 2;

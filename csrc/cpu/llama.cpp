@@ -154,28 +154,32 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   const int64_t per_thread = (qgemm_scratch_floats(kmax) + G * (maxpos + 1) + 16 + 15) / 16 * 16;
   const int64_t hr = n * std::max<int64_t>(half, 1);
   const int64_t sizes[] = {n * H, n * Q, n * D, n * D, n * Q, n * FF, n * FF, hr, hr, per_thread * threads,
-                           int64_t(threads) * n * H};
+                           int64_t(threads) * n * H, half};
+  constexpr int kBufs = int(sizeof sizes / sizeof sizes[0]);
   int64_t total = 0;
   for (int64_t sz : sizes) total += (sz + 15) / 16 * 16;
   float* base = ws.get(size_t(total));
-  float* bufs[11];
-  for (int i = 0; i < 11; ++i) {
+  float* bufs[kBufs];
+  for (int i = 0; i < kBufs; ++i) {
     bufs[i] = base;
     base += (sizes[i] + 15) / 16 * 16;
   }
   float *x = bufs[0], *q = bufs[1], *kb = bufs[2], *vb = bufs[3], *att = bufs[4], *gb = bufs[5], *ub = bufs[6];
-  float *rc = bufs[7], *rs = bufs[8], *scratch = bufs[9], *xn = bufs[10];
-  const int steps = 4 + h.n_layer * 10;
+  float *rc = bufs[7], *rs = bufs[8], *scratch = bufs[9], *xn = bufs[10], *inv = bufs[11];
+  // the parallel steps (calls of `each` below, one counter each): the
+  // embedding; per layer q/k/v, attention, output projection, gate/up, down;
+  // the LM head (logits only)
+  const int steps = 2 + h.n_layer * 5;
   std::unique_ptr<std::atomic<int64_t>[]> counters(new std::atomic<int64_t>[size_t(steps)]);
   for (int s = 0; s < steps; ++s) counters[size_t(s)].store(0, std::memory_order_relaxed);
   SpinBarrier barrier(threads);
 
   // rope angles per token (as transformers computes them: float32 inverse
   // frequencies times the float32 position)
+  for (int64_t j = 0; j < half; ++j) inv[j] = 1.0f / std::pow(h.rope_base, float(2 * j) / float(h.rope_dim));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < half; ++j) {
-      const float inv = 1.0f / std::pow(h.rope_base, float(2 * j) / float(h.rope_dim));
-      const float th = float(b.pos[i]) * inv;
+      const float th = float(b.pos[i]) * inv[j];
       rc[i * half + j] = std::cos(th);
       rs[i * half + j] = std::sin(th);
     }

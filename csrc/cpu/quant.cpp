@@ -35,15 +35,11 @@ struct Choice {
 };
 
 Choice choose() {
-  const QuantKernels* best = &kGeneric;
-  int (*lanes)() = &generic::lanes;
-#if RCN_HAVE_AVX2
-  if (cpu_supports_avx2()) best = &kAvx2, lanes = &avx2::lanes;
-#endif
-#if RCN_HAVE_AVX512
-  if (cpu_supports_avx512()) best = &kAvx512, lanes = &avx512::lanes;
-#endif
-  Choice c{with_lanes(*best, lanes), ""};
+  // the widest variant compiled in and supported here
+  const QuantKernels* best = quant_kernels_named("avx512");
+  if (best == nullptr) best = quant_kernels_named("avx2");
+  if (best == nullptr) best = quant_kernels_named("generic");
+  Choice c{*best, ""};
   if (const char* env = std::getenv("RCN_FAST_SIMD")) {
     const QuantKernels* want = quant_kernels_named(env);
     if (want != nullptr) {

@@ -49,7 +49,7 @@ struct Tile {
 // R rows of x times C rows of a quantised w (K a multiple of 32), unpacked in registers.
 template <QType T, int R, int C>
 inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t ws, int64_t K, Tile& out) {
-  constexpr int64_t bytes = T == QType::Q8_0 ? 34 : T == QType::Q4_1 ? 20 : 18;
+  constexpr int64_t bytes = qtype_unit_bytes(T);
   vf acc[R][C];
   RCN_UNROLL
   for (int r = 0; r < R; ++r)
@@ -185,7 +185,7 @@ inline void unpack_panel(const QGemmArgs& a, int64_t n0, int C, int64_t Kp, floa
     if constexpr (T == QType::F32 || T == QType::F16) {
       for (int64_t k = 0; k < Kp; k += W) vst(dst + k, load_plain<T>(row, k, a.K));
     } else {
-      constexpr int64_t bytes = T == QType::Q8_0 ? 34 : T == QType::Q4_1 ? 20 : 18;
+      constexpr int64_t bytes = qtype_unit_bytes(T);
       for (int64_t b = 0; b < a.K / kQuantBlock; ++b) {
         vf wv[kChunks];
         dq_block<T>(row + b * bytes, wv);
