@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rcn_fast.llm.engine.gguf_file import GGML_TYPES as QTYPES  # name -> GGML type id, of the formats multiplied
+
 #: GGML type ids
-F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
-QTYPES = {"F32": F32, "F16": F16, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0}
+F32, F16, Q4_0, Q4_1, Q8_0 = (QTYPES[n] for n in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0"))
 
 _DTYPES = {
     Q8_0: np.dtype([("d", "<f2"), ("q", "i1", 32)]),
@@ -76,9 +77,4 @@ def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
     return (d * nib + b["m"].astype(np.float32)[..., None]).reshape(n, k)
 
 
-def row_bytes(qtype: int, k: int) -> int:
-    """Bytes of one row of ``k`` elements."""
-    return {F32: 4 * k, F16: 2 * k}.get(qtype) or (k // 32) * _DTYPES[qtype].itemsize
-
-
-__all__ = ["F32", "F16", "Q4_0", "Q4_1", "Q8_0", "QTYPES", "random_blocks", "dequantize", "row_bytes"]
+__all__ = ["F32", "F16", "Q4_0", "Q4_1", "Q8_0", "QTYPES", "random_blocks", "dequantize"]

@@ -219,14 +219,6 @@ class GGUFFile:
             pos += 8 + n
         return out
 
-    def raw_array(self, key: str) -> tuple[int, int, int]:
-        """``(element type, count, byte offset)`` of a long metadata array
-        (for readers that parse it themselves)."""
-        v = self.metadata[key]
-        if not isinstance(v, _LazyArray):
-            raise KeyError(key)
-        return v.elem_type, v.count, v.offset
-
     def data(self, name: str) -> np.ndarray:
         """The bytes of tensor ``name``: a read-only uint8 view of the file,
         shaped ``(rows, bytes per row)`` (``(1, n)`` for a vector)."""

@@ -114,14 +114,6 @@ class KVCache:
         self.k = np.empty(shape, dtype=np.float32)
         self.v = np.empty(shape, dtype=np.float32)
 
-    @property
-    def slots(self) -> int:
-        return int(self.k.shape[1])
-
-    @property
-    def ctx(self) -> int:
-        return int(self.k.shape[2])
-
     def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the first ``n`` positions of ``slot``: ``[n_layer, n, D]`` each."""
         return self.k[:, slot, :n].copy(), self.v[:, slot, :n].copy()

@@ -40,7 +40,7 @@ class PrefixEntry:
     tokens: tuple[int, ...]
     k: np.ndarray
     v: np.ndarray
-    ids: np.ndarray | None = None  # the tokens as int64, for prefix comparisons
+    ids: np.ndarray  # the tokens as int64, for prefix comparisons
 
     @property
     def nbytes(self) -> int:
@@ -100,10 +100,10 @@ class PrefixCache:
                 self.stats.lookups += 1
             best, best_n = None, 0
             for e in reversed(self._entries.values()):  # most recent first: it wins ties
-                m = min(len(e.ids), len(q), max_len)  # type: ignore[arg-type]
+                m = min(len(e.ids), len(q), max_len)
                 if m <= best_n:
                     continue
-                diff = np.flatnonzero(e.ids[:m] != q[:m])  # type: ignore[index]
+                diff = np.flatnonzero(e.ids[:m] != q[:m])
                 n = int(diff[0]) if len(diff) else m
                 if n > best_n:
                     best, best_n = e, n
