@@ -113,6 +113,13 @@ def _folder_files(root: str) -> list[str]:
     return sorted(out)
 
 
+def _unsettled(path: str, st: os.stat_result, now: float) -> bool:
+    """Whether a result about the file at ``path`` (stat-ed ``st`` before
+    it was read) must not be remembered: its stats have changed since, or
+    it changed less than :data:`RACY_SECONDS` before ``now``."""
+    return _stat_key(os.stat(path)) != _stat_key(st) or now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS
+
+
 def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLike[str] | None = None) -> str:
     """The sha256 (hex) of what a file or folder holds.
 
@@ -122,8 +129,9 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
 
     Cheap on a rerun: every file is ``stat``-ed, and a file is hashed again
     only when its device, inode, size, mtime or ctime differ from those
-    recorded with its hash -- in this process, or in a small JSON memo per
-    file or folder under ``memo_dir`` (default ``<rcn_fast cache>/content_hashes``,
+    recorded with its hash -- in this process, or (read only when a file
+    is not remembered in this process) in a small JSON memo per file or
+    folder under ``memo_dir`` (default ``<rcn_fast cache>/content_hashes``,
     :func:`rcn_fast._cache_dirs.cache_root`). A file changed less than
     :data:`RACY_SECONDS` before it was hashed is not memoised. A memo that
     cannot be read or written is ignored (the files are hashed). The memo
@@ -135,14 +143,32 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
     FileNotFoundError
         ``path`` does not exist.
     """
-    import json
-
     root = os.path.realpath(os.fspath(path))
     if not os.path.exists(root):
         raise FileNotFoundError(f"{path} does not exist")
     is_dir = os.path.isdir(root)
-    rels = _folder_files(root) if is_dir else ["."]
-    memo_file = _memo_file(memo_dir, root, ".json")
+    now = time.time()
+    files = []
+    for rel in _folder_files(root) if is_dir else ["."]:
+        f = root if rel == "." else os.path.join(root, rel)
+        files.append((rel, f, os.stat(f)))
+    shas = [_PROCESS_MEMO.get((f, _stat_key(st))) for _, f, st in files]
+    if None in shas:  # a file not hashed with these stats in this process: ask the memo file
+        shas = _hash_files(files, _memo_file(memo_dir, root, ".json"), root, now)
+    if not is_dir:
+        return shas[0]
+    h = hashlib.sha256(b"rcn_fast.folder/1\0")
+    for (rel, _, st), sha in zip(files, shas):
+        h.update(f"{rel}\0{st.st_size}\0{sha}\n".encode())
+    return h.hexdigest()
+
+
+def _hash_files(files: list[tuple[str, str, os.stat_result]], memo_file: str, root: str, now: float) -> list[str]:
+    """The sha256 of each ``(rel, path, stat)`` of :func:`content_fingerprint`'s
+    ``root``: from this process's memo or ``memo_file`` when recorded with
+    the same stats, else hashed (and remembered unless :func:`_unsettled`)."""
+    import json
+
     try:
         with open(memo_file, encoding="utf-8") as fh:
             got = json.load(fh)
@@ -150,12 +176,9 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
         stored = stored if isinstance(stored, dict) else {}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         stored = {}
-    now = time.time()
-    entries: list[tuple[str, int, str]] = []
+    shas: list[str] = []
     keep: dict[str, list] = {}
-    for rel in rels:
-        f = root if rel == "." else os.path.join(root, rel)
-        st = os.stat(f)
+    for rel, f, st in files:
         key = _stat_key(st)
         rec = stored.get(rel)
         sha = _PROCESS_MEMO.get((f, key))
@@ -164,20 +187,15 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
             sha = rec[1]  # recorded with exactly these stats
         if sha is None:
             sha = sha256_file(f)
-            if _stat_key(os.stat(f)) != key or now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS:
-                entries.append((rel, st.st_size, sha))
+            if _unsettled(f, st, now):
+                shas.append(sha)
                 continue  # changing or just changed: used now, never remembered
         _PROCESS_MEMO[(f, key)] = sha
         keep[rel] = [list(key), sha]
-        entries.append((rel, st.st_size, sha))
+        shas.append(sha)
     if keep != stored:
         _write_memo(memo_file, {"format": _MEMO_FORMAT, "root": root, "files": keep})
-    if not is_dir:
-        return entries[0][2]
-    h = hashlib.sha256(b"rcn_fast.folder/1\0")
-    for rel, size, sha in entries:
-        h.update(f"{rel}\0{size}\0{sha}\n".encode())
-    return h.hexdigest()
+    return shas
 
 
 _PASSED: set[tuple[str, str, tuple[int, ...]]] = set()
@@ -211,7 +229,7 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     check()
-    if _stat_key(os.stat(real)) != key or time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 < RACY_SECONDS:
+    if _unsettled(real, st, time.time()):
         return  # changing or just changed: checked now, never remembered
     _PASSED.add((real, tag, key))
     _write_memo(memo_file, {"format": _MEMO_FORMAT, "path": real, "tag": tag, "stat": list(key)})

@@ -253,9 +253,6 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     return _FP_CACHE[key]
 
 
-_FILE_FP_CACHE: dict[tuple, dict[str, object]] = {}
-
-
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, object]:
     """What identifies one model file (a ``.gguf``): its size, mtime and the
     sha256 of its bytes.
@@ -269,18 +266,22 @@ def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, object]:
     -------
     dict
         ``{"size": int, "mtime_ns": int, "sha256": str (hex)}``; the hash is
-        memoised per process on (real path, size, mtime).
+        :func:`rcn_fast._hashing.content_fingerprint`'s, memoised on the
+        file's stats within and across processes (the one that keys
+        evaluation results: a file is hashed once).
+
+    Raises
+    ------
+    IsADirectoryError
+        ``path`` is a folder.
     """
+    from rcn_fast._hashing import content_fingerprint
+
     p = Path(path)
     st = p.stat()
-    key = (os.path.realpath(p), st.st_size, st.st_mtime_ns)
-    if key not in _FILE_FP_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        _FILE_FP_CACHE[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
-    return dict(_FILE_FP_CACHE[key])
+    if p.is_dir():
+        raise IsADirectoryError(f"{p} is a folder, not a model file")
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": content_fingerprint(p)}
 
 
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

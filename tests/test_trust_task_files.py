@@ -80,6 +80,24 @@ def test_a_yaml_tasks_local_file_or_folder_is_keyed_by_content(tmp_path):
         assert spec_key(resolve_task(t, include_paths=[str(inc)])) != k, t
 
 
+def test_a_packaged_task_included_by_a_users_file_keeps_its_package_paths(tmp_path):
+    """The paths of an ``include:``d packaged task are relative to the package (before: made relative
+    to the including file's folder, where no such file is); the user's own stay relative to it."""
+    from rcn_fast.eval.task_spec import TASKS_DIR, package_path, task_corpus
+    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+
+    inc = tmp_path / "mine"
+    inc.mkdir()
+    (inc / "t.yaml").write_text(f"name: mydemo\ninclude: {TASKS_DIR / 'demo.yaml'}\n")
+    spec = resolve_task("mydemo", include_paths=[str(inc)])
+    assert package_path(spec.local) == TASKS_DIR.parent / "demo" / "questions.jsonl"
+    assert task_corpus(spec) == str(TASKS_DIR.parent / "demo" / "corpus.jsonl")
+    assert len(load_task_questions(spec)) == 40
+    (inc / "q.jsonl").write_text(_obqa_rows("AB"))
+    (inc / "t.yaml").write_text(f"name: mydemo\ninclude: {TASKS_DIR / 'demo.yaml'}\nlocal: q.jsonl\n")
+    assert resolve_task("mydemo", include_paths=[str(inc)]).local == str(inc / "q.jsonl")
+
+
 def test_an_lm_eval_tasks_local_data_is_keyed_by_content(tmp_path):
     from rcn_fast.eval.tasks import resolve_task, spec_key
 
@@ -130,6 +148,52 @@ def test_files_are_hashed_again_only_when_their_stats_change(tmp_path, monkeypat
     hashed.clear()
     monkeypatch.setattr(h, "_PROCESS_MEMO", {})
     assert content_fingerprint(d) != first and len(hashed) == 3
+
+
+def test_files_remembered_in_this_process_are_not_looked_up_on_disk(tmp_path, monkeypatch):
+    """The process memo answers first: the memo file is read only when a file misses it."""
+    import builtins
+    from unittest import mock
+
+    import rcn_fast._hashing as h
+
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
+    d = tmp_path / "data"
+    d.mkdir()
+    for i in range(3):
+        (d / f"f{i}.jsonl").write_text(f"row {i}\n")
+    first = {p: content_fingerprint(p) for p in (d, d / "f1.jsonl")}
+    opened: list[str] = []
+    real_open = builtins.open
+    with mock.patch("builtins.open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)):
+        assert {p: content_fingerprint(p) for p in first} == first
+        assert opened == []
+        (d / "f2.jsonl").write_text("row two\n")  # one file changed: the folder's memo is read, that file hashed
+        assert content_fingerprint(d) != first[d]
+    data_read = [os.path.basename(f) for f in opened if "content_hashes" not in f]
+    assert data_read == ["f2.jsonl"] and any("content_hashes" in f for f in opened)
+
+
+def test_a_model_file_is_hashed_once_for_its_key_and_its_fingerprint(tmp_path, monkeypatch):
+    """A GGUF's results key (content_fingerprint) and its converted-weights key (file_fingerprint) share
+    one hash, remembered across processes."""
+    import rcn_fast._hashing as h
+    from rcn_fast.model_files import file_fingerprint
+
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF" + bytes(100))
+    hashed: list[str] = []
+    real = h.sha256_file
+    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    sha = content_fingerprint(g)
+    st = g.stat()
+    assert file_fingerprint(g) == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    monkeypatch.setattr(h, "_PROCESS_MEMO", {})  # a new process: the memo file answers
+    assert file_fingerprint(g)["sha256"] == sha == hashlib.sha256(g.read_bytes()).hexdigest()
+    assert hashed == ["m.gguf"]
+    with pytest.raises(IsADirectoryError):
+        file_fingerprint(tmp_path)
 
 
 def test_a_file_replaced_by_another_with_the_same_size_and_mtime_is_hashed_again(tmp_path, monkeypatch):
@@ -365,6 +429,37 @@ def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monke
         k2 = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
         assert k2 != k, name
         k = k2
+
+
+def test_a_json_dataset_of_local_data_files_is_planned_with_the_hub_unreachable(tmp_path, monkeypatch):
+    """``dataset_path: json`` with local ``data_files`` reads no hub data: an unreachable hub does not
+    refuse it (before: "is on the Hugging Face hub, which cannot be reached"); a hub id still is."""
+    from rcn_fast.eval import EvalConfig, plan as plan_module
+    from rcn_fast.eval.task_sources import needs_hub
+    from rcn_fast.eval.tasks import resolve_task
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plan_module, "hub_access", lambda: ("unreachable", "no network in this test"))
+    (tmp_path / "data").mkdir()
+    rows = [{"question": f"Which is {i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
+    (tmp_path / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    inc = tmp_path / "lm"
+    inc.mkdir()
+    (inc / "t.yaml").write_text("task: lmjson\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+                                "dataset_kwargs: {data_files: {test: data/test.jsonl}}\n"
+                                "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    assert not needs_hub(resolve_task("lmjson", include_paths=[str(inc)]))
+    assert needs_hub(resolve_task("csqa"))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "contents": "a passage"}) + "\n")
+    out = tmp_path / "out"
+    cfg = EvalConfig(pipelines=["single_retrieval"], tasks=["lmjson"], include_path=[str(inc)], corpus=str(corpus),
+                     output_path=str(out))
+    _, questions, _ = plan_module.plan(cfg, out)
+    assert [q.question for q in questions["lmjson"]] == [r["question"] for r in rows]
+    cfg.tasks = ["csqa"]
+    with pytest.raises(plan_module.EvalError, match="which cannot be reached"):
+        plan_module.plan(cfg, out)
 
 
 def test_the_memo_folder_stays_bounded_and_keeps_the_newest(tmp_path, monkeypatch):

@@ -175,6 +175,17 @@ def count_records(path: str | os.PathLike[str]) -> int | None:
     return n
 
 
+#: Other names of the ``dev`` split, as question files of a folder spell it.
+FILE_SPLITS = {"validation": "dev", "valid": "dev", "val": "dev"}
+
+
+def file_split(split: str | None) -> str:
+    """How question files name ``split`` (default ``dev``; ``validation``,
+    ``valid`` and ``val`` are ``dev`` there: :data:`FILE_SPLITS`)."""
+    want = split or "dev"
+    return FILE_SPLITS.get(want, want)
+
+
 def split_file(path: Path, split: str | None) -> Path | None:
     """The ``*<split>*.jsonl`` file of a directory of question files (the
     first by name; ``split`` default ``dev``, ``validation`` also matches
@@ -182,8 +193,7 @@ def split_file(path: Path, split: str | None) -> Path | None:
     dataset saved with ``save_to_disk``)."""
     if not path.is_dir() or (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
         return None
-    want = split or "dev"
-    want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want)
+    want = file_split(split)
     files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
     if not files:
         raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")

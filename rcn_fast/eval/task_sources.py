@@ -14,7 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.eval.task_spec import PARQUET_REVISION, TaskError, TaskSpec
+from rcn_fast.data.loaders import file_split
+from rcn_fast.eval.task_spec import PARQUET_REVISION, TaskError, TaskSpec, local_data_files, local_dataset_folder
 
 
 def check_limit(limit: Any) -> int | float | None:
@@ -68,8 +69,7 @@ def is_saved(p: Path) -> bool:
 
 
 def split_files(folder: Path, split: str | None) -> list[Path]:
-    want = split or "dev"
-    want = {"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want)
+    want = file_split(split)
     return sorted(p for p in folder.glob("*.jsonl") if want in p.stem)
 
 
@@ -103,8 +103,10 @@ def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
 
 def needs_hub(spec: TaskSpec) -> bool:
     """Whether the task's questions come from the Hugging Face hub (a dataset
-    id, not a local folder, file or pinned URL)."""
-    return bool(spec.dataset) and not spec.local and not spec.url and not Path(str(spec.dataset)).expanduser().is_dir()
+    id, not a local folder, file or pinned URL, nor a loader such as
+    ``dataset: json`` reading local ``dataset_kwargs.data_files``)."""
+    return (bool(spec.dataset) and not spec.local and not spec.url and local_dataset_folder(spec) is None
+            and not local_data_files(spec))
 
 
 #: How to evaluate a task without the hub (the end of every message about an unreachable hub).
@@ -157,8 +159,7 @@ def layout_file(folder: str | os.PathLike[str], task: str, split: str | None) ->
     is spelled ``dev`` there; WinoGrande's folder may be ``wg``. None when
     there is no such file."""
     root = Path(folder).expanduser()
-    want = split or "dev"
-    spellings = dict.fromkeys([{"validation": "dev", "valid": "dev", "val": "dev"}.get(want, want), want])
+    spellings = dict.fromkeys([file_split(split), split or "dev"])
     for name in LAYOUT_FOLDERS.get(task, (task,)):
         for where in (root / name, root):
             for sp in spellings:

@@ -168,6 +168,16 @@ def local_data_files(spec: TaskSpec) -> list[Path]:
     return sorted(found)
 
 
+def local_dataset_folder(spec: TaskSpec) -> Path | None:
+    """The local folder a task's ``dataset`` names (a JSON-lines split
+    folder, a ``save_to_disk`` folder, a copy of a hub repository); None for
+    a hub id, or when the task reads a ``url`` or ``local`` file instead."""
+    if not spec.dataset or spec.url or spec.local:
+        return None
+    p = Path(str(spec.dataset)).expanduser()
+    return p if p.is_dir() else None
+
+
 def spec_key(spec: TaskSpec) -> str:
     """A short hash of what decides a task's questions (checkpoints key on it).
 
@@ -192,8 +202,9 @@ def spec_key(spec: TaskSpec) -> str:
     if spec.local:
         p = package_path(spec.local)
         d["local_sha"] = content_fingerprint(p) if p.exists() else None  # a file's: its sha256, as before
-    if spec.dataset and not spec.url and not spec.local and Path(spec.dataset).expanduser().is_dir():
-        d["data_sha"] = content_fingerprint(Path(spec.dataset).expanduser())  # a local folder's files
+    folder = local_dataset_folder(spec)
+    if folder is not None:
+        d["data_sha"] = content_fingerprint(folder)  # a local folder's files
     files = local_data_files(spec)
     if files:  # dataset_kwargs' local data_files (``dataset: json``)
         d["data_files_sha"] = {str(f): content_fingerprint(f) for f in files}
@@ -202,7 +213,8 @@ def spec_key(spec: TaskSpec) -> str:
 
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "normalize_name", "package_path", "task_corpus", "spec_key",
-           "local_data_files", "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION"]
+           "local_data_files", "local_dataset_folder", "KINDS", "METRICS", "PACKAGE_DIR", "TASKS_DIR",
+           "PARQUET_REVISION"]
 
 
 def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = None) -> dict[str, Any]:
@@ -227,13 +239,11 @@ def read_task_yaml(path: Path, loader: Any = None, included_from: Path | None = 
         data = load_yaml(read_text(path), loader or BoundedLoader)
     except DataFormatError as exc:
         raise TaskError(f"task file {exc}") from None
-    except BoundedYAMLError as exc:
-        mark = exc.problem_mark
-        raise TaskError(f"task file {path}{f':{mark.line + 1}' if mark is not None else ''}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
+    except yaml.YAMLError as exc:  # a BoundedYAMLError's problem says which limit the file exceeds
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise TaskError(f"task file {where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        what = exc.problem if isinstance(exc, BoundedYAMLError) else f"not valid YAML ({getattr(exc, 'problem', exc)})"
+        raise TaskError(f"task file {where}: {what}") from None
     if not isinstance(data, dict):
         raise TaskError(f"task file {path}: expected a mapping of settings, got {type(data).__name__}")
     return data

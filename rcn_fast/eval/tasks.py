@@ -204,12 +204,7 @@ def get_task(name: str, include_paths: Sequence[str] = ()) -> TaskSpec:
         spec = spec_from_dict(_read_yaml(path), str(path))
     if normalize_name(spec.name) != key:
         raise TaskError(f"task file {path}: name {spec.name!r} differs from the file name {key!r}")
-    if path.parent != TASKS_DIR:  # a user's task file: its relative paths are relative to it
-        for k in ("local", "corpus"):
-            v = getattr(spec, k)
-            if v and not Path(v).expanduser().is_absolute():
-                setattr(spec, k, str((path.parent / v).resolve()))
-    return spec
+    return spec  # a user file's relative paths were made absolute as it was read (_read_yaml, spec_from_file)
 
 
 def _safe_name(text: str) -> str:

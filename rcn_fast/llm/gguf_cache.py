@@ -12,8 +12,9 @@ folder like any model directory.
 Safety and staleness:
 
 * the folder is keyed by the sha256 of the GGUF's bytes
-  (:func:`rcn_fast.model_files.file_fingerprint`, memoised per process on
-  size and mtime), so a changed file gets a new entry;
+  (:func:`rcn_fast.model_files.file_fingerprint`:
+  :func:`rcn_fast._hashing.content_fingerprint`, memoised on the file's
+  stats within and across processes), so a changed file gets a new entry;
 * ``rcn_fast_gguf.json`` lists every file of the entry with its size and
   sha256, the source file's fingerprint and the transformers version that
   converted it. Before a load every file is checked against it; a missing,
