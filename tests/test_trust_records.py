@@ -96,6 +96,31 @@ def test_damaged_checkpoint_records_are_answered_again_never_counted(tmp_path, t
             first["acc"]
 
 
+def test_a_line_that_is_not_json_is_named_until_its_question_is_answered_again(tmp_path):
+    """A damaged line stays in the file; once its question has a valid record again, later loads (and
+    reopen) no longer say it is answered again (before: the same warning on every load). A line whose
+    question cannot be read is always named; neither is ever counted."""
+    f = tmp_path / "ck.jsonl"
+    recs = [{"id": f"q{i}", "seed": 0, "status": "ok"} for i in range(3)]
+    cut = json.dumps(recs[1])[:15]  # '{"id": "q1", "s': a line cut short
+    f.write_text(json.dumps(recs[0]) + "\n" + cut + "\n" + json.dumps(recs[2]) + "\n")
+    with pytest.warns(DamagedRecordWarning, match=r"1 record\(s\) .*their questions are answered again: "
+                                                  r"line 2 \(question 'q1'\): not JSON"):
+        ck = Checkpoint(f, {})
+    assert ck.done() == {"q0", "q2"}
+    ck.append([recs[1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DamagedRecordWarning)
+        assert Checkpoint(f, {}).done() == {"q0", "q1", "q2"}
+    with open(f, "a") as fh:
+        fh.write("\x00\x00\x00\n")  # no question to read
+    with pytest.warns(DamagedRecordWarning) as got:
+        assert Checkpoint(f, {}).done() == {"q0", "q1", "q2"}
+    [w] = [str(x.message) for x in got if issubclass(x.category, DamagedRecordWarning)]
+    assert "1 record(s)" in w and "the questions among them with no other valid record are answered again" in w
+    assert "line 5 (not JSON)" in w and "q1" not in w
+
+
 @pytest.mark.parametrize("line, why", [
     (2, "every label ('A', 'B', 'C', 'D') has log-probability -inf"), (3, "expected 4 numbers"),
     (4, "prediction.pred 7"), (5, "which is positive"), (6, "elapsed_s -1.0"),

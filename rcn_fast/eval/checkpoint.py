@@ -22,7 +22,11 @@ of range or NaN, log-probs that are NaN, all ``-inf`` or fewer than the
 question's choices, a gold answer that is no longer the task's -- is left
 out (its question is answered again) with one :class:`DamagedRecordWarning`
 per file naming the file and the lines; it is never counted. Only the last
-record of a question counts (a recomputed answer supersedes a bad one).
+record of a question counts (a recomputed answer supersedes a bad one). A
+line that is not JSON stays in the file; it is named while its question
+(records are written ``id`` first) has no valid record, so once answered
+again it is not warned about on every later load (a line whose id cannot
+be read is always named).
 
 Shards (``--num-shards S --shard-id I``) append to their own files beside
 the unsharded one (:mod:`rcn_fast.eval.shards`); every checkpoint also
@@ -72,6 +76,19 @@ def run_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _damaged_id(line: str) -> str | None:
+    """The question id a line that is not JSON starts with (records are
+    written ``{"id": ...`` first), or None when it cannot be read."""
+    head = '{"id": '
+    if not line.startswith(head):
+        return None
+    try:
+        qid, _ = json.JSONDecoder().raw_decode(line, len(head))
+    except (ValueError, RecursionError):
+        return None
+    return str(qid)
+
+
 class Checkpoint:
     """Append-only store of the records of one task x pipeline x seed.
 
@@ -102,7 +119,7 @@ class Checkpoint:
         self.check = check
         self.records: dict[str, dict[str, Any]] = {}
         self._lines: dict[str, tuple[Path, int]] = {}  # where each record was read
-        self._unreadable: dict[Path, list[str]] = {}
+        self._unreadable: dict[Path, list[tuple[int, str | None]]] = {}  # (line, its question id if readable)
         for other in sibling_files(base):
             if other != self.path:
                 self._load_other(other)
@@ -117,20 +134,33 @@ class Checkpoint:
 
     def _drop_damaged(self) -> None:
         """Leave out the records ``check`` refuses (one warning per file,
-        naming the lines; lines that are not JSON too)."""
-        bad: dict[Path, list[str]] = {p: list(v) for p, v in self._unreadable.items()}
+        naming the lines; lines that are not JSON too, unless their
+        question has a valid record: it is not answered again)."""
+        failed: dict[Path, list[str]] = {}
         for qid in list(self.records) if self.check is not None else ():
             try:
                 self.check(self.records[qid])
             except (ValueError, TypeError, KeyError) as exc:
                 del self.records[qid]
                 path, line = self._lines[qid]
-                bad.setdefault(path, []).append(f"line {line} (question {qid!r}): {exc}")
+                failed.setdefault(path, []).append(f"line {line} (question {qid!r}): {exc}")
+        bad: dict[Path, list[str]] = {}
+        unknown: set[Path] = set()  # files with a line whose question cannot be read
+        for path, lines in self._unreadable.items():
+            for n, qid in lines:
+                if qid is None:
+                    unknown.add(path)
+                    bad.setdefault(path, []).append(f"line {n} (not JSON)")
+                elif qid not in self.records:
+                    bad.setdefault(path, []).append(f"line {n} (question {qid!r}): not JSON")
+        for path, lines in failed.items():
+            bad.setdefault(path, []).extend(lines)
         for path, lines in bad.items():
             more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
+            which = "the questions among them with no other valid record" if path in unknown else "their questions"
             warnings.warn(DamagedRecordWarning(
                 f"checkpoint {path}: {len(lines)} record(s) are damaged or fail the check of a fresh result; "
-                f"their questions are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
+                f"{which} are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
 
     def _load(self) -> None:
         if not self.path.is_file():
@@ -170,7 +200,7 @@ class Checkpoint:
             try:
                 rec = json.loads(line)
             except (json.JSONDecodeError, RecursionError):  # a damaged line: its question is answered again
-                self._unreadable.setdefault(path, []).append(f"line {n} (not JSON)")
+                self._unreadable.setdefault(path, []).append((n, _damaged_id(line)))
                 continue
             if isinstance(rec, dict) and "id" in rec:
                 self.records[str(rec["id"])] = rec
