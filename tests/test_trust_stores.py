@@ -95,6 +95,45 @@ def test_an_unchanged_store_is_scanned_once(store_dir, encoder, tmp_path, monkey
     assert len(scans) == 2
 
 
+def test_the_offsets_and_id_table_of_an_unchanged_store_are_scanned_once(store_dir, tmp_path, monkeypatch):
+    """Like the embeddings: each whole-file scan runs once per version of its file."""
+    import rcn_fast._hashing as h
+    import rcn_fast.retrieval.store as store
+
+    monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
+    d = _copy(store_dir, tmp_path)
+    scans = []
+    for name in ("_check_nondecreasing", "_check_id_table"):
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda a, *rest, real=real, name=name: scans.append(name) or real(a, *rest))
+    CorpusStore.open(d)
+    assert sorted(scans) == ["_check_id_table", "_check_nondecreasing", "_check_nondecreasing"]
+    CorpusStore.open(d)
+    monkeypatch.setattr(h, "_PASSED", set())  # a new process: the memo answers
+    CorpusStore.open(d)
+    assert len(scans) == 3
+    _edit_npy(d / "id_table.npy", lambda a: a.__setitem__(0, a[0]))  # rewritten in place: scanned again
+    CorpusStore.open(d)
+    assert scans[3:] == ["_check_id_table"]
+
+
+def test_a_build_opens_its_store_without_scanning_what_it_checked(corpus_records, encoder, tmp_path, monkeypatch):
+    """The join checks every stored row and builds the id table: the store it returns is not scanned
+    again for those (a later open is)."""
+    import rcn_fast.retrieval.store as store
+    import rcn_fast.search.flat_index as fi
+
+    scans = []
+    real_rows, real_table = fi.check_finite_rows, store._check_id_table
+    monkeypatch.setattr(fi, "check_finite_rows", lambda *a: scans.append("rows") or real_rows(*a))
+    monkeypatch.setattr(store, "_check_id_table", lambda *a: scans.append("table") or real_table(*a))
+    src = write_jsonl(tmp_path / "c.jsonl", corpus_records[:20])
+    built = build_corpus(BuildConfig(input=str(src), out=str(tmp_path / "s")), encoder, show_progress=False)
+    assert scans == [] and len(built) == 20
+    CorpusStore.open(tmp_path / "s")
+    assert scans == ["table", "rows"]
+
+
 # ------------------------------------------------------------------ offsets and the id table
 @pytest.mark.parametrize("name, edit, why", [
     ("text_offsets.npy", lambda a: a.__setitem__(5, 0), r"entries \[5\] are smaller than the entries before them"),

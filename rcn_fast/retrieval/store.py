@@ -20,8 +20,10 @@ the manifest (a truncated or replaced file is an error naming it), the
 arrays' shapes and dtypes against the manifest, both offset arrays (start
 at 0, never decrease, end at their file's size), the id table (a power of
 two of slots, each row once) and that no embedding row holds a NaN or an
-infinity (named; a scan remembered per version of the file, see
-:func:`rcn_fast.search.flat_index.check_finite_rows`). ``verify=True`` also
+infinity (named; see :func:`rcn_fast.search.flat_index.check_finite_rows`).
+Each scan of a whole file (offsets, id table, embeddings) is remembered
+per version of the file (:func:`rcn_fast._hashing.check_once`), so
+reopening an unchanged store costs a few ``stat`` calls. ``verify=True`` also
 compares sha256 checksums (a same-size change that keeps the arrays
 consistent is found only then). A build refuses non-finite embeddings,
 naming the passages.
@@ -108,7 +110,7 @@ class CorpusStore:
     Use :meth:`open`. Rows are 0..len-1 in input order.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True) -> None:
+    def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True, *, _built: bool = False) -> None:
         self.path = Path(path)
         self.manifest = manifest
         self.check_sizes()
@@ -125,11 +127,19 @@ class CorpusStore:
             raise ValueError(
                 f"path: {self.path} is inconsistent: manifest says {n} rows of dim {manifest['dim']}, files hold "
                 f"embeddings {self.embeddings.shape}, {len(self._text_off) - 1} texts, {len(self._id_off) - 1} ids")
-        self.check_arrays()
+        self.check_arrays(_built=_built)
 
-    def check_arrays(self) -> None:
+    def check_arrays(self, *, _built: bool = False) -> None:
         """The cheap checks of every open (module notes): dtypes, offsets,
-        id table, finite embeddings; ValueError naming the file and rows."""
+        id table, finite embeddings; ValueError naming the file and rows.
+
+        The scans of whole files (offsets that never decrease, the id
+        table's rows, finite embeddings) run once per version of each file
+        (:func:`rcn_fast._hashing.check_once`). ``_built``: the store was
+        just written by :func:`write_store`, which checked every embedding
+        row and built the id table itself: those two scans are skipped.
+        """
+        from rcn_fast._hashing import check_once
         from rcn_fast.search.flat_index import check_finite_rows
 
         fix = "check the store with `python -m rcn_fast.corpus verify` and rebuild it"
@@ -142,30 +152,20 @@ class CorpusStore:
             if off.dtype != np.int64 or off.ndim != 1:
                 raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 "
                                  f"[{n + 1}]; {fix}")
-            bad = _decreasing(off)
-            if int(off[0]) != 0 or int(off[-1]) != len(blob) or bad.size:
-                what = (f"entries {[int(i) + 1 for i in bad[:5]]} are smaller than the entries before them"
-                        if bad.size else f"it runs from {int(off[0])} to {int(off[-1])}, not 0 to {len(blob)} (the "
-                        f"size of {blob_name})")
-                raise ValueError(f"path: {self.path}/{name} is damaged: {what}; {fix}")
+            check_once(self.path / name, "nondecreasing-offsets",
+                       lambda: _check_nondecreasing(off, f"path: {self.path}/{name}", fix))
+            if int(off[0]) != 0 or int(off[-1]) != len(blob):
+                raise ValueError(f"path: {self.path}/{name} is damaged: it runs from {int(off[0])} to {int(off[-1])}, "
+                                 f"not 0 to {len(blob)} (the size of {blob_name}); {fix}")
         table = self._id_table
         size = len(table)
         if table.dtype != np.int64 or table.ndim != 1 or size <= n or size & (size - 1):
             raise ValueError(f"path: {self.path}/id_table.npy holds {table.dtype}{list(table.shape)}, expected int64 "
                              f"slots, a power of two above {n}; {fix}")
-        seen = np.zeros(n, dtype=bool)
-        filled = 0
-        for s in range(0, size, 1 << 20):
-            part = np.asarray(table[s : s + (1 << 20)])
-            rows = part[part >= 0]
-            if (part < -1).any() or (rows >= n).any():
-                raise ValueError(f"path: {self.path}/id_table.npy holds rows outside [-1, {n}); {fix}")
-            seen[rows] = True
-            filled += rows.size
-        if filled != n or not seen.all():
-            raise ValueError(f"path: {self.path}/id_table.npy holds {filled} rows, not each of the {n} rows once; "
-                             f"{fix}")
-        check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix)
+        if not _built:
+            check_once(self.path / "id_table.npy", f"id-table-rows/{n}",
+                       lambda: _check_id_table(table, n, f"path: {self.path}/id_table.npy", fix))
+            check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False) -> "CorpusStore":
@@ -360,6 +360,31 @@ def _decreasing(off: np.ndarray, block: int = 1 << 20) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
+def _check_nondecreasing(off: np.ndarray, where: str, fix: str) -> None:
+    """ValueError naming ``where`` and the first entries of the offsets
+    ``off`` that are smaller than the entries before them."""
+    bad = _decreasing(off)
+    if bad.size:
+        raise ValueError(f"{where} is damaged: entries {[int(i) + 1 for i in bad[:5]]} are smaller than the entries "
+                         f"before them; {fix}")
+
+
+def _check_id_table(table: np.ndarray, n: int, where: str, fix: str, block: int = 1 << 20) -> None:
+    """ValueError naming ``where`` unless the id table holds each of the
+    ``n`` rows once and nothing else but -1 (read ``block`` slots at a time)."""
+    seen = np.zeros(n, dtype=bool)
+    filled = 0
+    for s in range(0, len(table), block):
+        part = np.asarray(table[s : s + block])
+        rows = part[part >= 0]
+        if (part < -1).any() or (rows >= n).any():
+            raise ValueError(f"{where} holds rows outside [-1, {n}); {fix}")
+        seen[rows] = True
+        filled += rows.size
+    if filled != n or not seen.all():
+        raise ValueError(f"{where} holds {filled} rows, not each of the {n} rows once; {fix}")
+
+
 def _load_npy(path: Path, mode: str | None) -> np.ndarray:
     """np.load, with any failure (a damaged header: numpy raises ValueError,
     SyntaxError, tokenize.TokenError ...) a ValueError naming the file."""
@@ -471,11 +496,11 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         for p, k, m in zip(chunk_files, counts, masks):
             with np.load(p) as npz:
                 z = npz if m is None or m.all() else select_rows(npz, m)
-                bad = nonfinite_rows(z["emb"])
+                emb[row:row + k] = z["emb"]
+                bad = nonfinite_rows(emb[row:row + k])  # the rows as stored: the store's open need not scan them
                 if bad.any():  # a chunk damaged on disk before this join: no store is written from it
                     raise ValueError(f"path: {p} holds NaN or infinite embeddings in rows {row_list(bad)}; delete it "
                                      "and run the build again")
-                emb[row:row + k] = z["emb"]
                 tf.write(z["text_blob"].tobytes())
                 idf.write(z["id_blob"].tobytes())
                 t_off[row + 1:row + k + 1] = t_off[row] + np.cumsum(z["text_len"])
@@ -506,7 +531,7 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
     }
     write_json_atomic(out / MANIFEST, manifest)
     logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
-    return CorpusStore.open(out)
+    return CorpusStore(out, read_manifest(out / MANIFEST), _built=True)  # its rows and id table checked above
 
 
 def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -> None:
