@@ -188,9 +188,9 @@ class ChoiceTask(Task):
     def check_prediction(self, question: MCQuestion, prediction: dict[str, Any]) -> None:
         """A choice index in range with its label, one log-prob per choice
         (an empty list: a pipeline that gives no scores) under the rule of
-        fresh label scores (:func:`rcn_fast.llm.labels.label_score_problem`),
+        fresh label scores (:func:`rcn_fast.llm.labels.logprob_row_problem`),
         and the question's gold beside it."""
-        from rcn_fast.llm.labels import label_score_problem
+        from rcn_fast.llm.labels import logprob_row_problem
 
         n = len(question.choices)
         p = prediction.get("pred")
@@ -200,11 +200,11 @@ class ChoiceTask(Task):
         if prediction.get("label") != labels[p]:
             raise RecordError(f"prediction.label {prediction.get('label')!r} is not choice {p}'s label {labels[p]!r}")
         lp = prediction.get("choice_logprobs")
-        if not isinstance(lp, list) or (lp and len(lp) != n) or not all(is_number(v) for v in lp):
+        problem = logprob_row_problem(lp, labels, empty_ok=True)
+        if problem is not None and problem[0] == "shape":
             raise RecordError(f"prediction.choice_logprobs {str(lp)[:80]}: expected {n} numbers (one per choice)")
-        why = label_score_problem(lp, labels)
-        if why is not None:
-            raise RecordError(f"prediction.choice_logprobs: {why}")
+        if problem is not None:
+            raise RecordError(f"prediction.choice_logprobs: {problem[1]}")
         if "answer" in prediction and prediction["answer"] != question.answer:
             raise RecordError(f"prediction.answer {prediction['answer']!r}: the task's gold is now "
                               f"{question.answer!r} (its data changed)")

@@ -61,11 +61,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from rcn_fast._validate import is_int, is_number
+from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
 from rcn_fast.llm.base import normalise_labels, pad_rows
-from rcn_fast.llm.labels import label_score_problem
+from rcn_fast.llm.labels import logprob_row_problem
 from rcn_fast.llm.scoring import check_label_scores
 
 DEFAULT_NAME = "llm_cache.sqlite"
@@ -108,18 +108,15 @@ def check_logprobs(value: Any, labels: Sequence[str] | None = None) -> None:
     """Raise ValueError unless ``value`` is a stored label-logprobs row: a
     number per label (``labels``: the row's labels, when known), none NaN,
     ``+inf`` or positive and not all ``-inf`` -- the rule fresh scores are
-    held to (:func:`rcn_fast.llm.labels.label_score_problem`)."""
+    held to (:func:`rcn_fast.llm.labels.logprob_row_problem`)."""
     if not isinstance(value, dict) or not isinstance(value.get("logprobs"), list) \
             or not is_int(value.get("prompt_tokens")) or value["prompt_tokens"] < 0:
         raise ValueError(f"expected a label-logprobs record, got {str(value)[:80]}")
     lp = value["logprobs"]
-    if not all(is_number(v) for v in lp):
-        raise ValueError(f"a label-logprobs record with a value that is not a number: {str(lp)[:80]}")
-    if labels is not None and len(lp) != len(labels):
-        raise ValueError(f"a label-logprobs record with {len(lp)} values for {len(labels)} labels")
-    why = label_score_problem(lp, list(labels) if labels is not None else [f"#{i}" for i in range(len(lp))])
-    if why is not None:
-        raise ValueError(f"a label-logprobs record whose {why}")
+    problem = logprob_row_problem(lp, list(labels) if labels is not None else [f"#{i}" for i in range(len(lp))])
+    if problem is not None:
+        kind, why = problem
+        raise ValueError(f"a label-logprobs record {'with' if kind == 'shape' else 'whose'} {why}")
 
 
 def _file_in_wal_mode(path: Path) -> bool:

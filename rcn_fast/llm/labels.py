@@ -1,7 +1,8 @@
 """Answer labels as tokens and their scores: which token ids spell a label
 (:func:`label_token_ids`, :func:`pack_label_ids`) and the check that refuses
 unusable label log-probabilities (:func:`check_label_scores`,
-:class:`LabelScoreError`), used by every backend and by the call cache.
+:class:`LabelScoreError`), used by every backend, and its form for stored
+rows (:func:`logprob_row_problem`: the call cache, evaluation checkpoints).
 The scoring ops themselves are in :mod:`rcn_fast.llm.scoring`."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 from typing import Any, Sequence
 
 from rcn_fast import _arrays as A
+from rcn_fast._validate import is_number
 
 TORCH_HINT = "pip install 'rcn_fast[llm]' (torch==2.13.0)"
 
@@ -57,27 +59,47 @@ def check_label_scores(rows: Sequence[Sequence[float]], labels: Sequence[Sequenc
         (probability 0).
     """
     for i, (row, labs) in enumerate(zip(rows, labels)):
-        why = label_score_problem(row, labs)
-        if why is not None:
+        problem = label_score_problem(row, labs)
+        if problem is not None:
+            kind, why = problem
             where = f"question {tags[i]!r} (chats[{i}])" if tags is not None else f"chats[{i}]"
-            broken = "" if why.startswith("every") else \
+            broken = "" if kind == "all-inf" else \
                 ": the model's or server's numbers are broken (NaN logits, an overflow)"
             raise LabelScoreError(f"{backend}: {where}: {why}{broken}, so this question has no answer and nothing "
                                   "is cached")
 
 
-def label_score_problem(row: Sequence[float], labels: Sequence[str]) -> str | None:
-    """Why one row of label log-probabilities is unusable (None: it is
-    usable): a NaN, ``+inf`` or positive score, or every label ``-inf``.
-    The one rule of :func:`check_label_scores` (fresh scores) and of every
-    reader of stored ones (the call cache, evaluation checkpoints)."""
+def label_score_problem(row: Sequence[float], labels: Sequence[str]) -> tuple[str, str] | None:
+    """Why one row of label log-probabilities is unusable, as ``(kind,
+    why)`` (None: it is usable): kind ``"broken"``, a NaN, ``+inf`` or
+    positive score; ``"all-inf"``, every label ``-inf``. The one rule of
+    :func:`check_label_scores` (fresh scores) and of every reader of stored
+    ones (:func:`logprob_row_problem`)."""
     for v, lab in zip(row, labels):
         why = _bad_logprob(float(v))
         if why is not None:
-            return f"label {lab!r} has log-probability {float(v)!r}, which is {why}"
+            return "broken", f"label {lab!r} has log-probability {float(v)!r}, which is {why}"
     if len(row) and all(float(v) == -math.inf for v in row):
-        return f"every label ({', '.join(map(repr, labels))}) has log-probability -inf"
+        return "all-inf", f"every label ({', '.join(map(repr, labels))}) has log-probability -inf"
     return None
+
+
+def logprob_row_problem(row: Any, labels: Sequence[str], *, empty_ok: bool = False) -> tuple[str, str] | None:
+    """Why a stored row of label log-probabilities (read back from a file)
+    is unusable, as ``(kind, why)``; None when it is usable.
+
+    Kind ``"shape"``: not a list of numbers, one per label (``why``: ``"a
+    value that is not a number: [...]"`` or ``"2 values for 4 labels"``;
+    ``empty_ok``: an empty list, a row of no scores, is usable); else the
+    kinds of :func:`label_score_problem`, the rule of fresh scores.
+    """
+    if not isinstance(row, list) or not all(is_number(v) for v in row):
+        return "shape", f"a value that is not a number: {str(row)[:80]}"
+    if empty_ok and not row:
+        return None
+    if len(row) != len(labels):
+        return "shape", f"{len(row)} values for {len(labels)} labels"
+    return label_score_problem(row, labels)
 
 
 _SPACE_MARKERS = ("\u0120", "\u2581")  # byte-level BPE "Ġ", SentencePiece "▁"
@@ -160,5 +182,5 @@ def pack_label_ids(per_row: Sequence[Sequence[Sequence[int]]]) -> Any:
     return out
 
 
-__all__ = ["LabelScoreError", "check_label_scores", "label_score_problem", "LOGPROB_TOLERANCE", "label_token_ids",
-           "pack_label_ids", "TORCH_HINT"]
+__all__ = ["LabelScoreError", "check_label_scores", "label_score_problem", "logprob_row_problem", "LOGPROB_TOLERANCE",
+           "label_token_ids", "pack_label_ids", "TORCH_HINT"]

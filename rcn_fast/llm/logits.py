@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from rcn_fast._validate import is_number
+
 #: OpenAI's range of a ``logit_bias`` value.
 BIAS_RANGE = (-100.0, 100.0)
 
@@ -76,7 +78,7 @@ def check_logit_bias(bias: Any, vocab_size: int, name: str = "logit_bias") -> di
             int(k) if isinstance(k, str) and k.strip().isascii() and k.strip().isdigit() else None)
         if key is None or not 0 <= key < vocab_size:
             raise ValueError(f"{name}: key {k!r} is not a token id in [0, {vocab_size})")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        if not is_number(v) or not math.isfinite(v) or not lo <= v <= hi:
             raise ValueError(f"{name}[{k!r}]: expected a number in [{lo:g}, {hi:g}], got {v!r}")
         out[key] = float(v)
     return out
@@ -84,19 +86,25 @@ def check_logit_bias(bias: Any, vocab_size: int, name: str = "logit_bias") -> di
 
 class LogitBias:
     """A transformers logits processor adding ``bias[token]`` to every row's
-    logit of ``token`` (``bias`` checked by :func:`check_logit_bias`)."""
+    logit of ``token`` (``bias`` checked by :func:`check_logit_bias`). The
+    index and value tensors are built once per device and dtype of the
+    logits, not once per generated token."""
 
     def __init__(self, bias: Mapping[int, float]) -> None:
         self.ids = [int(k) for k in bias]
         self.values = [float(bias[k]) for k in bias]
+        self._tensors: dict[tuple[Any, Any], tuple[Any, Any]] = {}  # (device, dtype) -> (ids, values)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
         if not self.ids:
             return scores
-        idx = torch.tensor(self.ids, dtype=torch.long, device=scores.device)
-        add = torch.tensor(self.values, dtype=scores.dtype, device=scores.device)
+        where = (scores.device, scores.dtype)
+        if where not in self._tensors:
+            self._tensors[where] = (torch.tensor(self.ids, dtype=torch.long, device=scores.device),
+                                    torch.tensor(self.values, dtype=scores.dtype, device=scores.device))
+        idx, add = self._tensors[where]
         out = scores.clone()
         out[:, idx] += add
         return out
