@@ -76,6 +76,7 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
         tasks), a folder holding none of them, or a question file given
         without the task it is for.
     """
+    from rcn_fast.data.loaders import file_split
     from rcn_fast.eval.task_sources import layout_file
     from rcn_fast.eval.tasks import get_task, normalize_name
 
@@ -94,7 +95,7 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
             if not found:
                 raise ValueError(f"--tasks {entry}: holds no question file of {preset.name}'s tasks ({listed}); "
                                  f"expected the commonsense layout, e.g. {path / table[0] / table[0]}-"
-                                 f"{_layout_split(split_of(table[0]))}.jsonl")
+                                 f"{file_split(split_of(table[0]))}.jsonl")
             for t, f in found.items():
                 out.setdefault(t, f"{t}={f}")
             log(f"--paper {preset.name}: tasks from {path}: " + ", ".join(f"{t} ({f.name})" for t, f in found.items())
@@ -116,10 +117,6 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
                 entry = f"{head}={f}"
         out[name] = entry
     return out
-
-
-def _layout_split(split: str | None) -> str:
-    return {"validation": "dev"}.get(split or "dev", split or "dev")
 
 
 def check_tasks(tasks: Sequence[str], cfg: Any, entries: Mapping[str, str] | None = None,
