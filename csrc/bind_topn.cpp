@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
 #include <string>
 
 #include "bind_util.h"
@@ -55,7 +56,7 @@ int topn_split_queries_py(const Scores& q, const std::string& corpus_dtype,
       int64_t(scales.shape(0)) != T || int64_t(scales.shape(1)) != Q)
     throw nb::value_error("terms, scales: expected uint16 [T, Q, d] and float32 [T, Q] arrays");
   for (int64_t i = 0; i < Q * d; ++i)
-    if (!(q.data()[i] - q.data()[i] == 0.f)) throw nb::value_error("queries: expected finite values");
+    if (!std::isfinite(q.data()[i])) throw nb::value_error("queries: expected finite values");
   return topn_split_queries(q.data(), Q, d, d, ct, terms.data(), scales.data());
 }
 

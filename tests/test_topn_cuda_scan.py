@@ -239,3 +239,11 @@ def test_scan_non_finite_strides_and_fallbacks():
         _gpu_topn(q.cuda(), base.float().cuda()[:, :40], 5, CUDA_MMA)
     s1, i1 = _gpu_topn(q.cuda(), base.cuda()[:, :40], 30, CUDA_TILED)
     np.testing.assert_array_equal(i1.cpu().numpy(), rcn_fast.topn(q, base[:, :40], 30, backend="native")[1].numpy())
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_split_refuses_non_finite_queries(bad):
+    q = np.ones((2, 5), np.float32)
+    q[1, 3] = bad
+    with pytest.raises(ValueError, match="queries: expected finite values"):
+        _split(q, "float16")
