@@ -386,6 +386,30 @@ class LocalBackend(SampleBackend):
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
                      sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
+        """Generate from tokenised prompts (rows in the caller's order).
+
+        Parameters
+        ----------
+        prompt_ids : list (length B) of list of int
+        params : GenerationParams
+        sample_ids : list (length B) of list of int, optional
+            Which sample indices to draw per prompt; default
+            ``range(params.num_samples)`` for every prompt.
+
+        Returns
+        -------
+        list (length B) of list of Generation, one per requested sample index.
+
+        Every (prompt, sample) pair is one row; a sample depends only on
+        (model, prompt, parameters, seed, sample index) (the uniforms of
+        :mod:`rcn_fast.llm.seeded`).
+
+        Raises
+        ------
+        rcn_fast.llm.logits.NonFiniteLogitsError
+            A NaN or ``+inf`` next-token logit (or a row of ``-inf`` only):
+            broken numbers are an error, never text.
+        """
         raise NotImplementedError
 
     def _draw(self, valid: list[Any], params: GenerationParams, sids: list[list[int]],

@@ -336,35 +336,12 @@ class HFLLM(LocalBackend):
         *,
         logit_bias: dict[int, float] | None = None,
     ) -> list[list[Generation]]:
-        """Generate from tokenised prompts (rows in the caller's order).
-
-        Parameters
-        ----------
-        prompt_ids : list (length B) of list of int
-        params : GenerationParams
-        sample_ids : list (length B) of list of int, optional
-            Which sample indices to draw per prompt; default
-            ``range(params.num_samples)`` for every prompt.
-        logit_bias : dict, optional
-            ``{token id: bias}`` added to those logits before sampling or
-            the greedy argmax (checked by
-            :func:`rcn_fast.llm.logits.check_logit_bias`).
-
-        Returns
-        -------
-        list (length B) of list of Generation, one per requested sample index.
-
-        Every (prompt, sample) pair is one row of a batch; rows are sorted
-        by prompt length and cut into batches of ``batch_size``. Sampling
-        uses :class:`rcn_fast.llm.seeded.SeededSampler`, so a sample depends
-        only on (model, prompt, parameters, seed, sample index).
-
-        Raises
-        ------
-        rcn_fast.llm.logits.NonFiniteLogitsError
-            A NaN or ``+inf`` next-token logit (or a row of ``-inf`` only):
-            broken numbers are an error, never text.
-        """
+        """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
+        on transformers, with ``logit_bias``: ``{token id: bias}`` added to
+        those logits before sampling or the greedy argmax (checked by
+        :func:`rcn_fast.llm.logits.check_logit_bias`). Rows are sorted by
+        prompt length and cut into batches of ``batch_size``; sampling uses
+        :class:`rcn_fast.llm.seeded.SeededSampler`."""
         torch = _torch()
         tf = A.require("transformers", HINT)
         if sample_ids is None:

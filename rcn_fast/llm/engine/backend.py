@@ -224,30 +224,10 @@ class GGUFLLM(LocalBackend):
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
                      sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
-        """Generate from tokenised prompts (rows in the caller's order).
-
-        Parameters
-        ----------
-        prompt_ids : list (length B) of list of int
-        params : GenerationParams
-        sample_ids : list (length B) of list of int, optional
-            Which sample indices to draw per prompt; default
-            ``range(params.num_samples)`` for every prompt.
-
-        Returns
-        -------
-        list (length B) of list of Generation, one per requested sample index.
-
-        Every (prompt, sample) pair is one row; sampling draws with
-        :func:`rcn_fast.llm.seeded.draw` from the uniforms of
-        :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``, so a sample
-        depends only on (model, prompt, parameters, seed, sample index).
-
-        Raises
-        ------
-        NonFiniteLogitsError
-            The model produced NaN or infinite logits.
-        """
+        """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
+        on the engine: rows run with continuous batching and the prefix
+        cache; sampling draws with :func:`rcn_fast.llm.seeded.draw` from the
+        uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``."""
         from rcn_fast.llm import seeded
 
         if sample_ids is None:
