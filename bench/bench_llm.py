@@ -40,7 +40,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rcn_fast.llm.scoring import choice_logprobs, choice_logprobs_from_hidden  # noqa: E402
+from rcn_fast.llm.scoring.choice import choice_logprobs, choice_logprobs_from_hidden  # noqa: E402
 from rcn_fast.testing import tiny_llm as llm_fixtures  # noqa: E402  (tiny models, as the tests build them)
 from rcn_fast.testing.peers import full_vocab_then_gather, make_ids  # noqa: E402  (the tests' baseline)
 

@@ -106,7 +106,7 @@ def write_gpu_results(results: dict[str, dict[str, float]], folder: Path | None 
     bench/gpu_results): mean milliseconds per group and implementation,
     merged into what earlier runs on that device recorded with the same CUDA
     kernel versions (a file recorded with other versions is replaced: its
-    figures measured kernels that are gone). README's GPU tables and the
+    figures measured kernels that are gone). docs/gpu.md's tables and the
     dispatcher's table are made from these files by
     ``python bench/gpu_table.py --write``."""
     groups = {g: {impl: round(t * 1e3, 3) for impl, t in impls.items()} for g, impls in results.items()

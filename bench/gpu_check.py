@@ -1,10 +1,10 @@
 """One prepared device check (bench/gpu_check.sh runs this): build the
 extension for the GPU, run the GPU tests and the GPU benchmarks, record the
-figures in bench/gpu_results/<device>.json and print README's GPU tables.
+figures in bench/gpu_results/<device>.json and print docs/gpu.md's tables.
 
 Made for one H100 or H200 in at most 6 minutes with only what a CUDA 13 /
 torch 2.11 image has (nothing is fetched). With the default results folder,
-the last step also updates README's GPU tables and the dispatcher's table
+the last step also updates docs/gpu.md's tables and the dispatcher's table
 (rcn_fast/_gpu_measurements.json) from the files, so the kernels measured
 faster become the default at once (python bench/gpu_table.py --write). Each step runs with its own
 timeout, never beyond what is left of the total budget; a step that fails or
@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--arch", default="90", help="CUDA architectures to build (CMake list, default: 90)")
     ap.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 4, help="parallel build jobs")
     ap.add_argument("--no-write", action="store_true",
-                    help="with the default --out, do not update README's GPU tables and "
+                    help="with the default --out, do not update docs/gpu.md's tables and "
                          "rcn_fast/_gpu_measurements.json from the results (they are updated by default)")
     ap.add_argument("--dry-run", action="store_true", help="print the steps and their timeouts, run nothing")
     args = ap.parse_args(argv)

@@ -1,10 +1,10 @@
-"""README's GPU tables and the dispatcher's crossover table, both made from
+"""docs/gpu.md's tables and the dispatcher's crossover table, both made from
 the recorded GPU runs in bench/gpu_results/*.json (written by a GPU run of
 the benchmarks, see bench/conftest.py and bench/gpu_check.sh).
 
     python bench/gpu_table.py                       # print the tables
     python bench/gpu_table.py --folder DIR          # ... of another results folder
-    python bench/gpu_table.py --write               # README's GPU block and rcn_fast/_gpu_measurements.json
+    python bench/gpu_table.py --write               # docs/gpu.md's GPU block and rcn_fast/_gpu_measurements.json
 
 A results file: ``{"device", "updated", "unit", "cuda_kernels": {op:
 version}, "groups": {group: {impl: ms}}, ...}``. Group names say the op and
@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "gpu_results"
 REPO = HERE.parent
-README = REPO / "README.md"
+GPU_DOC = REPO / "docs" / "gpu.md"
 MEASUREMENTS = REPO / "rcn_fast" / "_gpu_measurements.json"
 BEGIN, END = "<!-- gpu-tables: begin (python bench/gpu_table.py --write) -->", "<!-- gpu-tables: end -->"
 
@@ -161,8 +161,8 @@ def readme_block(folder: Path = FOLDER) -> str:
     return f"{BEGIN}\n{tables(folder)}\n{END}"
 
 
-def write(folder: Path = FOLDER, readme: Path = README, measurements: Path = MEASUREMENTS) -> None:
-    """README's GPU block (between the markers) and the dispatcher's table."""
+def write(folder: Path = FOLDER, readme: Path = GPU_DOC, measurements: Path = MEASUREMENTS) -> None:
+    """docs/gpu.md's GPU block (between the markers) and the dispatcher's table."""
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: no GPU block markers ({BEGIN} ... {END})")
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folder", type=Path, default=FOLDER, help="results folder (default: bench/gpu_results)")
     ap.add_argument("--write", action="store_true",
-                    help="update README's GPU block and rcn_fast/_gpu_measurements.json from the folder")
+                    help="update docs/gpu.md's GPU block and rcn_fast/_gpu_measurements.json from the folder")
     ap.add_argument("--device", help="print only the files of this device (e.g. 'NVIDIA H100 80GB HBM3')")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():

@@ -1,4 +1,4 @@
-"""Triton kernel bodies for choice-label scoring (launchers: rcn_fast.llm.scoring_triton).
+"""Triton kernel bodies for choice-label scoring (launchers: rcn_fast.llm.scoring.triton_launch).
 
 Both kernels run one program per batch row. A row has ``C`` labels, each
 with up to ``S`` spellings (token ids, -1 = absent). The score of a spelling
@@ -10,7 +10,7 @@ the argmax label (lowest index on ties, -1 when every label is -inf).
 Non-finite scores: ``-inf`` is an ordinary score (probability 0). A row
 where any present spelling scores NaN or ``+inf`` is not scored: all its
 ``C`` outputs are NaN and its argmax is -1 (the same rule as the torch
-reference in rcn_fast.llm.scoring_reference).
+reference in rcn_fast.llm.scoring.reference).
 
 * :func:`choice_logprobs_logits_kernel` gathers from logits ``[B, V]``.
 * :func:`choice_logprobs_hidden_kernel` computes only the needed logits:

@@ -43,10 +43,15 @@ def _find_compiled_modules() -> None:
 
 _find_compiled_modules()
 
+from rcn_fast import _moved  # noqa: E402  (old module paths stay importable)
+
+_moved.install()
+
 from rcn_fast._dispatch import BackendUnavailableError
 from rcn_fast.data import MCQuestion
 from rcn_fast.search import FlatIndex, topn
 from rcn_fast.sampling import sample_subsets
+from rcn_fast._lazy import lazy_exports
 
 
 def build_info() -> dict:
@@ -60,23 +65,7 @@ def build_info() -> dict:
 #: Names served lazily from submodules (imported on first access, so ``import
 #: rcn_fast`` stays light): name -> module.
 _LAZY = {"connect": "rcn_fast.connection", "Connection": "rcn_fast.connection"}
-
-
-def __getattr__(name: str) -> object:
-    """``rcn_fast.connect`` / ``rcn_fast.Connection`` from
-    :mod:`rcn_fast.connection`, imported on first access."""
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'rcn_fast' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["__version__", "MCQuestion", "topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError",
            "connect", "Connection"]

@@ -502,7 +502,7 @@ def connect(
             for i, pred in zip(where, pipe.run_batch([qs[i] for i in where])):
                 preds[i] = pred
     if answer:  # the task's scoring writes the gold and, open domain, StringEM / exact match beside the answer
-        from rcn_fast.eval.scoring import scored
+        from rcn_fast.eval.metrics import scored
 
         preds = [scored(q, pred) for q, pred in zip(qs, preds)]
     out = []

@@ -21,7 +21,7 @@ def _op_modules() -> None:
     """Import the modules that register ops with the dispatcher."""
     import importlib
 
-    for name in ("rcn_fast.search.topn", "rcn_fast.sampling", "rcn_fast.llm.scoring"):
+    for name in ("rcn_fast.search.topn", "rcn_fast.sampling", "rcn_fast.llm.scoring.choice"):
         try:
             importlib.import_module(name)
         except ImportError:

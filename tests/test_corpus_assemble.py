@@ -248,7 +248,7 @@ def test_eval_warns_when_the_corpus_holds_evaluated_questions(tmp_path, capsys):
     assert leak_warning(str(corpus), {"documents": 0, "tasks": {}}) is None
 
     from rcn_fast.eval import EvalConfig
-    from rcn_fast.eval.plan import plan, warn_corpus_leaks as _warn_corpus_leaks
+    from rcn_fast.eval.run.plan import plan, warn_corpus_leaks as _warn_corpus_leaks
 
     task = tmp_path / "obqa-test.jsonl"
     task.write_text(json.dumps({"id": q.id, "question": {"stem": q.question, "choices": [

@@ -207,7 +207,7 @@ def test_a_toy_stage_inserted_into_reconnect_runs_and_is_counted():
 def test_progress_bars_come_from_the_stage_list():
     from types import SimpleNamespace
 
-    from rcn_fast.eval.progress import StageBars
+    from rcn_fast.eval.report.progress import StageBars
 
     p = build("reconnect", llm=ScriptedLLM(), retriever=_retriever(), ablation="w/o KA")
     qs = _questions()

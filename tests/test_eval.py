@@ -201,7 +201,7 @@ def test_end_to_end_reports(files, tiny_hf, tiny_encoder, capsys):
     # plot: bar heights are the accuracies; the PNG shows every pipeline's colour
     from matplotlib import image
 
-    from rcn_fast.eval.plot import PALETTE, bar_data
+    from rcn_fast.eval.report.plot import PALETTE, bar_data
 
     tasks, pipes, heights, errors = bar_data(doc)
     assert tasks == [task] and pipes == ["vanilla", "single_retrieval", "reconnect"]
@@ -486,7 +486,7 @@ def test_cli_config_file_and_lists(tmp_path, capsys):
 
 
 def test_checkpoint_drops_a_line_cut_short_by_a_kill(tmp_path):
-    from rcn_fast.eval.checkpoint import Checkpoint
+    from rcn_fast.eval.run.checkpoint import Checkpoint
 
     path = tmp_path / "ck" / "seed0-abc.jsonl"
     ck = Checkpoint(path, {"task": "t"})
@@ -501,7 +501,7 @@ def test_checkpoint_drops_a_line_cut_short_by_a_kill(tmp_path):
 
 
 def test_config_validation():
-    from rcn_fast.eval.runner import split_pipeline_args
+    from rcn_fast.eval.run.runner import split_pipeline_args
 
     with pytest.raises(EvalError, match="seeds"):
         EvalConfig(seeds=[0, 0])
@@ -520,7 +520,7 @@ def test_config_validation():
 
 
 def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
-    import rcn_fast.eval.runner as runner
+    import rcn_fast.eval.run.runner as runner
 
     def interrupted(cfg, **kw):
         raise KeyboardInterrupt
@@ -546,7 +546,7 @@ def test_registry_tasks_read_local_copies(shared_data):
 
 
 def test_thread_choice_follows_the_load(monkeypatch):
-    from rcn_fast.eval.runner import choose_threads
+    from rcn_fast.eval.run.runner import choose_threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))

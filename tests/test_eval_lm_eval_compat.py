@@ -115,7 +115,7 @@ def test_tasks_list_lists_the_tasks(arc_folder, capsys):
 
 # ------------------------------------------------------------------ lm-eval task YAML
 def test_lm_eval_yaml_over_a_local_jsonl_file(arc_folder):
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     spec = resolve_task("my_arc_easy", include_paths=[str(arc_folder)])
     assert spec.kind == "multiple_choice" and spec.split == "test" and spec.local == str(arc_folder / "arc.jsonl")
@@ -128,7 +128,7 @@ def test_lm_eval_yaml_over_a_local_jsonl_file(arc_folder):
 
 
 def test_lm_eval_yaml_field_names_lists_string_targets_and_include(tmp_path):
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     inc = tmp_path / "t"
     _write(inc, "d.jsonl", json.dumps({"ctx": "Fire is", "endings": ["hot", "cold"], "label": "0", "gold": "hot"})
@@ -147,7 +147,7 @@ def test_lm_eval_yaml_field_names_lists_string_targets_and_include(tmp_path):
 
 def test_lm_eval_yaml_bad_records_name_the_line(tmp_path):
     from rcn_fast.data import DataFormatError
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     inc = tmp_path / "t"
     _write(inc, "d.jsonl", json.dumps({"q": "x", "c": ["a", "b"], "t": "z"}) + "\n")
@@ -163,7 +163,7 @@ def test_lm_eval_yaml_bad_records_name_the_line(tmp_path):
 
 def test_lm_eval_yaml_templates_run_sandboxed(tmp_path):
     from rcn_fast.data import DataFormatError
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     inc = tmp_path / "t"
     _write(inc, "d.jsonl", json.dumps({"q": "x", "c": ["a", "b"]}) + "\n")
@@ -175,8 +175,8 @@ def test_lm_eval_yaml_templates_run_sandboxed(tmp_path):
 
 
 def test_lm_eval_files_it_cannot_read_are_skipped_by_name(tmp_path, capsys):
-    from rcn_fast.eval.lm_eval_tasks import TaskSkippedWarning
-    from rcn_fast.eval.tasks import available_tasks
+    from rcn_fast.eval.tasks.lm_eval import TaskSkippedWarning
+    from rcn_fast.eval.tasks.catalog import available_tasks
 
     inc = tmp_path / "t"
     marker = tmp_path / "imported"
@@ -205,7 +205,7 @@ def test_lm_eval_files_it_cannot_read_are_skipped_by_name(tmp_path, capsys):
 def test_lm_eval_yaml_through_the_hub_loader(tmp_path):
     """``dataset_path: json`` with ``data_files`` (lm-eval's way to a local file) goes through datasets."""
     pytest.importorskip("datasets")
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     inc = tmp_path / "t"
     data = _write(inc, "arc.jsonl", "".join(json.dumps(r) + "\n" for r in ARC))
@@ -234,7 +234,7 @@ def test_lm_eval_task_end_to_end_with_lm_eval_flags(arc_folder, tmp_path, capsys
 
 def test_lm_eval_template_fragments_with_function_do_not_break_the_folder(arc_folder):
     """lm-eval's template files (no ``task``) often hold ``!function``: they are fragments, not errors."""
-    from rcn_fast.eval.tasks import available_tasks
+    from rcn_fast.eval.tasks.catalog import available_tasks
 
     _write(arc_folder, "_default_template_yaml", "dataset_path: x\nprocess_docs: !function utils.process_docs\n")
     _write(arc_folder, "_frag.yaml", "doc_to_text: '{{q}}'\nprocess_docs: !function utils.process_docs\n")

@@ -32,7 +32,7 @@ def _file_with_bad_line(path: Path, good: int, after: int, make=_mc_line) -> Pat
 ])
 def test_limit_never_parses_the_lines_after_it(tmp_path, kind, make):
     from rcn_fast.data.loaders import DataFormatError
-    from rcn_fast.eval.tasks import TaskCountWarning, load_task_questions, spec_from_dict
+    from rcn_fast.eval.tasks.catalog import TaskCountWarning, load_task_questions, spec_from_dict
 
     f = _file_with_bad_line(tmp_path / "qs.jsonl", good=5, after=4, make=make)
     spec = spec_from_dict({"name": "big", "kind": kind, "local": str(f), "expected_count": 10}, "t.yaml")
@@ -52,7 +52,7 @@ def test_limit_never_parses_the_lines_after_it(tmp_path, kind, make):
 
 def test_limit_on_a_folder_of_split_files_and_a_json_array(tmp_path):
     from rcn_fast.data.loaders import count_records
-    from rcn_fast.eval.tasks import load_task_questions, spec_from_dict
+    from rcn_fast.eval.tasks.catalog import load_task_questions, spec_from_dict
 
     folder = tmp_path / "obqa"
     folder.mkdir()
@@ -152,7 +152,7 @@ class _TcpServer:
 ])
 def test_an_address_that_is_not_a_ray_head_is_refused_in_seconds(reply, message):
     from rcn_fast.eval.config import EvalError
-    from rcn_fast.eval.ray_executor import check_ray_address
+    from rcn_fast.eval.run.ray_executor import check_ray_address
 
     srv = _TcpServer(reply)
     try:
@@ -163,7 +163,7 @@ def test_an_address_that_is_not_a_ray_head_is_refused_in_seconds(reply, message)
 
 
 def test_a_grpc_server_passes_the_probe_and_ray_resolved_addresses_are_left_to_ray():
-    from rcn_fast.eval.ray_executor import check_ray_address
+    from rcn_fast.eval.run.ray_executor import check_ray_address
 
     settings = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64"  # an HTTP/2 SETTINGS frame
     srv = _TcpServer(settings)
@@ -192,7 +192,7 @@ def figure():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from rcn_fast.eval.plot import draw_results
+    from rcn_fast.eval.report.plot import draw_results
 
     made = []
 
@@ -235,7 +235,7 @@ def test_a_zero_bar_is_visible_and_a_failed_one_says_so(figure):
 
 
 def test_an_all_failed_run_says_failed_on_the_plot(figure, tmp_path):
-    from rcn_fast.eval.plot import plot_results
+    from rcn_fast.eval.report.plot import plot_results
 
     doc = _doc({"mini": {"vanilla": None, "reconnect": None}}, seeds=1)
     ax = figure(doc)
@@ -284,7 +284,7 @@ def tiny_gguf(tmp_path_factory):
 
 def _load_through_the_eval(tmp_path, gguf_path, progress: bool) -> None:
     from rcn_fast.eval import EvalConfig
-    from rcn_fast.eval.loading import Components
+    from rcn_fast.eval.run.loading import Components
 
     out = tmp_path / f"o-{progress}"
     cfg = EvalConfig(tasks=["demo"], pipelines=["vanilla"], model=str(gguf_path), output_path=str(out),
@@ -313,7 +313,7 @@ def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path,
     from types import SimpleNamespace
 
     from rcn_fast.eval import EvalConfig
-    from rcn_fast.eval.loading import Components
+    from rcn_fast.eval.run.loading import Components
     from rcn_fast.paper import run as paper_run
     from tests.retrieval.tiny import make_tiny_bert
 
@@ -338,7 +338,7 @@ def test_quiet_loading_is_scoped():
     pytest.importorskip("transformers")
     from transformers.utils import logging as tf_logging
 
-    from rcn_fast.eval.progress import quiet_loading
+    from rcn_fast.eval.report.progress import quiet_loading
 
     assert tf_logging.is_progress_bar_enabled()
     with quiet_loading():

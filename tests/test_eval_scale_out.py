@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from rcn_fast.eval import EvalConfig, EvalError, evaluate  # noqa: E402
 from rcn_fast.eval.cli import main  # noqa: E402
-from rcn_fast.eval.shards import shard_file, shard_of, sibling_files  # noqa: E402
+from rcn_fast.eval.run.shards import shard_file, shard_of, sibling_files  # noqa: E402
 from rcn_fast.llm.cache import CallCache  # noqa: E402
 from tests.test_eval import (  # noqa: E402,F401
     CountingLLM,

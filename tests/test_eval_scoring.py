@@ -21,7 +21,7 @@ import pytest
 
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.eval import EvalConfig, evaluate
-from rcn_fast.eval.tasks import get_task
+from rcn_fast.eval.tasks.catalog import get_task
 from rcn_fast.pipelines import CONFIGS, PIPELINES, OpenPrediction, Prediction, register
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.spec import PipelineSpec
@@ -136,7 +136,7 @@ def test_pipelines_never_receive_gold_answers(tmp_path, blind):
 
 # ------------------------------------------------------------ a task scores a prediction
 def test_choice_task_scores_accuracy():
-    from rcn_fast.eval.scoring import ChoiceTask, make_task, score, scored
+    from rcn_fast.eval.metrics import ChoiceTask, make_task, score, scored
 
     task = make_task(get_task("demo"))
     assert isinstance(task, ChoiceTask) and task.metrics == ("acc",) and task.main_metric == "acc"
@@ -154,7 +154,7 @@ def test_choice_task_scores_accuracy():
 
 
 def test_open_task_scores_string_em_and_exact_match():
-    from rcn_fast.eval.scoring import OpenTask, make_task, score, scored
+    from rcn_fast.eval.metrics import OpenTask, make_task, score, scored
 
     task = make_task(get_task("nq"))
     assert isinstance(task, OpenTask) and task.metrics == ("string_em", "exact_match")
@@ -224,7 +224,7 @@ class _InlineRay(types.ModuleType):
 
 
 def test_ray_executor_does_not_call_evaluate_again(tmp_path, blind, monkeypatch):
-    import rcn_fast.eval.runner as runner
+    import rcn_fast.eval.run.runner as runner
 
     monkeypatch.setitem(sys.modules, "ray", _InlineRay())
     monkeypatch.setattr(blind, "check_gold", False)  # this test is about the executor alone
@@ -279,7 +279,7 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_a_checkpoint_written_before_resumes_and_records_are_unchanged(tmp_path, blind):
-    from rcn_fast.eval.tasks import load_task_questions
+    from rcn_fast.eval.tasks.catalog import load_task_questions
 
     ck = tmp_path / "out" / "checkpoints" / "demo" / "blind_first" / f"seed0-{OLD_KEY}.jsonl"
     ck.parent.mkdir(parents=True)

@@ -95,7 +95,7 @@ def septa_dir(trained, tmp_path):
 @pytest.fixture
 def no_llm(monkeypatch):
     """Fail if anything loads the LLM or asks for the default model package."""
-    import rcn_fast.eval.runner as runner
+    import rcn_fast.eval.run.runner as runner
 
     def refuse(self):
         raise AssertionError("the septa pipeline must not load an LLM")

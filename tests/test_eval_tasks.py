@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 
 from rcn_fast.eval import EvalConfig, EvalError  # noqa: E402
 from rcn_fast.eval.cli import main  # noqa: E402
-from rcn_fast.eval.tasks import (  # noqa: E402
+from rcn_fast.eval.tasks.catalog import (  # noqa: E402
     TaskCountWarning,
     TaskError,
     get_task,
@@ -330,7 +330,7 @@ def test_hub_yes_no_task_reads_its_schema(tmp_path, hub):
 
 
 def test_every_packaged_task_names_a_loadable_source_and_the_papers_split():
-    from rcn_fast.eval.tasks import PARQUET_REVISION, available_tasks
+    from rcn_fast.eval.tasks.catalog import PARQUET_REVISION, available_tasks
 
     script_only = {"ybisk/piqa", "INK-USC/riddle_sense", "INK-USC/numer_sense", "winograd_wsc",
                    "LSDSem/story_cloze"}
@@ -476,7 +476,7 @@ def test_cache_folder_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_task_yaml_url_needs_a_checksum(tmp_path):
-    from rcn_fast.eval.tasks import spec_from_dict
+    from rcn_fast.eval.tasks.catalog import spec_from_dict
 
     with pytest.raises(TaskError, match="sha256: expected the 64 hexadecimal digits"):
         spec_from_dict({"name": "t", "url": "https://example.org/x.jsonl"}, "t.yaml")

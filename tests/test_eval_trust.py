@@ -98,8 +98,8 @@ def test_checkpoints_follow_the_weights_not_the_model_name(tmp_path, tiny_llama_
 
 def test_checkpoints_keyed_by_the_model_name_alone_are_not_reused(tmp_path, tiny_llama_dir):
     """A checkpoint written under the old key (the --model string) is stale: not reused."""
-    from rcn_fast.eval.checkpoint import run_key
-    from rcn_fast.eval.tasks import resolve_task, spec_key
+    from rcn_fast.eval.run.checkpoint import run_key
+    from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
     from rcn_fast.pipelines.config import config_to_dict
     from rcn_fast.eval.pipeline_needs import pipeline_config_class
 
@@ -121,7 +121,7 @@ def test_checkpoints_keyed_by_the_model_name_alone_are_not_reused(tmp_path, tiny
 def test_model_key_of_an_openai_spec_is_the_clients_identity(monkeypatch):
     """The key takes the client's ``identity`` (what the call cache keys by), whatever it holds."""
     import rcn_fast.llm
-    from rcn_fast.eval.loading import model_key
+    from rcn_fast.eval.run.loading import model_key
 
     made = []
 

@@ -224,7 +224,7 @@ def test_sigterm_during_a_download_leaves_no_part_file(server, tmp_path):
 
 
 def test_a_task_yaml_pins_the_size_and_the_download_honours_it(server):
-    from rcn_fast.eval.tasks import TaskError, load_task_questions, spec_from_dict, spec_key
+    from rcn_fast.eval.tasks.catalog import TaskError, load_task_questions, spec_from_dict, spec_key
 
     base = {"name": "pinned", "url": f"{server.url}/huge", "sha256": SHA}
     spec = spec_from_dict({**base, "size": len(BODY)}, "t.yaml")

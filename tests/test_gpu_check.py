@@ -68,7 +68,7 @@ def test_quick_out_skip_timeouts_and_the_embedding_step(gc, tmp_path):
     assert "--benchmark-min-rounds=2" in bench.argv
     assert embed.argv[embed.argv.index("bench/bench_embed.py") + 1:][:2] == ["-k", "cuda"]
     assert embed.env == bench.env
-    assert tables.argv[-2:] == ["--folder", str(tmp_path)]  # results elsewhere: printed, README untouched
+    assert tables.argv[-2:] == ["--folder", str(tmp_path)]  # results elsewhere: printed, docs untouched
     build = gc.plan(gc.parse_args(["--arch", "80;90"]), python="py", embed_exists=False)[0]
     assert "--config-settings=cmake.define.RCN_FAST_CUDA_ARCHITECTURES=80;90" in build.argv
 
@@ -185,7 +185,7 @@ def test_tables_from_a_results_file(gt, tmp_path):
 def test_tables_name_the_real_folder_and_filter_by_device(gt, tmp_path):
     (tmp_path / "test-gpu-9000.json").write_text(json.dumps(SAMPLE))
     (tmp_path / "other-gpu.json").write_text(json.dumps({**SAMPLE, "device": "Other GPU"}))
-    # the recorded runs: named relative to the repository, as README shows them
+    # the recorded runs: named relative to the repository, as docs/gpu.md shows them
     assert "(`bench/gpu_results/nvidia-h100.json`;" in gt.tables()
     both = gt.tables(tmp_path)
     one = gt.tables(tmp_path, device="Test GPU 9000")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rcn_fast.eval import EvalConfig
-from rcn_fast.eval import task_sources
+from rcn_fast.eval.tasks import sources as task_sources
 from rcn_fast.paper import get_preset, run_preset
 from rcn_fast.paper.presets import COST_TASKS
 from rcn_fast.paper.run import task_entries
@@ -110,7 +110,7 @@ def test_tasks_reach_the_rows_as_given(tmp_path, monkeypatch):
 def test_an_unreachable_hub_is_asked_once_and_no_cell_exits_3(tmp_path, monkeypatch, capsys):
     """No --tasks, no network: one probe (refused at once), no dataset download tried, every cell says
     how to give local files, the table is written and the command exits 3."""
-    from rcn_fast.eval import task_loading
+    from rcn_fast.eval.tasks import loading as task_loading
     from rcn_fast.eval.cli import main
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -136,7 +136,7 @@ def test_an_unreachable_hub_is_asked_once_and_no_cell_exits_3(tmp_path, monkeypa
 
 
 def test_offline_mode_never_probes_and_says_how_to_use_local_files(tmp_path, monkeypatch):
-    from rcn_fast.eval import task_loading
+    from rcn_fast.eval.tasks import loading as task_loading
     from rcn_fast.paper.run import check_tasks
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -153,7 +153,7 @@ def test_offline_mode_never_probes_and_says_how_to_use_local_files(tmp_path, mon
 
 
 def test_plain_eval_with_an_unreachable_hub_fails_in_one_message(tmp_path, monkeypatch, capsys):
-    from rcn_fast.eval import task_loading
+    from rcn_fast.eval.tasks import loading as task_loading
     from rcn_fast.eval.cli import main
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rcn_fast import MCQuestion
-from rcn_fast.eval.scoring import score  # correctness is the task's scoring
+from rcn_fast.eval.metrics import score  # correctness is the task's scoring
 from rcn_fast.pipelines import (
     ABLATIONS,
     InMemoryRetriever,

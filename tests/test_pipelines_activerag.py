@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 from rcn_fast import MCQuestion  # noqa: E402
 from rcn_fast.data import OpenQuestion  # noqa: E402
-from rcn_fast.eval.scoring import scored  # noqa: E402 - correctness is the task's scoring
+from rcn_fast.eval.metrics import scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import (  # noqa: E402
     CONFIGS,
     InMemoryRetriever,

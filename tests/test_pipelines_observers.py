@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 pytest.importorskip("pysbd")
 pytest.importorskip("bm25s")
 
-from rcn_fast.eval.progress import StageBars  # noqa: E402
+from rcn_fast.eval.report.progress import StageBars  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
 from rcn_fast.pipelines.base import StageObserver  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder  # noqa: E402

@@ -21,7 +21,7 @@ pytest.importorskip("bm25s")
 from rcn_fast.data import DataFormatError, MCQuestion, is_yes_no, load_yes_no_questions, yes_no_question  # noqa: E402
 from rcn_fast.pipelines import CONFIGS, RRConfig, SelfConsistencyConfig, build, load_config  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever  # noqa: E402
-from rcn_fast.eval.scoring import score  # noqa: E402 - correctness is the task's scoring
+from rcn_fast.eval.metrics import score  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines.rr import (  # noqa: E402
     CONCLUSION_WORDS,
     faithful_vote,

@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rcn_fast.data import MCQuestion, OpenQuestion  # noqa: E402
-from rcn_fast.eval.scoring import score, scored  # noqa: E402 - correctness is the task's scoring
+from rcn_fast.eval.metrics import score, scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, OpenPrediction, ReConnectConfig, build  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of  # noqa: E402
 

@@ -124,7 +124,7 @@ def _hf_llm(tok):
     import torch
     import transformers as tf
 
-    from rcn_fast.llm.hf import HFLLM
+    from rcn_fast.llm.backends.hf import HFLLM
 
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -239,7 +239,7 @@ def test_closed_turn_rendering_checks_and_keys(retriever):
     not sent to a server's chat endpoint."""
     from rcn_fast.llm.cache import CallCache
     from rcn_fast.llm.chat import validate_chats
-    from rcn_fast.llm.openai_dialect import Dialect
+    from rcn_fast.llm.openai.dialect import Dialect
 
     chat = _answer_chat(retriever, preset="reference")
     assert validate_chats([chat])[0][-1]["cut"] == "end_of_turn"

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rcn_fast.eval.checkpoint import Checkpoint
+from rcn_fast.eval.run.checkpoint import Checkpoint
 from rcn_fast.llm.base import Cost, CostTracker, Generation
 from rcn_fast.llm.cache import CachedLLM, CacheError, CallCache
 from tests.conftest import REPO
@@ -68,7 +68,7 @@ def test_a_line_cut_by_a_kill_is_still_dropped_and_appends_start_clean(tmp_path)
 _WRITER = """
 import sys
 from pathlib import Path
-from rcn_fast.eval.checkpoint import Checkpoint
+from rcn_fast.eval.run.checkpoint import Checkpoint
 path, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 for i in range(n):
     Checkpoint(path, {}).append([{"id": f"{me}-{i}", "pad": "x" * 65536}])
@@ -236,7 +236,7 @@ def test_a_question_longer_than_the_context_is_warned_about():
     from llm_helpers import build_model, build_tokenizer, mcq_chat
 
     from rcn_fast.llm.base import ContextLengthWarning
-    from rcn_fast.llm.hf import HFLLM
+    from rcn_fast.llm.backends.hf import HFLLM
 
     tok = build_tokenizer()
     model = build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id)  # 512-token context

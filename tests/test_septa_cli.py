@@ -146,7 +146,7 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, cap
 def test_align_encoder_prefixes_match_the_eval_command(monkeypatch):
     """all-MiniLM-L6-v2 gets no E5 prefixes in `septa align`, as in `python -m rcn_fast.eval` (one helper)."""
     from rcn_fast.eval.config import encoder_defaults
-    from rcn_fast.eval.runner import DEFAULT_ENCODER_ARGS
+    from rcn_fast.eval.run.runner import DEFAULT_ENCODER_ARGS
     from rcn_fast.retrieval.encoders import Encoder
     from rcn_fast.septa.__main__ import _encoder
 

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rcn_fast.llm.logits import LogitBias, check_logit_bias  # noqa: E402
+from rcn_fast.llm.backends.logits import LogitBias, check_logit_bias  # noqa: E402
 
 
 def test_logit_bias_adds_to_the_chosen_tokens_with_tensors_built_once(monkeypatch):

@@ -28,8 +28,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rcn_fast.eval import EvalConfig, evaluate  # noqa: E402
-from rcn_fast.eval.checkpoint import Checkpoint, DamagedRecordWarning  # noqa: E402
-from rcn_fast.eval.scoring import ChoiceTask, OpenTask, RecordError  # noqa: E402
+from rcn_fast.eval.run.checkpoint import Checkpoint, DamagedRecordWarning  # noqa: E402
+from rcn_fast.eval.metrics import ChoiceTask, OpenTask, RecordError  # noqa: E402
 from rcn_fast.llm.cache import CachedLLM, CallCache  # noqa: E402
 from tests.test_eval import CountingLLM, one_torch_thread, tiny_hf, tiny_llama_dir, write_questions  # noqa: E402,F401
 
@@ -153,9 +153,9 @@ def test_the_cli_names_the_damaged_file_in_one_warning_line(tmp_path, tiny_llama
 def test_a_fresh_record_is_held_to_the_same_check(tmp_path):
     """One validator, two callers: make_record refuses what a read-back would."""
     from rcn_fast.data import MCQuestion
-    from rcn_fast.eval.executors import make_record
-    from rcn_fast.eval.plan import Unit
-    from rcn_fast.eval.tasks import TaskSpec
+    from rcn_fast.eval.run.executors import make_record
+    from rcn_fast.eval.run.plan import Unit
+    from rcn_fast.eval.tasks.catalog import TaskSpec
     from rcn_fast.pipelines.base import Prediction
 
     qn = MCQuestion(id="q0", question="Which?", choices=["a", "b", "c"], answer=1)

@@ -67,7 +67,7 @@ def test_the_exempt_receivers_are_rcn_fasts_own_classes():
 
 
 def test_vllm_engine_passes_trust_remote_code_false():
-    src = (PACKAGE / "llm" / "vllm_engine.py").read_text(encoding="utf-8")
+    src = (PACKAGE / "llm" / "backends" / "vllm_engine.py").read_text(encoding="utf-8")
     assert '"trust_remote_code": False' in src and "vllm.LLM(model=model, **{**engine_kwargs" in src
 
 

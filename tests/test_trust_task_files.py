@@ -47,7 +47,7 @@ def _obqa_rows(answers: str, stems: list[str] | None = None) -> str:
 
 # ------------------------------------------------------------------ item 1: keys
 def test_the_key_follows_a_data_folders_content(tmp_path):
-    from rcn_fast.eval.tasks import resolve_task, spec_key
+    from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
 
     d = tmp_path / "obqa"
     d.mkdir()
@@ -67,7 +67,7 @@ def test_the_key_follows_a_data_folders_content(tmp_path):
 
 
 def test_a_yaml_tasks_local_file_or_folder_is_keyed_by_content(tmp_path):
-    from rcn_fast.eval.tasks import resolve_task, spec_key
+    from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
 
     inc = tmp_path / "tasks"
     (inc / "data").mkdir(parents=True)
@@ -83,8 +83,8 @@ def test_a_yaml_tasks_local_file_or_folder_is_keyed_by_content(tmp_path):
 def test_a_packaged_task_included_by_a_users_file_keeps_its_package_paths(tmp_path):
     """The paths of an ``include:``d packaged task are relative to the package (before: made relative
     to the including file's folder, where no such file is); the user's own stay relative to it."""
-    from rcn_fast.eval.task_spec import TASKS_DIR, package_path, task_corpus
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.spec import TASKS_DIR, package_path, task_corpus
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     inc = tmp_path / "mine"
     inc.mkdir()
@@ -99,7 +99,7 @@ def test_a_packaged_task_included_by_a_users_file_keeps_its_package_paths(tmp_pa
 
 
 def test_an_lm_eval_tasks_local_data_is_keyed_by_content(tmp_path):
-    from rcn_fast.eval.tasks import resolve_task, spec_key
+    from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
 
     inc = tmp_path / "lm"
     inc.mkdir()
@@ -341,7 +341,7 @@ def test_a_template_of_nested_ranges_fails_at_once_naming_the_file(tmp_path):
 
 
 def test_aliases_within_the_budget_still_work(tmp_path):
-    from rcn_fast.eval.tasks import resolve_task
+    from rcn_fast.eval.tasks.catalog import resolve_task
 
     inc = tmp_path / "tasks"
     inc.mkdir()
@@ -358,7 +358,7 @@ def test_aliases_within_the_budget_still_work(tmp_path):
      + "]\n", "alias bomb"),
 ])
 def test_other_costly_yaml_is_refused_naming_the_file_and_line(tmp_path, text, why):
-    from rcn_fast.eval.tasks import TaskError, resolve_task
+    from rcn_fast.eval.tasks.catalog import TaskError, resolve_task
 
     inc = tmp_path / "tasks"
     inc.mkdir()
@@ -388,7 +388,7 @@ def test_other_costly_yaml_is_refused_naming_the_file_and_line(tmp_path, text, w
     ("{{ (2 ** 4000) ** 4000 }}", "exponent"),
 ])
 def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
-    from rcn_fast.eval.task_limits import TaskLimitError, render
+    from rcn_fast.eval.tasks.limits import TaskLimitError, render
 
     t0 = time.monotonic()
     with pytest.raises(TaskLimitError, match=why):
@@ -397,7 +397,7 @@ def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
 
 
 def test_ordinary_templates_render_as_before():
-    from rcn_fast.eval.task_limits import render
+    from rcn_fast.eval.tasks.limits import render
 
     doc = {"question": "Why?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "B"}
     assert render("Question: {{question}}\nAnswer:", doc) == "Question: Why?\nAnswer:"
@@ -410,7 +410,7 @@ def test_ordinary_templates_render_as_before():
 
 def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monkeypatch):
     """lm-eval's ``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}`` reads local files too."""
-    from rcn_fast.eval.tasks import resolve_task, spec_key
+    from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
 
     monkeypatch.chdir(tmp_path)
     inc = tmp_path / "lm"
@@ -435,8 +435,8 @@ def test_a_json_dataset_of_local_data_files_is_planned_with_the_hub_unreachable(
     """``dataset_path: json`` with local ``data_files`` reads no hub data: an unreachable hub does not
     refuse it (before: "is on the Hugging Face hub, which cannot be reached"); a hub id still is."""
     from rcn_fast.eval import EvalConfig, plan as plan_module
-    from rcn_fast.eval.task_sources import needs_hub
-    from rcn_fast.eval.tasks import resolve_task
+    from rcn_fast.eval.tasks.sources import needs_hub
+    from rcn_fast.eval.tasks.catalog import resolve_task
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(plan_module, "hub_access", lambda: ("unreachable", "no network in this test"))

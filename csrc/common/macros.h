@@ -4,6 +4,6 @@
 #define RCN_HD __host__ __device__ __forceinline__
 #else
 // static: each translation unit keeps its own copy, so a copy compiled with
-// AVX2 flags (cpu/isa/*) can never be linked into baseline code.
+// AVX2 flags (csrc/*/isa/*) can never be linked into baseline code.
 #define RCN_HD static inline
 #endif

@@ -9,7 +9,7 @@
 
 namespace rcn_fast {
 
-// Exact top-n maximum inner product search (cpu/topn.h, cuda/topn.h).
+// Exact top-n maximum inner product search (topn/cpu/topn.h, topn/cuda/topn.h).
 struct TopnProblem {
   const void* queries;      // [Q, d] rows of `query_dtype`, unit inner stride
   DType query_dtype;
@@ -22,8 +22,8 @@ struct TopnProblem {
   int64_t* ids_out;         // [Q, k] contiguous
 };
 
-// Relevance-based subset sampling, ReConnect eqs. 4-6 (cpu/sampling.h,
-// cuda/sampling.h).
+// Relevance-based subset sampling, ReConnect eqs. 4-6 (sampling/cpu/sampling.h,
+// sampling/cuda/sampling.h).
 struct SamplingProblem {
   const float* query;       // [B, d] float32, unit inner stride
   int64_t query_stride;     // elements between query rows

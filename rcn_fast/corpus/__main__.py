@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     num_workers=args.num_workers, gpus_per_worker=args.gpus_per_worker,
                     cpus_per_worker=args.cpus_per_worker, show_progress=not args.no_progress)
             else:
-                from rcn_fast.eval.progress import quiet_loading
+                from rcn_fast.eval.report.progress import quiet_loading
 
                 with quiet_loading(args.no_progress):  # --no-progress: no weight-loading bars either
                     enc = Encoder.from_pretrained(args.encoder, **enc_kw)

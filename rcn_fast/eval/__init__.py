@@ -6,13 +6,13 @@
 * :class:`EvalConfig` -- every setting of a run (YAML/JSON).
 * Tasks: :func:`available_tasks`, :func:`get_task`, :func:`resolve_task`,
   :func:`load_task_questions` (YAML files in ``rcn_fast/eval/tasks/``); a
-  task scores the predictions (:mod:`rcn_fast.eval.scoring`), pipelines
+  task scores the predictions (:mod:`rcn_fast.eval.metrics`), pipelines
   never see the gold answers.
-* :func:`evaluate` is plan (:mod:`rcn_fast.eval.plan`) -> executor
-  (:mod:`rcn_fast.eval.executors`, :mod:`rcn_fast.eval.ray_executor`) ->
+* :func:`evaluate` is plan (:mod:`rcn_fast.eval.run.plan`) -> executor
+  (:mod:`rcn_fast.eval.run.executors`, :mod:`rcn_fast.eval.run.ray_executor`) ->
   reports.
 * Reports: ``results_<timestamp>.json`` / ``.md`` / ``.png`` and
-  ``samples_<task>_<pipeline>_<timestamp>.jsonl`` (:mod:`rcn_fast.eval.reports`).
+  ``samples_<task>_<pipeline>_<timestamp>.jsonl`` (:mod:`rcn_fast.eval.report.results`).
 
 Examples
 --------
@@ -24,8 +24,8 @@ Examples
 """
 
 from rcn_fast.eval.config import EvalConfig, EvalError, MODEL_PACKAGES_HINT
-from rcn_fast.eval.runner import evaluate
-from rcn_fast.eval.tasks import (
+from rcn_fast.eval.run.runner import evaluate
+from rcn_fast.eval.tasks.catalog import (
     TaskError,
     TaskSpec,
     available_tasks,

@@ -177,7 +177,7 @@ def lm_eval_model_args(items: Sequence[str], model: Any) -> tuple[str | None, di
     suffix ``/completions`` or ``/chat/completions`` dropped). Every other
     key must be an option of the backend the spec names
     (:class:`rcn_fast.llm.HFConfig` fields for a local model,
-    :class:`rcn_fast.llm.openai.OpenAIConfig` fields for a server; anything
+    :class:`rcn_fast.llm.openai.client.OpenAIConfig` fields for a server; anything
     for vLLM's engine); ``num_concurrent`` is ``concurrency``.
 
     Raises
@@ -205,9 +205,9 @@ def lm_eval_model_args(items: Sequence[str], model: Any) -> tuple[str | None, di
     if target.startswith("vllm:"):
         return spec, kv
     if target.startswith("openai:"):
-        from rcn_fast.llm.openai import OpenAIConfig as backend
+        from rcn_fast.llm.openai.client import OpenAIConfig as backend
     else:
-        from rcn_fast.llm.hf import HFConfig as backend
+        from rcn_fast.llm.backends.hf import HFConfig as backend
     known = set(backend.__dataclass_fields__)
     unknown = sorted(set(kv) - known)
     if unknown:
@@ -231,7 +231,7 @@ def _limit_arg(text: str) -> int | float:
 
 
 def _list_tasks(include_paths: Sequence[str] | None = None) -> None:
-    from rcn_fast.eval.tasks import TaskError, registry
+    from rcn_fast.eval.tasks.catalog import TaskError, registry
 
     try:
         specs = registry(include_paths or ())
@@ -284,8 +284,8 @@ def _show_warning(message: Any, category: type, filename: str, lineno: int, file
     """Task warnings (a split with another count than the paper's) and
     damaged checkpoint records as one ``rcn_fast.eval: warning:`` line; any
     other warning as Python shows it."""
-    from rcn_fast.eval.checkpoint import DamagedRecordWarning
-    from rcn_fast.eval.tasks import TaskCountWarning
+    from rcn_fast.eval.run.checkpoint import DamagedRecordWarning
+    from rcn_fast.eval.tasks.catalog import TaskCountWarning
 
     if issubclass(category, (TaskCountWarning, DamagedRecordWarning)):
         print(f"rcn_fast.eval: warning: {message}", file=sys.stderr)
@@ -323,7 +323,7 @@ def _main(ns: argparse.Namespace) -> int:
         cfg = config_from_args(ns)
         if ns.paper:
             return _run_paper(ns, cfg)
-        from rcn_fast.eval.runner import evaluate
+        from rcn_fast.eval.run.runner import evaluate
 
         doc = evaluate(cfg)
         if _all_failed(doc):

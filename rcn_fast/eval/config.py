@@ -103,7 +103,7 @@ class EvalConfig:
         is cached in the output folder per corpus and question set).
     num_shards, shard_id : int
         Answer only the questions of shard ``shard_id`` of ``num_shards``
-        (split by question id, see :mod:`rcn_fast.eval.shards`); each shard
+        (split by question id, see :mod:`rcn_fast.eval.run.shards`); each shard
         writes its own checkpoints in the shared output folder and writes no
         report. A later run without shard settings merges them and writes
         the reports (no model call for finished questions). With
@@ -205,7 +205,7 @@ class EvalConfig:
         tf = self.corpus_text_field
         if tf is not None and (not isinstance(tf, str) or not tf.strip()):
             raise EvalError(f"corpus_text_field: expected the name of the text field of a --corpus file, got {tf!r}")
-        from rcn_fast.eval.tasks import check_limit
+        from rcn_fast.eval.tasks.catalog import check_limit
 
         try:
             self.limit = check_limit(self.limit)

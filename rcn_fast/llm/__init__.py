@@ -16,45 +16,36 @@
   :class:`Cost` / :class:`CostTracker` -- usage accounting.
 * :func:`preflight` -- check a model server once before a run.
 * ``python -m rcn_fast.serve --model SPEC`` -- a small OpenAI-compatible
-  server over the local backend (:mod:`rcn_fast.llm.serve`).
+  server over the local backend (:mod:`rcn_fast.llm.server.app`).
 
 Everything heavy (torch, transformers, triton) is imported lazily.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from rcn_fast._lazy import lazy_exports
 from rcn_fast.llm.base import LLM, ContextLengthWarning, Cost, CostTracker, Generation, GenerationParams
 from rcn_fast.llm.chat import render_chat, validate_chats
 
+#: Public name -> the module that defines it (imported on first access).
 _LAZY = {
-    "load_llm": ("rcn_fast.llm.load", "load_llm"),
-    "register_backend": ("rcn_fast.llm.registry", "register_backend"),
-    "HFLLM": ("rcn_fast.llm.hf", "HFLLM"),
-    "HFConfig": ("rcn_fast.llm.hf", "HFConfig"),
-    "OpenAILLM": ("rcn_fast.llm.openai", "OpenAILLM"),
-    "OpenAIConfig": ("rcn_fast.llm.openai", "OpenAIConfig"),
-    "VLLMEngine": ("rcn_fast.llm.vllm_engine", "VLLMEngine"),
-    "CallCache": ("rcn_fast.llm.cache", "CallCache"),
-    "CachedLLM": ("rcn_fast.llm.cache", "CachedLLM"),
-    "choice_logprobs": ("rcn_fast.llm.scoring", "choice_logprobs"),
-    "choice_logprobs_from_hidden": ("rcn_fast.llm.scoring", "choice_logprobs_from_hidden"),
-    "label_token_ids": ("rcn_fast.llm.scoring", "label_token_ids"),
-    "LabelScoreError": ("rcn_fast.llm.scoring", "LabelScoreError"),
-    "preflight": ("rcn_fast.llm.preflight", "preflight"),
-    "PreflightError": ("rcn_fast.llm.preflight", "PreflightError"),
+    "load_llm": "rcn_fast.llm.load",
+    "register_backend": "rcn_fast.llm.registry",
+    "HFLLM": "rcn_fast.llm.backends.hf",
+    "HFConfig": "rcn_fast.llm.backends.hf",
+    "OpenAILLM": "rcn_fast.llm.openai.client",
+    "OpenAIConfig": "rcn_fast.llm.openai.config",
+    "VLLMEngine": "rcn_fast.llm.backends.vllm_engine",
+    "CallCache": "rcn_fast.llm.cache",
+    "CachedLLM": "rcn_fast.llm.cache",
+    "choice_logprobs": "rcn_fast.llm.scoring.choice",
+    "choice_logprobs_from_hidden": "rcn_fast.llm.scoring.choice",
+    "label_token_ids": "rcn_fast.llm.scoring.labels",
+    "LabelScoreError": "rcn_fast.llm.scoring.labels",
+    "preflight": "rcn_fast.llm.preflight",
+    "PreflightError": "rcn_fast.llm.preflight",
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(mod), attr)
-    raise AttributeError(f"module 'rcn_fast.llm' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "LLM",

@@ -230,11 +230,11 @@ def logsumexp(xs: Sequence[float]) -> float:
 
 def cached_label_ids(cache: dict[tuple[str, ...], list[list[int]]], tokenizer: Any, labels: Sequence[str],
                      spellings: Sequence[str]) -> list[list[int]]:
-    """Spelling token ids of each label (:func:`rcn_fast.llm.scoring.label_token_ids`),
+    """Spelling token ids of each label (:func:`rcn_fast.llm.scoring.choice.label_token_ids`),
     kept in ``cache`` by label tuple."""
     key = tuple(labels)
     if key not in cache:
-        from rcn_fast.llm import scoring
+        from rcn_fast.llm.scoring import choice as scoring
 
         cache[key] = scoring.label_token_ids(tokenizer, labels, spellings)
     return cache[key]
@@ -344,8 +344,8 @@ class SampleBackend:
 
 class LocalBackend(SampleBackend):
     """Base of the backends that run a model in this process on its own
-    tokenizer (transformers' :class:`~rcn_fast.llm.hf.HFLLM`, the native
-    engine's :class:`~rcn_fast.llm.engine.GGUFLLM`): chat rendering, label
+    tokenizer (transformers' :class:`~rcn_fast.llm.backends.hf.HFLLM`, the native
+    engine's :class:`~rcn_fast.llm.backends.engine.GGUFLLM`): chat rendering, label
     ids, label scoring and drawing samples, the same for both.
 
     A subclass sets ``tokenizer``, ``system_role``, ``name``, ``cost``,
@@ -406,7 +406,7 @@ class LocalBackend(SampleBackend):
 
         Raises
         ------
-        rcn_fast.llm.logits.NonFiniteLogitsError
+        rcn_fast.llm.backends.logits.NonFiniteLogitsError
             A NaN or ``+inf`` next-token logit (or a row of ``-inf`` only):
             broken numbers are an error, never text.
         """
@@ -444,10 +444,10 @@ class LocalBackend(SampleBackend):
         ------
         LabelScoreError
             A row the model scores NaN or ``+inf`` (NaN logits, an
-            overflow): :func:`rcn_fast.llm.scoring.check_label_scores`.
+            overflow): :func:`rcn_fast.llm.scoring.choice.check_label_scores`.
         """
         from rcn_fast.llm import chat as chatlib
-        from rcn_fast.llm import scoring
+        from rcn_fast.llm.scoring import choice as scoring
 
         valid = chatlib.validate_chats(chats)
         rows = normalise_labels(labels, len(valid))

@@ -65,8 +65,8 @@ from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
 from rcn_fast.llm.base import normalise_labels, pad_rows
-from rcn_fast.llm.labels import logprob_row_problem
-from rcn_fast.llm.scoring import check_label_scores
+from rcn_fast.llm.scoring.labels import logprob_row_problem
+from rcn_fast.llm.scoring.choice import check_label_scores
 
 DEFAULT_NAME = "llm_cache.sqlite"
 JOURNAL_MODES = ("wal", "delete", "dotfile")
@@ -108,7 +108,7 @@ def check_logprobs(value: Any, labels: Sequence[str] | None = None) -> None:
     """Raise ValueError unless ``value`` is a stored label-logprobs row: a
     number per label (``labels``: the row's labels, when known), none NaN,
     ``+inf`` or positive and not all ``-inf`` -- the rule fresh scores are
-    held to (:func:`rcn_fast.llm.labels.logprob_row_problem`)."""
+    held to (:func:`rcn_fast.llm.scoring.labels.logprob_row_problem`)."""
     if not isinstance(value, dict) or not isinstance(value.get("logprobs"), list) \
             or not is_int(value.get("prompt_tokens")) or value["prompt_tokens"] < 0:
         raise ValueError(f"expected a label-logprobs record, got {str(value)[:80]}")

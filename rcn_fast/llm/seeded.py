@@ -1,6 +1,6 @@
 """Seeded sampling whose draws do not depend on batching.
 
-Contract (local backend, :class:`rcn_fast.llm.hf.HFLLM`): a sampled
+Contract (local backend, :class:`rcn_fast.llm.backends.hf.HFLLM`): a sampled
 generation depends only on the model, the prompt's token ids, the decoding
 parameters, ``seed`` and the sample index ``s`` -- never on which other rows
 share its batch, the batch size, its position in the batch, or

@@ -1,6 +1,6 @@
 """Model specs to files, and the tokenizer alone: what the local backend
 (:mod:`rcn_fast.llm.load`) and the OpenAI-compatible client (rendering
-chats client-side, :mod:`rcn_fast.llm.openai`) both need."""
+chats client-side, :mod:`rcn_fast.llm.openai.client`) both need."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast import _arrays as A
-from rcn_fast.llm.hf import HINT
+from rcn_fast.llm.backends.hf import HINT
 
 
 def resolve_spec(spec: str) -> Path:
@@ -35,7 +35,7 @@ def load_tokenizer(spec: str) -> Any:
     # a folder holding only tokenizer files (no config.json) is a tokenizer too
     path = given if given.is_dir() else resolve_spec(spec)
     if path.is_file():  # a .gguf file (its converted copy when cached)
-        from rcn_fast.llm.gguf_cache import cached_tokenizer
+        from rcn_fast.llm.backends.gguf_cache import cached_tokenizer
 
         cached = cached_tokenizer(path)
         return cached if cached is not None else tf.AutoTokenizer.from_pretrained(

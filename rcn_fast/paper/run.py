@@ -4,14 +4,14 @@ Each distinct row (pipeline + settings) is one ordinary evaluation into the
 same output folder, so the call cache and the checkpoints make an
 interrupted preset resume where it stopped (a rerun asks the model nothing
 it already answered), and a corpus file is embedded once. The rows share
-one loader (:class:`rcn_fast.eval.loading.Components`): the LLM, the
+one loader (:class:`rcn_fast.eval.run.loading.Components`): the LLM, the
 encoder and each corpus's retriever are loaded once for the whole table.
 
 The table's tasks load as their task files say (the hub, a pinned URL),
 or from the user's files: ``--tasks NAME=FILE``, ``NAME=DIR`` or ``DIR``, a
 folder in the commonsense layout (``<task>/<task>-{train,dev,test}.jsonl``,
 the split each task evaluates: :func:`task_entries`). Whether the hub can be
-reached is asked once (:func:`rcn_fast.eval.task_sources.hub_access`).
+reached is asked once (:func:`rcn_fast.eval.tasks.sources.hub_access`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.eval.loading import log
+from rcn_fast.eval.run.loading import log
 from rcn_fast.paper.presets import (DEFAULT_SEEDS, ID_TASKS, NOT_IMPLEMENTED, OOD_TASKS, TABLE6_RETRIEVERS, Preset,
                                     RowRun, get_preset)
 from rcn_fast.paper.report import PaperReport, fill_cells
@@ -60,12 +60,12 @@ def corpus_of(task: str, run: RowRun, cfg: Any, corpora: Mapping[str, str]) -> s
 
 def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[str] = ()) -> dict[str, str]:
     """The ``--tasks`` entries of a table's tasks: ``{task: entry}`` for
-    :func:`rcn_fast.eval.tasks.resolve_task` (a task not named loads as its
+    :func:`rcn_fast.eval.tasks.catalog.resolve_task` (a task not named loads as its
     task file says).
 
     ``given`` holds ``NAME=FILE`` (the task on that question file),
     ``NAME=DIR`` (the task's file of the split it evaluates in a folder of
-    the commonsense layout, :func:`rcn_fast.eval.task_sources.layout_file`;
+    the commonsense layout, :func:`rcn_fast.eval.tasks.sources.layout_file`;
     any other folder as ``resolve_task`` reads it), ``DIR`` (every task of
     the table found in that commonsense-layout folder) or ``NAME``.
 
@@ -77,8 +77,8 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
         without the task it is for.
     """
     from rcn_fast.data.loaders import file_split
-    from rcn_fast.eval.task_sources import layout_file
-    from rcn_fast.eval.tasks import get_task, normalize_name
+    from rcn_fast.eval.tasks.sources import layout_file
+    from rcn_fast.eval.tasks.catalog import get_task, normalize_name
 
     table = preset.tasks()
     listed = ", ".join(table)
@@ -128,8 +128,8 @@ def check_tasks(tasks: Sequence[str], cfg: Any, entries: Mapping[str, str] | Non
     on the Hugging Face hub are not tried when the hub cannot be reached (asked
     once for all of them); their reason says how to give local files.
     """
-    from rcn_fast.eval.task_sources import LOCAL_DATA_HINT, hub_access, needs_hub
-    from rcn_fast.eval.tasks import load_task_questions, resolve_task
+    from rcn_fast.eval.tasks.sources import LOCAL_DATA_HINT, hub_access, needs_hub
+    from rcn_fast.eval.tasks.catalog import load_task_questions, resolve_task
 
     entries = dict(entries or {})
     info: dict[str, dict[str, Any]] = {}
@@ -200,7 +200,7 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
     from rcn_fast.eval.config import EvalError
 
     if evaluate is None:
-        from rcn_fast.eval.runner import evaluate
+        from rcn_fast.eval.run.runner import evaluate
     preset: Preset = get_preset(name)
     corpora = dict(corpora or {})
     seeds = list(seeds) if seeds else list(DEFAULT_SEEDS)
@@ -258,11 +258,11 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
 
 
 def _shared_loader(cfg: Any, llm: Any, encoder: Any, runs: Any) -> Any:
-    """One loader for every row (:class:`~rcn_fast.eval.loading.Components`): each model loads once. The
+    """One loader for every row (:class:`~rcn_fast.eval.run.loading.Components`): each model loads once. The
     user's LLM is loaded now when a row needs it (a model that cannot load stops the table before any
     row runs); the encoder and the retrievers when a row first needs them."""
-    from rcn_fast.eval.executors import given_llm, output_folder
-    from rcn_fast.eval.loading import Components
+    from rcn_fast.eval.run.executors import given_llm, output_folder
+    from rcn_fast.eval.run.loading import Components
     from rcn_fast.eval.pipeline_needs import needs_llm, pipeline_registry
 
     given = given_llm(cfg, llm)

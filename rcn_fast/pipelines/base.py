@@ -74,9 +74,9 @@ class Prediction:
     answer : int or None
         The gold answer index of the question given (None in an evaluation:
         pipelines get questions without gold; the task writes it into the
-        records, :meth:`rcn_fast.eval.scoring.Task.record_prediction`).
+        records, :meth:`rcn_fast.eval.metrics.Task.record_prediction`).
         Whether the prediction is correct is the task's scoring:
-        ``rcn_fast.eval.scoring.score(question, prediction)["acc"]``.
+        ``rcn_fast.eval.metrics.score(question, prediction)["acc"]``.
     """
 
     question_id: str

@@ -26,7 +26,7 @@ Then, by the kind of questions given to ``run_batch``:
   :class:`OpenPrediction`.
 
 The pipelines never see gold answers nor compute a metric: the task scores
-a prediction (:mod:`rcn_fast.eval.scoring`: StringEM beside exact match for
+a prediction (:mod:`rcn_fast.eval.metrics`: StringEM beside exact match for
 open questions, accuracy for choices; ``scored(question, prediction)``
 fills those fields in for a library user's own labelled questions).
 """
@@ -116,7 +116,7 @@ class OpenPrediction:
         ``"all"``).
     answers : list of str
         The gold aliases of the question: filled in by the task's scoring
-        (:meth:`rcn_fast.eval.scoring.Task.record_prediction`), empty from a
+        (:meth:`rcn_fast.eval.metrics.Task.record_prediction`), empty from a
         pipeline.
     string_em : bool or None
         ActiveRAG's StringEM of ``answer_text``: filled in by the task's
@@ -569,7 +569,7 @@ def agent_results(prediction: Any) -> dict[str, Any]:
     choice, read from the trace's ``combination`` entry) or
     ``{"answer_text"}`` (open domain; with ``"string_em"`` and
     ``"exact_match"`` once scored by the task,
-    :func:`rcn_fast.eval.scoring.scored`); empty for a single-agent
+    :func:`rcn_fast.eval.metrics.scored`); empty for a single-agent
     prediction.
     """
     if isinstance(prediction, OpenPrediction):

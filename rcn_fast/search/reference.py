@@ -1,6 +1,6 @@
 """Plain numpy top-n: the specification every fast path is tested against.
 
-Ordering rules (shared with csrc/common/topn_order.h):
+Ordering rules (shared with csrc/topn/topn_order.h):
 
 * per query, the ``k`` best corpus rows by inner product, higher first;
 * equal scores: lower corpus id first;

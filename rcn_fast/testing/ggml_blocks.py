@@ -1,5 +1,5 @@
 """GGML weight blocks built in numpy, and their plain dequantisation: the
-reference the native quantised matrix products (csrc/cpu/isa/quant_gemm.cpp)
+reference the native quantised matrix products (csrc/llm/isa/quant_gemm.cpp)
 and the GGUF files written by the tests are checked against.
 
 Layouts (common/quant_blocks.h): Q8_0 ``{f16 d; i8 q[32]}``, Q4_0
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rcn_fast.llm.engine.gguf_file import GGML_TYPES as QTYPES  # name -> GGML type id, of the formats multiplied
+from rcn_fast.llm.backends.engine.gguf_file import GGML_TYPES as QTYPES  # name -> GGML type id, of the formats multiplied
 
 #: GGML type ids
 F32, F16, Q4_0, Q4_1, Q8_0 = (QTYPES[n] for n in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0"))

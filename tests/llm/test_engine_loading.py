@@ -21,10 +21,10 @@ pytest.importorskip("tokenizers")
 from llm_helpers import build_model, build_tokenizer, mcq_chat, write_gguf  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.engine import GGUFLLM, UnsupportedModel  # noqa: E402
-from rcn_fast.llm.engine import tokenizer as toklib  # noqa: E402
-from rcn_fast.llm.engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
-from rcn_fast.llm.engine.prefix_cache import PrefixCache, shared_prefixes  # noqa: E402
+from rcn_fast.llm.backends.engine import GGUFLLM, UnsupportedModel  # noqa: E402
+from rcn_fast.llm.backends.engine import tokenizer as toklib  # noqa: E402
+from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
+from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache, shared_prefixes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_engine_choice_and_option_checks(tiny_gguf, tiny_llama_dir, cache):
-    from rcn_fast.llm.hf import HFLLM
+    from rcn_fast.llm.backends.hf import HFLLM
 
     assert isinstance(load_llm(str(tiny_gguf)), GGUFLLM)
     assert isinstance(load_llm(str(tiny_gguf), device="cpu", num_threads=1, prefix_cache_mb=0), GGUFLLM)

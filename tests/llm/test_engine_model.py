@@ -16,7 +16,7 @@ pytest.importorskip("gguf")
 from llm_helpers import build_tokenizer, mcq_chat, write_gguf  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.engine import GGUFLLM  # noqa: E402
+from rcn_fast.llm.backends.engine import GGUFLLM  # noqa: E402
 
 QUESTIONS = [
     "Where would you put a plate after washing it? A. cupboard B. table C. floor D. oven E. car",

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from llm_helpers import mcq_chat  # noqa: E402
 
-from rcn_fast.llm.engine import GGUFLLM, NonFiniteLogitsError  # noqa: E402
+from rcn_fast.llm.backends.engine import GGUFLLM, NonFiniteLogitsError  # noqa: E402
 
 QS = [
     "Where would you put a plate after washing it?\nA. cupboard\nB. highway\nC. sky",

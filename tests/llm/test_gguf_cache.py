@@ -17,7 +17,8 @@ pytest.importorskip("gguf")
 
 from llm_helpers import mcq_chat, write_llama_gguf  # noqa: E402
 
-from rcn_fast.llm import gguf_cache, load  # noqa: E402
+from rcn_fast.llm import load  # noqa: E402
+from rcn_fast.llm.backends import gguf_cache  # noqa: E402
 from rcn_fast.llm import load_llm  # noqa: E402
 
 CHATS = [mcq_chat(q) for q in ("Where would you put a plate? A. cupboard B. floor", "What is 2 + 2? A. 4 B. 5")]
@@ -115,7 +116,7 @@ def test_damaged_or_stale_entry_is_rebuilt(gguf_file, cache, conversions, damage
         meta = json.loads((entry / gguf_cache.MANIFEST).read_text())
         meta["transformers"] = "0.0.1"
         (entry / gguf_cache.MANIFEST).write_text(json.dumps(meta))
-    with caplog.at_level("WARNING", logger="rcn_fast.llm.gguf_cache"):
+    with caplog.at_level("WARNING", logger="rcn_fast.llm.backends.gguf_cache"):
         again = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 2, "a damaged entry was used instead of converting again"
     assert "stale or damaged" in caplog.text
@@ -153,7 +154,7 @@ def test_cache_off_and_unwritable_cache_still_load(gguf_file, cache, conversions
     monkeypatch.delenv(gguf_cache.ENV)
     cache.mkdir()
     (cache / "gguf").write_text("a file where the cache folder should be")
-    with caplog.at_level("WARNING", logger="rcn_fast.llm.gguf_cache"):
+    with caplog.at_level("WARNING", logger="rcn_fast.llm.backends.gguf_cache"):
         llm = load_llm(str(gguf_file), engine="transformers", device="cpu")
     assert len(conversions) == 3 and "not cached" in caplog.text and llm.label_logprobs(CHATS, ["A", "B"]).shape == (2, 2)
 

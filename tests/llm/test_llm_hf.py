@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from llm_helpers import NO_SYSTEM, build_tokenizer, mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.hf import HFLLM  # noqa: E402
+from rcn_fast.llm.backends.hf import HFLLM  # noqa: E402
 
 QUESTIONS = [
     "Where would you put a plate after washing it? A. cupboard B. table C. floor",
@@ -143,7 +143,7 @@ def test_sampling_is_seeded(tiny_llm):
 def test_sampling_does_not_depend_on_batching(tiny_llm):
     """A sample depends on (prompt, parameters, seed, sample index) only:
     not on the other rows, batch size, position in the batch or num_samples."""
-    from rcn_fast.llm.hf import HFConfig
+    from rcn_fast.llm.backends.hf import HFConfig
 
     chats = [mcq_chat(q, prefill="") for q in QUESTIONS]
     kw = dict(max_new_tokens=6, temperature=1.3, top_p=0.95, seed=11)

@@ -1,5 +1,5 @@
 """The OpenAI-compatible client and the vLLM engine score labels with one
-function (:func:`rcn_fast.llm.label_scoring.exact_label_scores`, issue 28
+function (:func:`rcn_fast.llm.scoring.served.exact_label_scores`, issue 28
 item 3): given the same next-token and prompt log-probs -- a scripted
 HTTP server and a fake ``vllm`` module answering from one table -- both
 call it, ask it for the same prompt log-probs and get the same scores."""
@@ -19,7 +19,8 @@ pytest.importorskip("transformers")
 from llm_helpers import build_tokenizer, mcq_chat  # noqa: E402
 from stub_server import StubServer  # noqa: E402
 
-from rcn_fast.llm import label_scoring, load_llm  # noqa: E402
+from rcn_fast.llm import load_llm  # noqa: E402
+from rcn_fast.llm.scoring import served as label_scoring  # noqa: E402
 
 K = 5  # top log-probs both backends read first
 CHATS = [mcq_chat("Where is a plate kept? A. cupboard B. floor C. oven"), mcq_chat("2 + 2? A. 4 B. 5")]

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 LLM_DIR = Path(__file__).resolve().parents[2] / "rcn_fast" / "llm"
-LEAVES = sorted(LLM_DIR.glob("openai*.py")) + [LLM_DIR / n for n in ("vllm_engine.py", "label_scoring.py", "registry.py")]
+LEAVES = sorted((LLM_DIR / "openai").glob("*.py")) + [LLM_DIR / n for n in (
+    "backends/vllm_engine.py", "scoring/served.py", "registry.py")]
 
 
 def _self_fields(fn: ast.AST) -> set[str]:
@@ -61,7 +62,7 @@ def test_backends_do_not_import_load_llm_module(path):
 def test_swapping_the_config_reaches_the_transport_and_keeps_the_dialect():
     import dataclasses
 
-    from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM
+    from rcn_fast.llm.openai.client import OpenAIConfig, OpenAILLM
 
     llm = OpenAILLM("http://127.0.0.1:9", "m", OpenAIConfig(max_retries=6))
     assert llm.base_url == "http://127.0.0.1:9/v1" and llm.transport.config is llm.config

@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 from llm_helpers import mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.openai import ServerError  # noqa: E402
+from rcn_fast.llm.openai.client import ServerError  # noqa: E402
 
 _SERVER_DEPS = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 WORDS = ["no", "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]

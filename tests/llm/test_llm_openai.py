@@ -1,5 +1,5 @@
 """The OpenAI-compatible backend against a real HTTP server on 127.0.0.1
-(rcn_fast.llm.serve over the local backend and a tiny real model; the
+(rcn_fast.llm.server.app over the local backend and a tiny real model; the
 server behaves like vLLM: 20 top log-probs at most, a BOS added to text
 prompts unless add_special_tokens is false, token-id and list prompts,
 prompt log-probs, and switches that drop features as other servers do)."""
@@ -22,9 +22,9 @@ pytest.importorskip("transformers")
 from llm_helpers import CHATML, build_model, build_tokenizer, mcq_chat  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.openai import OpenAIConfig, OpenAILLM, ServerError  # noqa: E402
+from rcn_fast.llm.openai.client import OpenAIConfig, OpenAILLM, ServerError  # noqa: E402
 from rcn_fast.llm.seeded import sample_seed  # noqa: E402
-from rcn_fast.llm.serve import make_server  # noqa: E402
+from rcn_fast.llm.server.app import make_server  # noqa: E402
 
 QS = ["Where is a plate kept? A. cupboard B. floor C. oven", "2 + 2? A. 4 B. 5", "Colour? A. blue B. dog C. red D. car"]
 LABELS = [["A", "B", "C"], ["A", "B"], ["A", "B", "C", "D"]]
@@ -241,7 +241,7 @@ def test_fallback_to_top_logprobs_is_logged_and_escalates(tiny_llm, tiny_llama_d
     ref = tiny_llm.label_logprobs(chats, labels)
     srv = serve(tiny_llm, prompt_logprobs=False, max_logprobs=None)
     try:
-        with caplog.at_level(logging.WARNING, logger="rcn_fast.llm.openai"):
+        with caplog.at_level(logging.WARNING, logger="rcn_fast.llm.openai.client"):
             got = client(srv, tiny_llama_dir).label_logprobs(chats, labels)
         assert "no prompt log-probs" in caplog.text and "top log-probs" in caplog.text
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

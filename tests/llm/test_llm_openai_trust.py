@@ -1,6 +1,6 @@
 """The OpenAI client against servers that misbehave (a scripted stub on
 127.0.0.1) and against a model swapped behind the same name and port
-(rcn_fast.llm.serve): unusable log-probs fail their question and are never
+(rcn_fast.llm.server.app): unusable log-probs fail their question and are never
 cached, answers of the wrong shape are ServerErrors naming the field, and
 the cache's identity sees what the server says about its model."""
 
@@ -13,8 +13,8 @@ from stub_server import INF, LETTERS, NAN, StubServer, chat_answer, well_behaved
 
 from rcn_fast.llm import load_llm
 from rcn_fast.llm.cache import CachedLLM, CallCache
-from rcn_fast.llm.openai import ServerError
-from rcn_fast.llm.scoring import LabelScoreError
+from rcn_fast.llm.openai.client import ServerError
+from rcn_fast.llm.scoring.choice import LabelScoreError
 
 USER = [{"role": "user", "content": "Pick a letter."}]
 PREFILLED = [*USER, {"role": "assistant", "content": "Answer: "}]
@@ -225,7 +225,7 @@ def test_a_model_swapped_behind_the_same_name_and_port_is_not_served_from_the_ca
 
     from llm_helpers import build_model, build_tokenizer, mcq_chat
 
-    from rcn_fast.llm.serve import make_server
+    from rcn_fast.llm.server.app import make_server
 
     tok = build_tokenizer()
     other = build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id)

@@ -42,7 +42,7 @@ def test_a_name_the_server_does_not_serve_lists_the_names_it_does():
 
 def test_a_server_that_ignores_the_name_passes_with_a_warning(caplog):
     base = well_behaved(name="x", models=[{"id": "/models/real.gguf"}])
-    with StubServer(base) as srv, caplog.at_level(logging.WARNING, "rcn_fast.llm.openai"):
+    with StubServer(base) as srv, caplog.at_level(logging.WARNING, "rcn_fast.llm.openai.client"):
         llm = load_llm(f"openai:{srv.base_url}#x", backoff=0.0)
         preflight(llm)
         assert "not among the models the server lists" in caplog.text
@@ -59,7 +59,7 @@ def test_a_bad_tokenizer_path_is_one_message(tmp_path):
 
 
 def test_a_server_that_ignores_prefills_without_a_tokenizer_is_refused(tiny_llm):
-    from rcn_fast.llm.serve import make_server
+    from rcn_fast.llm.server.app import make_server
 
     srv = make_server(tiny_llm, "127.0.0.1", 0, model_name="tiny", extensions=False)
     srv.start()
@@ -72,7 +72,7 @@ def test_a_server_that_ignores_prefills_without_a_tokenizer_is_refused(tiny_llm)
 
 
 def test_prompt_logprobs_asked_for_but_not_served_is_refused(tiny_llm, tiny_llama_dir):
-    from rcn_fast.llm.serve import make_server
+    from rcn_fast.llm.server.app import make_server
 
     srv = make_server(tiny_llm, "127.0.0.1", 0, model_name="tiny", prompt_logprobs=False)
     srv.start()

@@ -77,7 +77,9 @@ def test_an_entry_point_registers_a_backend_without_code_of_the_caller(tmp_path,
 
 
 def test_built_in_prefixes_and_what_is_not_a_backend_spec():
-    from rcn_fast.llm import openai, register_backend, vllm_engine
+    from rcn_fast.llm import register_backend
+    from rcn_fast.llm.backends import vllm_engine
+    from rcn_fast.llm.openai import client as openai
 
     assert register_backend is registry.register_backend  # importable where README shows load_llm
 
@@ -111,6 +113,6 @@ def test_unregistering_a_built_in_prefix_restores_it(toy):
     registry.register_backend("vllm", toy.load_toy, replace=True)
     assert load_llm("vllm:E").prefer == "E"
     registry.unregister_backend("vllm")
-    from rcn_fast.llm import vllm_engine
+    from rcn_fast.llm.backends import vllm_engine
 
     assert registry.find_backend("vllm:m")[0] is vllm_engine.load_spec

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rcn_fast import BackendUnavailableError  # noqa: E402
-from rcn_fast.llm.scoring import (  # noqa: E402
+from rcn_fast.llm.scoring.choice import (  # noqa: E402
     CHOICE_LOGPROBS,
     choice_logprobs,
     choice_logprobs_from_hidden,
@@ -221,7 +221,7 @@ def test_nan_and_pos_inf_rows_are_not_scored(backend):
 
 
 def test_label_tile_caps_send_large_cases_to_torch():
-    from rcn_fast.llm.scoring import CHOICE_LOGPROBS_HIDDEN, MAX_TILE_HIDDEN, MAX_TILE_LOGITS
+    from rcn_fast.llm.scoring.choice import CHOICE_LOGPROBS_HIDDEN, MAX_TILE_HIDDEN, MAX_TILE_LOGITS
 
     ctx = {"device": "cuda", "forced": False}
     # hidden kernel: next_pow2(C) * next_pow2(S) <= 256
@@ -294,7 +294,7 @@ def test_label_token_ids_spellings_and_vocab_pieces():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from rcn_fast.llm.scoring import label_token_ids
+    from rcn_fast.llm.scoring.choice import label_token_ids
 
     # a SentencePiece-style (Metaspace) tokenizer: "A" and " A" both encode to "▁A"
     tok = Tokenizer(models.BPE())

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rcn_fast.llm.cache import CacheError, CachedLLM, CallCache
-from rcn_fast.llm.scoring import LabelScoreError, check_label_scores
+from rcn_fast.llm.scoring.choice import LabelScoreError, check_label_scores
 
 NAN = math.nan
 

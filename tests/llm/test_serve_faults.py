@@ -1,4 +1,4 @@
-"""Fault injection against ``python -m rcn_fast.serve`` (rcn_fast.llm.serve):
+"""Fault injection against ``python -m rcn_fast.serve`` (rcn_fast.llm.server.app):
 requests an attacker or an unlucky client sends, each answered the way vLLM
 would answer it (or dropped) without taking the server over. Every server
 runs in-process on 127.0.0.1 over a tiny random-weight Llama built in code;
@@ -26,7 +26,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.serve import make_server  # noqa: E402
+from rcn_fast.llm.server.app import make_server  # noqa: E402
 
 TEXT = "Knowledge connects concepts."
 
@@ -380,7 +380,7 @@ def test_a_full_queue_is_503_with_retry_after(llm):
 
 
 def test_the_model_goes_to_waiting_requests_in_arrival_order():
-    from rcn_fast.llm.serve_limits import Cancelled, FifoLock
+    from rcn_fast.llm.server.limits import Cancelled, FifoLock
 
     lock, order, gone = FifoLock(), [], threading.Event()
     lock.acquire()
@@ -437,7 +437,7 @@ def test_a_request_whose_client_leaves_while_queued_leaves_the_queue(llm):
 
 
 def test_api_key_is_required_when_set(llm):
-    from rcn_fast.llm.serve_limits import exposure_warning
+    from rcn_fast.llm.server.limits import exposure_warning
 
     ids = list(llm.tokenizer.encode(TEXT))
     with serve(llm, api_key="s3cret") as srv:
@@ -458,7 +458,7 @@ def test_api_key_is_required_when_set(llm):
 
 
 def test_cli_bad_model_busy_port_and_bad_limits_are_one_message_and_exit_2(tiny_llama_dir, tmp_path, capsys):
-    from rcn_fast.llm.serve_cli import main
+    from rcn_fast.llm.server.cli import main
 
     def fails(argv: list[str]) -> str:
         with pytest.raises(SystemExit) as info:

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from rcn_fast.llm import load_llm  # noqa: E402
 from rcn_fast.llm.base import GenerationParams  # noqa: E402
-from rcn_fast.llm.logits import NonFiniteLogitsError  # noqa: E402
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError  # noqa: E402
 from tests.llm.test_serve_faults import error_of, raw, request, serve  # noqa: E402
 
 TEXT = "Knowledge connects concepts."

@@ -1,0 +1,76 @@
+// Binding of the CPU top-n scan (topn/cpu/topn.h).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cmath>
+#include <string>
+
+#include "bindings/util.h"
+#include "topn/cpu/topn.h"
+#include "topn/cpu/topn_select_emulated.h"
+
+namespace nb = nanobind;
+using namespace rcn_fast;
+using bind::AnyArray;
+using Arrays = bind::DeviceArrays<nb::device::cpu>;
+
+namespace {
+
+void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, Arrays::TopnScores scores_out,
+          Arrays::TopnIds ids_out, int num_threads, bool uint16_is_bf16) {
+  bind::run_topn<nb::device::cpu>(queries, corpus, k, scores_out, ids_out, uint16_is_bf16, /*max_k=*/0,
+                                  [&](const TopnProblem& p) { topn_cpu(p, num_threads); });
+}
+
+using Scores = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Test aid: the CUDA scan's selection on the host (topn/cpu/topn_select_emulated.h).
+void topn_select_emulated_py(const Scores& scores, int64_t k, int64_t slice_rows, int round, int merge_round,
+                             Arrays::TopnScores out_s, Arrays::TopnIds out_i) {
+  const int64_t Q = int64_t(scores.shape(0)), N = int64_t(scores.shape(1));
+  if (k < 1) throw nb::value_error("k: expected k >= 1");
+  if (slice_rows < 1 || slice_rows > int64_t(0xFFFFFFFF) || round < 1 || merge_round < 1)
+    throw nb::value_error("slice_rows, round, merge_round: expected positive sizes (slice_rows < 2^32)");
+  if (int64_t(out_s.shape(0)) != Q || int64_t(out_s.shape(1)) != k || int64_t(out_i.shape(0)) != Q ||
+      int64_t(out_i.shape(1)) != k)
+    throw nb::value_error("scores_out, ids_out: expected [Q, k] arrays");
+  nb::gil_scoped_release release;
+  topn_select_emulated(scores.data(), Q, N, k, slice_rows, round, merge_round, out_s.data(), out_i.data());
+}
+
+// Test aid: the CUDA scan's query split on the host.
+int topn_split_queries_py(const Scores& q, const std::string& corpus_dtype,
+                          nb::ndarray<uint16_t, nb::ndim<3>, nb::c_contig, nb::device::cpu> terms,
+                          nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu> scales) {
+  const int64_t Q = int64_t(q.shape(0)), d = int64_t(q.shape(1));
+  DType ct;
+  if (corpus_dtype == "float16")
+    ct = DType::F16;
+  else if (corpus_dtype == "bfloat16")
+    ct = DType::BF16;
+  else
+    throw nb::value_error("corpus_dtype: expected 'float16' or 'bfloat16'");
+  const int64_t T = ct == DType::F16 ? 2 : 3;
+  if (int64_t(terms.shape(0)) != T || int64_t(terms.shape(1)) != Q || int64_t(terms.shape(2)) != d ||
+      int64_t(scales.shape(0)) != T || int64_t(scales.shape(1)) != Q)
+    throw nb::value_error("terms, scales: expected uint16 [T, Q, d] and float32 [T, Q] arrays");
+  for (int64_t i = 0; i < Q * d; ++i)
+    if (!std::isfinite(q.data()[i])) throw nb::value_error("queries: expected finite values");
+  return topn_split_queries(q.data(), Q, d, d, ct, terms.data(), scales.data());
+}
+
+}  // namespace
+
+void bind_topn(nb::module_& m) {
+  m.def("topn_select_emulated", &topn_select_emulated_py, nb::arg("scores"), nb::arg("k"), nb::arg("slice_rows"),
+        nb::arg("round"), nb::arg("merge_round"), nb::arg("scores_out"), nb::arg("ids_out"),
+        "Test aid: the CUDA top-n scan's selection (topn/topn_select.h) over scores [Q, N] on the host.");
+  m.def("topn_split_queries", &topn_split_queries_py, nb::arg("queries"), nb::arg("corpus_dtype"), nb::arg("terms"),
+        nb::arg("scales"),
+        "Test aid: the CUDA top-n scan's split of float32 queries into terms of the corpus dtype.");
+  m.def("topn", &topn, nb::arg("queries"), nb::arg("corpus"), nb::arg("k"),
+        nb::arg("scores_out"), nb::arg("ids_out"), nb::arg("num_threads") = 0,
+        nb::arg("uint16_is_bf16") = false,
+        "Exact top-k inner product search into preallocated outputs.");
+}

@@ -1,0 +1,38 @@
+// Matrix products with GGML-format weights on the CPU (llm/quant_blocks.h,
+// llm/isa/quant_isa.h): the kernel variant in use and a threaded launcher.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "llm/isa/quant_isa.h"
+
+namespace rcn_fast {
+
+// One compiled variant of the quantised-weight kernels.
+struct QuantKernels {
+  const char* name;  // "generic" | "avx2" | "avx512"
+  int lanes;
+  void (*qgemm)(const QGemmArgs&, int64_t, int64_t, float*);
+  void (*attend)(const AttnArgs&);
+  void (*silu_mul)(float*, const float*, int64_t);
+};
+
+// The variant chosen at load time: the widest this build and CPU support,
+// unless RCN_FAST_SIMD names another (generic | avx2 | avx512).
+const QuantKernels& quant_kernels();
+// A variant by name, or nullptr when it is not compiled in or the CPU lacks it.
+const QuantKernels* quant_kernels_named(const std::string& name);
+// "generic,avx2,avx512" (the variants compiled into this build).
+std::string quant_compiled();
+// Why the chosen variant is not the widest (RCN_FAST_SIMD), or "".
+std::string quant_note();
+
+// Output rows per dynamically scheduled chunk of a product with N rows on
+// `threads` threads (a multiple of 4).
+int64_t quant_chunk_rows(int64_t N, int threads);
+
+// y = x . w^T (+ bias) (+ y) on num_threads threads (<= 0: the default),
+// rows of w split in chunks taken from a shared counter.
+void quant_matmul(const QGemmArgs& a, int64_t N, int num_threads, const QuantKernels& k);
+
+}  // namespace rcn_fast

@@ -1,0 +1,25 @@
+// Test aids for the CUDA top-n scan, which cannot run without a GPU: the
+// shared selection (topn/topn_select.h) and query split run on the host
+// by one thread, exactly as the kernels sequence them.
+#pragma once
+#include <cstdint>
+
+#include "common/dtypes.h"
+
+namespace rcn_fast {
+
+// The scan's two-level selection over precomputed scores [Q, N] (row-major):
+// slices of `slice_rows` columns, each scanned in rounds of `round` columns
+// with a running selection per query (ids as offsets in the slice), each
+// slice's k best listed, then the lists merged in rounds of `merge_round`.
+// Fills out_s / out_i [Q, k] like topn_cpu. 1 <= k; slice_rows < 2^32.
+void topn_select_emulated(const float* scores, int64_t Q, int64_t N, int64_t k, int64_t slice_rows, int round,
+                          int merge_round, float* out_s, int64_t* out_i);
+
+// The scan's split of float32 queries [Q, d] into terms of `corpus`
+// (float16 or bfloat16): terms [T, Q, d] (bits), scales [T, Q]. Returns T.
+// Rows must be finite.
+int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, DType corpus, uint16_t* terms,
+                       float* scales);
+
+}  // namespace rcn_fast

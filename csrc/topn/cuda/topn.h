@@ -1,0 +1,37 @@
+// CUDA launcher of the exact top-n scan (same contract as topn/cpu/topn.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/problems.h"
+
+namespace rcn_fast::cuda {
+
+// Largest k the selection kernel keeps in shared memory.
+constexpr int64_t kTopnMaxK = 1024;
+
+// The CUDA top-n algorithms (TopnAlgorithm):
+//   Tiled (version 1): scans the corpus in chunks: a tiled float32 score
+//     kernel fills a [Q, chunk] buffer, then one block per query merges the
+//     chunk into its running top-k (radix select on topn_key, ties by lower
+//     id, bitonic sort of the k kept). Any dtype, k <= kTopnMaxK.
+//   Mma (version 2, topn/cuda/topn_mma.h): tensor-core scores with the selection
+//     fused, float16/bfloat16 corpora, k <= kTopnMmaMaxK.
+//   Auto: Mma where it can serve the call (topn_mma_unsupported), else
+//     Tiled. Neither Auto nor Mma looks at the query values: float32
+//     queries on a float16/bfloat16 corpus must be finite there (the scan
+//     splits them into corpus-dtype terms; a row with a NaN or +-inf gets
+//     only padding); the caller checks and asks for Tiled otherwise
+//     (rcn_fast/search/topn.py does).
+// Enqueued on `stream`; scratch is allocated with cudaMallocAsync.
+enum class TopnAlgorithm : int { Auto = 0, Tiled = 1, Mma = 2 };
+
+// The version of the automatic choice's kernels (bench/gpu_results records
+// it with every measurement; rcn_fast/_crossovers.py ignores measurements of
+// another version).
+constexpr int kTopnKernelVersion = 2;
+
+void topn_cuda(const TopnProblem& p, cudaStream_t stream, TopnAlgorithm algorithm = TopnAlgorithm::Auto);
+
+}  // namespace rcn_fast::cuda

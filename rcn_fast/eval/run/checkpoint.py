@@ -1,0 +1,248 @@
+"""Durable per-question results: one JSON-lines file per task x pipeline x seed.
+
+Each finished batch is appended and ``fsync``-ed before the next batch
+starts, so a kill (Ctrl-C, SIGKILL, power loss) loses at most the batch in
+flight, and that batch's LLM calls are already in the sqlite call cache: the
+same command resumes without asking the model again. A line cut short by a
+kill is dropped when the file is reopened. Several processes may share a
+file (two runs of one evaluation into one folder): every append and the
+reader's repair of a cut-off line hold an exclusive ``flock`` on the file,
+so a reader never mistakes another process's append in progress for a
+line cut short (on platforms without ``fcntl`` the repair is skipped: a
+cut-off line is ignored, and the next append starts on a new line). The file name carries a hash of
+everything that decides the answers (task data, pipeline settings and seed,
+the model's weights or served identity -- see
+:func:`rcn_fast.eval.run.loading.model_key` --, corpus, KB), so changed
+settings or weights never reuse stale answers.
+
+Every record read back goes through the same check as a fresh one (the
+``check`` of :class:`Checkpoint`: :meth:`rcn_fast.eval.metrics.Task.check_record`
+in an evaluation): a record that fails it -- a damaged line, a metric out
+of range or NaN, log-probs that are NaN, all ``-inf`` or fewer than the
+question's choices, a gold answer that is no longer the task's -- is left
+out (its question is answered again) with one :class:`DamagedRecordWarning`
+per file naming the file and the lines; it is never counted. Only the last
+record of a question counts (a recomputed answer supersedes a bad one). A
+line that is not JSON stays in the file; it is named while its question
+(records are written ``id`` first) has no valid record, so once answered
+again it is not warned about on every later load (a line whose id cannot
+be read is always named).
+
+Shards (``--num-shards S --shard-id I``) append to their own files beside
+the unsharded one (:mod:`rcn_fast.eval.run.shards`); every checkpoint also
+reads the records of its siblings (the unsharded file and every shard file
+of the same key), read-only and without repairing them, so a later run
+with other shard settings, or none, finds every finished question.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not on this platform (Windows)
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _locked(f: IO[bytes]) -> Iterator[bool]:
+    """Hold an exclusive flock on open file ``f``; yields whether a lock is held."""
+    if fcntl is None:
+        yield False
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        yield True
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class DamagedRecordWarning(UserWarning):
+    """Records of a checkpoint file that fail the check of a fresh result
+    were left out (their questions are answered again); the message names
+    the file, the lines and why."""
+
+
+def run_key(parts: dict[str, Any]) -> str:
+    """sha256 (hex, 16 chars) of a canonical JSON of ``parts``."""
+    blob = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _damaged_id(line: str) -> str | None:
+    """The question id a line that is not JSON starts with (records are
+    written ``{"id": ...`` first), or None when it cannot be read."""
+    head = '{"id": '
+    if not line.startswith(head):
+        return None
+    try:
+        qid, _ = json.JSONDecoder().raw_decode(line, len(head))
+    except (ValueError, RecursionError):
+        return None
+    return str(qid)
+
+
+class Checkpoint:
+    """Append-only store of the records of one task x pipeline x seed.
+
+    Parameters
+    ----------
+    path : Path
+        The unsharded ``.jsonl`` file; ``<path>.meta.json`` holds what the
+        key hashes.
+    meta : dict
+        Written once, when the file is first created.
+    shard : (shard_id, num_shards), optional
+        Append to that shard's own file instead of ``path``.
+    check : callable, optional
+        ``check(record)`` raises ValueError for a record that is not a
+        valid result (the rule of a fresh record); such a record read back
+        is left out, with a :class:`DamagedRecordWarning`.
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None,
+                 check: Callable[[dict[str, Any]], None] | None = None) -> None:
+        from rcn_fast.eval.run.shards import shard_file, sibling_files
+
+        base = Path(path)
+        self.base_path = base
+        self.path = base if shard is None or shard[1] == 1 else shard_file(base, *shard)
+        self.meta_path = base.with_suffix(".meta.json")
+        self.meta = meta
+        self.check = check
+        self.records: dict[str, dict[str, Any]] = {}
+        self._lines: dict[str, tuple[Path, int]] = {}  # where each record was read
+        self._unreadable: dict[Path, list[tuple[int, str | None]]] = {}  # (line, its question id if readable)
+        for other in sibling_files(base):
+            if other != self.path:
+                self._load_other(other)
+        self._load()
+        self._drop_damaged()
+
+    def _load_other(self, path: Path) -> None:
+        """Records of a sibling file another process may be appending to:
+        whole lines only, nothing repaired."""
+        data = path.read_bytes()
+        self._parse(data[: data.rfind(b"\n") + 1], path)
+
+    def _drop_damaged(self) -> None:
+        """Leave out the records ``check`` refuses (one warning per file,
+        naming the lines; lines that are not JSON too, unless their
+        question has a valid record: it is not answered again)."""
+        failed: dict[Path, list[str]] = {}
+        for qid in list(self.records) if self.check is not None else ():
+            try:
+                self.check(self.records[qid])
+            except (ValueError, TypeError, KeyError) as exc:
+                del self.records[qid]
+                path, line = self._lines[qid]
+                failed.setdefault(path, []).append(f"line {line} (question {qid!r}): {exc}")
+        bad: dict[Path, list[str]] = {}
+        unknown: set[Path] = set()  # files with a line whose question cannot be read
+        for path, lines in self._unreadable.items():
+            for n, qid in lines:
+                if qid is None:
+                    unknown.add(path)
+                    bad.setdefault(path, []).append(f"line {n} (not JSON)")
+                elif qid not in self.records:
+                    bad.setdefault(path, []).append(f"line {n} (question {qid!r}): not JSON")
+        for path, lines in failed.items():
+            bad.setdefault(path, []).extend(lines)
+        for path, lines in bad.items():
+            more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
+            which = "the questions among them with no other valid record" if path in unknown else "their questions"
+            warnings.warn(DamagedRecordWarning(
+                f"checkpoint {path}: {len(lines)} record(s) are damaged or fail the check of a fresh result; "
+                f"{which} are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
+
+    def _load(self) -> None:
+        if not self.path.is_file():
+            return
+        try:
+            f = open(self.path, "r+b")
+        except PermissionError:  # a read-only file: read it, repair nothing
+            f, data = None, self.path.read_bytes()
+            good = data.rfind(b"\n") + 1
+            data = data[:good]
+        if f is not None:
+            with f, _locked(f) as locked:
+                data = self._read_repair(f, locked)
+        self._parse(data, self.path)
+
+    @staticmethod
+    def _read_repair(f: IO[bytes], locked: bool) -> bytes:
+        """The whole lines of ``f``; a cut-off last line is truncated away
+        when ``locked`` (an exclusive flock is held)."""
+        data = f.read()
+        good = data.rfind(b"\n") + 1
+        if good < len(data):
+            # under the lock no other process is mid-append, so this is a
+            # line cut short by a kill: drop it
+            if locked:
+                f.truncate(good)
+                f.flush()
+                os.fsync(f.fileno())
+            data = data[:good]
+        return data
+
+    def _parse(self, data: bytes, path: Path) -> None:
+        for n, raw in enumerate(data.split(b"\n"), 1):
+            line = raw.decode("utf-8", errors="replace")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):  # a damaged line: its question is answered again
+                self._unreadable.setdefault(path, []).append((n, _damaged_id(line)))
+                continue
+            if isinstance(rec, dict) and "id" in rec:
+                self.records[str(rec["id"])] = rec
+                self._lines[str(rec["id"])] = (path, n)
+
+    def done(self) -> set[str]:
+        return set(self.records)
+
+    def stored_meta(self) -> dict[str, Any]:
+        if self.meta_path.is_file():
+            try:
+                return json.loads(self.meta_path.read_text())
+            except json.JSONDecodeError:
+                return {}
+        return {}
+
+    def write_meta(self, extra: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {**self.stored_meta(), **self.meta, **extra}
+        tmp = self.meta_path.with_suffix(f".{os.getpid()}.tmp")  # per process: two runs may share the folder
+        tmp.write_text(json.dumps(meta, indent=1, default=str))
+        os.replace(tmp, self.meta_path)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        """Append records and make them durable (flush + fsync)."""
+        records = list(records)
+        if not records:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        blob = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
+        with open(self.path, "a+b") as f, _locked(f):
+            data = blob.encode("utf-8")
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":  # a cut-off line left in place: start on a new line
+                    data = b"\n" + data
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        for r in records:
+            self.records[str(r["id"])] = r
+
+
+__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key"]

@@ -1,0 +1,270 @@
+"""The local engine as an :class:`~rcn_fast.llm.LLM`: generation with the
+greedy and seeded-sampling semantics of :mod:`rcn_fast.llm.seeded`, label
+scoring from the final hidden state, costs and a model identity, on a GGUF
+file run by the native decoder (:mod:`rcn_fast.llm.backends.engine.model`).
+
+What differs from the transformers backend (:class:`rcn_fast.llm.backends.hf.HFLLM`)
+is only how the numbers are computed: weights stay in the file's
+quantisation and are unpacked inside the matrix products (float32
+activations and accumulation, so results equal a float32 model with the
+dequantised weights up to summation order); the key/value cache is laid
+out for decoding; rows are scheduled continuously; shared prompt prefixes
+are computed once (the prefix cache). Prompts, chat rendering, token ids,
+label spellings, stop rules, sampling draws and costs are the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rcn_fast._validate import is_int
+from rcn_fast.llm import chat as chatlib
+from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
+from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
+from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
+from rcn_fast.llm.backends.engine.model import NativeLlama
+from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache
+from rcn_fast.llm.backends.engine.runner import Runner
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError
+from rcn_fast.llm.backends.engine.tokenizer import GGUFTokenizer
+
+#: bumped when the engine's numbers change (part of the identity)
+NUMERICS_VERSION = 1
+
+
+@dataclass
+class EngineConfig:
+    """Settings of the local engine (plain data, JSON-serialisable).
+
+    batch_size : rows (prompt x sample) decoded at once: the key/value
+        cache's slots.
+    num_threads : threads of the forward pass; 0: the CPUs this process may
+        run on (or ``RCN_FAST_NUM_THREADS``).
+    prefix_cache_mb : budget of the prefix cache in MiB (0 turns it off).
+    max_batch_tokens : tokens per forward pass (longer prompts are prefilled
+        in chunks).
+    min_prefix : shorter shared prefixes are not cached.
+    label_spellings : format strings for the spellings of a label.
+    scoring_backend : force the dispatch backend of the scoring op.
+    isa : the kernel variant (``""``: chosen at load time; ``"generic"``,
+        ``"avx2"``, ``"avx512"``).
+    """
+
+    batch_size: int = 16
+    num_threads: int = 0
+    prefix_cache_mb: float = 512.0
+    max_batch_tokens: int = 1024
+    min_prefix: int = 16
+    label_spellings: tuple[str, ...] = ("{}", " {}")
+    scoring_backend: str | None = None
+    isa: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_batch_tokens", "min_prefix"):
+            v = getattr(self, name)
+            if not is_int(v) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        if not is_int(self.num_threads) or self.num_threads < 0:
+            raise ValueError(f"num_threads: expected an int >= 0 (0: the available cores), got {self.num_threads!r}")
+        if not isinstance(self.prefix_cache_mb, (int, float)) or isinstance(self.prefix_cache_mb, bool) \
+                or not 0 <= self.prefix_cache_mb < 1 << 30:
+            raise ValueError(f"prefix_cache_mb: expected a number of MiB >= 0, got {self.prefix_cache_mb!r}")
+        if self.isa not in ("", "auto", "generic", "avx2", "avx512"):
+            raise ValueError(f"isa: expected '', 'generic', 'avx2' or 'avx512', got {self.isa!r}")
+        self.label_spellings = tuple(self.label_spellings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GGUFLLM(LocalBackend):
+    """A Llama-family GGUF model served in this process by the native engine.
+
+    Parameters
+    ----------
+    path : str or Path
+        The ``.gguf`` file.
+    name : str, optional
+        Where the model came from (part of ``identity``).
+    config : EngineConfig, optional
+
+    Raises
+    ------
+    rcn_fast.llm.backends.engine.UnsupportedModel
+        An architecture, tensor format or tokenizer the engine does not run
+        (load it with ``engine="transformers"``).
+    """
+
+    prefix = "native"
+
+    def __init__(self, path: str | Path, *, name: str | None = None, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.path = Path(path)
+        self.name = name or str(self.path)
+        self.gguf = GGUFFile(self.path)
+        self.model = NativeLlama(self.gguf, num_threads=self.config.num_threads,
+                                 isa="" if self.config.isa == "auto" else self.config.isa)
+        self.tokenizer = GGUFTokenizer(self.gguf)
+        self.prefix_cache = PrefixCache(int(self.config.prefix_cache_mb * (1 << 20)))
+        self.runner = Runner(self.model, self.prefix_cache, max_slots=self.config.batch_size,
+                             max_batch_tokens=self.config.max_batch_tokens, min_prefix=self.config.min_prefix)
+        self.cost = CostTracker()
+        #: The model's context window in tokens (None when the file declares none).
+        self.context_length = self.model.hp.context_length
+        #: Prompts seen that were longer than ``context_length`` (each also warned about).
+        self.long_prompts = 0
+        #: label scoring reads the final hidden state (the LM head is a plain linear map)
+        self.scoring_mode = "hidden"
+        self._label_cache: dict[tuple[str, ...], list[list[int]]] = {}
+        self._lock = threading.RLock()
+        self._identity: str | None = None
+        self._system_role: bool | None = None
+
+    # ---------------------------------------------------------------- info
+
+    @property
+    def system_role(self) -> bool:
+        if self._system_role is None:
+            tok = self.tokenizer
+            self._system_role = chatlib.template_supports_system(tok) if chatlib.has_chat_template(tok) else True
+        return self._system_role
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    @cached_property
+    def eos_ids(self) -> list[int]:
+        """The end-of-sequence id and the end-of-turn tokens the vocabulary
+        has (:func:`~rcn_fast.llm.base.stop_token_ids`; computed at first
+        use, when the tokenizer is built)."""
+        return stop_token_ids(self.tokenizer)
+
+    @property
+    def identity(self) -> str:
+        """``native:<name>:<isa>:<digest>``: the digest covers the sha256 of
+        the GGUF file (weights, tokenizer, template), the label spellings
+        and the engine's numerics version; the kernel variant is named
+        (their summation orders differ in the last bits). Computed once
+        (hashing the file)."""
+        if self._identity is None:
+            from rcn_fast.model_files import file_fingerprint
+
+            blob = json.dumps({"file": file_fingerprint(self.path)["sha256"], "spellings": list(self.config.label_spellings),
+                               "numerics": NUMERICS_VERSION}, sort_keys=True)
+            digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+            self._identity = f"native:{self.name}:{self.model.isa}:{digest}"
+        return self._identity
+
+    # ---------------------------------------------------------------- prompts
+
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of prompt texts (long prompts run untruncated with a
+        :class:`~rcn_fast.llm.base.ContextLengthWarning`)."""
+        special = not chatlib.has_chat_template(self.tokenizer)
+        out = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
+        self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
+        return out
+
+    # ---------------------------------------------------------------- forward
+
+    def final_hidden(self, rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Final hidden state (after the final norm) at each prompt's last
+        token: float32 [B, H]; shared prefixes come from the prefix cache."""
+        with self._lock:
+            self.runner.warm(rows)
+            return np.stack(self.runner.run(rows, mode="hidden")) if rows else np.zeros((0, self.model.hp.n_embd),
+                                                                                        np.float32)
+
+    def score_ids(self, prompt_ids: Sequence[Sequence[int]], label_ids: Sequence[Sequence[Sequence[int]]]) -> list[list[float]]:
+        """Label log-probs for tokenised prompts; ``label_ids[b][c]`` are the
+        spelling ids of label c of row b. Returns ragged rows.
+
+        Only the LM-head rows of the labels' tokens are multiplied (by the
+        engine's batch-invariant product, so a row scores the same bits in
+        any batch), then :func:`rcn_fast.llm.scoring.choice.choice_logprobs`."""
+        from rcn_fast.llm.scoring import choice as scoring
+        from rcn_fast.llm.scoring.labels import TORCH_HINT
+
+        from rcn_fast import _arrays as A
+
+        torch = A.require("torch", TORCH_HINT)
+        hidden = self.final_hidden(prompt_ids)
+        used = sorted({t for row in label_ids for sp in row for t in sp})
+        where = {t: j for j, t in enumerate(used)}
+        logits = self.model.head_logits(hidden, np.asarray(used, dtype=np.int64))  # [B, labels' ids]
+        packed = scoring.pack_label_ids([[[where[t] for t in sp] for sp in row] for row in label_ids])
+        lp, _ = scoring.choice_logprobs(torch.from_numpy(logits), packed, backend=self.config.scoring_backend)
+        lp = lp.float().numpy()
+        return [lp[b, : len(label_ids[b])].tolist() for b in range(len(prompt_ids))]
+
+    def top_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
+        """The ``k`` most likely next tokens with their log-probabilities
+        (full-vocabulary log-softmax of the last position), per prompt."""
+        with self._lock:
+            self.runner.warm(prompt_ids)
+            logits = self.runner.run(prompt_ids, mode="logits")
+        out = []
+        for lg in logits:
+            x = lg.astype(np.float64)
+            lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+            top = np.argsort(-lp, kind="stable")[: min(k, len(lp))]
+            out.append([(int(t), float(lp[t])) for t in top])
+        return out
+
+    # ---------------------------------------------------------------- generation
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
+                     sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
+        """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
+        on the engine: rows run with continuous batching and the prefix
+        cache; sampling draws with :func:`rcn_fast.llm.seeded.draw` from the
+        uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``."""
+        from rcn_fast.llm import seeded
+
+        if sample_ids is None:
+            sample_ids = [range(params.num_samples)] * len(prompt_ids)
+        elif len(sample_ids) != len(prompt_ids):
+            raise ValueError(f"sample_ids: expected {len(prompt_ids)} lists (one per prompt), got {len(sample_ids)}")
+        jobs = [(i, int(s)) for i, ss in enumerate(sample_ids) for s in ss]
+        rows = [list(prompt_ids[i]) for i, _ in jobs]
+        keys = None if params.greedy else [seeded.row_key(params.seed, s, rows[j]) for j, (_, s) in enumerate(jobs)]
+        stop_ids = set(self.eos_ids) | {self.pad_id}
+        tok = self.tokenizer
+
+        def choose(idx: list[int], steps: list[int], logits: np.ndarray) -> Sequence[int]:
+            bad = ~np.isfinite(logits).all(axis=1)
+            if bad.any():
+                j = idx[int(np.argmax(bad))]
+                raise NonFiniteLogitsError(f"native:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the model's "
+                                           f"logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no text is "
+                                           f"generated from broken numbers")
+            if keys is None:
+                return np.argmax(logits, axis=1).tolist()
+            import torch
+
+            u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
+            return seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
+
+        def done(j: int, toks: list[int]) -> bool:
+            if toks[-1] in stop_ids:
+                return True
+            return bool(params.stop) and any(s in tok.decode(toks, skip_special_tokens=True) for s in params.stop)
+
+        with self._lock:
+            self.runner.warm(rows)  # duplicates too: one prompt's samples share all of it but the last token
+            new = self.runner.run(rows, mode="generate", max_new_tokens=params.max_new_tokens, choose=choose, done=done)
+        results = {job: finish_generation(tok, new[j], len(rows[j]), params, stop_ids, self.eos_ids)
+                   for j, job in enumerate(jobs)}
+        return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
+
+
+__all__ = ["GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "NUMERICS_VERSION"]

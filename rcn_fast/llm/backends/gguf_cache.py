@@ -1,0 +1,230 @@
+"""The converted-weights cache of GGUF models.
+
+transformers reads a ``.gguf`` by parsing the file three times (tokenizer,
+config, tensors) and dequantising every tensor to float32: tens of seconds
+for SmolLM2-135M on a CPU, on every load. The first load of a GGUF file
+saves what it produced -- ``config.json``, the tokenizer files and the
+float32 weights as ``model.safetensors`` -- under
+``<cache root>/gguf/<sha256 of the .gguf>/`` (:func:`rcn_fast._cache_dirs.cache_root`:
+``$RCN_FAST_CACHE``, else ``~/.cache/rcn_fast``); later loads read that
+folder like any model directory.
+
+Safety and staleness:
+
+* the folder is keyed by the sha256 of the GGUF's bytes
+  (:func:`rcn_fast.model_files.file_fingerprint`:
+  :func:`rcn_fast._hashing.content_fingerprint`, memoised on the file's
+  stats within and across processes), so a changed file gets a new entry;
+* ``rcn_fast_gguf.json`` lists every file of the entry with its size and
+  sha256, the source file's fingerprint and the transformers version that
+  converted it. Before a load every file is checked against it; a missing,
+  damaged, extended or differently converted entry is deleted and rebuilt
+  (with a warning);
+* only data is read: safetensors weights, JSON config and tokenizer files
+  (``trust_remote_code`` off); an entry holding a pickle or any other file
+  the manifest does not list is rejected;
+* entries are written to a temporary folder and renamed into place, so a
+  concurrent or interrupted load never sees half an entry. When the cache
+  cannot be written (read-only, disk full) the converted model is used as
+  is.
+
+``RCN_FAST_GGUF_CACHE=0`` turns the cache off (every load converts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from rcn_fast import _arrays as A
+from rcn_fast._hashing import sha256_file
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = "rcn_fast-gguf-cache-1"
+MANIFEST = "rcn_fast_gguf.json"
+ENV = "RCN_FAST_GGUF_CACHE"
+# the only files an entry may hold: weights as safetensors, config and tokenizer as JSON/text
+_DATA_SUFFIXES = (".safetensors", ".json", ".txt", ".jinja", ".model")
+
+Converter = Callable[[Path, Any], tuple[Any, Any]]
+
+
+class StaleEntry(Exception):
+    """A cache entry that must be rebuilt (the message says why)."""
+
+
+def cache_enabled() -> bool:
+    """False when ``RCN_FAST_GGUF_CACHE`` is 0/false/no/off."""
+    return os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir_for(sha256: str) -> Path:
+    """The entry folder of a GGUF file whose bytes hash to ``sha256``."""
+    from rcn_fast._cache_dirs import cache_root
+
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
+    return cache_root() / "gguf" / sha256
+
+
+def _transformers_version() -> str:
+    return str(A.require("transformers", "pip install 'transformers>=4.56'").__version__)
+
+
+def verify_entry(entry: Path, source_sha256: str) -> dict[str, Any]:
+    """Check a cache entry against its manifest.
+
+    Parameters
+    ----------
+    entry : Path
+        The entry folder.
+    source_sha256 : str
+        sha256 of the GGUF file the entry must come from.
+
+    Returns
+    -------
+    dict
+        The manifest.
+
+    Raises
+    ------
+    StaleEntry
+        The manifest is missing or damaged, names another source file or
+        transformers version, or a file is missing, unlisted, of another
+        size or checksum, or not a data file.
+    """
+    from rcn_fast._stamped_json import read_stamped_json
+
+    try:
+        meta = read_stamped_json(entry / MANIFEST, CACHE_FORMAT, what="a GGUF cache entry", arg="cache")
+    except (OSError, ValueError) as exc:
+        raise StaleEntry(str(exc)) from None
+    files = meta.get("files")
+    source = meta.get("source")
+    if not isinstance(files, dict) or not isinstance(source, dict) or not files:
+        raise StaleEntry(f"{entry / MANIFEST} lists no files or no source")
+    if source.get("sha256") != source_sha256:
+        raise StaleEntry(f"{entry} was converted from another file (sha256 {source.get('sha256')!r})")
+    if meta.get("transformers") != _transformers_version():
+        raise StaleEntry(f"{entry} was converted by transformers {meta.get('transformers')!r}, "
+                         f"this is {_transformers_version()}")
+    present = {p.name for p in entry.iterdir()} - {MANIFEST}
+    if present != set(files):
+        raise StaleEntry(f"{entry} holds {sorted(present ^ set(files))} beyond or short of its manifest")
+    for name, want in files.items():
+        f = entry / name
+        if not f.is_file() or f.is_symlink() or not name.endswith(_DATA_SUFFIXES):
+            raise StaleEntry(f"{f} is not a plain data file")
+        if not isinstance(want, dict) or f.stat().st_size != want.get("size"):
+            raise StaleEntry(f"{f} has another size than its manifest records")
+        if sha256_file(f) != want.get("sha256"):
+            raise StaleEntry(f"{f} does not match its checksum")
+    if not any(n.endswith(".safetensors") for n in files) or "config.json" not in files:
+        raise StaleEntry(f"{entry} has no config.json or no safetensors weights")
+    return meta
+
+
+def _write_entry(entry: Path, model: Any, tok: Any, source: dict[str, Any], gguf: Path) -> None:
+    """Save ``model`` (float32, CPU) and ``tok`` as a verified entry at ``entry``."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+        bad = [p.name for p in tmp.iterdir() if not p.is_file() or not p.name.endswith(_DATA_SUFFIXES)]
+        if bad:
+            raise OSError(f"transformers wrote files the cache does not keep: {bad}")
+        files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
+        meta = {"format": CACHE_FORMAT, "source": {"file": str(gguf), **source},
+                "transformers": _transformers_version(), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not (entry / MANIFEST).is_file():  # not a concurrent writer's finished entry
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_entry(entry: Path, cfg: Any) -> tuple[Any, Any]:
+    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tok = tf.AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
+    model = tf.AutoModelForCausalLM.from_pretrained(
+        str(entry), dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn(),
+        use_safetensors=True, trust_remote_code=False,
+    )
+    return model.to(cfg.resolved_device()).eval(), tok
+
+
+def load_gguf_cached(path: Path, cfg: Any, convert: Converter) -> tuple[Any, Any]:
+    """Model and tokenizer of a GGUF file, from the cache when a verified
+    entry exists, else converted by ``convert`` and saved to the cache.
+
+    Parameters
+    ----------
+    path : Path
+        The ``.gguf`` file.
+    cfg : rcn_fast.llm.backends.hf.HFConfig
+        dtype, device and attention of the returned model.
+    convert : callable
+        ``convert(path, cfg) -> (model, tokenizer)``: the GGUF reader. It is
+        called with ``cfg``'s float32 CPU variant, so the cache keeps exact
+        dequantised weights whatever dtype this load asks for.
+
+    Returns
+    -------
+    (transformers model in eval mode, tokenizer)
+    """
+    if not cache_enabled():
+        return convert(path, cfg)
+    from rcn_fast.model_files import file_fingerprint
+
+    source = file_fingerprint(path)
+    entry = cache_dir_for(str(source["sha256"]))
+    if entry.exists():
+        try:
+            verify_entry(entry, str(source["sha256"]))
+            logger.info("GGUF %s: converted weights read from the cache %s", path, entry)
+            return _load_entry(entry, cfg)
+        except StaleEntry as exc:
+            logger.warning("GGUF cache entry %s is stale or damaged (%s); converting %s again", entry, exc, path)
+            shutil.rmtree(entry, ignore_errors=True)
+    model, tok = convert(path, dataclasses.replace(cfg, dtype="float32", device="cpu"))
+    try:
+        _write_entry(entry, model, tok, source, path)
+        logger.info("GGUF %s: converted weights cached in %s (later loads read them)", path, entry)
+    except OSError as exc:
+        logger.warning("GGUF %s: converted weights not cached in %s (%s); the next load converts again",
+                       path, entry, exc)
+    return model.to(cfg.resolved_dtype()).to(cfg.resolved_device()).eval(), tok
+
+
+def cached_tokenizer(path: Path) -> Any | None:
+    """The tokenizer of a GGUF file from a verified cache entry, or None
+    (no entry, cache off): saves parsing the GGUF for a tokenizer alone."""
+    if not cache_enabled():
+        return None
+    from rcn_fast.model_files import file_fingerprint
+
+    sha = str(file_fingerprint(path)["sha256"])
+    entry = cache_dir_for(sha)
+    if not entry.exists():
+        return None
+    try:
+        verify_entry(entry, sha)
+    except StaleEntry:
+        return None
+    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    return tf.AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
+
+
+__all__ = ["load_gguf_cached", "cached_tokenizer", "verify_entry", "cache_dir_for", "cache_enabled",
+           "StaleEntry", "CACHE_FORMAT", "MANIFEST", "ENV"]

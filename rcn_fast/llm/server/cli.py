@@ -1,0 +1,111 @@
+"""``python -m rcn_fast.serve``: the command line of :mod:`rcn_fast.llm.server.app`.
+
+A model that cannot be loaded, a port in use or an address that cannot be
+bound is one message on stderr and exit code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from typing import NoReturn
+
+from rcn_fast.llm.server.limits import API_KEY_ENV, ServeLimits, exposure_warning
+
+_D = ServeLimits()
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"python -m rcn_fast.serve: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (every limit has the default of :class:`ServeLimits`)."""
+    ap = argparse.ArgumentParser(prog="python -m rcn_fast.serve",
+                                 description="A small OpenAI-compatible HTTP server over rcn_fast's local backend.")
+    ap.add_argument("--model", required=True, help="model directory, .gguf file, package:<module> or hub id")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1; another address without --api-key is warned about)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--name", default=None, help="model name clients send (default: --model)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--api-key", default=None,
+                    help=f"require 'Authorization: Bearer KEY' on every /v1 request (default: ${API_KEY_ENV}, else none)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="context window enforced on prompt + max_tokens (default: the model's)")
+    ap.add_argument("--max-logprobs", type=int, default=_D.max_logprobs,
+                    help="cap on logprobs / top_logprobs / prompt_logprobs (vLLM's default 20)")
+    ap.add_argument("--max-n", type=int, default=_D.max_n, help="cap on n (default %(default)s, OpenAI's)")
+    ap.add_argument("--max-seqs", type=int, default=_D.max_seqs,
+                    help="cap on prompts x n of one request (default %(default)s)")
+    ap.add_argument("--max-logprob-entries", type=int, default=_D.max_logprob_entries,
+                    help="cap on prompt tokens x n x (top-k + 1) of an echo / prompt_logprobs request "
+                         "(default %(default)s)")
+    ap.add_argument("--max-body-bytes", type=int, default=_D.max_body_bytes,
+                    help="largest request body, HTTP 413 above (default %(default)s)")
+    ap.add_argument("--read-timeout", type=float, default=_D.read_timeout,
+                    help="seconds to send a request's headers and body, and the longest idle keep-alive "
+                         "(default %(default)s)")
+    ap.add_argument("--request-timeout", type=float, default=_D.request_timeout,
+                    help="seconds one request may hold the model, HTTP 504 after (default %(default)s)")
+    ap.add_argument("--max-queue", type=int, default=_D.max_queue,
+                    help="requests waiting for or holding the model, HTTP 503 above (default %(default)s)")
+    ap.add_argument("--max-connections", type=int, default=_D.max_connections,
+                    help="connections served at once, HTTP 503 above (default %(default)s)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv``, load the model, bind and serve until interrupted."""
+    args = build_parser().parse_args(argv)
+    api_key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    try:
+        limits = ServeLimits(
+            max_model_len=args.max_model_len, max_n=args.max_n, max_seqs=args.max_seqs,
+            max_logprobs=args.max_logprobs, max_logprob_entries=args.max_logprob_entries,
+            max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
+            request_timeout=args.request_timeout, max_queue=args.max_queue,
+            max_connections=args.max_connections, api_key=api_key,
+        )
+    except ValueError as exc:
+        _fail(f"{exc} (the option of the same name, see --help)")
+    from rcn_fast.llm.backends.hf import HFLLM
+    from rcn_fast.llm.load import load_llm
+    from rcn_fast.llm.server.app import make_server
+
+    try:  # the server runs the transformers backend (it reads the model's logits and tensors directly)
+        llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+                       engine="transformers")
+    except Exception as exc:  # noqa: BLE001 -- any load failure is one message, not a traceback
+        _fail(f"--model {args.model!r} could not be loaded: {type(exc).__name__}: {exc}")
+    if not isinstance(llm, HFLLM):
+        _fail(f"--model {args.model!r}: expected a local model (directory, .gguf, package: or hub id), "
+              f"got a {type(llm).__name__}")
+    limit_fields = {f: getattr(limits, f) for f in limits.__dataclass_fields__}
+    try:
+        server = make_server(llm, args.host, args.port, model_name=args.name or args.model, **limit_fields)
+    except ValueError as exc:
+        _fail(str(exc).replace("max_model_len:", "--max-model-len:"))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"--port {args.port} on {args.host} is already in use; stop what serves there or choose another --port")
+        _fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}")
+    warning = exposure_warning(args.host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    print(f"serving {args.model} at {server.base_url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,452 @@
+"""Limits of :mod:`rcn_fast.llm.server.app`: what one request may ask for, how long
+a connection may take to send it, and how a running request is stopped.
+
+The server follows vLLM where vLLM has a rule (a prompt longer than the
+context window, or ``max_tokens`` beyond what is left of it, is HTTP 400
+with the numbers; ``--max-logprobs``; ``--api-key`` as a Bearer token) and
+adds the limits a server without vLLM's scheduler needs so that one request
+cannot take it over:
+
+* ``n`` and the number of sequences of a request (prompts x ``n``) are
+  capped; top log-probs are capped for ``logprobs``, ``top_logprobs`` and
+  ``prompt_logprobs``; prompt log-probs are computed ``logprob_chunk``
+  positions at a time (only the top ``k`` of each position are kept);
+* a request body above ``max_body_bytes`` is 413; the request line, headers
+  and body must arrive within ``read_timeout`` seconds (a stalled or
+  dripping connection is closed, so is a kept-alive one idle that long);
+  at most ``max_connections`` connections are served at once (more are
+  answered 503 and closed);
+* at most ``max_queue`` requests wait for or hold the model (more are 503
+  with ``Retry-After``); they get it first come, first served; a request holds the model for at most
+  ``request_timeout`` seconds (then HTTP 504) and stops as soon as its
+  client disconnects (checked before every forward pass of the model:
+  between generated tokens, batches and prompt-log-prob chunks).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import select
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rcn_fast._validate import is_int
+from rcn_fast.llm.base import GenerationParams
+
+#: The environment variable ``python -m rcn_fast.serve`` reads an API key from.
+API_KEY_ENV = "RCN_FAST_API_KEY"
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {...}}`` with HTTP ``status`` (and
+    extra response headers, e.g. ``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+class Cancelled(Exception):
+    """A running request was stopped: ``reason`` is ``"disconnected"`` (its
+    client went away) or ``"timeout"`` (it ran past ``request_timeout``)."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+@dataclass
+class ServeLimits:
+    """Per-request and per-connection limits of the server.
+
+    Parameters
+    ----------
+    max_model_len : int or None
+        Context window (prompt + generated tokens); None: the model's own
+        (``HFLLM.context_length``). Larger than the model's is refused.
+    max_n : int
+        Largest ``n`` (OpenAI's limit, 128).
+    max_seqs : int
+        Largest number of sequences of one request (prompts x ``n``).
+    max_logprobs : int or None
+        Largest ``logprobs`` / ``top_logprobs`` / ``prompt_logprobs``
+        (vLLM's default 20); None: the vocabulary.
+    max_stop : int
+        Most ``stop`` strings a request may give.
+    max_body_bytes : int
+        Largest request body (HTTP 413 above).
+    read_timeout : float
+        Seconds a connection has to send a request's line, headers and
+        body (and the longest a kept-alive connection may stay idle).
+    request_timeout : float
+        Seconds one request may hold the model (HTTP 504 after).
+    max_queue : int
+        Requests waiting for or holding the model at once (HTTP 503 above).
+    max_connections : int
+        Connections served at once (HTTP 503 and closed above).
+    max_logprob_entries : int
+        Most prompt-log-prob entries one response may hold (prompt tokens x
+        ``n`` x (top-k + 1), summed over prompts) for ``echo`` /
+        ``prompt_logprobs`` requests.
+    logprob_chunk : int
+        Prompt positions whose full-vocabulary log-softmax is computed at
+        once for prompt log-probs.
+    api_key : str or None
+        When set, every ``/v1`` request needs ``Authorization: Bearer KEY``.
+    """
+
+    max_model_len: int | None = None
+    max_n: int = 128
+    max_seqs: int = 1024
+    max_logprobs: int | None = 20
+    max_stop: int = 16
+    max_body_bytes: int = 8 * 1024 * 1024
+    read_timeout: float = 30.0
+    request_timeout: float = 300.0
+    max_queue: int = 32
+    max_connections: int = 64
+    max_logprob_entries: int = 1_000_000
+    logprob_chunk: int = 256
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_seqs", "max_stop", "max_body_bytes", "max_queue", "max_connections",
+                     "max_logprob_entries", "logprob_chunk"):
+            v = getattr(self, name)
+            if not is_int(v) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        for name in ("max_model_len", "max_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not is_int(v) or v < (1 if name == "max_model_len" else 0)):
+                raise ValueError(f"{name}: expected an int >= {1 if name == 'max_model_len' else 0} or None, got {v!r}")
+        for name in ("read_timeout", "request_timeout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name}: expected seconds > 0, got {v!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("api_key: expected a non-empty string or None")
+
+
+def resolve_context(limits: ServeLimits, model_context: int | None, model: str) -> int:
+    """The context window the server enforces: ``limits.max_model_len``,
+    else the model's; a ValueError when neither is known or the first is
+    larger than the second."""
+    if limits.max_model_len is None:
+        if model_context is None:
+            raise ValueError(f"max_model_len: the config of {model} declares no context window; give one (--max-model-len)")
+        return model_context
+    if model_context is not None and limits.max_model_len > model_context:
+        raise ValueError(f"max_model_len: {limits.max_model_len} is larger than the {model_context}-token context of {model}")
+    return limits.max_model_len
+
+
+# ------------------------------------------------------------ request fields
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    v = body.get(name, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise APIError(400, f"{name}: expected a finite number, got {v!r}")
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise APIError(400, f"{name}: expected a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _int(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not is_int(v) or v < lo or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise APIError(400, f"{name}: expected an int {bound}, got {v!r}")
+    return int(v)
+
+
+def check_k(body: dict[str, Any], name: str, cap: int) -> int | None:
+    """``body[name]`` as a number of top log-probs (None when absent): an int
+    in ``[0, cap]``, else HTTP 400 naming the field and the cap."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if not is_int(v) or v < 0:
+        raise APIError(400, f"{name}: expected an int >= 0, got {v!r}")
+    if v > cap:
+        raise APIError(400, f"{name}: requested {v} log-probs, more than the server's max_logprobs ({cap})")
+    return int(v)
+
+
+def sampling_params(body: dict[str, Any], prompt_lens: list[int], limits: ServeLimits, context: int) -> GenerationParams:
+    """The request's decoding parameters, every field checked (HTTP 400
+    naming it): ``max_tokens`` / ``max_completion_tokens`` (default 16)
+    within what the context window leaves after the longest prompt,
+    ``temperature`` (finite, >= 0), ``top_p`` (in (0, 1]), ``n`` (in
+    ``[1, max_n]``; prompts x ``n`` <= ``max_seqs``), ``seed``, ``stop``."""
+    longest = max(prompt_lens)
+    if longest >= context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, your request has "
+                            f"{longest} input tokens. Please reduce the length of the input.")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _int(body, name, 16, 1)
+    assert max_tokens is not None
+    if longest + max_tokens > context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                            f"{longest + max_tokens} tokens ({longest} in the prompt, {max_tokens} in the completion). "
+                            f"Please reduce the length of the prompt or {name}.")
+    temperature = _number(body, "temperature", 1.0, 0.0, math.inf)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    n = _int(body, "n", 1, 1, limits.max_n)
+    assert n is not None
+    if n * len(prompt_lens) > limits.max_seqs:
+        raise APIError(400, f"n: {len(prompt_lens)} prompts x n={n} is {n * len(prompt_lens)} sequences, more than the "
+                            f"server's max_seqs ({limits.max_seqs})")
+    seed = _int(body, "seed", 0, -(2**63), 2**64 - 1)
+    stop = body.get("stop")
+    if isinstance(stop, list) and len(stop) > limits.max_stop:
+        raise APIError(400, f"stop: {len(stop)} strings, more than the server's max_stop ({limits.max_stop})")
+    try:
+        return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, num_samples=n,
+                                seed=seed or 0, stop=stop)
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, str(exc).replace("num_samples", "n")) from None
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    """A request's ``model``: absent (the served model, as vLLM) or the
+    name the server serves (``served``, what ``/v1/models`` lists); another
+    name is HTTP 404, as OpenAI and vLLM answer."""
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, f"model: expected a string, got {type(model).__name__}")
+    if model != served:
+        raise APIError(404, f"The model `{model[:200]}` does not exist (this server serves {served!r}, see "
+                            "/v1/models).")
+
+
+def logit_bias(body: dict[str, Any], vocab_size: int) -> dict[int, float] | None:
+    """A request's ``logit_bias`` (``{token id: -100..100}``; None when
+    absent or empty); HTTP 400 naming a bad entry."""
+    from rcn_fast.llm.backends.logits import check_logit_bias
+
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    try:
+        return check_logit_bias(bias, vocab_size) or None
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def content_length(value: str | list[str] | None, limit: int) -> int:
+    """A request's ``Content-Length`` header (or every one it sent, a
+    list) -> bytes: digits only (HTTP 400 otherwise), at most ``limit``
+    (HTTP 413); several headers with different values are HTTP 400 (RFC
+    9112 6.3: the framing is ambiguous, a request-smuggling vector)."""
+    if isinstance(value, list):
+        if len({v.strip() for v in value}) > 1:
+            raise APIError(400, f"Content-Length: the request sends {len(value)} different values "
+                                f"({', '.join(repr(v[:20]) for v in value[:4])}); send one")
+        value = value[0] if value else None
+    if value is None:
+        return 0
+    v = value.strip()
+    if not v.isascii() or not v.isdigit():
+        raise APIError(400, f"Content-Length: expected a number of bytes, got {value[:40]!r}")
+    n = int(v)
+    if n > limit:
+        raise APIError(413, f"request body of {n} bytes is larger than the server's max_body_bytes ({limit})")
+    return n
+
+
+# ------------------------------------------------------------ binding and keys
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` binds to the loopback interface only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The warning printed when the server binds to ``host`` beyond loopback
+    without an API key (None when there is nothing to warn about)."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"warning: serving on {host} without an API key: anyone who can reach this address can use the model; "
+            f"set --api-key (or {API_KEY_ENV}), or bind to 127.0.0.1")
+
+
+# ------------------------------------------------------------ connections
+
+
+def client_gone(sock: socket.socket) -> bool:
+    """Whether the peer of ``sock`` has closed or reset the connection
+    (non-blocking; pending pipelined bytes do not count as gone)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        if not ready:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def refuse_connection(sock: socket.socket, cap: int) -> None:
+    """Answer a connection over ``max_connections`` with 503 (best effort)."""
+    data = json.dumps({"error": {"message": f"the server is serving its max_connections ({cap}); retry later",
+                                 "type": "server_busy", "code": 503}}).encode()
+    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
+    try:
+        sock.settimeout(1.0)
+        sock.sendall(head + data)
+    except OSError:
+        pass
+
+
+class ReadWatchdog:
+    """Closes connections whose request takes longer than its deadline to
+    arrive: a socket timeout alone bounds each ``recv``, not a client that
+    drips one byte just inside it. One daemon thread for all connections."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self._deadlines: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, name="serve-read-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        with self._lock:
+            self._deadlines[sock] = time.monotonic() + seconds
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._deadlines.pop(sock, None)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            now = time.monotonic()
+            with self._lock:
+                late = [s for s, d in self._deadlines.items() if d <= now]
+                for s in late:
+                    del self._deadlines[s]
+            for s in late:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class FifoLock:
+    """A lock granted in arrival order (a plain lock lets any waiter win), so
+    the queued requests hold the model first come, first served. A waiter
+    that gives up (``cancelled()`` true, checked every ``poll`` seconds)
+    leaves the queue with :class:`Cancelled`."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self._held = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As ``threading.Lock.acquire`` (in arrival order)."""
+        end = None if timeout < 0 else time.monotonic() + timeout
+        try:
+            self.acquire_unless(lambda: not blocking or (end is not None and time.monotonic() >= end))
+        except Cancelled:
+            return False
+        return True
+
+    def acquire_unless(self, cancelled: Callable[[], bool], poll: float = 0.05) -> None:
+        """Wait for the lock in turn; :class:`Cancelled` ("disconnected")
+        when ``cancelled()`` turns true first."""
+        me = object()
+        with self._cond:
+            self._waiting.append(me)
+            try:
+                while self._held or self._waiting[0] is not me:
+                    if cancelled():
+                        raise Cancelled("disconnected")
+                    self._cond.wait(poll)
+                self._waiting.popleft()
+                self._held = True
+            except BaseException:
+                if me in self._waiting:
+                    self._waiting.remove(me)
+                    self._cond.notify_all()
+                raise
+
+    def release(self) -> None:
+        with self._cond:
+            if not self._held:
+                raise RuntimeError("release of an unlocked FifoLock")
+            self._held = False
+            self._cond.notify_all()
+
+    def locked(self) -> bool:
+        return self._held
+
+
+class RequestGuard:
+    """Stops the model work of one request: :meth:`check` raises
+    :class:`Cancelled` when the client of ``sock`` is gone or the request
+    has held the model for ``budget`` seconds. Installed as a forward
+    pre-hook on the model while the request holds it (:meth:`installed`),
+    so it runs before every forward pass -- every generated token."""
+
+    def __init__(self, sock: socket.socket | None, budget: float) -> None:
+        self.sock = sock
+        self.budget = budget
+        self.started = time.monotonic()
+        self.thread = threading.get_ident()
+
+    def check(self) -> None:
+        if self.sock is not None and client_gone(self.sock):
+            raise Cancelled("disconnected")
+        if time.monotonic() - self.started > self.budget:
+            raise Cancelled("timeout", f"the request ran past the server's request_timeout ({self.budget:g} s); "
+                                       "ask for fewer tokens, samples or prompts per request")
+
+    def installed(self, model: Any) -> Any:
+        """A context manager: the hook on ``model`` (a torch module) for its
+        duration; the check applies only to the thread that made the guard."""
+        guard = self
+
+        def hook(module: Any, args: Any) -> None:
+            if threading.get_ident() == guard.thread:
+                guard.check()
+
+        class _Ctx:
+            def __enter__(self) -> RequestGuard:
+                guard.started = time.monotonic()
+                self.handle = model.register_forward_pre_hook(hook)
+                return guard
+
+            def __exit__(self, *exc: Any) -> None:
+                self.handle.remove()
+
+        return _Ctx()
+
+
+__all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_k", "sampling_params",
+           "content_length", "check_model", "logit_bias", "is_loopback", "exposure_warning", "client_gone",
+           "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]
