@@ -16,7 +16,7 @@ The measurements are ``rcn_fast/_gpu_measurements.json``, generated from the
 recorded runs in ``bench/gpu_results/*.json`` (a test keeps the two equal)::
 
     bench/gpu_check.sh                    # on a GPU: build, test, benchmark, record
-    python bench/gpu_table.py --write     # this table and README's GPU tables
+    python bench/gpu_table.py --write     # this table and docs/gpu.md's tables
 """
 
 from __future__ import annotations

@@ -344,7 +344,8 @@ def describe_model(model: object) -> dict[str, object]:
       its file name without the quantisation suffix
       (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``),
       with the file's ``general.*`` metadata under ``"gguf"`` (converters
-      often write the source folder's name as ``general.name``);
+      often write the source folder's name as ``general.name``) and the
+      suffix under ``"quantisation"`` (``"Q4_1"``);
     * a model folder: a sentence-transformers folder's model card title,
       else its ``config.json``'s ``_name_or_path`` when that is a hub id
       (``owner/name`` -> ``name``), else the folder's name;
@@ -366,6 +367,9 @@ def describe_model(model: object) -> dict[str, object]:
     out["path"] = str(path)
     if path.is_file():
         out["name"] = _QUANT_SUFFIX.sub("", path.stem)
+        quant = _QUANT_SUFFIX.search(path.stem)
+        if quant:
+            out["quantisation"] = quant.group(0)[1:].upper()
         meta = gguf_general(path)
         if meta:
             out["gguf"] = meta
