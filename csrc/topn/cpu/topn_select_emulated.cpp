@@ -3,20 +3,14 @@
 #include <algorithm>
 #include <vector>
 
+#include "topn/cpu/serial_group.h"
+#include "topn/topn_block_select.h"
 #include "topn/topn_select.h"
 
 namespace rcn_fast {
 namespace {
 
 namespace ts = topn_select;
-
-// One host thread as the selection's lane group.
-struct SerialGroup {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  void sync() const {}
-  int claim(int* counter) const { return (*counter)++; }
-};
 
 }  // namespace
 
@@ -46,18 +40,10 @@ void topn_select_emulated(const float* scores, int64_t Q, int64_t N, int64_t k, 
   const ts::Layout M = ts::layout(int(k), merge_round);
   std::vector<float> ms(size_t(M.slots));
   std::vector<int64_t> mi(size_t(M.slots));
-  const int64_t n_cand = S * k;
   for (int64_t q = 0; q < Q; ++q) {
     ts::Run<int64_t> run;
-    ts::init(run);
-    for (int64_t c0 = 0; c0 < n_cand; c0 += merge_round) {
-      for (int64_t c = c0; c < std::min(n_cand, c0 + merge_round); ++c) {
-        const size_t at = size_t(((c / k) * Q + q) * k + c % k);
-        ts::offer(g, run, ms.data(), mi.data(), M, part_s[at], part_i[at]);
-      }
-      if (ts::needs_flush(run, M)) ts::flush(g, run, ms.data(), mi.data(), M);
-    }
-    ts::finish(g, run, ms.data(), mi.data(), M, out_s + q * k, out_i + q * k, 0);
+    ts::merge_lists(g, run, ms.data(), mi.data(), M, part_s.data(), part_i.data(), S, Q, q, out_s + q * k,
+                    out_i + q * k);
   }
 }
 
@@ -67,7 +53,7 @@ int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, D
   for (int64_t r = 0; r < Q; ++r) {
     const float* row = q + r * q_stride;
     float maxabs = 0.f;
-    for (int64_t e = 0; e < d; ++e) maxabs = std::max(maxabs, row[e] < 0 ? -row[e] : row[e]);
+    for (int64_t e = 0; e < d; ++e) maxabs = std::max(maxabs, ts::finite_magnitude(row[e]));
     const float scale = ts::split_row_scale(maxabs);
     for (int64_t e = 0; e < d; ++e) {
       uint16_t* out = terms + r * d + e;
@@ -79,6 +65,35 @@ int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, D
     for (int t = 0; t < sp.terms; ++t) scales[t * Q + r] = scale * ts::pow2f(-sp.shift * t);
   }
   return sp.terms;
+}
+
+void topn_block_select_emulated(const topn_select::TermTile& tile, int64_t R, int64_t k, int64_t row0,
+                                int64_t slices, int round, int merge_round, float* out_s, int64_t* out_i) {
+  const SerialGroup g;
+  const int64_t S = slices < 1 ? 1 : slices, Qt = tile.Qt, width = ts::slice_cols(R, S);
+  std::vector<float> part_s(size_t(S * Qt * k));
+  std::vector<int64_t> part_i(size_t(S * Qt * k));
+  const ts::Layout L = ts::layout(int(k), round);
+  std::vector<float> s(size_t(L.slots));
+  std::vector<uint32_t> id(size_t(L.slots));
+  for (int64_t si = 0; si < S; ++si) {  // the block select kernel: block (slice si, query q)
+    const int64_t c0 = std::min(R, si * width), c1 = std::min(R, c0 + width);
+    for (int64_t q = 0; q < Qt; ++q) {
+      ts::Run<uint32_t> run;
+      ts::init(run);
+      ts::select_row(g, run, s.data(), id.data(), L, c1 - c0, ts::term_row(tile, q, c0), ts::SliceId{});
+      const size_t at = size_t((si * Qt + q) * k);
+      ts::finish(g, run, s.data(), id.data(), L, part_s.data() + at, part_i.data() + at, row0 + c0);
+    }
+  }
+  const ts::Layout M = ts::layout(int(k), merge_round);  // the merge kernel: block q
+  std::vector<float> ms(size_t(M.slots));
+  std::vector<int64_t> mi(size_t(M.slots));
+  for (int64_t q = 0; q < Qt; ++q) {
+    ts::Run<int64_t> run;
+    ts::merge_lists(g, run, ms.data(), mi.data(), M, part_s.data(), part_i.data(), S, Qt, q, out_s + q * k,
+                    out_i + q * k);
+  }
 }
 
 }  // namespace rcn_fast
