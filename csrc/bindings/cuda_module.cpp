@@ -11,6 +11,7 @@
 #include "common/cuda/runtime.h"
 #include "sampling/cuda/sampling.h"
 #include "topn/cuda/topn.h"
+#include "topn/cuda/topn_block_select.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
@@ -57,6 +58,7 @@ NB_MODULE(_cuda, m) {
   // (rcn_fast/_crossovers.py)
   nb::dict versions;
   versions["topn"] = cuda::kTopnKernelVersion;
+  versions["topn_tiled"] = cuda::kTopnTiledKernelVersion;
   versions["sample_subsets"] = cuda::kSamplingKernelVersion;
   m.attr("KERNEL_VERSIONS") = versions;
 
