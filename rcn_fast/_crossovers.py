@@ -45,8 +45,11 @@ KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
 #: The version of each CUDA kernel in this source tree (the compiled module
 #: reports its own: ``rcn_fast._cuda.KERNEL_VERSIONS``). Issue 35 made the
 #: scan and the warp sampler version 2; issue 45 added the GEMM tiles with a
-#: block select and the Gram sampler (version 1 each).
-KERNEL_VERSIONS = {"topn": 2, "topn_tiled": 1, "sample_subsets": 2, "sample_subsets_gram": 1}
+#: block select, the int8 bounded scan and the Gram sampler (version 1
+#: each). The int8 scan serves the calls that pass an int8 copy
+#: (``Int8Corpus``), not a choice of the dispatcher: it has a results
+#: column (``cuda_int8``) but no entry in :data:`KERNELS`.
+KERNEL_VERSIONS = {"topn": 2, "topn_tiled": 1, "topn_int8": 1, "sample_subsets": 2, "sample_subsets_gram": 1}
 
 MEASUREMENTS_FILE = Path(__file__).with_name("_gpu_measurements.json")
 

@@ -81,7 +81,7 @@ def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
         assert "kernel version 3 not yet measured" in why and "version 1, 2" in why
         assert "not in this build" in why  # the second kernel of each op: not in this (fake) build
         assert op.select(ctx, backend="cuda").name == "cuda"
-    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "topn_tiled": 1, "sample_subsets": 2,
+    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "topn_tiled": 1, "topn_int8": 1, "sample_subsets": 2,
                                            "sample_subsets_gram": 1}
 
 
@@ -122,6 +122,29 @@ def test_the_fastest_measured_kernel_serves(fake_gpu):
     old_tiles = (GpuMeasurement("topn", cuda_ms=5.0, torch_ms=7.0, kernel_version=9, kernel="topn_tiled", **row),)
     kernel, why = _crossovers.kernel_choice("topn", ctx, old_tiles)
     assert kernel is None and "topn_tiled: kernel version 1 not yet measured" in why and "version 9" in why
+
+
+def test_the_compiled_module_reports_the_source_kernel_versions():
+    mod = _native.cuda_compiled_module()
+    if mod is None:
+        pytest.skip("rcn_fast._cuda was not compiled")
+    assert dict(mod.KERNEL_VERSIONS) == _crossovers.KERNEL_VERSIONS
+
+
+def test_a_run_of_the_built_version_decides(fake_gpu):
+    fake_gpu.KERNEL_VERSIONS = {"topn": 2, "sample_subsets": 2}
+    table = (GpuMeasurement("topn", "float16", 1, 0.3, 0.5, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"),
+             GpuMeasurement("topn", "float16", 1, 0.4, 0.5, "GPU B", "N=1000000", "cmd", "float16", 2, "b.json"),
+             GpuMeasurement("topn", "float16", 512, 9.0, 7.0, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"))
+    ctx = {**_topn_ctx("float16", 1), "query_dtype": "float16"}
+    assert cuda_slower_reason("topn", ctx, table, {"topn": 2}) is None  # faster on both devices
+    assert "not yet measured" in cuda_slower_reason("topn", {**ctx, "query_dtype": "float32"}, table, {"topn": 2})
+    assert "9 vs 7 ms at Q=512" in cuda_slower_reason("topn", {**ctx, "Q": 400}, table, {"topn": 2})
+    slower_on_b = table[:1] + (GpuMeasurement("topn", "float16", 1, 0.6, 0.5, "GPU B", "N=1000000", "cmd",
+                                              "float16", 2, "b.json"),)
+    assert "GPU B" in cuda_slower_reason("topn", ctx, slower_on_b, {"topn": 2})
+    # the fake module's own versions decide when none are given: version 2 of the scan was measured
+    assert cuda_slower_reason("topn", ctx, table) is None
 
 
 def test_the_environment_override_still_forces_the_kernel(fake_gpu, monkeypatch):

@@ -12,6 +12,7 @@
 #include "sampling/cuda/sampling.h"
 #include "topn/cuda/topn.h"
 #include "topn/cuda/topn_block_select.h"
+#include "topn/cuda/topn_int8.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
@@ -59,6 +60,7 @@ NB_MODULE(_cuda, m) {
   nb::dict versions;
   versions["topn"] = cuda::kTopnKernelVersion;
   versions["topn_tiled"] = cuda::kTopnTiledKernelVersion;
+  versions["topn_int8"] = cuda::kTopnInt8KernelVersion;
   versions["sample_subsets"] = cuda::kSamplingKernelVersion;
   m.attr("KERNEL_VERSIONS") = versions;
 

@@ -9,6 +9,7 @@
 #include "bindings/topn_rows.h"
 #include "bindings/util.h"
 #include "topn/cpu/topn.h"
+#include "topn/cpu/topn_int8.h"
 #include "topn/cpu/topn_rows.h"
 #include "topn/cpu/topn_select_emulated.h"
 
@@ -89,9 +90,21 @@ void topn_block_select_emulated_py(const Rows::Scores& scores, int terms, const 
   topn_block_select_emulated(t, R, k, row0, slices, round, merge_round, out_s.data(), out_i.data());
 }
 
+using I8 = bind::Int8Arrays<nb::device::cpu>;
+
+void topn_int8_intervals_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
+                            const I8::Rows& qparams, I8::Out lo, I8::Out hi, int num_threads) {
+  const TopnInt8Problem p = bind::int8_problem<nb::device::cpu>(codes, rows, qcodes, qparams, lo, hi);
+  nb::gil_scoped_release release;
+  topn_int8_intervals(p, num_threads);
+}
+
 }  // namespace
 
 void bind_topn(nb::module_& m) {
+  m.def("topn_int8_intervals", &topn_int8_intervals_py, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
+        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("num_threads") = 0,
+        "The int8 bounded scan (csrc/topn/topn_int8.h): lo / hi [Q, N] that hold every (query, row) float32 score.");
   m.def("topn_finish_rows", &topn_finish_rows_py, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"),
         nb::arg("k"), nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"),
         nb::arg("queries").none() = nb::none(), nb::arg("corpus").none() = nb::none(), nb::arg("num_threads") = 0,

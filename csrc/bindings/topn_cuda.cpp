@@ -8,6 +8,7 @@
 #include "bindings/util.h"
 #include "topn/cuda/topn.h"
 #include "topn/cuda/topn_block_select.h"
+#include "topn/cuda/topn_int8.h"
 #include "topn/cuda/topn_mma.h"
 
 namespace nb = nanobind;
@@ -92,9 +93,21 @@ void split_queries(const Rows::Scores& queries, nb::ndarray<nb::ndim<2>, nb::dev
                                 as_stream(stream));
 }
 
+using I8 = bind::Int8Arrays<nb::device::cuda>;
+
+void int8_intervals(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes, const I8::Rows& qparams,
+                    I8::Out lo, I8::Out hi, uintptr_t stream) {
+  const TopnInt8Problem p = bind::int8_problem<nb::device::cuda>(codes, rows, qcodes, qparams, lo, hi);
+  nb::gil_scoped_release release;
+  cuda::topn_int8_intervals_cuda(p, as_stream(stream));
+}
+
 }  // namespace
 
 void bind_topn_cuda(nb::module_& m) {
+  m.def("topn_int8_intervals", &int8_intervals, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
+        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("stream") = 0,
+        "The int8 bounded scan on the device (see rcn_fast._C.topn_int8_intervals).");
   m.def("topn_finish_rows", &finish_rows, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"), nb::arg("k"),
         nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"), nb::arg("queries").none() = nb::none(),
         nb::arg("corpus").none() = nb::none(), nb::arg("stream") = 0,

@@ -11,6 +11,7 @@
 
 #include "bindings/util.h"
 #include "topn/topn_block_select.h"
+#include "topn/topn_int8.h"
 
 namespace rcn_fast::bind {
 
@@ -122,6 +123,58 @@ inline topn_select::TermTile term_tile(const typename RowArrays<Device>::Scores&
     t.scales = scales->data();
   }
   return t;
+}
+
+template <class Device>
+struct Int8Arrays {
+  using Codes = nb::ndarray<const int8_t, nb::ndim<2>, nb::c_contig, Device>;
+  using Rows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, Device>;
+  using QCodes = nb::ndarray<const int8_t, nb::ndim<3>, nb::c_contig, Device>;
+  using Out = nb::ndarray<float, nb::ndim<2>, Device>;
+};
+
+// The int8 bounded scan's problem of checked arguments (common/problems.h).
+template <class Device>
+inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& codes,
+                                    const typename Int8Arrays<Device>::Rows& rows,
+                                    const typename Int8Arrays<Device>::QCodes& qcodes,
+                                    const typename Int8Arrays<Device>::Rows& qparams,
+                                    const typename Int8Arrays<Device>::Out& lo,
+                                    const typename Int8Arrays<Device>::Out& hi) {
+  constexpr bool cuda = DeviceArrays<Device>::cuda;
+  const int64_t N = int64_t(codes.shape(0)), W = int64_t(codes.shape(1)), Q = int64_t(qcodes.shape(0));
+  if (W % 16 != 0 || W > topn_int8::kMaxWidth)
+    throw nb::value_error(("codes: expected int8 [N, width] with width a multiple of 16 and at most 1032, got width " +
+                           std::to_string(W)).c_str());
+  if (int64_t(rows.shape(0)) != N || int64_t(rows.shape(1)) != topn_int8::kRowBounds)
+    throw nb::value_error("rows: expected float32 [N, 3] (scale, norm, err) per code row");
+  if (int64_t(qcodes.shape(1)) != 2 || int64_t(qcodes.shape(2)) != W)
+    throw nb::value_error("qcodes: expected int8 [Q, 2, width]: two terms per query, the codes' width");
+  if (int64_t(qparams.shape(0)) != Q || int64_t(qparams.shape(1)) != topn_int8::kQueryParams)
+    throw nb::value_error("qparams: expected float32 [Q, 5] (scale, rho, nu, gamma * nu, eta)");
+  for (const auto* o : {&lo, &hi}) {
+    if (int64_t(o->shape(0)) != Q || int64_t(o->shape(1)) != N || (N > 1 && o->stride(1) != 1))
+      throw nb::value_error("lo, hi: expected float32 [Q, N] outputs with contiguous rows");
+  }
+  if (Q > 1 && lo.stride(0) != hi.stride(0)) throw nb::value_error("lo, hi: expected the same row stride");
+  const int dev = codes.device_id();
+  same_device(cuda, dev, rows.device_id(), "rows");
+  same_device(cuda, dev, qcodes.device_id(), "qcodes");
+  same_device(cuda, dev, qparams.device_id(), "qparams");
+  same_device(cuda, dev, lo.device_id(), "lo");
+  same_device(cuda, dev, hi.device_id(), "hi");
+  TopnInt8Problem p{};
+  p.codes = codes.data();
+  p.rows = rows.data();
+  p.N = N;
+  p.width = W;
+  p.qcodes = qcodes.data();
+  p.qparams = qparams.data();
+  p.Q = Q;
+  p.lo = lo.data();
+  p.hi = hi.data();
+  p.ld = Q > 1 ? int64_t(lo.stride(0)) : N;
+  return p;
 }
 
 }  // namespace rcn_fast::bind

@@ -46,6 +46,22 @@ struct TopnFinishProblem {
   int64_t c_stride, d;
 };
 
+// The int8 bounded scan of an exact top-n (topn/topn_int8.h): for every
+// query q and corpus row j, the interval [lo, hi] that holds the float32
+// score, from the rows' int8 codes and bounds and the queries' two int8
+// terms and parameters.
+struct TopnInt8Problem {
+  const int8_t* codes;      // [N, width] row-major, width a multiple of 16, <= 1032
+  const float* rows;        // [N, 3] per row: scale, norm, err
+  int64_t N, width;
+  const int8_t* qcodes;     // [Q, 2, width]: the query's two int8 terms
+  const float* qparams;     // [Q, 5]: scale, rho, nu, gamma * nu, eta
+  int64_t Q;
+  float* lo;                // [Q, N], rows `ld` elements apart
+  float* hi;
+  int64_t ld;
+};
+
 // Relevance-based subset sampling, ReConnect eqs. 4-6 (sampling/cpu/sampling.h,
 // sampling/cuda/sampling.h).
 struct SamplingProblem {

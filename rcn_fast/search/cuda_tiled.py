@@ -57,8 +57,15 @@ def _streams(torch: Any, device: Any) -> tuple[Any, Any]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _STREAMS:
         _STREAMS[index] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-        _SMS[index] = int(torch.cuda.get_device_properties(index).multi_processor_count)
     return _STREAMS[index]
+
+
+def multiprocessors(torch: Any, device: Any) -> int:
+    """The multiprocessors of a CUDA device (asked once)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return _SMS[index]
 
 
 def tile_shape(n_queries: int, n_rows: int, terms: int, sms: int) -> tuple[int, int, int]:
@@ -110,7 +117,7 @@ def topn_tiled(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     terms = {"float16": 2, "bfloat16": 3}[ct] if split else 1
     out_ok = ct != "float32" and mm_out_dtype_supported(torch, dev, corpus.dtype)
     side = _streams(torch, dev)
-    sms = _SMS[dev.index if dev.index is not None else torch.cuda.current_device()]
+    sms = multiprocessors(torch, dev)
     qt, rows, slices = tile_shape(n_q, n, terms, sms)
     n_tiles = -(-n // rows)
     cur = torch.cuda.current_stream(dev)

@@ -18,6 +18,7 @@ import numpy as np
 
 from rcn_fast import _arrays as A
 from rcn_fast import _crossovers, _dispatch, _native
+from rcn_fast.search.int8_bounded import Int8Corpus, topn_int8
 from rcn_fast.search.reference import select_topn, topn_reference
 from rcn_fast._validate import is_int
 
@@ -29,9 +30,14 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     ----------
     queries : array [Q, d]
         float32, or the corpus dtype. numpy array or torch tensor.
-    corpus : array [N, d]
+    corpus : array [N, d] or Int8Corpus
         float32, float16 or bfloat16 (numpy bfloat16 via ``ml_dtypes``).
-        Same library and device as ``queries``.
+        Same library and device as ``queries``. An
+        :class:`~rcn_fast.search.int8_bounded.Int8Corpus` (rows and their
+        int8 copy) is searched by the int8 bounded scan: the same exact
+        result, reading the int8 copy and the candidates' rows (rows may
+        live on the host while queries and copy are on a GPU); a
+        ``backend`` searches its rows instead.
     k : int
         Results per query, ``k >= 1``. When ``k > N`` the tail is padded:
         the kernels search for ``min(k, N)`` results (their work buffers
@@ -66,6 +72,8 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     >>> ids.tolist()
     [[2, 0]]
     """
+    if isinstance(corpus, Int8Corpus):
+        return _topn_int8_corpus(queries, corpus, k, backend)
     queries = A.as_array(queries, "queries")
     corpus = A.as_array(corpus, "corpus")
     A.check_rank(queries, 2, "queries", "[Q, d]")
@@ -107,6 +115,30 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     if kk == k:
         return scores, ids
     return _padded(corpus, int(queries.shape[0]), k, scores, ids)
+
+
+def _topn_int8_corpus(queries: Any, corpus: Int8Corpus, k: Any, backend: str | None) -> tuple[Any, Any]:
+    """topn over an Int8Corpus: the bounded scan where it can serve (no
+    ``backend``, finite queries), else the rows searched exactly where they
+    live, the results moved to the queries' place."""
+    queries = A.as_array(queries, "queries")
+    rows = A.as_array(corpus.rows, "corpus")
+    if backend is None and is_int(k, numpy=True) and 1 <= int(k):
+        A.check_rank(queries, 2, "queries", "[Q, d]")
+        ct, qt = A.check_float_dtype(rows, "corpus"), A.check_float_dtype(queries, "queries")
+        if qt not in ("float32", ct):
+            raise TypeError(f"queries: expected float32 or the corpus dtype ({ct}), got {qt}")
+        if queries.shape[1] != rows.shape[1]:
+            raise ValueError(f"corpus: expected {queries.shape[1]} columns to match queries [Q, d], "
+                             f"got shape {tuple(rows.shape)}")
+        kk = min(int(k), int(rows.shape[0]))
+        got = topn_int8(queries, corpus, kk) if kk > 0 and queries.shape[0] > 0 else None
+        if got is not None:
+            return got if kk == int(k) else _padded(got[0], int(queries.shape[0]), int(k), *got)
+    if A.library(rows) == A.library(queries) and A.device_of(rows) == A.device_of(queries):
+        return topn(queries, rows, k, backend=backend)
+    s, i = topn(A.from_numpy_like(rows, A.to_float32_numpy(queries)), rows, k, backend=backend)
+    return A.from_numpy_like(queries, A.to_numpy(s)), A.from_numpy_like(queries, A.to_numpy(i))
 
 
 def _padded(like: Any, n_queries: int, k: int, scores: Any = None, ids: Any = None) -> tuple[Any, Any]:
