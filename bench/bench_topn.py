@@ -252,6 +252,31 @@ def test_gpu_topn(benchmark, record, gpu_corpora, gpu_queries, Q, dtype, qdtype,
         assert (ids[:4] == ref).float().mean().item() >= 0.99
 
 
+@pytest.fixture(scope="module")
+def gpu_int8(gpu_corpora):
+    """The float16 corpus's int8 copy, built on the GPU (rcn_fast.search.int8_bounded)."""
+    from rcn_fast.search.int8_bounded import Int8Corpus, build_int8
+
+    c = gpu_corpora["float16"]
+    return Int8Corpus(c, build_int8(c))
+
+
+@pytest.mark.parametrize("Q", QS)
+@pytest.mark.parametrize("qdtype", ["float16", "float32"])
+def test_gpu_topn_int8(benchmark, record, gpu_int8, gpu_queries, Q, qdtype):
+    """The exact int8 bounded scan (column cuda_int8) of the float16 corpus."""
+    import torch
+
+    q = gpu_queries[Q].to(getattr(torch, qdtype))
+    benchmark.group = f"topn GPU N={N} Q={Q} float16 queries={qdtype}"
+    with torch.inference_mode():
+        out = _run_cuda(benchmark, rcn_fast.topn, q, gpu_int8, K)
+    _extra(benchmark, Q, gpu_int8.rows)
+    record(benchmark.group, "cuda_int8", benchmark)
+    _, ref = rcn_fast.topn(q[:4], gpu_int8.rows, K, backend="torch")
+    assert (out[1][:4] == ref).float().mean().item() >= 0.99
+
+
 def _run_cuda(benchmark, fn, *args):
     import torch
 
@@ -269,7 +294,8 @@ def _run_cuda(benchmark, fn, *args):
 # [Q, N] scores would not fit at Q = 512) and merged with a second topk.
 PAPER_N = int(os.environ.get("RCN_FAST_BENCH_PAPER_N", 23_500_000))
 PAPER_ENV = "RCN_FAST_BENCH_PAPER_SCALE"
-PAPER_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_tiled", "recipe")
+_PAPER: dict = {}  # the paper-scale int8 copy, built once
+PAPER_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_tiled", "cuda_int8", "recipe")
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +339,14 @@ def test_paper_scale_topn(pedantic, benchmark, record, paper_corpus, Q, impl):
     c = paper_corpus
     gen = torch.Generator(device="cuda").manual_seed(2)
     q = torch.randn((Q, D), device="cuda", generator=gen).half()
-    fn = recipe_chunked if impl == "recipe" else _gpu_impl(impl)
+    if impl == "cuda_int8":
+        from rcn_fast.search.int8_bounded import Int8Corpus, build_int8
+
+        if "int8" not in _PAPER:
+            _PAPER["int8"] = Int8Corpus(c, build_int8(c))
+        c, fn = _PAPER["int8"], rcn_fast.topn
+    else:
+        fn = recipe_chunked if impl == "recipe" else _gpu_impl(impl)
     benchmark.group = f"topn GPU N={PAPER_N} Q={Q} float16 queries=float16"
 
     def call():
@@ -323,9 +356,9 @@ def test_paper_scale_topn(pedantic, benchmark, record, paper_corpus, Q, impl):
 
     with torch.inference_mode():
         out = pedantic(call)
-    _extra(benchmark, Q, c)
+    _extra(benchmark, Q, paper_corpus)
     record(benchmark.group, impl, benchmark)
     if impl != "recipe":
-        ref = recipe_chunked(q[:2], c, K)[1]
+        ref = recipe_chunked(q[:2], paper_corpus, K)[1]
         ids = out[1]
         assert (ids[:2] == ref).float().mean().item() >= 0.99

@@ -280,7 +280,9 @@ def test_corpus_build_int8_copy_option(tmp_path, corpus_jsonl, tiny_model):
     res = run_cli("build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--backend", "torch",
                   "--out", str(tmp_path / "store"), "--no-progress", "--int8-copy")
     assert res.returncode == 0, res.stderr
-    store = rcn_fast.retrieval.CorpusStore.open(tmp_path / "store")
+    from rcn_fast.retrieval import CorpusStore
+
+    store = CorpusStore.open(tmp_path / "store")
     index = store.index()
     assert index.int8 is not None and len(index.int8) == len(store)
     q = np.asarray(index.embeddings[:3], np.float32)

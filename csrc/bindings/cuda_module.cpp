@@ -10,6 +10,7 @@
 #include "bindings/util.h"
 #include "common/cuda/runtime.h"
 #include "sampling/cuda/sampling.h"
+#include "sampling/cuda/sampling_gram.h"
 #include "topn/cuda/topn.h"
 #include "topn/cuda/topn_block_select.h"
 #include "topn/cuda/topn_int8.h"
@@ -62,6 +63,7 @@ NB_MODULE(_cuda, m) {
   versions["topn_tiled"] = cuda::kTopnTiledKernelVersion;
   versions["topn_int8"] = cuda::kTopnInt8KernelVersion;
   versions["sample_subsets"] = cuda::kSamplingKernelVersion;
+  versions["sample_subsets_gram"] = cuda::kSamplingGramKernelVersion;
   m.attr("KERNEL_VERSIONS") = versions;
 
 }

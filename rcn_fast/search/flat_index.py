@@ -26,6 +26,7 @@ from rcn_fast import _arrays as A
 from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import is_int
+from rcn_fast.search.records import file_record
 from rcn_fast.search.topn import topn
 
 _FORMAT = "rcn_fast.FlatIndex/1"
@@ -233,7 +234,7 @@ class FlatIndex:
         emb = path / "embeddings.npy"
         if not emb.is_file():
             raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)")
-        record = _file_record(path, meta)
+        record = file_record(path, meta)
         size = emb.stat().st_size
         if record is not None and "bytes" in record and size != int(record["bytes"]):
             raise ValueError(f"path: {emb} holds {size} bytes, the record says {record['bytes']}: truncated, "
@@ -300,34 +301,6 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):  # a non-finite query row stays non-finite
         norms = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
         return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-
-
-def embeddings_record(path: Path) -> dict[str, Any] | None:
-    """The size/sha256 record of ``path/embeddings.npy``: from ``index.json``,
-    else from the manifest of a corpus store in the directory; None when
-    neither records it."""
-    head = Path(path) / "index.json"
-    try:
-        meta = json.loads(head.read_text()) if head.is_file() else {}
-    except ValueError:
-        meta = {}
-    return _file_record(Path(path), meta if isinstance(meta, dict) else {})
-
-
-def _file_record(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The size/sha256 record of embeddings.npy: from index.json, or from the
-    manifest of a corpus store that shares the directory."""
-    files = meta.get("files")
-    if isinstance(files, dict) and isinstance(files.get("embeddings.npy"), dict):
-        return files["embeddings.npy"]
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        try:
-            rec = json.loads(manifest.read_text(encoding="utf-8"))["files"]["embeddings.npy"]
-        except (ValueError, KeyError, TypeError):
-            return None  # the store's own checks name a broken manifest
-        return rec if isinstance(rec, dict) else None
-    return None
 
 
 def _check_npy_length(path: Path, size: int) -> None:

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from rcn_fast._hashing import sha256_file
-from rcn_fast._stamped_json import read_stamped_json
+from rcn_fast._stamped_json import read_stamped_json, write_stamped_json
 from rcn_fast.search.int8_bounded import MAX_DIM, Int8Copy, build_int8, width_of
+from rcn_fast.search.records import embeddings_record
 
 FORMAT = "rcn_fast.Int8Copy/1"
 RECORD = "int8.json"
@@ -33,8 +34,6 @@ CODES, ROWS = "int8_codes.npy", "int8_rows.npy"
 def _embeddings_record(path: Path) -> dict[str, Any]:
     """The size/sha256 record of ``path/embeddings.npy`` (index.json or the
     store manifest), or ValueError naming what is missing."""
-    from rcn_fast.search.flat_index import embeddings_record
-
     rec = embeddings_record(path)
     if rec is None or "sha256" not in rec or "bytes" not in rec:
         raise ValueError(f"path: {path} records no size and sha256 of embeddings.npy, so an int8 copy could not "
@@ -62,8 +61,6 @@ def write_int8_copy(path: str | os.PathLike[str], *, chunk: int = 1 << 16) -> In
         Rows wider than MAX_DIM, non-finite rows, or no record of
         embeddings.npy in the directory.
     """
-    from rcn_fast.retrieval.store import write_json_atomic
-
     path = Path(path)
     record = _embeddings_record(path)
     emb = np.load(path / "embeddings.npy", mmap_mode="r")
@@ -72,7 +69,7 @@ def write_int8_copy(path: str | os.PathLike[str], *, chunk: int = 1 << 16) -> In
                          f"{MAX_DIM} values")
     copy = build_int8(emb, chunk)
     files = {CODES: _save_npy(path / CODES, copy.codes), ROWS: _save_npy(path / ROWS, copy.rows)}
-    write_json_atomic(path / RECORD, {"format": FORMAT, "dim": copy.dim, "count": len(copy), "width": copy.width,
+    write_stamped_json(path / RECORD, {"format": FORMAT, "dim": copy.dim, "count": len(copy), "width": copy.width,
                                       "embeddings": record, "files": files})
     return copy
 

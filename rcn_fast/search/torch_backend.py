@@ -44,6 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 from rcn_fast import _native
+from rcn_fast.search.torch_checked import order_by_score_then_id, topn_torch_checked
 
 # (terms, bits of shift between terms) per corpus dtype name: float16 keeps
 # 11 significant bits a term, bfloat16 8; the remainder after a term is at
@@ -200,14 +201,6 @@ class _Scorer:
         return self.torch.mm(self.queries[rows].float(), block.float().T)
 
 
-def order_by_score_then_id(torch: Any, scores: Any, ids: Any) -> tuple[Any, Any]:
-    """``(scores, ids)`` [Q, m] rearranged per row by (score desc, id asc)."""
-    by_id = torch.sort(ids, dim=1, stable=True).indices
-    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
-    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    return scores.gather(1, by_score), ids.gather(1, by_score)
-
-
 def device_finisher(corpus: Any, k: int) -> tuple[Any, Any]:
     """``(module, stream)`` whose ``topn_finish_rows`` finishes chunks of
     ``corpus``'s device without a host synchronisation (rcn_fast._cuda on
@@ -287,8 +280,6 @@ def topn_torch(queries: Any, corpus: Any, k: int, *, chunk: int | None = None,
         else:
             scorer.queries_f32 = queries.float()
     if finisher[0] is None:
-        from rcn_fast.search.torch_checked import topn_torch_checked
-
         return topn_torch_checked(torch, scorer, corpus, k, chunk)
     best_s = best_i = None
     for start in range(0, n, chunk):

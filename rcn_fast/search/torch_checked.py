@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcn_fast.search.torch_backend import order_by_score_then_id
+
+def order_by_score_then_id(torch: Any, scores: Any, ids: Any) -> tuple[Any, Any]:
+    """``(scores, ids)`` [Q, m] rearranged per row by (score desc, id asc)."""
+    by_id = torch.sort(ids, dim=1, stable=True).indices
+    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
+    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices
+    return scores.gather(1, by_score), ids.gather(1, by_score)
 
 
 def ties_lowest_id(torch: Any, s: Any, k: int) -> Any:
@@ -68,7 +74,9 @@ def chunk_topk(torch: Any, scorer: Any, block: Any, k: int) -> tuple[Any, Any, b
 
 def topn_torch_checked(torch: Any, scorer: Any, corpus: Any, k: int, chunk: int) -> tuple[Any, Any]:
     """:func:`~rcn_fast.search.torch_backend.topn_torch`'s loop with the
-    host-checked finishing (``scorer``: its ``_Scorer`` of the queries)."""
+    host-checked finishing (``scorer``: the torch backend's scorer of the
+    queries: ``scorer(block)`` float32 scores, ``.exact(block, rows)``,
+    ``.mode``, ``.n_queries``)."""
     dev, n_q, n = corpus.device, scorer.n_queries, int(corpus.shape[0])
     best_s = best_i = None
     ordered, any_ninf = True, False

@@ -29,6 +29,7 @@
 
 #include "topn/topn_select.h"
 #include "common/cuda/lane_groups.cuh"
+#include "common/cuda/mma.cuh"
 #include "common/cuda/runtime.h"
 #include "topn/cuda/topn_block_select.h"
 #include "topn/cuda/topn_mma.h"
@@ -45,28 +46,6 @@ constexpr int kDepth = 64;       // columns of one depth step
 constexpr int kQPad = 8;         // elements of padding per query row in shared memory (bank spread)
 constexpr int64_t kPartialBytes = int64_t(512) << 20;
 constexpr int64_t kMaxSliceRows = int64_t(1) << 31;
-
-template <DType T>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (T == DType::F16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-#else
-  __trap();  // the launcher never runs this kernel below compute capability 8.0
-#endif
-}
 
 __device__ __forceinline__ uint4 load16_or_zero(const uint16_t* p, bool ok) {
   return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
