@@ -295,3 +295,24 @@ def test_gpu_sampler_bench_records_subsets_and_gflops_of_its_own_b(monkeypatch):
     # no timing taken (--benchmark-disable): nothing recorded, no error
     off = SimpleNamespace(stats=None, extra_info={})
     assert bs._extra(off, b) is None and off.extra_info == {}
+
+
+def test_the_bench_step_times_every_cuda_path(gc):
+    """The bench step's selection collects a benchmark of every CUDA path a
+    recorded run must measure before the dispatcher picks it: the scan
+    (cuda), the GEMM tiles (cuda_tiled), the int8 bounded scan (cuda_int8),
+    both samplers (cuda, cuda_gram), against their torch peers; the paper
+    scale only under its own step."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          *gc.BENCH_FILES, "-k", gc.BENCH_SELECT], capture_output=True, text=True, timeout=300,
+                         cwd=BENCH.parent)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ids = res.stdout
+    for needle in ("test_gpu_topn[", "cuda_tiled", "test_gpu_topn_int8[", "torch_backend", "recipe",
+                   "test_gpu_sampler[cuda_gram", "test_gpu_sampler[cuda-", "test_gpu_sampler[torch_cuda"):
+        assert needle in ids, needle
+    assert "paper_scale" not in ids
+    paper = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                            "bench/bench_topn.py", "-k", gc.PAPER_SELECT], capture_output=True, text=True,
+                           timeout=300, cwd=BENCH.parent)
+    assert paper.returncode == 0 and "cuda_int8" in paper.stdout and "cuda_tiled" in paper.stdout
