@@ -21,10 +21,11 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-def _cpu():
+def _cpu(aid: str = "topn_select_emulated"):
+    """rcn_fast._C with the test aid ``aid``, or skip."""
     mod, why = _native.cpu_module()
-    if mod is None or not hasattr(mod, "topn_select_emulated"):
-        pytest.skip(f"rcn_fast._C without the scan's test aids: {why}")
+    if mod is None or not hasattr(mod, aid):
+        pytest.skip(f"rcn_fast._C without the test aid {aid}: {why}")
     return mod
 
 
@@ -191,16 +192,23 @@ def _gpu_topn(q, c, k, algorithm):
 def test_scan_matches_the_cpu_on_integer_data(dtype, qdtype, Q, N, d, k):
     """Small integers: every product and sum is exact, so the scan must give
     the CPU's scores and ids exactly, ties (many) by lower id."""
-    torch = pytest.importorskip("torch")
     from rcn_fast.search.topn import CUDA_MMA
 
+    check_integer_data(lambda q, c, kk: _gpu_topn(q, c, kk, CUDA_MMA), dtype, qdtype, Q, N, d, k)
+
+
+def check_integer_data(run, dtype, qdtype, Q, N, d, k):
+    """Small integers: every product and sum is exact, so ``run(q, c, k)``
+    (CUDA tensors) must give the CPU's scores and ids exactly, ties (many)
+    by lower id."""
+    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(Q + N + d + k)
     c = torch.from_numpy(rng.integers(-3, 4, (N, d)).astype(np.float32)).to(getattr(torch, dtype))
     q = torch.from_numpy(rng.integers(-3, 4, (Q, d)).astype(np.float32))
     if qdtype == "same":
         q = q.to(c.dtype)
     kk = min(k, N)
-    s, i = _gpu_topn(q.cuda(), c.cuda(), kk, CUDA_MMA)
+    s, i = run(q.cuda(), c.cuda(), kk)
     rs, ri = rcn_fast.topn(q, c, kk, backend="native")
     np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
     np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())

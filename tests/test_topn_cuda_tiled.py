@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import rcn_fast
-from rcn_fast import _native
 from rcn_fast.search import cuda_tiled
-from rcn_fast.search.reference import select_topn
 from tests.conftest import requires_gpu
+from tests.test_topn_cuda_scan import _cpu as _scan_cpu
+from tests.test_topn_cuda_scan import check_integer_data
+from tests.test_topn_cuda_scan import _reference as _matrix_reference
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -26,10 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 def _cpu():
-    mod, why = _native.cpu_module()
-    if mod is None or not hasattr(mod, "topn_block_select_emulated"):
-        pytest.skip(f"rcn_fast._C without the block select's test aid: {why}")
-    return mod
+    return _scan_cpu("topn_block_select_emulated")
 
 
 def _emulated(tile, terms, scales, R, k, row0, slices, round_=1024, merge_round=256):
@@ -56,8 +54,8 @@ def _combined(tile, terms, scales, R):
 
 
 def _reference(scores, k, row0=0):
-    ids = np.broadcast_to(np.arange(row0, row0 + scores.shape[1], dtype=np.int64), scores.shape)
-    return select_topn(scores.astype(np.float32), ids, k)
+    s, i = _matrix_reference(scores, k)
+    return s, np.where(i >= 0, i + row0, -1)
 
 
 @pytest.mark.parametrize("terms", [1, 2, 3])
@@ -160,18 +158,8 @@ def test_tiles_match_the_cpu_on_integer_data(monkeypatch, dtype, qdtype, Q, N, d
     """Small integers: every product and sum is exact, so the tiles give the
     CPU's scores and ids exactly, ties (many) by lower id. Small tiles:
     several row tiles on the two streams and several query tiles."""
-    torch = pytest.importorskip("torch")
     monkeypatch.setattr(cuda_tiled, "TILE_SCORE_BYTES", 1 << 20)
-    rng = np.random.default_rng(Q + N + d + k)
-    c = torch.from_numpy(rng.integers(-3, 4, (N, d)).astype(np.float32)).to(getattr(torch, dtype))
-    q = torch.from_numpy(rng.integers(-3, 4, (Q, d)).astype(np.float32))
-    if qdtype == "same":
-        q = q.to(c.dtype)
-    kk = min(k, N)
-    s, i = _tiled(q.cuda(), c.cuda(), kk)
-    rs, ri = rcn_fast.topn(q, c, kk, backend="native")
-    np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
-    np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())
+    check_integer_data(_tiled, dtype, qdtype, Q, N, d, k)
 
 
 @requires_gpu

@@ -12,6 +12,8 @@ namespace {
 namespace gm = gram;
 
 // One host thread as the sampler's lane group (sampling/subset_sampler.h).
+// sampling/isa/sampling_steps.cpp has its own: code compiled per SIMD
+// variant shares no inline helper with the baseline (topn/isa/topn_isa.h).
 struct OneLane {
   int rank() const { return 0; }
   int size() const { return 1; }

@@ -44,6 +44,14 @@ struct WarpSync {
   __device__ void operator()() const { __syncwarp(); }
 };
 
+// The origin of warp `warp`'s ti-th tile of G; false past the last tile.
+__device__ __forceinline__ bool warp_tile(int warp, int ti, int npad, int* i0, int* j0) {
+  const int tile = warp + ti * kWarps;
+  if (tile >= gm::tiles(npad)) return false;
+  gm::tile_origin(tile, npad, i0, j0);
+  return true;
+}
+
 template <DType T>
 size_t smem_bytes(int npad) {
   using S = typename Storage<T>::type;
@@ -125,13 +133,10 @@ __global__ void __launch_bounds__(kThreads) gram_kernel(SamplingProblem p, int n
       }
     } else {
       const uint16_t* e = reinterpret_cast<const uint16_t*>(stage);
-      const int n_tiles = gm::tiles(npad);
 #pragma unroll
       for (int ti = 0; ti < kTilesPerWarp; ++ti) {
-        const int tile = warp + ti * kWarps;
-        if (tile >= n_tiles) break;
         int i0, j0;
-        gm::tile_origin(tile, npad, &i0, &j0);
+        if (!warp_tile(warp, ti, npad, &i0, &j0)) break;
 #pragma unroll
         for (int kk = 0; kk < gm::kSlice; kk += 16) {
           uint32_t a[4], bfr[2];
@@ -149,13 +154,10 @@ __global__ void __launch_bounds__(kThreads) gram_kernel(SamplingProblem p, int n
       for (int j = 0; j < 8; ++j)
         if (tr + 16 * i < npad && tc + 16 * j < npad) G[(tr + 16 * i) * npad + tc + 16 * j] = f[i][j];
   } else {
-    const int n_tiles = gm::tiles(npad);
 #pragma unroll
     for (int ti = 0; ti < kTilesPerWarp; ++ti) {
-      const int tile = warp + ti * kWarps;
-      if (tile >= n_tiles) break;
       int i0, j0;
-      gm::tile_origin(tile, npad, &i0, &j0);
+      if (!warp_tile(warp, ti, npad, &i0, &j0)) break;
       gm::store_c(lane, c[ti], G, npad, i0, j0);
     }
   }
@@ -178,11 +180,7 @@ void launch_typed(const SamplingProblem& p, int npad, unsigned long long* flags,
   const size_t bytes = smem_bytes<T>(npad);
   auto kern = gram_kernel<T, kVec>;
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
-  for (int64_t b0 = 0; b0 < p.B; b0 += 0x7FFFFFFF) {  // one block a question
-    SamplingProblem sub = p;
-    sub.B = std::min<int64_t>(p.B - b0, 0x7FFFFFFF);
-    kern<<<unsigned(sub.B), kThreads, bytes, stream>>>(sub, npad, flags);
-  }
+  kern<<<unsigned(p.B), kThreads, bytes, stream>>>(p, npad, flags);  // one block a question
   check(cudaGetLastError(), "sampler Gram kernel");
 }
 
@@ -198,6 +196,7 @@ void launch(const SamplingProblem& p, int npad, unsigned long long* flags, cudaS
 
 const char* sample_subsets_gram_unsupported(const SamplingProblem& p) {
   if (p.n > gm::kMaxN) return "more than 128 candidates a question (the Gram matrix lives in shared memory)";
+  if (p.B > 0x7FFFFFFF) return "more than 2^31 - 1 questions in one call";
   if (p.cand_dtype != DType::F32) {
     int dev = 0, major = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
