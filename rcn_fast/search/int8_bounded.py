@@ -67,7 +67,7 @@ it (duplicates, a zero query: every row).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -154,6 +154,7 @@ class Int8Copy:
     codes: Any
     rows: Any
     dim: int
+    _largest: float | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
@@ -163,9 +164,15 @@ class Int8Copy:
         return int(self.codes.shape[1])
 
     def largest_bound(self) -> float:
-        """The largest ``norm + err`` of a row (for the overflow guard)."""
-        r = A.to_numpy(self.rows) if A.is_torch(self.rows) else self.rows
-        return float((r[:, 1].astype(np.float64) + r[:, 2]).max()) if len(r) else 0.0
+        """The largest ``norm + err`` of a row (for the overflow guard;
+        computed once)."""
+        if self._largest is None:
+            r = self.rows
+            if A.is_torch(r):
+                self._largest = float((r[:, 1].double() + r[:, 2].double()).max()) if len(r) else 0.0
+            else:
+                self._largest = float((r[:, 1].astype(np.float64) + r[:, 2]).max()) if len(r) else 0.0
+        return self._largest
 
     def to(self, device: Any) -> "Int8Copy":
         """The copy as torch tensors on ``device``."""
@@ -174,7 +181,7 @@ class Int8Copy:
         def move(a: Any) -> Any:
             return (a if A.is_torch(a) else torch.from_numpy(np.ascontiguousarray(a))).to(device)
 
-        return Int8Copy(move(self.codes), move(self.rows), self.dim)
+        return Int8Copy(move(self.codes), move(self.rows), self.dim, self.largest_bound())
 
 
 def quantize_rows(x: Any) -> tuple[Any, Any]:
@@ -382,7 +389,8 @@ def topn_int8(queries: Any, corpus: Int8Corpus, k: int) -> tuple[Any, Any] | Non
 
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     rows = A.to_numpy(corpus.rows) if A.is_torch(corpus.rows) else corpus.rows
-    plain = copy if not A.is_torch(copy.codes) else Int8Copy(A.to_numpy(copy.codes), A.to_numpy(copy.rows), copy.dim)
+    plain = copy if not A.is_torch(copy.codes) else Int8Copy(A.to_numpy(copy.codes), A.to_numpy(copy.rows), copy.dim,
+                                                              copy.largest_bound())
     s, i = topn_int8_numpy(q_host, rows, plain, k)
     return (A.from_numpy_like(queries, s), A.from_numpy_like(queries, i)) if A.is_torch(queries) else (s, i)
 
