@@ -264,7 +264,7 @@ def cuda_kernel_for(cand: Any) -> str:
     from rcn_fast import _crossovers
 
     mod, _ = _native.cuda_module()
-    gram = mod is not None and hasattr(mod, "sample_subsets_gram") and int(cand.shape[1]) <= mod.SAMPLER_GRAM_MAX_N
+    gram = mod is not None and hasattr(mod, "SAMPLER_GRAM_MAX_N") and int(cand.shape[1]) <= mod.SAMPLER_GRAM_MAX_N
     kernel, _ = _crossovers.kernel_choice("sample_subsets", {"dtype": A.dtype_name(cand), "B": int(cand.shape[0])})
     if kernel is not None and (kernel != "sample_subsets_gram" or gram):
         return kernel
@@ -290,8 +290,8 @@ def run_cuda_kernel(query: Any, cand: Any, num_subsets: int, subset_size: int, t
     logp = torch.empty((B, num_subsets, subset_size), dtype=torch.float32, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream
     with torch.cuda.device(dev):
-        run = mod.sample_subsets_gram if kernel == "sample_subsets_gram" else mod.sample_subsets
-        run(query, cand, mask_t, keys_t, tau, seed, first_relevance, ids, logp, stream)
+        mod.sample_subsets(query, cand, mask_t, keys_t, tau, seed, first_relevance, ids, logp, stream,
+                           kernel == "sample_subsets_gram")
     return ids, logp
 
 
