@@ -88,6 +88,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from rcn_fast._templates import chat_prompt
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.backends.hf import HFLLM
 from rcn_fast.llm.server.limits import (
@@ -230,7 +231,7 @@ class OpenAIServer(ThreadingHTTPServer):
         else:
             folded = chat if self.llm.system_role else chatlib.fold_system(chat)
             gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
-            text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=gen_prompt)
+            text = chat_prompt(tok, folded, add_generation_prompt=gen_prompt)
         ids = list(tok.encode(text, add_special_tokens=not chatlib.has_chat_template(tok)))
         if not ids:
             raise APIError(400, "messages: the chat encodes to no tokens")

@@ -4,8 +4,8 @@
 file's ``tokenizer.ggml.*`` arrays the way transformers' GGUF reader does
 (so both give the same ids: tests/llm/test_engine_smollm2.py checks it on
 the chat templates and texts the pipelines use), and renders the chat
-template with jinja2 in a sandbox configured as transformers configures
-it. It offers the part of the transformers tokenizer API that rcn_fast
+template through the bounded template door (:mod:`rcn_fast._templates`,
+configured as transformers configures chat templates). It offers the part of the transformers tokenizer API that rcn_fast
 uses (``encode``, ``decode``, ``apply_chat_template``, ``get_vocab``,
 ``convert_tokens_to_ids``, the special tokens), so chat rendering
 (:mod:`rcn_fast.llm.chat`) and label ids (:mod:`rcn_fast.llm.scoring.labels`) work
@@ -38,7 +38,6 @@ import os
 import shutil
 import threading
 import uuid
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -224,41 +223,6 @@ def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     return tok
 
 
-@lru_cache(maxsize=16)
-def _compile_template(template: str) -> Any:
-    """A chat template compiled in jinja2's immutable sandbox with the
-    options and helpers transformers gives templates."""
-    A.require("jinja2", HINT)
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class _Generation(jinja2.ext.Extension):  # {% generation %}...{% endgeneration %}: rendered as is
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller: Any) -> str:
-            return caller()
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=[_Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
-
-
 class GGUFTokenizer:
     """The tokenizer of a GGUF file (the transformers API subset rcn_fast uses).
 
@@ -378,14 +342,16 @@ class GGUFTokenizer:
 
     def apply_chat_template(self, conversation: Sequence[dict[str, Any]], tokenize: bool = False,
                             add_generation_prompt: bool = False, **kwargs: Any) -> Any:
-        """The chat rendered by the file's template (transformers' rendering:
-        jinja2's immutable sandbox, ``trim_blocks``/``lstrip_blocks``, the
-        special tokens as variables). ``tokenize=True`` returns ids."""
+        """The chat rendered by the file's template through the bounded
+        template door (:func:`rcn_fast._templates.render_chat_template`:
+        transformers' rendering, the special tokens as variables, within
+        budgets). ``tokenize=True`` returns ids."""
+        from rcn_fast._templates import render_chat_template
+
         if not self.chat_template:
             raise ValueError(f"{self.path} has no chat template (tokenizer.chat_template)")
-        text = _compile_template(self.chat_template).render(
-            messages=[dict(m) for m in conversation], add_generation_prompt=add_generation_prompt, tools=None,
-            documents=None, **{**self.special_tokens_map, **kwargs})
+        text = render_chat_template(self.chat_template, conversation, add_generation_prompt=add_generation_prompt,
+                                    **{**self.special_tokens_map, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
