@@ -49,6 +49,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from rcn_fast._files import inside
 from rcn_fast._templates import TemplateRenderError, render_task_template
 from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml
 from rcn_fast.eval.tasks.sources import dataset_rows, take_n
@@ -86,7 +87,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     data = read_task_yaml(path, _Loader, seen[-1] if seen else None)
     inc = data.pop("include", None)
     if isinstance(inc, str):
-        data = {**_load((path.parent / inc).resolve(), seen + (path,)), **data}
+        data = {**_load(inside(path.parent, inc, what=f"task file {path}: include"), seen + (path,)), **data}
     return data
 
 
@@ -160,7 +161,8 @@ def spec_from_file(path: Path) -> TaskSpec:
     dk = dict(dk)
     revision = dk.pop("revision", None)
     src = str(data["dataset_path"])
-    local = (path.parent / src).resolve() if src.endswith((".jsonl", ".json")) else None
+    local = inside(path.parent, src, what=f"task file {path}: dataset_path") if src.endswith((".jsonl", ".json")) \
+        else None
     if local is not None and not local.is_file():
         raise TaskError(f"task file {path}: dataset_path {src} does not exist (looked for {local})")
     templates = {k: data[k] for k in ("doc_to_text", "doc_to_choice", "doc_to_target")}

@@ -152,10 +152,10 @@ def build_backend(g: GGUFFile) -> Any:
 
 def cache_dir() -> Path | None:
     """The folder of the tokenizer cache, or None when ``RCN_FAST_GGUF_CACHE`` turns it off."""
-    from rcn_fast._cache_dirs import cache_root
+    from rcn_fast._cache_dirs import cache_dir as folder
     from rcn_fast.llm.backends.gguf_cache import cache_enabled
 
-    return cache_root() / "gguf-tokenizers" if cache_enabled() else None
+    return folder("gguf-tokenizers") if cache_enabled() else None
 
 
 def _read_cached(entry: Path, source: str) -> Any | None:
@@ -206,11 +206,17 @@ def _write_cached(entry: Path, source: str, tok: Any) -> None:
 
 def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     """:func:`build_backend` through the tokenizer cache in ``folder``
-    (module notes; None: no cache)."""
+    (module notes; None: no cache). An entry another user owns or could
+    write is neither read nor replaced
+    (:func:`rcn_fast._cache_dirs.trusted_cache`)."""
+    from rcn_fast._cache_dirs import trusted_cache
+
     if folder is None:
         return build_backend(g)
     source = hashlib.sha256(g.header_bytes()).hexdigest()
     entry = folder / source
+    if not trusted_cache(entry, what="GGUF tokenizer cache"):  # another user could have written it: not read
+        return build_backend(g)
     if entry.exists():
         tok = _read_cached(entry, source)
         if tok is not None:
