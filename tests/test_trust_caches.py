@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 import rcn_fast._cache_dirs as C
-from rcn_fast._cache_dirs import UntrustedCacheWarning, trusted_cache
 from rcn_fast._hashing import check_once, content_fingerprint, sha256_file
 
 OTHER_UID = 4242
@@ -32,7 +31,7 @@ def fresh(tmp_path, monkeypatch):
     import rcn_fast._hashing as h
 
     monkeypatch.setenv("RCN_FAST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(C, "_WARNED", set())
+    monkeypatch.setattr(C, "_WARNED", set(), raising=False)
     monkeypatch.setattr(h, "_PROCESS_MEMO", {})
     monkeypatch.setattr(h, "_PASSED", set())
     monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
@@ -48,13 +47,14 @@ def foreign(path: Path, monkeypatch) -> None:
 
 
 def _warned(got, folder: Path, why: str) -> None:
-    msgs = [str(w.message) for w in got if issubclass(w.category, UntrustedCacheWarning)]
+    msgs = [str(w.message) for w in got if w.category.__name__ == "UntrustedCacheWarning"]
     assert len(msgs) == 1 and f" {folder} " in msgs[0], msgs
     assert why in msgs[0] and "ignored and its work recomputed" in msgs[0]
 
 
 # ------------------------------------------------------------------ the door
 def test_the_door_judges_owner_and_modes_of_the_entry_and_the_folders_above_it(tmp_path, monkeypatch):
+    from rcn_fast._cache_dirs import UntrustedCacheWarning, trusted_cache
     root = tmp_path / "cache"
     entry = root / "sub" / "e.json"
     entry.parent.mkdir(parents=True)
@@ -95,6 +95,8 @@ def test_a_users_private_group_may_write(tmp_path, monkeypatch):
     """umask 002 systems give each user a private group: writable by it is writable by the user alone."""
     import grp
     import pwd
+
+    from rcn_fast._cache_dirs import trusted_cache
 
     f = tmp_path / "cache" / "x"
     f.parent.mkdir()
@@ -139,8 +141,10 @@ def test_a_forged_content_hash_memo_in_an_untrusted_cache_is_ignored(tmp_path, m
         named = next(folder.glob("*.json"))
         foreign(named, monkeypatch)
         why = "owned by another user"
-    with pytest.warns(UntrustedCacheWarning) as got:
-        assert content_fingerprint(data) == new_sha != old
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        value = content_fingerprint(data)
+    assert value == new_sha != old  # 7491bb5: the forged memo's old hash
     _warned(got, named, why)
 
 
@@ -156,9 +160,11 @@ def test_a_check_memo_in_an_untrusted_cache_does_not_skip_the_check(tmp_path, mo
     assert len(runs) == 1  # remembered in the (trusted) memo folder
     os.chmod(tmp_path / "cache" / "content_hashes", 0o777)
     monkeypatch.setattr(h, "_PASSED", set())
-    with pytest.warns(UntrustedCacheWarning, match="check memo"):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
         check_once(f, "tag", lambda: runs.append(1))
     assert len(runs) == 2
+    _warned(got, tmp_path / "cache" / "content_hashes", "writable by others")
 
 
 # ------------------------------------------------------------------ the GGUF tokenizer cache
@@ -207,8 +213,10 @@ def test_a_forged_gguf_tokenizer_cache_entry_in_an_untrusted_cache_is_ignored(gg
     else:
         foreign(entry, monkeypatch)
         named, why = entry, "owned by another user"
-    with pytest.warns(UntrustedCacheWarning) as got:
-        assert GGUFTokenizer(GGUFFile(gguf_path), background=False).encode(" the") == want
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        ids = GGUFTokenizer(GGUFFile(gguf_path), background=False).encode(" the")
+    assert ids == want  # 7491bb5: the forged entry's ids
     _warned(got, named, why)
     assert sha256_file(entry / "tokenizer.json") == forged_sha  # the untrusted entry is left as it was, not rewritten
 
@@ -220,6 +228,8 @@ def test_an_untrusted_gguf_weights_cache_is_neither_read_nor_written(gguf_path, 
     root = tmp_path / "cache"
     (root / "gguf").mkdir(parents=True)
     os.chmod(root / "gguf", 0o777)
+    from rcn_fast._cache_dirs import UntrustedCacheWarning
+
     calls = []
     monkeypatch.setattr(gguf_cache, "verify_entry", lambda *a: calls.append("verify"))
     monkeypatch.setattr(gguf_cache, "_write_entry", lambda *a: calls.append("write"))
@@ -232,6 +242,7 @@ def test_an_untrusted_gguf_weights_cache_is_neither_read_nor_written(gguf_path, 
 
 # ------------------------------------------------------------------ the LLM call cache
 def test_an_untrusted_llm_call_cache_is_neither_read_nor_written(tmp_path):
+    from rcn_fast._cache_dirs import UntrustedCacheWarning
     from rcn_fast.llm.cache import CallCache
 
     out = tmp_path / "out"
