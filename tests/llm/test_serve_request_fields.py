@@ -19,7 +19,6 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rcn_fast.llm import load_llm  # noqa: E402
-from rcn_fast.llm.server.limits import APIError, ServeLimits, check_request_sizes, parse_request  # noqa: E402
 from tests.llm.test_serve_faults import error_of, request, serve  # noqa: E402
 
 TEXT = "Knowledge connects concepts."
@@ -126,6 +125,8 @@ def test_a_chat_template_over_its_budget_is_400_naming_the_messages(tiny_llama_d
 
 
 def test_the_parser_names_nested_fields_and_keeps_ordinary_values():
+    from rcn_fast.llm.server.limits import APIError, ServeLimits, check_request_sizes, parse_request
+
     body = parse_request(b'{"a": [1, {"b": -12345678901234567890, "c": 1e999}], "s": "\\u00e9\\ud83d\\ude00"}')
     assert body["a"][1]["b"] == -12345678901234567890 and body["s"] == "é😀" and body["a"][1]["c"] == float("inf")
     for raw, want in [(b'{"a": [1, {"b": "\\udc00"}]}', "a[1].b: "), (b'{"\\ud800": 1}', "body: a key"),

@@ -113,14 +113,13 @@ def test_the_engine_tokenizer_renders_as_the_door(tmp_path):
                                            (BIG_REPEAT, r"'\*': repeating 10 characters")])
 def test_a_costly_chat_template_in_a_gguf_fails_at_once_naming_the_model(tmp_path, template, why):
     from rcn_fast.llm import load_llm
-    from rcn_fast._templates import TemplateLimitError
 
     tok = build_tokenizer(template)
     path = tmp_path / "evil.gguf"
     write_gguf(build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id), tok, path)
     llm = load_llm(str(path), device="cpu")
     t0 = time.monotonic()
-    with pytest.raises(TemplateLimitError, match=rf"the chat template of .*evil\.gguf.*{why}"):
+    with pytest.raises(ValueError, match=rf"the chat template of .*evil\.gguf.*{why}"):  # a TemplateLimitError
         llm.render([CHAT])
     assert time.monotonic() - t0 < 60  # a guard against a hang, not a timing
 
