@@ -42,9 +42,22 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _full(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(absolute root, absolute path): ``path`` absolute, or relative
+    written from where ``root`` is written (``out/checkpoints/x`` for root
+    ``out``: taken as is), or else relative to ``root`` (``texts.bin``)."""
+    base, rel = os.path.abspath(os.fspath(root)), os.fspath(path)
+    if not os.path.isabs(rel) and _under(os.path.normpath(rel), os.path.normpath(os.fspath(root))) \
+            and os.path.normpath(os.fspath(root)) != ".":
+        return base, os.path.abspath(rel)
+    return base, os.path.join(base, rel)
+
+
 def inside(root: str | os.PathLike[str], path: str | os.PathLike[str], *, what: str = "path",
            written_outside: bool = True) -> Path:
-    """The real path of ``path`` (absolute, or relative to ``root``),
+    """The real path of ``path`` (absolute; relative written from where
+    ``root`` is written, as ``root / name`` gives it; or a name relative to
+    ``root``),
     refusing one that a symbolic link leads out of ``root``.
 
     ``written_outside``: whether ``path`` may name a file outside ``root``
@@ -58,8 +71,7 @@ def inside(root: str | os.PathLike[str], path: str | os.PathLike[str], *, what: 
         (or, ``written_outside=False``, it does not lie in ``root`` as
         written): the message names ``what``, the link and where it leads.
     """
-    base = os.path.abspath(os.fspath(root))
-    p = os.path.join(base, os.fspath(path))
+    base, p = _full(root, path)
     if not written_outside and not _under(os.path.normpath(p), base):
         raise LinkError(f"{what}: {os.fspath(path)!r} names a file outside {base}")
     real, real_root = os.path.realpath(p), os.path.realpath(base)
@@ -93,7 +105,7 @@ def check_links(folder: str | os.PathLike[str], *, root: str | os.PathLike[str] 
 
 
 def no_links(root: str | os.PathLike[str], path: str | os.PathLike[str], *, what: str = "path") -> Path:
-    """``path`` (absolute, or relative to ``root``), checked for writing:
+    """``path`` (as :func:`inside` reads it), checked for writing:
     neither it nor a folder between ``root`` and it is a symbolic link.
 
     Raises
@@ -101,8 +113,8 @@ def no_links(root: str | os.PathLike[str], path: str | os.PathLike[str], *, what
     LinkError
         A link was found: the message names it, where it leads and ``what``.
     """
-    base = os.path.abspath(os.fspath(root))
-    p = os.path.normpath(os.path.join(base, os.fspath(path)))
+    base, p = _full(root, path)
+    p = os.path.normpath(p)
     if not _under(p, base):
         raise LinkError(f"{what}: {p} is not inside {base}")
     parts = os.path.relpath(p, base).split(os.sep) if p != base else []

@@ -79,6 +79,14 @@ def test_writes_refuse_a_link_planted_at_the_file_or_a_folder_on_the_way(tmp_pat
     assert (root / "new.txt").read_text() == "ok!" and no_links(root, "new.txt") == root / "new.txt"
     with pytest.raises(ValueError, match="mode"):
         open_write(root, "new.txt", "r")
+    monkeypatch.chdir(tmp_path)  # a root written relative to the working folder, a path written from it or a name
+    rel = Path("out")
+    assert no_links(rel, rel / "new.txt") == no_links(rel, "new.txt") == root / "new.txt"
+    with open_write(rel, rel / "sub.txt", "w") as f:
+        f.write("x")
+    assert (root / "sub.txt").read_text() == "x" and not (root / "out").exists()
+    with pytest.raises(LinkError, match="dir is a symbolic link"):
+        make_dirs(rel, rel / "dir" / "x")
 
 
 # ------------------------------------------------------------------ stores

@@ -24,7 +24,9 @@ a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
 (the header holds the whole vocabulary, merges, special tokens and
 template, so the key is exact), with a manifest recording the tokenizers
 version, the builder's version and the file's size and checksum; an entry that fails these checks
-is rebuilt, one that cannot be written is skipped (``RCN_FAST_GGUF_CACHE=0``
+is rebuilt, one that cannot be written is skipped, one in a cache another
+user owns or could write is neither read nor replaced (one warning:
+:func:`rcn_fast._cache_dirs.trusted_cache`) (``RCN_FAST_GGUF_CACHE=0``
 turns the cache off). :class:`GGUFTokenizer` builds or reads it on a
 background thread, and the first use waits for it.
 """
