@@ -20,6 +20,9 @@ Safety and staleness:
   converted it. Before a load every file is checked against it; a missing,
   damaged, extended or differently converted entry is deleted and rebuilt
   (with a warning);
+* an entry (or a folder above it) owned by another user or writable by
+  group or others is neither read nor written, with one warning
+  (:func:`rcn_fast._cache_dirs.trusted_cache`): the file is converted;
 * only data is read: safetensors weights, JSON config and tokenizer files
   (``trust_remote_code`` off); an entry holding a pickle or any other file
   the manifest does not list is rejected;
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast import _arrays as A
+from rcn_fast._cache_dirs import trusted_cache
 from rcn_fast._hashing import sha256_file
 
 logger = logging.getLogger(__name__)
@@ -67,11 +71,11 @@ def cache_enabled() -> bool:
 
 def cache_dir_for(sha256: str) -> Path:
     """The entry folder of a GGUF file whose bytes hash to ``sha256``."""
-    from rcn_fast._cache_dirs import cache_root
+    from rcn_fast._cache_dirs import cache_dir
 
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
-    return cache_root() / "gguf" / sha256
+    return cache_dir("gguf") / sha256
 
 
 def _transformers_version() -> str:
@@ -189,6 +193,8 @@ def load_gguf_cached(path: Path, cfg: Any, convert: Converter) -> tuple[Any, Any
 
     source = file_fingerprint(path)
     entry = cache_dir_for(str(source["sha256"]))
+    if not trusted_cache(entry, what="GGUF cache"):  # another user could have written it: convert, keep nothing
+        return convert(path, cfg)
     if entry.exists():
         try:
             verify_entry(entry, str(source["sha256"]))
@@ -216,7 +222,7 @@ def cached_tokenizer(path: Path) -> Any | None:
 
     sha = str(file_fingerprint(path)["sha256"])
     entry = cache_dir_for(sha)
-    if not entry.exists():
+    if not entry.exists() or not trusted_cache(entry, what="GGUF cache"):
         return None
     try:
         verify_entry(entry, sha)
