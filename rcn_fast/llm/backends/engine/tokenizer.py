@@ -13,10 +13,14 @@ on it unchanged.
 
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``:
 Llama 3, SmolLM, Qwen2, Mistral-Nemo, ...), with the pre-tokenizer split
-of the file's ``tokenizer.ggml.pre`` where transformers knows one (else its
-architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``), and
-one without merges, raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel`
-naming ``engine="transformers"`` when the :class:`GGUFTokenizer` is made.
+of the file's ``tokenizer.ggml.pre`` where transformers knows one, else
+GPT-2's whatever the architecture, as transformers' GGUF reader does
+(``gpt-2`` names GPT-2's split in llama.cpp too; a file without
+``tokenizer.ggml.pre`` is one llama.cpp reads with its own "default" split
+and a warning that generation quality will be degraded). Other
+vocabularies (SentencePiece ``"llama"``), and one without merges, raise
+:class:`~rcn_fast.llm.backends.engine.UnsupportedModel` naming
+``engine="transformers"`` when the :class:`GGUFTokenizer` is made.
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
 a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
@@ -51,7 +55,7 @@ from rcn_fast.llm.backends.engine.model import UnsupportedModel
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
 #: bumped when build_backend builds differently (an entry of another version is rebuilt)
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 logger = logging.getLogger(__name__)
 
 # GGUF token types
@@ -70,9 +74,6 @@ PRE_TOKENIZER_SPLITS = {
     "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "pixtral": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-#: general.architecture -> the split of its own tokenizer class (transformers' Qwen2Tokenizer), where the
-#: file names no known pre-tokenizer
-ARCH_SPLITS = {"qwen2": _QWEN2_SPLIT}
 
 
 @lru_cache(maxsize=1)
@@ -127,7 +128,7 @@ def build_backend(g: GGUFFile) -> Any:
     bpe = tk.models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], continuing_subword_prefix="",
                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     tok = tk.Tokenizer(bpe)
-    split = PRE_TOKENIZER_SPLITS.get(g.get("tokenizer.ggml.pre")) or ARCH_SPLITS.get(g.get("general.architecture"))
+    split = PRE_TOKENIZER_SPLITS.get(g.get("tokenizer.ggml.pre"))
     if split is None:
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     else:
