@@ -145,7 +145,7 @@ RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/retrieval/train.py": (13, _OWN_FOLDER + " (training checkpoints)"),
     "rcn_fast/retrieval/train_data.py": (1, _USER_FILE),
     "rcn_fast/retrieval/zebra_kb.py": (1, _OWN_FOLDER),
-    "rcn_fast/search/flat_index.py": (6, "reads through inside(); its save writes a fresh temporary file"),
+    "rcn_fast/search/flat_index.py": (5, "reads through inside(); its save writes a fresh temporary file"),
     "rcn_fast/search/int8_files.py": (2, "reads through inside(); np.save into a file opened with open_write()"),
     "rcn_fast/search/records.py": (2, "reads index.json and manifest.json through inside()"),
     "rcn_fast/search/topn.py": (2, "/proc files"),
