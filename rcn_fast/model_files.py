@@ -29,6 +29,7 @@ import struct
 from pathlib import Path
 
 from rcn_fast._arrays import require
+from rcn_fast._files import check_links
 
 # the settings file the retriever trainer writes into a model folder (not part of the fingerprint)
 SETTINGS_FILE = "rcn_fast_encoder.json"
@@ -54,20 +55,28 @@ def _code_refs(amap: object) -> list[str]:
 
 
 def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
-    """Refuse a model folder that needs its own Python code.
+    """Refuse a model folder that needs its own Python code, or whose files
+    lead out of it.
 
     A ``config.json`` / ``tokenizer_config.json`` (or processor config)
     with an ``auto_map`` points transformers at ``.py`` files in the
     folder, which it would import with ``trust_remote_code=True``. rcn_fast
     never passes that, so such a model cannot load anyway; refusing it here
-    names the file instead of transformers' prompt or error.
+    names the file instead of transformers' prompt or error. A symbolic
+    link in the folder that leads out of it is refused too
+    (:func:`rcn_fast._files.check_links`), before anything is read; the
+    links of a Hugging Face cache snapshot stay inside its repository
+    folder (``snapshots/<rev>/* -> ../../blobs/*``), which is the folder
+    checked for them.
 
     Raises
     ------
     ValueError
-        Naming the file and the code it points at.
+        Naming the file and the code it points at
+        (:class:`rcn_fast._files.LinkError`: the link and its target).
     """
     d = Path(model_dir)
+    check_links(d, root=d.parent.parent if d.parent.name == "snapshots" else d, what="model")
     for name in REMOTE_CODE_FILES:
         f = d / name
         if not f.is_file():

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rcn_fast import _arrays as A
+from rcn_fast._files import inside
 from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast._validate import is_int
@@ -218,7 +219,7 @@ class FlatIndex:
             (named; :func:`check_finite_rows`). The message names the file.
         """
         path = Path(path)
-        head = path / "index.json"
+        head = inside(path, "index.json")  # a symbolic link out of the folder is refused, naming it
         meta = read_stamped_json(head, _FORMAT, what="a FlatIndex directory",
                                  fix="; restore it or save the index again")
         missing = [key for key in ("dim", "metric", "dtype", "count") if key not in meta]
@@ -231,7 +232,7 @@ class FlatIndex:
                              "again") from None
         if not is_int(meta["count"]) or meta["count"] < 0:
             raise ValueError(f"path: {head} holds count {meta['count']!r}, expected an int >= 0")
-        emb = path / "embeddings.npy"
+        emb = inside(path, "embeddings.npy")
         if not emb.is_file():
             raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)")
         record = file_record(path, meta)

@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._files import inside
+
 
 def embeddings_record(path: Path) -> dict[str, Any] | None:
     """The size/sha256 record of ``path/embeddings.npy``: from ``index.json``,
     else from the manifest of a corpus store in the directory; None when
     neither records it."""
-    head = Path(path) / "index.json"
+    head = inside(Path(path), "index.json")
     try:
         meta = json.loads(head.read_text()) if head.is_file() else {}
     except ValueError:
@@ -28,7 +30,7 @@ def file_record(path: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
     files = meta.get("files")
     if isinstance(files, dict) and isinstance(files.get("embeddings.npy"), dict):
         return files["embeddings.npy"]
-    manifest = path / "manifest.json"
+    manifest = inside(path, "manifest.json")
     if manifest.is_file():
         try:
             rec = json.loads(manifest.read_text(encoding="utf-8"))["files"]["embeddings.npy"]

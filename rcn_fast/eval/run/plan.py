@@ -111,7 +111,7 @@ class Unit:
         """Read the checkpoint again (after other processes appended to it:
         Ray workers, shards) and recompute the pending questions."""
         ck = self.checkpoint
-        self.checkpoint = Checkpoint(ck.base_path, ck.meta, check=ck.check)
+        self.checkpoint = Checkpoint(ck.base_path, ck.meta, check=ck.check, root=ck.root)
         done = self.checkpoint.done()
         self.pending = [q for q in self.questions if q.id not in done]
 
@@ -241,7 +241,7 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
             **({"pipeline_key": extra} if extra is not None else {}),
         })
         path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
-        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None,
+        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, root=out,
                         check=record_check(task, qs, seed), meta={
                         "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                         "model": llm_key if needs.llm else None,

@@ -57,6 +57,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from rcn_fast._files import inside
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.loading import load_task_questions, split_inline_choices
 from rcn_fast.eval.tasks.sources import check_limit, hub_load_args, is_layout_root, layout_file, layout_hint, layout_tasks
@@ -87,10 +88,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         for k in ("local", "corpus"):
             v = data.get(k)
             if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
-                data[k] = str((path.parent / v).resolve())
+                data[k] = str(inside(path.parent, v, what=f"task file {path}: {k}"))  # no link out of the folder
     inc = data.pop("include", None)
     if inc is not None:
-        base = _read_yaml((path.parent / str(inc)).resolve(), seen + (path,))
+        base = _read_yaml(inside(path.parent, str(inc), what=f"task file {path}: include"), seen + (path,))
         data = {**base, **data}
     return data
 
