@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast._arrays import require
+from rcn_fast._files import inside
+from rcn_fast.model_files import model_folder_root
 
 TRANSFORMERS_HINT = "pip install 'rcn_fast[torch]' transformers"
 #: model_type -> the tokenizer class ``AutoTokenizer`` returns for it (without its "Fast" alias)
@@ -61,13 +63,18 @@ class ModelConfig:
         return self.raw.get(key, default)
 
 
-def _json_object(path: Path, arg: str = "model") -> dict[str, Any]:
+def _json_object(model_dir: Path, name: str) -> dict[str, Any]:
+    """The JSON object in the file ``name`` of a model folder, read through
+    the files door (:func:`rcn_fast._files.inside`: a link leading out of
+    the folder is refused)."""
+    path = model_dir / name
+    real = inside(model_folder_root(model_dir), path, what="model")  # a LinkError (a ValueError) as it is
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(real.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{arg}: {path} is not readable JSON ({exc})") from None
+        raise ValueError(f"model: {path} is not readable JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{arg}: {path} holds {type(data).__name__}, expected a JSON object")
+        raise ValueError(f"model: {path} holds {type(data).__name__}, expected a JSON object")
     return data
 
 
@@ -85,7 +92,7 @@ def read_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig:
         positive int.
     """
     d = Path(model_dir)
-    raw = _json_object(d / "config.json")
+    raw = _json_object(d, "config.json")
     if not all(k in raw for k in _SHAPE_KEYS):
         transformers = require("transformers", TRANSFORMERS_HINT)
         hf = transformers.AutoConfig.from_pretrained(str(d), trust_remote_code=False)
@@ -118,7 +125,7 @@ def direct_tokenizer_class(model_dir: str | os.PathLike[str], config: ModelConfi
     if name is None:
         return None
     tok_cfg = Path(model_dir) / "tokenizer_config.json"
-    named = [_json_object(tok_cfg).get("tokenizer_class") if tok_cfg.is_file() else None,
+    named = [_json_object(Path(model_dir), tok_cfg.name).get("tokenizer_class") if tok_cfg.is_file() else None,
              config.get("tokenizer_class")]
     if any(n not in (None, name, name + "Fast") for n in named):
         return None
@@ -150,15 +157,15 @@ def weight_files(model_dir: str | os.PathLike[str]) -> list[Path] | None:
     d = Path(model_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({str(v) for v in (_json_object(index).get("weight_map") or {}).values()})
+        files = sorted({str(v) for v in (_json_object(d, index.name).get("weight_map") or {}).values()})
         if not files or any(Path(f).name != f for f in files):
             raise ValueError(f"model: {index} lists no weight files, or names outside the folder")
         missing = [f for f in files if not (d / f).is_file()]
         if missing:
             raise ValueError(f"model: {index} lists {missing} which are not in {d}")
-        return [d / f for f in files]
+        return [inside(model_folder_root(d), d / f, what="model") for f in files]
     single = d / "model.safetensors"
-    return [single] if single.is_file() else None
+    return [inside(model_folder_root(d), single, what="model")] if single.is_file() else None
 
 
 def load_weights(files: list[Path], device: Any = "cpu") -> dict[str, Any]:
