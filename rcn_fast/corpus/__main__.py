@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from rcn_fast.eval.report.progress import quiet_loading
 
-                with quiet_loading(args.no_progress):  # --no-progress: no weight-loading bars either
+                with quiet_loading(args.no_progress, gguf=False):  # --no-progress: no loading bars either
                     enc = Encoder.from_pretrained(args.encoder, **enc_kw)
                 store = build_corpus(cfg, enc, show_progress=not args.no_progress)
             if store is None:

@@ -127,7 +127,7 @@ def ladder(n: int) -> int:
     128, 144, ..., 256, 288, ...), so rounding adds at most 7 below 64 and
     at most 12.5% above."""
     n = max(int(n), 1)
-    step = 8 if n <= 64 else 1 << ((n - 1).bit_length() - 3)
+    step = 8 if n <= 64 else 1 << ((n - 1).bit_length() - 4)
     return -(-n // step) * step
 
 

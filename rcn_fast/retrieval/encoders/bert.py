@@ -101,10 +101,13 @@ def _classes() -> Any:
             self.head_dim = H // self.heads
             self.scale = self.head_dim ** -0.5
             self.act = F.gelu if c.get("hidden_act", "gelu") == "gelu" else F.relu
+            def embedding(n: int) -> Any:  # no random init: it is overwritten (and on meta it imports torch._dynamo)
+                return nn.Embedding(n, H, _weight=torch.empty(n, H))
+
             self.embeddings = node(
-                word_embeddings=nn.Embedding(int(c.get("vocab_size")), H),
-                position_embeddings=nn.Embedding(int(c.max_position_embeddings), H),
-                token_type_embeddings=nn.Embedding(int(c.get("type_vocab_size", 2)), H),
+                word_embeddings=embedding(int(c.get("vocab_size"))),
+                position_embeddings=embedding(int(c.max_position_embeddings)),
+                token_type_embeddings=embedding(int(c.get("type_vocab_size", 2))),
                 LayerNorm=nn.LayerNorm(H, eps=eps))
             self.encoder = node(layer=nn.ModuleList(layer(c, eps) for _ in range(c.num_hidden_layers)))
 
