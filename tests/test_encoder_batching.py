@@ -475,9 +475,9 @@ def test_build_loop_stops_on_the_first_error(stage):
 @requires_gpu
 def test_cuda_defaults_and_agreement_with_the_cpu(tiny_model, tmp_path):
     """On CUDA: bfloat16 by default, a token budget from the device, the
-    asynchronous run (pinned buffers) returning rows in input order; padded
-    and unpadded (reference attention without flash-attn) agree with the
-    CPU's float32 within bfloat16 rounding; float32 on CUDA within 1e-4."""
+    asynchronous run (pinned buffers) returning rows in input order; the
+    default (packed tokens) and unpadded=True agree with the CPU's float32
+    within bfloat16 rounding; float32 on CUDA within 1e-4."""
     cpu = Encoder.from_pretrained(tiny_model).encode_passages(TEXTS)
     gpu = Encoder.from_pretrained(tiny_model, device="cuda")
     assert gpu.config.dtype == "bfloat16" and gpu.batch_tokens >= gpu.max_length
