@@ -359,6 +359,17 @@ def test_build_cuda(benchmark, pedantic, record, gpu_setup):
     benchmark.extra_info["device"] = torch.cuda.get_device_name(0)
 
 
+GPU_BUCKETS_GROUP = f"{GPU_GROUP} (--batches buckets)"
+
+
+def test_build_cuda_buckets(benchmark, pedantic, record, gpu_setup):
+    """Padded length buckets of static shapes instead of packed tokens."""
+    model_dir, texts, src, work = gpu_setup
+    time_build(pedantic, benchmark, record, GPU_BUCKETS_GROUP, src, len(texts), work / "buckets",
+               ["--encoder", str(model_dir), "--device", "cuda", "--pooling", "mean", "--batches", "buckets"])
+    benchmark.extra_info["device"] = torch.cuda.get_device_name(0)
+
+
 def test_sentence_transformers_cuda(benchmark, pedantic, record, gpu_setup):
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed")
     model_dir, texts, _, _ = gpu_setup
@@ -367,6 +378,7 @@ def test_sentence_transformers_cuda(benchmark, pedantic, record, gpu_setup):
     model.encode(prefixed[:2048], batch_size=1024, show_progress_bar=False)  # warm
     time_st(pedantic, benchmark, record, GPU_GROUP, model, prefixed, 1024)
     benchmark.extra_info["device"] = torch.cuda.get_device_name(0)
+    record(GPU_BUCKETS_GROUP, "sentence-transformers", benchmark)
 
 
 # ------------------------------------------------------------- cold start
