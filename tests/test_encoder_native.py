@@ -111,6 +111,29 @@ def test_native_bert_names_a_bad_checkpoint(tiny_model, tmp_path):
         load_native_bert(d, read_model_config(d))
 
 
+def test_model_files_are_read_through_the_files_door(tiny_model, tmp_path):
+    import shutil
+
+    from rcn_fast._files import LinkError
+    from rcn_fast.retrieval.encoders.loading import read_model_config, weight_files
+
+    d = tmp_path / "m"
+    shutil.copytree(tiny_model, d)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text((d / "config.json").read_text())
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to(outside)
+    with pytest.raises(LinkError, match="config.json"):
+        read_model_config(d)
+    (d / "config.json").unlink()
+    shutil.copy(outside, d / "config.json")
+    assert read_model_config(d).hidden_size == 32
+    (d / "model.safetensors").rename(tmp_path / "w.safetensors")
+    (d / "model.safetensors").symlink_to(tmp_path / "w.safetensors")
+    with pytest.raises(LinkError, match="model.safetensors"):
+        weight_files(d)
+
+
 # ---------------------------------------------------------------- buckets
 def test_ladder():
     values = sorted({ladder(n) for n in range(1, 2049)})
@@ -270,6 +293,25 @@ def _tok(enc):
 
     tok = tokenize_texts(enc.tokenizer, TEXTS[:5], enc.max_length)
     return tok, np.arange(5)
+
+
+def test_the_batches_option_of_the_corpus_build(tiny_model, corpus_jsonl, tmp_path, capsys):
+    from rcn_fast.corpus.__main__ import main
+    from rcn_fast.retrieval.store import CorpusStore
+
+    stores = {}
+    for how in ("padded", "buckets", "packed"):
+        out = tmp_path / how
+        assert main(["build", "--input", str(corpus_jsonl), "--out", str(out), "--encoder", str(tiny_model),
+                     "--backend", "torch", "--dtype", "float32", "--batches", how, "--no-progress"]) == 0
+        stores[how] = np.asarray(CorpusStore.open(out).embeddings)
+    for how in ("buckets", "packed"):
+        assert cosines(stores[how], stores["padded"]).min() > 1 - 1e-3
+        np.testing.assert_allclose(stores[how], stores["padded"], atol=1e-5)
+    capsys.readouterr()
+    assert main(["build", "--input", str(corpus_jsonl), "--out", str(tmp_path / "x"), "--encoder", str(tiny_model),
+                 "--backend", "onnx", "--batches", "packed", "--no-progress"]) == 2
+    assert "unpadded: packed-token attention needs backend='torch'" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------- import set

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast._arrays import require
-from rcn_fast._files import inside
+from rcn_fast._files import LinkError, inside
 from rcn_fast.model_files import model_folder_root
 
 TRANSFORMERS_HINT = "pip install 'rcn_fast[torch]' transformers"
@@ -68,9 +68,10 @@ def _json_object(model_dir: Path, name: str) -> dict[str, Any]:
     the files door (:func:`rcn_fast._files.inside`: a link leading out of
     the folder is refused)."""
     path = model_dir / name
-    real = inside(model_folder_root(model_dir), path, what="model")  # a LinkError (a ValueError) as it is
     try:
-        data = json.loads(real.read_text(encoding="utf-8"))
+        data = json.loads(inside(model_folder_root(model_dir), path, what="model").read_text(encoding="utf-8"))
+    except LinkError:  # a ValueError naming the link: as it is
+        raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"model: {path} is not readable JSON ({exc})") from None
     if not isinstance(data, dict):
