@@ -330,7 +330,8 @@ def test_unpadded_refused_where_unsupported(tmp_path):
 
     d = tmp_path / "m"
     d.mkdir()
-    base = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}
+    base = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "vocab_size": 50, "max_position_embeddings": 16}
     for extra, why in (({"model_type": "gpt2"}, "model_type 'gpt2'"), ({"is_decoder": True}, "decoder"),
                        ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
                        ({"hidden_act": "swish"}, "hidden_act")):

@@ -113,7 +113,8 @@ def packed_attention(kernel: str, cu_seqlens: Any, max_seqlen: int, min_seqlen: 
         offsets = cu_seqlens.long()  # one offsets tensor: q, k and v share their ragged dimension
 
         def jagged(x: Any) -> Any:
-            return torch.nested.nested_tensor_from_jagged(x, offsets, max_seqlen=max_seqlen,
+            # contiguous: SDPA finds no kernel for jagged views of strided packed tensors (a no-op for the model's)
+            return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets, max_seqlen=max_seqlen,
                                                           min_seqlen=min_seqlen).transpose(1, 2)
 
         def attend(q: Any, k: Any, v: Any) -> Any:
