@@ -264,11 +264,10 @@ def top10(model_dir: Path, work: Path, name: str | None, src: Path, stems: list[
     from rcn_fast.retrieval.encoders import Encoder
     from rcn_fast.retrieval.store import CorpusStore
 
-    out = work / f"in-domain-{name or 'float32'}"
-    if not out.exists():
-        code = main(["build", "--input", str(src), "--out", str(out), "--no-progress", "--encoder", str(model_dir),
-                     *(CPU_OPT_IN[name] if name else [])])
-        assert code == 0
+    out = work / f"in-domain-{name or 'float32'}"  # a finished store is opened, an unfinished one resumed
+    code = main(["build", "--input", str(src), "--out", str(out), "--no-progress", "--encoder", str(model_dir),
+                 *(CPU_OPT_IN[name] if name else [])])
+    assert code == 0
     emb = np.asarray(CorpusStore.open(out).embeddings, dtype=np.float32)
     q = Encoder.from_pretrained(model_dir, **OPT_IN_ENCODER[name]).encode_queries(stems)
     scores = q @ emb.T
