@@ -193,6 +193,23 @@ class PreparedBuild:
     store: CorpusStore | None = None
 
 
+
+def progress_bar(prep: PreparedBuild, label: str, todo: int) -> Any:
+    """The build's tqdm bar on stderr (docs/s): ``todo`` documents to encode
+    after the ``prep.done_records`` an earlier run finished."""
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=f"build {prep.out.name}{label}", total=prep.done_records + todo, initial=prep.done_records,
+                unit="doc", unit_scale=True, file=sys.stderr)
+
+
+def log_encoded(computed: int, t0: float, reused: int) -> None:
+    """Log how many documents were encoded since ``t0`` (perf_counter), how
+    fast, and how many an earlier run had finished."""
+    dt = time.perf_counter() - t0
+    logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
+                computed, dt, computed / dt if dt > 0 else 0.0, reused)
+
 def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> PreparedBuild:
     """Check ``config.out`` against the settings, write ``build.json`` and
     list the chunks left to embed: the part of a build every executor shares.
@@ -325,14 +342,8 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     if prep.store is not None:
         return prep.store
     throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
-    bar = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=f"build {prep.out.name}" + (f" [shard {cfg.shard_id}/{cfg.num_shards}]"
-                                                     if cfg.num_shards > 1 else ""),
-                   total=prep.done_records + sum(prep.spans[c].count for c in prep.todo),
-                   initial=prep.done_records, unit="doc", unit_scale=True, file=sys.stderr)
+    bar = progress_bar(prep, f" [shard {cfg.shard_id}/{cfg.num_shards}]" if cfg.num_shards > 1 else "",
+                       sum(prep.spans[c].count for c in prep.todo)) if show_progress else None
     t0 = time.perf_counter()
     dim = int(prep.spec["encoder"]["dim"])
 
@@ -356,9 +367,7 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     finally:
         if bar is not None:
             bar.close()
-    dt = time.perf_counter() - t0
-    logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
-                computed, dt, computed / dt if dt > 0 else 0.0, prep.done_records)
+    log_encoded(computed, t0, prep.done_records)
     return finish_build(prep, cfg)
 
 
@@ -429,4 +438,5 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
                      model_dir=infos[0].get("encoder_model_dir"), shards=S)
 
 
-__all__ = ["BuildConfig", "build_corpus", "merge_shards", "PreparedBuild", "prepare_build", "finish_build"]
+__all__ = ["BuildConfig", "build_corpus", "merge_shards", "PreparedBuild", "prepare_build", "finish_build", "progress_bar",
+           "log_encoded"]

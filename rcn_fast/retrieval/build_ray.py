@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
-from rcn_fast.retrieval.build import THROTTLE_ENV, BuildConfig, finish_build, prepare_build
+from rcn_fast.retrieval.build import (
+    THROTTLE_ENV,
+    BuildConfig,
+    finish_build,
+    log_encoded,
+    prepare_build,
+    progress_bar,
+)
 from rcn_fast.retrieval.build_pipeline import embed_texts
 from rcn_fast.retrieval.corpus_input import ChunkSpan, read_chunk
 from rcn_fast.retrieval.store import CorpusStore, write_chunk
@@ -210,12 +216,7 @@ def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[
                                "throttle": float(os.environ.get(THROTTLE_ENV, "0") or 0)})
     logger.info("ray: embedding %d chunk(s) (%d docs) with %d worker(s) of %s CPU / %s GPU", len(items), total,
                 num_workers, cpus, gpus)
-    bar = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(desc=f"build {prep.out.name} [ray x{num_workers}]", total=prep.done_records + total,
-                   initial=prep.done_records, unit="doc", unit_scale=True, file=sys.stderr)
+    bar = progress_bar(prep, f" [ray x{num_workers}]", total) if show_progress else None
     t0 = time.perf_counter()
     done = 0
     try:
@@ -232,9 +233,7 @@ def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[
     finally:
         if bar is not None:
             bar.close()
-    dt = time.perf_counter() - t0
-    logger.info("encoded %d docs in %.1f s (%.1f docs/s), %d reused from an earlier run",
-                done, dt, done / dt if dt > 0 else 0.0, prep.done_records)
+    log_encoded(done, t0, prep.done_records)
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
