@@ -15,8 +15,13 @@ Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``:
 Llama 3, SmolLM, Qwen2, Mistral-Nemo, ...), with the pre-tokenizer split
 of the file's ``tokenizer.ggml.pre`` where transformers knows one (else its
 architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``), and
-one without merges, raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel`
-naming ``engine="transformers"`` when the :class:`GGUFTokenizer` is made.
+one without merges (absent or empty), raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel`
+naming ``engine="transformers"`` when the :class:`GGUFTokenizer` is made; a
+malformed one (no tokens, special ids outside the vocabulary or not ints,
+token types of another length, a merge that is not two tokens of the
+vocabulary joined by one space) is a
+:class:`~rcn_fast.llm.backends.engine.GGUFError` naming the file
+(:func:`check_vocabulary` at once, the merges when the vocabulary is built).
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
 a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
@@ -26,7 +31,9 @@ template, so the key is exact), with a manifest recording the tokenizers
 version, the builder's version and the file's size and checksum; an entry that fails these checks
 is rebuilt, one that cannot be written is skipped (``RCN_FAST_GGUF_CACHE=0``
 turns the cache off). :class:`GGUFTokenizer` builds or reads it on a
-background thread, and the first use waits for it.
+background thread; the engine waits for it (:meth:`GGUFTokenizer.wait`) at
+the end of its load, so a vocabulary that cannot be built fails the load,
+not the first question.
 """
 
 from __future__ import annotations
@@ -311,7 +318,7 @@ class GGUFTokenizer:
     ----------
     g : GGUFFile
     background : bool
-        Build the vocabulary on a background thread (the first use waits).
+        Build the vocabulary on a background thread (:meth:`wait`, or the first use, waits).
 
     Raises
     ------
