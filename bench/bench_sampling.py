@@ -100,7 +100,9 @@ def test_torch_categorical_loop(benchmark, pedantic, record, data, dtype):
 # ---- GPU (skipped without a usable CUDA build and device) ----------------
 # Group "sample_subsets GPU B=<B> n=100 d=768 K=5 N=9 <dtype>" for B in
 # GPU_BS (RCN_FAST_BENCH_GPU_BS, comma-separated), three dtypes: "cuda" (the
-# kernel) and "torch_cuda" (rcn_fast's torch backend on the GPU).
+# warp sampler, kernel "sample_subsets"), "cuda_gram" (the Gram sampler,
+# kernel "sample_subsets_gram") and "torch_cuda" (rcn_fast's torch backend
+# on the GPU).
 GPU_BS = tuple(int(x) for x in os.environ.get("RCN_FAST_BENCH_GPU_BS", "1000,10000").split(","))
 GPU_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -125,11 +127,24 @@ def gpu_data():
     return out
 
 
+CUDA_KERNEL_IMPLS = {"cuda": "sample_subsets", "cuda_gram": "sample_subsets_gram"}
+
+
 def _run_cuda(benchmark, backend, q, c):
+    """``backend``: "torch" (the torch backend) or a CUDA kernel's column
+    ("cuda", "cuda_gram"): that kernel, on the arguments sample_subsets
+    gives it (keys 0..B-1, no mask, the first document uniform)."""
     import torch
 
+    from rcn_fast.sampling.relevance import run_cuda_kernel
+
+    keys = np.arange(c.shape[0], dtype=np.int64)
+
     def call():
-        ids = sample_subsets(q, c, N, K, tau=TAU, seed=1, backend=backend)
+        if backend == "torch":
+            ids = sample_subsets(q, c, N, K, tau=TAU, seed=1, backend="torch")
+        else:
+            ids = run_cuda_kernel(q, c, N, K, TAU, 1, keys, None, False, CUDA_KERNEL_IMPLS[backend])[0]
         torch.cuda.synchronize()
         return ids
 
@@ -138,11 +153,11 @@ def _run_cuda(benchmark, backend, q, c):
 
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("b", GPU_BS)
-@pytest.mark.parametrize("impl", ["cuda", "torch_cuda"])
+@pytest.mark.parametrize("impl", ["cuda", "cuda_gram", "torch_cuda"])
 def test_gpu_sampler(benchmark, record, gpu_data, b, dtype, impl):
     q, cs = gpu_data[b]
     benchmark.group = f"sample_subsets GPU B={b} n={n} d={D} K={K} N={N} {dtype}"
-    ids = _run_cuda(benchmark, "cuda" if impl == "cuda" else "torch", q, cs[dtype])
+    ids = _run_cuda(benchmark, "torch" if impl == "torch_cuda" else impl, q, cs[dtype])
     assert ids.shape == (b, N, K) and int(ids.min()) >= 0
     t = _extra(benchmark, b)
     if t:

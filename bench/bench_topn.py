@@ -152,16 +152,21 @@ def test_faiss(benchmark, record, corpora, queries, Q, dtype):
 
 # ---- GPU (skipped without a usable CUDA build and device) ----------------
 # Group "topn GPU N=<N> Q=<Q> <corpus dtype> queries=<query dtype>", one
-# benchmark per implementation (impl names as recorded in bench/gpu_results):
+# benchmark per implementation (impl names as recorded in bench/gpu_results;
+# each CUDA kernel has its column, rcn_fast._crossovers.KERNELS):
 #   dispatched     rcn_fast.topn(q, c, k): what CUDA tensors get by default
 #   torch_backend  rcn_fast.topn(..., backend="torch"): the default torch path
-#   cuda           rcn_fast.topn(..., backend="cuda"): the CUDA kernels
+#   cuda           the tensor-core scan (kernel "topn": rcn_fast._cuda.topn's
+#                  automatic choice, the tiled v1 kernel where the scan
+#                  cannot serve)
+#   cuda_tiled     GEMM tiles + block select (kernel "topn_tiled")
 #   recipe         torch.topk(torch.mm(q, c.T, out_dtype=torch.float32), k):
 #                  the exact recipe of issue 35 (half-precision corpora,
 #                  queries in the corpus dtype)
 #   oneliner       torch.topk(q @ c.T, k): fast, not exact in half precision
 GPU_DTYPES = ("float32", "float16", "bfloat16")
-GPU_IMPLS = ("dispatched", "torch_backend", "cuda", "recipe", "oneliner")
+GPU_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_tiled", "recipe", "oneliner")
+CUDA_KERNEL_IMPLS = {"cuda": "topn", "cuda_tiled": "topn_tiled"}
 
 
 def _cuda_or_skip():
@@ -208,8 +213,12 @@ def oneliner(q, c, k):
 def _gpu_impl(impl):
     if impl == "dispatched":
         return rcn_fast.topn
-    if impl in ("torch_backend", "cuda"):
-        return functools.partial(rcn_fast.topn, backend=impl.removesuffix("_backend"))
+    if impl == "torch_backend":
+        return functools.partial(rcn_fast.topn, backend="torch")
+    if impl in CUDA_KERNEL_IMPLS:
+        from rcn_fast.search.topn import run_cuda_kernel
+
+        return functools.partial(run_cuda_kernel, kernel=CUDA_KERNEL_IMPLS[impl])
     return {"recipe": recipe, "oneliner": oneliner}[impl]
 
 
@@ -237,10 +246,35 @@ def test_gpu_topn(benchmark, record, gpu_corpora, gpu_queries, Q, dtype, qdtype,
         out = _run_cuda(benchmark, fn, q, c, K)
     _extra(benchmark, Q, c)
     record(benchmark.group, impl, benchmark)
-    if impl in ("dispatched", "cuda"):  # the same ids as the default torch path, near-ties aside
+    if impl in ("dispatched", *CUDA_KERNEL_IMPLS):  # the same ids as the default torch path, near-ties aside
         _, ref = rcn_fast.topn(q[:4], c, K, backend="torch")
         ids = out[1] if isinstance(out, tuple) else out.indices
         assert (ids[:4] == ref).float().mean().item() >= 0.99
+
+
+@pytest.fixture(scope="module")
+def gpu_int8(gpu_corpora):
+    """The float16 corpus's int8 copy, built on the GPU (rcn_fast.search.int8_bounded)."""
+    from rcn_fast.search.int8_bounded import Int8Corpus, build_int8
+
+    c = gpu_corpora["float16"]
+    return Int8Corpus(c, build_int8(c))
+
+
+@pytest.mark.parametrize("Q", QS)
+@pytest.mark.parametrize("qdtype", ["float16", "float32"])
+def test_gpu_topn_int8(benchmark, record, gpu_int8, gpu_queries, Q, qdtype):
+    """The exact int8 bounded scan (column cuda_int8) of the float16 corpus."""
+    import torch
+
+    q = gpu_queries[Q].to(getattr(torch, qdtype))
+    benchmark.group = f"topn GPU N={N} Q={Q} float16 queries={qdtype}"
+    with torch.inference_mode():
+        out = _run_cuda(benchmark, rcn_fast.topn, q, gpu_int8, K)
+    _extra(benchmark, Q, gpu_int8.rows)
+    record(benchmark.group, "cuda_int8", benchmark)
+    _, ref = rcn_fast.topn(q[:4], gpu_int8.rows, K, backend="torch")
+    assert (out[1][:4] == ref).float().mean().item() >= 0.99
 
 
 def _run_cuda(benchmark, fn, *args):
@@ -252,3 +286,79 @@ def _run_cuda(benchmark, fn, *args):
         return out
 
     return benchmark(call)
+
+
+# ---- the paper's store size (opt-in: bench/gpu_check.sh --paper-scale) ----
+# 23.5M x 768 float16 resident (36 GB), queries in float16; group "topn GPU
+# N=23500000 Q=<Q> float16 queries=float16". The recipe is chunked (its
+# [Q, N] scores would not fit at Q = 512) and merged with a second topk.
+PAPER_N = int(os.environ.get("RCN_FAST_BENCH_PAPER_N", 23_500_000))
+PAPER_ENV = "RCN_FAST_BENCH_PAPER_SCALE"
+_PAPER: dict = {}  # the paper-scale int8 copy, built once
+PAPER_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_tiled", "cuda_int8", "recipe")
+
+
+@pytest.fixture(scope="module")
+def paper_corpus():
+    if not os.environ.get(PAPER_ENV):
+        pytest.skip(f"the paper-scale store is opt-in ({PAPER_ENV}=1; bench/gpu_check.sh --paper-scale)")
+    torch = _cuda_or_skip()
+    need = PAPER_N * D * 2
+    free, _ = torch.cuda.mem_get_info()
+    if free < need * 1.5:
+        pytest.skip(f"{PAPER_N} x {D} float16 needs {need / 2**30:.0f} GiB resident plus work space; "
+                    f"{free / 2**30:.0f} GiB free on this GPU")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    c = torch.empty((PAPER_N, D), dtype=torch.float16, device="cuda")
+    for s0 in range(0, PAPER_N, 1 << 20):
+        block = torch.randn((min(1 << 20, PAPER_N - s0), D), device="cuda", generator=gen)
+        c[s0 : s0 + block.shape[0]] = (block / block.norm(dim=1, keepdim=True)).half()
+    return c
+
+
+def recipe_chunked(q, c, k, chunk=1 << 22):
+    """The recipe over chunks of 4M rows, merged with a second topk."""
+    import torch
+
+    best_s = best_i = None
+    for s0 in range(0, c.shape[0], chunk):
+        top = torch.topk(torch.mm(q, c[s0 : s0 + chunk].T, out_dtype=torch.float32), k)
+        vals, ids = top.values, top.indices + s0
+        if best_s is not None:
+            merged = torch.topk(torch.cat([best_s, vals], 1), k)
+            vals, ids = merged.values, torch.cat([best_i, ids], 1).gather(1, merged.indices)
+        best_s, best_i = vals, ids
+    return best_s, best_i
+
+
+@pytest.mark.parametrize("Q", QS)
+@pytest.mark.parametrize("impl", PAPER_IMPLS)
+def test_paper_scale_topn(pedantic, benchmark, record, paper_corpus, Q, impl):
+    import torch
+
+    c = paper_corpus
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn((Q, D), device="cuda", generator=gen).half()
+    if impl == "cuda_int8":
+        from rcn_fast.search.int8_bounded import Int8Corpus, build_int8
+
+        if "int8" not in _PAPER:
+            _PAPER["int8"] = Int8Corpus(c, build_int8(c))
+        c, fn = _PAPER["int8"], rcn_fast.topn
+    else:
+        fn = recipe_chunked if impl == "recipe" else _gpu_impl(impl)
+    benchmark.group = f"topn GPU N={PAPER_N} Q={Q} float16 queries=float16"
+
+    def call():
+        out = fn(q, c, K)
+        torch.cuda.synchronize()
+        return out
+
+    with torch.inference_mode():
+        out = pedantic(call)
+    _extra(benchmark, Q, paper_corpus)
+    record(benchmark.group, impl, benchmark)
+    if impl != "recipe":
+        ref = recipe_chunked(q[:2], paper_corpus, K)[1]
+        ids = out[1]
+        assert (ids[:2] == ref).float().mean().item() >= 0.99

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from rcn_fast._crossovers import KERNELS
+
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "gpu_results"
 REPO = HERE.parent
@@ -30,8 +32,8 @@ BEGIN, END = "<!-- gpu-tables: begin (python bench/gpu_table.py --write) -->", "
 
 # columns of each op's table, in this order (others follow, sorted)
 COLUMNS = {
-    "topn": ("dispatched", "torch_backend", "cuda", "recipe", "oneliner", "torch_cuda"),
-    "sample_subsets": ("cuda", "torch_cuda"),
+    "topn": ("dispatched", "torch_backend", "cuda", "cuda_tiled", "cuda_int8", "recipe", "oneliner", "torch_cuda"),
+    "sample_subsets": ("cuda", "cuda_gram", "torch_cuda"),
     "llm": ("triton",),
 }
 TITLES = {
@@ -126,8 +128,9 @@ def tables(folder: Path = FOLDER, device: str | None = None) -> str:
 def crossover_rows(folder: Path = FOLDER) -> list[dict]:
     """Every recorded comparison of a CUDA kernel with the torch path, for
     rcn_fast/_crossovers.py: op, dtype, query dtype (top-n), size (Q or B),
-    both times, the peer implementation, device, workload, the kernel
-    version measured and the file."""
+    both times, the peer implementation, device, workload, the kernel (one
+    of the op's kernels, rcn_fast._crossovers.KERNELS: each has its column)
+    and the version measured, and the file."""
     rows = []
     for name, data in load(folder):
         kernels = data.get("cuda_kernels", {})
@@ -146,29 +149,33 @@ def crossover_rows(folder: Path = FOLDER) -> list[dict]:
             else:
                 continue
             peer = next((p for p in PEERS[op] if p in impls), None)
-            if "cuda" not in impls or peer is None:
+            if peer is None:
                 continue
-            rows.append({
-                "op": op, "dtype": dtype, "query_dtype": qdtype, "size": size, "cuda_ms": impls["cuda"],
-                "torch_ms": impls[peer], "peer": peer, "device": data["device"], "shape": shape,
-                "command": data.get("command") or COMMANDS[op], "kernel_version": int(kernels.get(op, 1)),
-                "source": name,
-            })
+            for kernel, impl in KERNELS[op]:
+                if impl not in impls:
+                    continue
+                rows.append({
+                    "op": op, "dtype": dtype, "query_dtype": qdtype, "size": size, "cuda_ms": impls[impl],
+                    "torch_ms": impls[peer], "peer": peer, "device": data["device"], "shape": shape,
+                    "command": data.get("command") or COMMANDS[op], "kernel_version": int(kernels.get(kernel, 1)),
+                    "source": name, "kernel": kernel,
+                })
     return rows
 
 
-def readme_block(folder: Path = FOLDER) -> str:
+def doc_block(folder: Path = FOLDER) -> str:
+    """docs/gpu.md's GPU block: the tables between the markers."""
     return f"{BEGIN}\n{tables(folder)}\n{END}"
 
 
-def write(folder: Path = FOLDER, readme: Path = GPU_DOC, measurements: Path = MEASUREMENTS) -> None:
+def write(folder: Path = FOLDER, doc: Path = GPU_DOC, measurements: Path = MEASUREMENTS) -> None:
     """docs/gpu.md's GPU block (between the markers) and the dispatcher's table."""
-    text = readme.read_text()
+    text = doc.read_text()
     if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme}: no GPU block markers ({BEGIN} ... {END})")
+        raise SystemExit(f"{doc}: no GPU block markers ({BEGIN} ... {END})")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(head + readme_block(folder) + tail)
+    doc.write_text(head + doc_block(folder) + tail)
     measurements.write_text(measurements_json(folder))
 
 

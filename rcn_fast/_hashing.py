@@ -13,6 +13,8 @@ import os
 import time
 from typing import Callable
 
+from rcn_fast._cache_dirs import cache_dir, trusted_cache
+
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of the file at ``path`` (read in 4 MiB blocks)."""
@@ -38,9 +40,7 @@ def _memo_file(memo_dir: str | os.PathLike[str] | None, key: str, suffix: str) -
     """The memo file for ``key`` in ``memo_dir`` (default
     ``<rcn_fast cache>/content_hashes``)."""
     if memo_dir is None:
-        from rcn_fast._cache_dirs import cache_root
-
-        memo_dir = cache_root() / "content_hashes"
+        memo_dir = cache_dir("content_hashes")
     return os.path.join(os.fspath(memo_dir), hashlib.sha256(key.encode()).hexdigest()[:32] + suffix)
 
 
@@ -51,6 +51,8 @@ def _write_memo(memo_file: str, record: dict) -> None:
     import json
 
     memo_dir = os.path.dirname(memo_file)
+    if not trusted_cache(memo_file, what="memo"):
+        return
     try:
         os.makedirs(memo_dir, exist_ok=True)
         tmp = f"{memo_file}.{os.getpid()}.tmp"
@@ -134,7 +136,9 @@ def content_fingerprint(path: str | os.PathLike[str], memo_dir: str | os.PathLik
     folder under ``memo_dir`` (default ``<rcn_fast cache>/content_hashes``,
     :func:`rcn_fast._cache_dirs.cache_root`). A file changed less than
     :data:`RACY_SECONDS` before it was hashed is not memoised. A memo that
-    cannot be read or written is ignored (the files are hashed). The memo
+    cannot be read or written is ignored (the files are hashed), and so is
+    a memo folder another user owns or could write (one warning:
+    :func:`rcn_fast._cache_dirs.trusted_cache`). The memo
     folder keeps at most :data:`MAX_MEMO_FILES` files (the least recently
     written go first).
 
@@ -170,6 +174,8 @@ def _hash_files(files: list[tuple[str, str, os.stat_result]], memo_file: str, ro
     import json
 
     try:
+        if not trusted_cache(memo_file, what="content-hash memo"):
+            raise OSError("untrusted")  # another user could have written it: hash the files
         with open(memo_file, encoding="utf-8") as fh:
             got = json.load(fh)
         stored = got["files"] if got.get("format") == _MEMO_FORMAT and got.get("root") == root else {}
@@ -210,6 +216,8 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
     less than :data:`RACY_SECONDS` before is not recorded.
 
     ``tag`` names the check (another check of the same file is not skipped).
+    A memo folder another user owns or could write is neither read nor
+    written (:func:`rcn_fast._cache_dirs.trusted_cache`): the check runs.
     """
     import json
 
@@ -220,6 +228,8 @@ def check_once(path: str | os.PathLike[str], tag: str, check: Callable[[], None]
         return
     memo_file = _memo_file(memo_dir, f"{tag}\0{real}", ".passed.json")
     try:
+        if not trusted_cache(memo_file, what="check memo"):
+            raise OSError("untrusted")  # another user could have written it: run the check
         with open(memo_file, encoding="utf-8") as fh:
             got = json.load(fh)
         if got.get("format") == _MEMO_FORMAT and got.get("path") == real and got.get("tag") == tag \

@@ -2,14 +2,28 @@
 (``index.json`` of a FlatIndex, ``manifest.json`` of a corpus store,
 ``rcn_fast_bm25.json`` of a BM25 index, ``graph.json`` of a knowledge
 graph, ``db.json`` of a SEPTA subgraph database, ``septa.json`` of a SEPTA
-directory): one set of checks and messages for all of them.
+directory, ``int8.json`` of an int8 copy): one set of checks and messages
+for all of them; and writing one in place atomically.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+
+def write_stamped_json(file: Path, obj: dict[str, Any]) -> None:
+    """``obj`` as indented JSON in ``file``, written to a temporary name,
+    flushed to disk and renamed into place (a reader sees the old file or
+    the whole new one)."""
+    file = Path(file)
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, file)
 
 
 def read_stamped_json(file: Path, expected_format: str, *, what: str, fix: str = "",

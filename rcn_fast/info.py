@@ -85,8 +85,9 @@ def build_info() -> dict[str, Any]:
                             "why_not_others": {b: r for b, r in report if r and b != chosen}}
             if ctx["device"] == "cuda" and name in _crossovers.SIZE_KEY:
                 # what a usable GPU would run, from the measured crossovers
-                why = _crossovers.cuda_slower_reason(name, ctx)
-                entry[label]["on_a_gpu"] = ("torch: " + why) if why else "cuda: measured at least as fast as torch"
+                kernel, why = _crossovers.kernel_choice(name, ctx)
+                entry[label]["on_a_gpu"] = (f"cuda ({kernel}): measured at least as fast as torch" if kernel
+                                            else "torch: " + why)
         backends[name] = entry
     info["backends"] = backends
     return info

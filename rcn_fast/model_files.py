@@ -29,6 +29,7 @@ import struct
 from pathlib import Path
 
 from rcn_fast._arrays import require
+from rcn_fast._files import check_links
 
 # the settings file the retriever trainer writes into a model folder (not part of the fingerprint)
 SETTINGS_FILE = "rcn_fast_encoder.json"
@@ -54,20 +55,28 @@ def _code_refs(amap: object) -> list[str]:
 
 
 def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
-    """Refuse a model folder that needs its own Python code.
+    """Refuse a model folder that needs its own Python code, or whose files
+    lead out of it.
 
     A ``config.json`` / ``tokenizer_config.json`` (or processor config)
     with an ``auto_map`` points transformers at ``.py`` files in the
     folder, which it would import with ``trust_remote_code=True``. rcn_fast
     never passes that, so such a model cannot load anyway; refusing it here
-    names the file instead of transformers' prompt or error.
+    names the file instead of transformers' prompt or error. A symbolic
+    link in the folder that leads out of it is refused too
+    (:func:`rcn_fast._files.check_links`), before anything is read; the
+    links of a Hugging Face cache snapshot stay inside its repository
+    folder (``snapshots/<rev>/* -> ../../blobs/*``), which is the folder
+    checked for them.
 
     Raises
     ------
     ValueError
-        Naming the file and the code it points at.
+        Naming the file and the code it points at
+        (:class:`rcn_fast._files.LinkError`: the link and its target).
     """
     d = Path(model_dir)
+    check_links(d, root=d.parent.parent if d.parent.name == "snapshots" else d, what="model")
     for name in REMOTE_CODE_FILES:
         f = d / name
         if not f.is_file():
@@ -344,7 +353,8 @@ def describe_model(model: object) -> dict[str, object]:
       its file name without the quantisation suffix
       (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``),
       with the file's ``general.*`` metadata under ``"gguf"`` (converters
-      often write the source folder's name as ``general.name``);
+      often write the source folder's name as ``general.name``) and the
+      suffix under ``"quantisation"`` (``"Q4_1"``);
     * a model folder: a sentence-transformers folder's model card title,
       else its ``config.json``'s ``_name_or_path`` when that is a hub id
       (``owner/name`` -> ``name``), else the folder's name;
@@ -366,6 +376,9 @@ def describe_model(model: object) -> dict[str, object]:
     out["path"] = str(path)
     if path.is_file():
         out["name"] = _QUANT_SUFFIX.sub("", path.stem)
+        quant = _QUANT_SUFFIX.search(path.stem)
+        if quant:
+            out["quantisation"] = quant.group(0)[1:].upper()
         meta = gguf_general(path)
         if meta:
             out["gguf"] = meta

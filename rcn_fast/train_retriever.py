@@ -24,6 +24,7 @@ import logging
 import sys
 from pathlib import Path
 
+from rcn_fast.retrieval.train import build_parser
 from rcn_fast.retrieval.train import main as train_main
 
 JOINED_FILE = "zebra_kb_train.jsonl"
@@ -55,8 +56,22 @@ def _join(train: list[str], questions: list[str], out: Path) -> int:
     return 0
 
 
+def _help_parser() -> argparse.ArgumentParser:
+    """The training flags, plus ``--questions`` and the ``prepare`` subcommand
+    this entry point adds (what ``--help`` shows)."""
+    p = build_parser()
+    p.add_argument("--questions", action="append", metavar="SRC",
+                   help="ZEBRA-KB questions to join with --train by id first (repeatable; the joined file is "
+                        f"OUT/{JOINED_FILE}, reused when a run resumes)")
+    p.epilog = ("The join alone: python -m rcn_fast.train_retriever prepare --train SRC --questions SRC --out FILE "
+                "(prepare --help).")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["prepare"] and any(a in ("-h", "--help") for a in argv):
+        _help_parser().parse_args(["--help"])
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if argv[:1] == ["prepare"]:
         args = _join_parser("python -m rcn_fast.train_retriever prepare").parse_args(argv[1:])

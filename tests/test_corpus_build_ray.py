@@ -40,8 +40,9 @@ N_CHUNKS = 8  # 120 records, chunk_size 16
 
 @pytest.fixture(autouse=True)
 def scan_cache(tmp_path, monkeypatch):
-    """Keep scan memos out of the user's cache."""
-    monkeypatch.setenv("RCN_FAST_CACHE_DIR", str(tmp_path / "cache"))
+    """Scan memos in the test's own folder (RCN_FAST_CACHE: the variable the
+    cache root reads first, and the one the session sets)."""
+    monkeypatch.setenv("RCN_FAST_CACHE", str(tmp_path / "cache"))
 
 
 def chunks_by_scan(path: Path, fmt: str, size: int, **fields) -> list[tuple[list[str], list[str]]]:

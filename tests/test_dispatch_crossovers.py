@@ -68,9 +68,9 @@ def test_sampler_on_cuda_follows_the_measurement_per_dtype(fake_gpu):
 
 
 def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
-    """Issue 35's kernels (version 2) have no recorded run: torch serves
+    """A rebuilt kernel (version 3 here) has no recorded run: torch serves
     every CUDA call, with the reason; forcing the kernel still works."""
-    fake_gpu.KERNEL_VERSIONS = {"topn": 2, "sample_subsets": 2}
+    fake_gpu.KERNEL_VERSIONS = {"topn": 3, "sample_subsets": 3}
     for op_name, ctx in (("sample_subsets", _sampler_ctx("float32", 1000)),
                          ("sample_subsets", _sampler_ctx("bfloat16", 1000)),
                          ("topn", _topn_ctx("float16", 1)), ("topn", {**_topn_ctx("bfloat16", 32),
@@ -78,9 +78,50 @@ def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
         op = _dispatch.get(op_name)
         assert op.select(ctx).name == "torch"
         why = dict(op.report(ctx))["cuda"]
-        assert "kernel version 2 not yet measured" in why and "version 1" in why
+        assert "kernel version 3 not yet measured" in why and "version 1, 2" in why
+        assert "not in this build" in why  # the second kernel of each op: not in this (fake) build
         assert op.select(ctx, backend="cuda").name == "cuda"
-    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "sample_subsets": 2}
+    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "topn_tiled": 1, "topn_int8": 1, "sample_subsets": 2,
+                                           "sample_subsets_gram": 1}
+
+
+def test_the_h200_run_of_the_version_2_kernels_decides(fake_gpu):
+    """bench/gpu_results/nvidia-h200.json (2026-11-27, kernel versions 2):
+    the v2 sampler measured faster than torch for every dtype at B = 1,000
+    and 10,000, so it serves; the v2 scan only for a float16 corpus with
+    float32 queries at Q = 1 (1.232 vs 1.441 ms); the new kernels (GEMM
+    tiles, Gram sampler) have no recorded run: not picked."""
+    fake_gpu.KERNEL_VERSIONS = dict(_crossovers.KERNEL_VERSIONS)
+    samp = _dispatch.get("sample_subsets")
+    for dt in ("float32", "float16", "bfloat16"):
+        for b in (1000, 10_000):
+            assert samp.select(_sampler_ctx(dt, b)).name == "cuda"
+            assert _crossovers.kernel_choice("sample_subsets", _sampler_ctx(dt, b)) == ("sample_subsets", "")
+    topn = _dispatch.get("topn")
+    assert topn.select({**_topn_ctx("float16", 1), "query_dtype": "float32"}).name == "cuda"
+    assert _crossovers.kernel_choice("topn", {**_topn_ctx("float16", 1), "query_dtype": "float32"})[0] == "topn"
+    for dt, qdt, q in (("float16", "float16", 1), ("float16", "float32", 32), ("bfloat16", "float32", 1),
+                       ("float32", "float32", 512), ("bfloat16", "bfloat16", 512)):
+        ctx = {**_topn_ctx(dt, q), "query_dtype": qdt}
+        assert topn.select(ctx).name == "torch"
+        why = dict(topn.report(ctx))["cuda"]
+        assert "measured slower than torch on NVIDIA H200" in why and "topn_tiled: kernel version 1 not yet" in why
+
+
+def test_the_fastest_measured_kernel_serves(fake_gpu):
+    fake_gpu.KERNEL_VERSIONS = {"topn": 2, "topn_tiled": 1}
+    row = dict(dtype="float16", size=512, device="GPU A", shape="N=1000000", command="cmd", query_dtype="float16",
+               source="a.json")
+    table = (GpuMeasurement("topn", cuda_ms=6.0, torch_ms=7.0, kernel_version=2, kernel="topn", **row),
+             GpuMeasurement("topn", cuda_ms=5.0, torch_ms=7.0, kernel_version=1, kernel="topn_tiled", **row))
+    ctx = {**_topn_ctx("float16", 512), "query_dtype": "float16"}
+    assert _crossovers.kernel_choice("topn", ctx, table) == ("topn_tiled", "")
+    slower_tiles = (table[0], GpuMeasurement("topn", cuda_ms=8.0, torch_ms=7.0, kernel_version=1,
+                                             kernel="topn_tiled", **row))
+    assert _crossovers.kernel_choice("topn", ctx, slower_tiles) == ("topn", "")
+    old_tiles = (GpuMeasurement("topn", cuda_ms=5.0, torch_ms=7.0, kernel_version=9, kernel="topn_tiled", **row),)
+    kernel, why = _crossovers.kernel_choice("topn", ctx, old_tiles)
+    assert kernel is None and "topn_tiled: kernel version 1 not yet measured" in why and "version 9" in why
 
 
 def test_the_compiled_module_reports_the_source_kernel_versions():
@@ -96,12 +137,14 @@ def test_a_run_of_the_built_version_decides(fake_gpu):
              GpuMeasurement("topn", "float16", 1, 0.4, 0.5, "GPU B", "N=1000000", "cmd", "float16", 2, "b.json"),
              GpuMeasurement("topn", "float16", 512, 9.0, 7.0, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"))
     ctx = {**_topn_ctx("float16", 1), "query_dtype": "float16"}
-    assert cuda_slower_reason("topn", ctx, table) is None  # faster on both devices
-    assert "not yet measured" in cuda_slower_reason("topn", {**ctx, "query_dtype": "float32"}, table)
-    assert "9 vs 7 ms at Q=512" in cuda_slower_reason("topn", {**ctx, "Q": 400}, table)
+    assert cuda_slower_reason("topn", ctx, table, {"topn": 2}) is None  # faster on both devices
+    assert "not yet measured" in cuda_slower_reason("topn", {**ctx, "query_dtype": "float32"}, table, {"topn": 2})
+    assert "9 vs 7 ms at Q=512" in cuda_slower_reason("topn", {**ctx, "Q": 400}, table, {"topn": 2})
     slower_on_b = table[:1] + (GpuMeasurement("topn", "float16", 1, 0.6, 0.5, "GPU B", "N=1000000", "cmd",
                                               "float16", 2, "b.json"),)
-    assert "GPU B" in cuda_slower_reason("topn", ctx, slower_on_b)
+    assert "GPU B" in cuda_slower_reason("topn", ctx, slower_on_b, {"topn": 2})
+    # the fake module's own versions decide when none are given: version 2 of the scan was measured
+    assert cuda_slower_reason("topn", ctx, table) is None
 
 
 def test_the_environment_override_still_forces_the_kernel(fake_gpu, monkeypatch):
@@ -124,16 +167,18 @@ def test_nearest_measurement_on_a_log_scale():
     # just below the geometric midpoint (22.6): the smaller measured size is nearer
     assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 22}, table)] == [1]
     assert nearest_measurements("topn", {"dtype": "float16", "Q": 4}, table) == []
-    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table, version=1) is None  # kernel faster
-    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table, version=1)
-    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table, version=1)
-    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1}, table, version=2)
+    v1, v2 = {"topn": 1}, {"topn": 2}
+    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table, v1) is None  # kernel faster
+    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table, v1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table, v1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1}, table, v2)
 
 
 def test_the_table_names_device_and_command_for_every_row():
     assert _crossovers.load_measurements()
     for m in _crossovers.load_measurements():
         assert m.op in _crossovers.SIZE_KEY and m.device and m.command and m.source.endswith(".json")
+        assert m.kernel_key in dict(_crossovers.KERNELS[m.op])
         assert m.cuda_ms > 0 and m.torch_ms > 0 and m.kernel_version >= 1
 
 
@@ -163,8 +208,10 @@ def test_torch_backend_chunks_big_on_a_gpu_and_agrees_with_the_reference(rng):
     assert chunk_rows(1, "cuda") >= 1 << 26  # one chunk for a 1M-row corpus at Q = 1
     assert chunk_rows(512, "cuda") >= 1 << 20  # and at Q = 512
     assert chunk_rows(1 << 20, "cuda") == 1 << 16
-    q = rng.standard_normal((5, 12)).astype(np.float32)
-    c = np.round(rng.standard_normal((301, 12)), 1).astype(np.float32)  # ties across chunks
+    # small integers and halves: every score is exact in float32 in any summation order, so the ids
+    # (the tie rule included: many ties, across chunks) cannot depend on the CPU's GEMM
+    q = rng.integers(-3, 4, (5, 12)).astype(np.float32)
+    c = (np.round(rng.standard_normal((301, 12)) * 2) / 2).astype(np.float32)
     ref = topn_reference(q, c, 17)
     for chunk in (None, 7, 64):
         s, i = _run_torch(torch.from_numpy(q), torch.from_numpy(c), 17, chunk=chunk)
@@ -178,12 +225,14 @@ def test_info_says_what_a_gpu_would_run():
     info = json.loads(res.stdout)
     topn = info["backends"]["topn"]
     assert topn["cpu (numpy float32)"]["uses"] == "native"
-    # the built kernels (version 2) have no recorded run yet: torch, with the reason
-    for q in (1, 32, 512):
-        assert topn[f"cuda (torch float16, Q={q})"]["on_a_gpu"].startswith("torch: kernel version 2 not yet measured")
+    # the H200 run of the version 2 kernels: the scan serves a float16 corpus (float32 queries) at Q = 1 only
+    assert topn["cuda (torch float16, Q=1)"]["on_a_gpu"].startswith("cuda (topn): measured")
+    for q in (32, 512):
+        assert topn[f"cuda (torch float16, Q={q})"]["on_a_gpu"].startswith("torch: topn: measured slower")
+        assert topn[f"cuda (torch float32, Q={q})"]["on_a_gpu"].startswith("torch:")
     samp = info["backends"]["sample_subsets"]
-    assert samp["cuda (torch float32, B=1000)"]["on_a_gpu"].startswith("torch: kernel version 2")
-    assert samp["cuda (torch float16, B=1000)"]["on_a_gpu"].startswith("torch")
+    for dt in ("float32", "float16", "bfloat16"):
+        assert samp[f"cuda (torch {dt}, B=1000)"]["on_a_gpu"].startswith("cuda (sample_subsets): measured")
     if not info["cuda"]["gpu_usable"]:
         assert topn["cuda (torch float32, Q=32)"]["uses"] == "torch"
     assert rcn_fast.__version__
@@ -210,34 +259,44 @@ def test_the_crossover_table_is_generated_from_the_recorded_gpu_results():
     recorded = {}
     for path in (BENCH / "gpu_results").glob("*.json"):
         recorded[path.name] = json.loads(path.read_text())
-    assert {"nvidia-h100.json", "nvidia-h200.json", "nvidia-h200-cuda-events.json"} <= set(recorded)
+    assert {"nvidia-h100.json", "nvidia-h200.json", "nvidia-h200-2026-11-26.json",
+            "nvidia-h200-cuda-events.json"} <= set(recorded)
+    impl_of = {kernel: impl for kernels in _crossovers.KERNELS.values() for kernel, impl in kernels}
     for m in _crossovers.load_measurements():
         data = recorded[m.source]
         hits = [impls for g, impls in data["groups"].items()
                 if g.startswith(m.op) and (f" Q={m.size} " in g or f" B={m.size} " in g)
-                and m.dtype in g.split(" queries=")[0].split()[-1:] and impls.get("cuda") == m.cuda_ms]
+                and m.dtype in g.split(" queries=")[0].split()[-1:] and impls.get(impl_of[m.kernel_key]) == m.cuda_ms]
         assert hits and hits[0][m.peer] == m.torch_ms, m
-        assert m.kernel_version == data["cuda_kernels"][m.op]
-    n_cuda = sum(1 for d in recorded.values() for g, impls in d["groups"].items()
-                 if "cuda" in impls and g.split()[0] in ("topn", "sample_subsets"))
+        assert m.kernel_version == data["cuda_kernels"].get(m.kernel_key, 1)
+    n_cuda = sum(1 for d in recorded.values() for g, impls in d["groups"].items() if g.split()[0] in _crossovers.KERNELS
+                 for _, impl in _crossovers.KERNELS[g.split()[0]] if impl in impls)
     assert len(_crossovers.load_measurements()) == n_cuda
 
 
-def test_the_h200_run_is_recorded_as_found():
-    """bench/gpu_results/nvidia-h200.json holds ../shared/gpu/nvidia-h200.json's figures."""
+def test_the_h200_runs_are_recorded_as_found():
+    """bench/gpu_results/nvidia-h200.json holds the 2026-11-27 run of the
+    version 2 kernels (../shared/gpu/2026-11-27/nvidia-h200.json) as
+    recorded; nvidia-h200-2026-11-26.json the version 1 run of the day
+    before (../shared/gpu/nvidia-h200.json)."""
     data = json.loads((BENCH / "gpu_results" / "nvidia-h200.json").read_text())
-    assert data["device"] == "NVIDIA H200" and data["cuda_kernels"] == {"topn": 1, "sample_subsets": 1}
-    assert data["groups"]["topn GPU N=1000000 Q=1 float16"] == {"cuda": 11.579, "dispatched": 3.705,
-                                                                 "torch_cuda": 1.427}
-    shared = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu" / "nvidia-h200.json"
-    if shared.exists():
-        assert data["groups"] == json.loads(shared.read_text())["groups"]
+    assert data["device"] == "NVIDIA H200" and data["cuda_kernels"] == {"topn": 2, "sample_subsets": 2}
+    assert data["groups"]["sample_subsets GPU B=10000 n=100 d=768 K=5 N=9 float16"] == {"cuda": 12.31,
+                                                                                        "torch_cuda": 67.152}
+    old = json.loads((BENCH / "gpu_results" / "nvidia-h200-2026-11-26.json").read_text())
+    assert old["cuda_kernels"] == {"topn": 1, "sample_subsets": 1}
+    assert old["groups"]["topn GPU N=1000000 Q=1 float16"] == {"cuda": 11.579, "dispatched": 3.705, "torch_cuda": 1.427}
+    shared = Path(__file__).resolve().parents[1] / ".." / "shared" / "gpu"
+    if (shared / "2026-11-27" / "nvidia-h200.json").exists():
+        assert data == json.loads((shared / "2026-11-27" / "nvidia-h200.json").read_text())
+    if (shared / "nvidia-h200.json").exists():
+        assert old["groups"] == json.loads((shared / "nvidia-h200.json").read_text())["groups"]
 
 
-def test_readme_gpu_tables_are_the_recorded_results():
+def test_docs_gpu_tables_are_the_recorded_results():
     gpu_table = _load_bench_module("gpu_table")
     text = (BENCH.parent / "docs" / "gpu.md").read_text()
-    assert gpu_table.readme_block() in text, "docs/gpu.md's tables are stale: run python bench/gpu_table.py --write"
+    assert gpu_table.doc_block() in text, "docs/gpu.md's tables are stale: run python bench/gpu_table.py --write"
 
 
 def test_gpu_results_recorder(tmp_path, monkeypatch):

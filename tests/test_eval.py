@@ -25,16 +25,15 @@ pytest.importorskip("transformers")
 from rcn_fast.eval import EvalConfig, EvalError, evaluate  # noqa: E402
 from rcn_fast.eval.cli import main  # noqa: E402
 from tests.retrieval.tiny import make_tiny_bert, real_sentences  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 LABELS = "ABCD"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with pinned_torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

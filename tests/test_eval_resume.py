@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 from rcn_fast.eval import EvalConfig, evaluate  # noqa: E402
 from tests.test_eval import CountingLLM, write_corpus, write_questions  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 
 def _rows(db: Path) -> int:
@@ -39,13 +40,18 @@ def _lines(out: Path) -> int:
         if (out / "checkpoints").is_dir() else 0
 
 
-def test_sigkill_mid_run_then_resume(tmp_path):
+@pytest.fixture
+def one_torch_thread():
+    with pinned_torch_threads(1):
+        yield
+
+
+def test_sigkill_mid_run_then_resume(tmp_path, one_torch_thread):
     from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
     from tests.pipelines.tiny import make_tiny_llama
     from tests.retrieval.tiny import make_tiny_bert
 
-    torch.set_num_threads(1)
     llama = make_tiny_llama(tmp_path / "llama")
     bert = make_tiny_bert(tmp_path / "bert")
     q = write_questions(tmp_path / "mini.jsonl", n=8)

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from rcn_fast.nli import NLIModel, label_indices, load_nli  # noqa: E402
 from tests.pipelines.rr_doubles import make_tiny_nli  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 PREMISES = ["Plants need sunlight to make food.", "A magnet attracts iron.", "Ice melts when heated.",
             "The heart pumps blood through the body.", "Fish breathe with gills.", "Salt dissolves in water."]
@@ -26,10 +27,8 @@ HYPOTHESES = ["Plants use light.", "Iron is pulled by magnets.", "Heat turns ice
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with pinned_torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -98,11 +98,13 @@ def test_tasks_reach_the_rows_as_given(tmp_path, monkeypatch):
                                                                       "generated_tokens_per_q": 2.0, "n": 3}}
                             for t in cfg.tasks}, "files": {"results": "results_x.json"}}
 
-    cfg = EvalConfig(model="m", corpus=str(tmp_path / "c.jsonl"), output_path=str(tmp_path / "out"), limit=2)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "p0", "text": "Plants need light."}\n')
+    cfg = EvalConfig(model="m", corpus=str(corpus), output_path=str(tmp_path / "out"), limit=2)
     report, files = run_preset("table9", cfg, seeds=[0], tasks=[str(root)], evaluate=fake_evaluate, llm=object())
     assert seen and all(s == [f"{t}={root / t / f'{t}-{sp}.jsonl'}" for t, sp in LAYOUT.items()] for s in seen)
     assert report.tasks["csqa"] == {"source": str((root / "csqa" / "csqa-dev.jsonl").resolve()), "split": "validation",
-                                    "paper_questions": 1221, "questions": 2}
+                                    "paper_questions": 1221, "questions": 2, "on_hub": False}
     assert report.measured_any
 
 
@@ -121,8 +123,10 @@ def test_an_unreachable_hub_is_asked_once_and_no_cell_exits_3(tmp_path, monkeypa
     monkeypatch.setattr(task_sources.urllib.request, "urlopen", lambda *a, **k: probes.append(a) or real(*a, **k))
     monkeypatch.setattr(task_loading, "dataset_rows", lambda *a, **k: loads.append(a))
     out = tmp_path / "out"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "p0", "text": "Plants need light."}\n')
     t0 = time.perf_counter()
-    code = main(["--paper", "table9", "--model", "m", "--corpus", str(tmp_path / "c.jsonl"), "--limit", "2",
+    code = main(["--paper", "table9", "--model", "m", "--corpus", str(corpus), "--limit", "2",
                  "--seeds", "0", "--output-path", str(out), "--no-progress"])
     took = time.perf_counter() - t0
     err = capsys.readouterr().err
@@ -130,8 +134,10 @@ def test_an_unreachable_hub_is_asked_once_and_no_cell_exits_3(tmp_path, monkeypa
     assert len(probes) == 1 and loads == []
     assert err.count("cannot be reached") == 1 and "--tasks NAME=FILE" in err and "--tasks DIR" in err
     assert "no cell of table9 was measured" in err
+    # issue 42: why nothing was measured is said at once, once; no row walks "on no task"
+    assert "none of its tasks" in err and "on no task" not in err and "row 1 of" not in err
     md = (out / "paper_table9.md").read_text()
-    assert "on the Hugging Face hub, which cannot be reached" in md and "HF_HUB_OFFLINE=1" in md
+    assert "on the Hugging Face hub, which cannot be reached" in md and md.count("HF_HUB_OFFLINE=1") == 1
     assert took < 60  # one refused connection, not the hub client's retries per task (seen: 96 s)
 
 
@@ -148,8 +154,51 @@ def test_offline_mode_never_probes_and_says_how_to_use_local_files(tmp_path, mon
     monkeypatch.setattr(task_loading, "dataset_rows", not_cached)
     info, reasons = check_tasks(COST_TASKS, EvalConfig(model="m", limit=2))
     assert set(reasons) == set(COST_TASKS)
-    assert all("OfflineModeIsEnabled" in r and "--tasks NAME=FILE" in r for r in reasons.values())
-    assert info["obqa"]["paper_questions"] == 500 and info["obqa"]["questions"] is None
+    assert all("OfflineModeIsEnabled" in r for r in reasons.values())
+    assert info["obqa"]["paper_questions"] == 500 and info["obqa"]["questions"] is None and info["obqa"]["on_hub"]
+
+
+def test_offline_paper_says_why_at_once_and_the_fix_once(tmp_path, monkeypatch, capsys):
+    """Issue 42: under --paper with HF_HUB_OFFLINE=1 and no --tasks, stderr names each task's
+    reason as the table starts, and how to give local files once; the report's notes say it once."""
+    from rcn_fast.eval.tasks import loading as task_loading
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(task_sources.urllib.request, "urlopen", lambda *a, **k: pytest.fail("probed offline"))
+
+    def not_cached(spec, split):
+        raise ConnectionError(f"Couldn't reach {spec.dataset!r} on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(task_loading, "dataset_rows", not_cached)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "p0", "text": "Plants need light."}\n')
+    cfg = EvalConfig(model="m", corpus=str(corpus), output_path=str(tmp_path / "out"), limit=2)
+    report, files = run_preset("table9", cfg, seeds=[0], evaluate=lambda *a, **k: pytest.fail("a row ran"),
+                               llm=object())
+    err = capsys.readouterr().err
+    assert not report.measured_any
+    for task in LAYOUT:
+        assert f"task {task} is not evaluated" in err and "OfflineModeIsEnabled" in err
+    assert err.count("--tasks NAME=FILE") == 1 and "none of its tasks" in err and "on no task" not in err
+    md = Path(files["markdown"]).read_text()
+    assert md.count("--tasks NAME=FILE") == 1
+
+
+@pytest.mark.parametrize("corpus", ["missing.jsonl", "empty.jsonl", "emptydir"])
+def test_paper_refuses_a_missing_or_empty_corpus_before_any_row(tmp_path, corpus, capsys):
+    """Issue 42: a mistyped or empty --corpus is exit 2 at once, as in a plain eval (it walked every row)."""
+    from rcn_fast.eval.cli import main
+
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    (tmp_path / "emptydir").mkdir()
+    root = _commonsense_folder(tmp_path / "cs")
+    t0 = time.perf_counter()
+    code = main(["--paper", "table9", "--model", "m", "--corpus", str(tmp_path / corpus), "--tasks", str(root),
+                 "--output-path", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--corpus:" in err and corpus in err, err
+    assert "row " not in err and time.perf_counter() - t0 < 10
+    assert not (tmp_path / "out" / "paper_table9.md").exists()
 
 
 def test_plain_eval_with_an_unreachable_hub_fails_in_one_message(tmp_path, monkeypatch, capsys):

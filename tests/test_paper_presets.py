@@ -54,6 +54,12 @@ def _questions(path: Path, n: int = 2) -> Path:
     return path
 
 
+def _corpus(path: Path) -> str:
+    """A one-passage corpus file (the stand-in evaluations never read it; ``--paper`` checks it is there)."""
+    path.write_text('{"id": "p0", "text": "Plants need light."}\n')
+    return str(path)
+
+
 def test_layout_reasons_and_outputs(tmp_path):
     """Table 7 with a stand-in evaluation: measured/paper/diff per cell; a task that cannot load says why."""
     inc = tmp_path / "tasks"
@@ -67,7 +73,7 @@ def test_layout_reasons_and_outputs(tmp_path):
         acc = 0.5 if cfg.pipeline_args.get("reconnect.ablation") else 0.8
         return {"results": {t: {"reconnect": {"acc": acc, "n": 2}} for t in cfg.tasks}}
 
-    cfg = EvalConfig(model="m", corpus=str(tmp_path / "c.jsonl"), include_path=[str(inc)],
+    cfg = EvalConfig(model="m", corpus=_corpus(tmp_path / "c.jsonl"), include_path=[str(inc)],
                      output_path=str(tmp_path / "out"))
     report, files = run_preset("table7", cfg, evaluate=fake_evaluate, llm=object())
     assert len(calls) == 4 and all(c[3] == [0, 1, 2] for c in calls)  # the paper's three seeds
@@ -105,7 +111,7 @@ def test_rows_that_cannot_run_say_why(tmp_path, monkeypatch):
     assert report.cells["RECONNECT (Ours)"]["CSQA"].reason.startswith("needs --corpus")
     assert report.cells["FLARE (2023)"]["WG"].reason == "not implemented in rcn_fast"
     assert report.cells["FLARE (2023)"]["WG"].paper == 58.6
-    t6, _ = run_preset("table6", EvalConfig(model="m", corpus="c", include_path=[str(inc)],
+    t6, _ = run_preset("table6", EvalConfig(model="m", corpus=_corpus(tmp_path / "c"), include_path=[str(inc)],
                                             output_path=str(tmp_path / "o6")), evaluate=fake_evaluate, llm=object())
     assert t6.cells["RECONNECT w/ DPR"]["ID."].reason.startswith("needs --paper-corpus dpr=STORE")
 
@@ -168,7 +174,8 @@ def test_id_and_ood_tasks_retrieve_from_their_own_stores(tmp_path, monkeypatch):
         return {"results": {t: {"reconnect": {"acc": 0.5, "n": 2}} for t in cfg.tasks}}
 
     cfg = EvalConfig(model="m", include_path=[str(inc)], output_path=str(tmp_path / "out"))
-    report, _ = run_preset("table7", cfg, corpora={"id": "ID_STORE", "ood": "OOD_STORE"}, evaluate=fake_evaluate,
+    id_store, ood_store = _corpus(tmp_path / "ID_STORE"), _corpus(tmp_path / "OOD_STORE")
+    report, _ = run_preset("table7", cfg, corpora={"id": id_store, "ood": ood_store}, evaluate=fake_evaluate,
                            llm=object())
-    assert set(seen) == {("ID_STORE", ID_TASKS), ("OOD_STORE", OOD_TASKS)}
+    assert set(seen) == {(id_store, ID_TASKS), (ood_store, OOD_TASKS)}
     assert report.cells["RECONNECT (Ours)"]["OOD."].measured == pytest.approx(50.0)

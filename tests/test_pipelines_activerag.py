@@ -34,6 +34,7 @@ from rcn_fast.pipelines.rag import combine_choice_logprobs, vote_answers  # noqa
 from rcn_fast.pipelines.rag_baselines import parse_rerank  # noqa: E402
 from rcn_fast.prompts import load_prompts  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, _question_line  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 DEFAULT = load_prompts().data
 RAG_STAGES = [s for s in DEFAULT if s.startswith(("rag_", "activerag_"))]
@@ -518,21 +519,30 @@ def test_combination_helpers_against_hand_values():
 
 # ---------------------------------------------------------------- real model classes
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    torch = pytest.importorskip("torch")
+def one_torch_thread():
+    with pinned_torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def two_torch_threads():
+    with pinned_torch_threads(2):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, one_torch_thread):
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from rcn_fast.llm import load_llm
     from rcn_fast.retrieval import Encoder
     from tests.pipelines.tiny import make_tiny_llama
     from tests.retrieval.tiny import make_tiny_bert, real_sentences
 
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
     llm = load_llm(make_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "m"), batch_size=16)
     enc = Encoder.from_pretrained(make_tiny_bert(tmp_path_factory.mktemp("tiny-bert") / "bert"))
     texts = real_sentences(40)
-    yield llm, InMemoryRetriever(enc, texts, ids=[f"fact-{i}" for i in range(len(texts))])
-    torch.set_num_threads(prev)
+    return llm, InMemoryRetriever(enc, texts, ids=[f"fact-{i}" for i in range(len(texts))])
 
 
 def test_tiny_models_end_to_end(tiny_models):
@@ -574,10 +584,10 @@ rag_answer_reasoning:
 
 
 @pytest.fixture(scope="module")
-def smollm(shared_data, smollm2):
+def smollm(shared_data, smollm2, two_torch_threads):
     """SmolLM2-135M-Instruct, all-MiniLM-L6-v2 over 100 OpenBookQA fact1
     statements, and 10 ARC-Easy dev questions (loaded once per module)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from tests.retrieval.tiny import minilm_dir
 
     d = minilm_dir()
@@ -586,8 +596,6 @@ def smollm(shared_data, smollm2):
     from rcn_fast.data import load_questions
     from rcn_fast.retrieval import Encoder
 
-    prev = torch.get_num_threads()
-    torch.set_num_threads(2)
     qs = load_questions(str(shared_data / "arc-easy" / "arc-easy-dev.jsonl"), limit=10)
     facts: list[str] = []
     with open(shared_data / "obqa" / "obqa-train.jsonl") as f:
@@ -600,8 +608,7 @@ def smollm(shared_data, smollm2):
     enc = Encoder.from_pretrained(d, query_prefix="", passage_prefix="")
     retriever = InMemoryRetriever(enc, facts, ids=[f"obqa-fact-{i}" for i in range(len(facts))])
     llm = smollm2
-    yield llm, retriever, qs
-    torch.set_num_threads(prev)
+    return llm, retriever, qs
 
 
 @pytest.mark.slow  # 191 s measured on 2 cores shared by 5 agents (load ~7.5), 60-70 s of it loading SmolLM2

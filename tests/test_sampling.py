@@ -554,20 +554,27 @@ def test_warp_lane_logic_matches_reference(lanes, first, n):
     _compare(*got, *ref, atol=2e-5)
 
 
-def test_warp_lane_logic_edge_cases():
+def check_edge_cases(run):
+    """The edge cases of a CUDA sampler's logic run on the host:
+    ``run(q, c, N, K, tau, mask)`` -> (ids, logp), seed 1, first relevance."""
     rng = np.random.default_rng(30)
     q, c = _data(rng, 2, 40, 4)
     # fewer valid candidates than K, most lanes with nothing eligible
     mask = np.zeros((2, 40), np.uint8)
     mask[0, [3, 38]] = 1
-    ids, lp = _emulated(q, c, 4, 5, lanes=32, tau=1.0, seed=1, first="relevance", mask=mask)
+    ids, lp = run(q, c, 4, 5, 1.0, mask)
     assert (np.sort(ids[0, :, :2], axis=1) == [3, 38]).all() and (ids[0, :, 2:] == -1).all()
     assert (ids[1] == -1).all() and (lp[1] == 0).all()
     # extreme tau: argmax of the relevance first, as on the CPU
-    ids, _ = _emulated(q, c, 3, 3, lanes=32, tau=0.01, seed=1, first="relevance")
+    ids, _ = run(q, c, 3, 3, 0.01, None)
     cpu = sample_subsets(q, c, 3, 3, tau=0.01, seed=1, first="relevance", backend="native")
     assert (ids == cpu).all()
-    mod, _ = _native.cpu_module()
+    return q, c
+
+
+def test_warp_lane_logic_edge_cases():
+    q, c = check_edge_cases(lambda q, c, N, K, tau, mask: _emulated(q, c, N, K, lanes=32, tau=tau, seed=1,
+                                                                    first="relevance", mask=mask))
     with pytest.raises(ValueError, match="lanes"):
         _emulated(q, c, 1, 1, lanes=3, tau=1.0, seed=1, first="uniform")
 
@@ -615,19 +622,28 @@ def test_cuda_vector_and_scalar_loads_match_native(dtype):
         _compare(g[0].cpu().numpy(), g[1].cpu().numpy(), h[0].numpy(), h[1].numpy(), atol=2e-5)
 
 
-@requires_gpu
-def test_cuda_distribution_and_errors():
+def check_distribution(draw):
+    """``draw(q, e, draws, k)`` (CUDA tensors, seed 2024, first relevance) ->
+    ids [draws, k] of question 0 follow the model's exact distribution
+    (chi-square). Returns (q, e) on the host."""
     torch = pytest.importorskip("torch")
     n, k, d, draws = 6, 3, 5, 120_000
     rng = np.random.default_rng(11)
     q = (rng.standard_normal((1, d)) * 0.6).astype(np.float32)
     e = (rng.standard_normal((1, n, d)) * 0.6).astype(np.float32)
     probs = exact_ordered_subset_probs(q[0], e[0], k, 1.0, "relevance")
-    ids = sample_subsets(torch.from_numpy(q).cuda(), torch.from_numpy(e).cuda(), draws, k,
-                         seed=2024, first="relevance", backend="cuda")[0].cpu().numpy()
+    ids = draw(torch.from_numpy(q).cuda(), torch.from_numpy(e).cuda(), draws, k)
     keys, counts = np.unique(ids, axis=0, return_counts=True)
     observed = {tuple(int(x) for x in row): int(c) for row, c in zip(keys, counts)}
     assert chi_square_pvalue(observed, probs, draws) > 1e-3
+    return q, e
+
+
+@requires_gpu
+def test_cuda_distribution_and_errors():
+    torch = pytest.importorskip("torch")
+    q, e = check_distribution(lambda q, e, draws, k: sample_subsets(q, e, draws, k, seed=2024, first="relevance",
+                                                                    backend="cuda")[0].cpu().numpy())
     bad = torch.from_numpy(e).cuda()
     bad[0, 2, 1] = float("nan")
     with pytest.raises(ValueError, match="cand_emb: question 0, candidate 2"):

@@ -1,6 +1,6 @@
 """The CUDA tensor-core top-n scan (issue 35 item 2).
 
-Without a GPU: its selection (common/topn_select.h: threshold, buffer,
+Without a GPU: its selection (topn/topn_select.h: threshold, buffer,
 bitonic flushes, the slices' lists merged) and its split of float32 queries
 run on the host through rcn_fast._C test aids, against the numpy reference.
 With a GPU (marked gpu): the scan against the CPU path at odd sizes.
@@ -21,10 +21,11 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-def _cpu():
+def _cpu(aid: str = "topn_select_emulated"):
+    """rcn_fast._C with the test aid ``aid``, or skip."""
     mod, why = _native.cpu_module()
-    if mod is None or not hasattr(mod, "topn_select_emulated"):
-        pytest.skip(f"rcn_fast._C without the scan's test aids: {why}")
+    if mod is None or not hasattr(mod, aid):
+        pytest.skip(f"rcn_fast._C without the test aid {aid}: {why}")
     return mod
 
 
@@ -154,18 +155,33 @@ def test_split_rounds_to_nearest_even_like_numpy(dtype):
     np.testing.assert_array_equal(terms[0], want)
 
 
-def test_split_refuses_non_finite_rows():
-    with pytest.raises(ValueError, match="finite"):
-        _split(np.float32([[1.0, np.inf]]), "float16")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_split_keeps_a_non_finite_value_in_the_first_term(dtype):
+    """+-inf and NaN are the first term as they are and zero after it (so a
+    GEMM of the terms scores them as a float32 GEMM does); they do not count
+    for the row scale."""
+    q = np.float32([[0.75, np.inf, -np.inf, np.nan, 0.5]])
+    terms, scales = _split(q, dtype)
+    first = _as_float(terms[0], dtype)
+    assert first[0, 1] == np.inf and first[0, 2] == -np.inf and np.isnan(first[0, 3])
+    assert (terms[1:, 0, 1:4] == 0).all()
+    assert scales[0, 0] == 1.0  # the finite values' largest magnitude, 0.75, sets the scale
+    np.testing.assert_array_equal(first[0, [0, 4]], [0.75, 0.5])
 
 
 # ------------------------------------------------------------------ the scan on a GPU
 
 
 def _gpu_topn(q, c, k, algorithm):
-    from rcn_fast.search.topn import _run_cuda
+    """rcn_fast._cuda.topn with one algorithm (0 auto, 1 tiled, 2 the scan)."""
+    import torch
 
-    return _run_cuda(q, c, k, algorithm=algorithm)
+    mod = _native.cuda_module()[0]
+    q, c = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, c))
+    scores = torch.empty((q.shape[0], k), dtype=torch.float32, device=c.device)
+    ids = torch.empty((q.shape[0], k), dtype=torch.int64, device=c.device)
+    mod.topn(q, c, k, scores, ids, torch.cuda.current_stream().cuda_stream, algorithm)
+    return scores, ids
 
 
 @requires_gpu
@@ -176,16 +192,23 @@ def _gpu_topn(q, c, k, algorithm):
 def test_scan_matches_the_cpu_on_integer_data(dtype, qdtype, Q, N, d, k):
     """Small integers: every product and sum is exact, so the scan must give
     the CPU's scores and ids exactly, ties (many) by lower id."""
-    torch = pytest.importorskip("torch")
     from rcn_fast.search.topn import CUDA_MMA
 
+    check_integer_data(lambda q, c, kk: _gpu_topn(q, c, kk, CUDA_MMA), dtype, qdtype, Q, N, d, k)
+
+
+def check_integer_data(run, dtype, qdtype, Q, N, d, k):
+    """Small integers: every product and sum is exact, so ``run(q, c, k)``
+    (CUDA tensors) must give the CPU's scores and ids exactly, ties (many)
+    by lower id."""
+    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(Q + N + d + k)
     c = torch.from_numpy(rng.integers(-3, 4, (N, d)).astype(np.float32)).to(getattr(torch, dtype))
     q = torch.from_numpy(rng.integers(-3, 4, (Q, d)).astype(np.float32))
     if qdtype == "same":
         q = q.to(c.dtype)
     kk = min(k, N)
-    s, i = _gpu_topn(q.cuda(), c.cuda(), kk, CUDA_MMA)
+    s, i = run(q.cuda(), c.cuda(), kk)
     rs, ri = rcn_fast.topn(q, c, kk, backend="native")
     np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
     np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())
@@ -241,9 +264,19 @@ def test_scan_non_finite_strides_and_fallbacks():
     np.testing.assert_array_equal(i1.cpu().numpy(), rcn_fast.topn(q, base[:, :40], 30, backend="native")[1].numpy())
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_split_refuses_non_finite_queries(bad):
-    q = np.ones((2, 5), np.float32)
-    q[1, 3] = bad
-    with pytest.raises(ValueError, match="queries: expected finite values"):
-        _split(q, "float16")
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_scan_scores_non_finite_queries_as_float32_does(dtype):
+    """A float32 query with +-inf or NaN (split: the value is the first term,
+    zeros after): the scan returns what the CPU's float32 scan returns."""
+    torch = pytest.importorskip("torch")
+    from rcn_fast.search.topn import CUDA_MMA
+
+    rng = np.random.default_rng(14)
+    c = torch.from_numpy(rng.integers(-2, 3, (500, 16)).astype(np.float32)).to(getattr(torch, dtype))
+    q = torch.from_numpy(rng.integers(-2, 3, (4, 16)).astype(np.float32))
+    q[0, 3], q[1, 0], q[2, 5], q[3, 1], q[3, 2] = np.inf, -np.inf, np.nan, np.inf, -np.inf
+    s, i = _gpu_topn(q.cuda(), c.cuda(), 20, CUDA_MMA)
+    rs, ri = rcn_fast.topn(q, c, 20, backend="native")
+    np.testing.assert_array_equal(i.cpu().numpy(), ri.numpy())
+    np.testing.assert_array_equal(s.cpu().numpy(), rs.numpy())

@@ -1,8 +1,12 @@
-"""The torch backend of top-n (issue 35 item 1): the exact recipe (one
-float32-output GEMM + ``topk`` per chunk) with the ordering rules applied only
-where they change the result. Run on CPU tensors against the numpy
-reference: the code is the one CUDA tensors run, with ``torch.mm``'s
-``out_dtype`` emulated where the CPU build lacks it."""
+"""The torch backend of top-n (issue 35 item 1, issue 45 item 2): the exact
+recipe (one float32-output GEMM + ``topk`` per chunk) with the ordering rules
+applied only where they change the result, finished on the device without a
+host synchronisation. Run on CPU tensors against the numpy reference: the
+code is the one CUDA tensors run (the finishing: rcn_fast._C's
+``topn_finish_rows``, the code of the CUDA kernel), with ``torch.mm``'s
+``out_dtype`` emulated where the CPU build lacks it. Every exactness test
+runs both finishings: on the device, and host-checked in torch ops (what a
+device without the extension gets)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import pytest
 import rcn_fast
 from rcn_fast.search import topn_reference
 from rcn_fast.search import torch_backend as tb
+from rcn_fast.search import torch_checked as tc
 
 torch = pytest.importorskip("torch")
 
@@ -24,15 +29,29 @@ def _t(x, dtype):
 
 def _ref(q, c, k):
     """The numpy reference on the values the torch inputs hold."""
-    return topn_reference(q.float().numpy(), c.float().numpy(), k)
+    with np.errstate(invalid="ignore"):  # NaN and inf in the inputs: NaN scores, never returned
+        return topn_reference(q.float().numpy(), c.float().numpy(), k)
 
 
-def _check(q, c, k, **kw):
+def _check(q, c, k, *, rtol=0.0, **kw):
+    """Ids equal to the reference; scores too (``rtol``: random floats,
+    whose float32 sums depend on the BLAS's order)."""
     s, i = tb.topn_torch(q, c, k, **kw)
     rs, ri = _ref(q, c, k)
     np.testing.assert_array_equal(i.numpy(), ri)
-    np.testing.assert_array_equal(s.numpy(), rs)
+    np.testing.assert_allclose(s.numpy(), rs, rtol=rtol, atol=0)
     return s, i
+
+
+@pytest.fixture(autouse=True, params=["device", "checked"])
+def finishing(request, monkeypatch):
+    """Every test twice: with the device finishing (rcn_fast._C on CPU
+    tensors) and with the host-checked finishing in torch ops."""
+    if request.param == "checked":
+        monkeypatch.setattr(tb, "device_finisher", lambda corpus, k: (None, None))
+    else:
+        assert tb.device_finisher(torch.zeros((1, 1)), 10)[0] is not None, "rcn_fast._C has no topn_finish_rows"
+    return request.param
 
 
 @pytest.fixture
@@ -189,13 +208,23 @@ def test_default_on_half_precision_is_one_float32_output_gemm(out_dtype_mm):
     assert not [x for x in out_dtype_mm if x[2] is None]  # no upcast GEMM
 
 
-def test_no_sort_of_a_whole_chunk_even_with_ties(monkeypatch):
-    """Sorts only ever see the [Q, 2k] merge (never a chunk); the tie fix-up
-    runs only for the rows whose k-th place is tied."""
+def _exact_ints(rng, shape) -> "torch.Tensor":
+    """float32 integers in [-1000, 1000]: at d <= 8 every product and partial
+    sum is an integer below 2^24, exact in float32, so torch's GEMM and the
+    numpy reference give the same bits whatever order either sums in (random
+    normal data differs in the last bit on some CPUs), and the wide range
+    keeps ties between scores as rare as on random data."""
+    return torch.from_numpy(rng.integers(-1000, 1001, shape).astype(np.float32))
+
+
+def test_no_sort_of_a_whole_chunk_even_with_ties(monkeypatch, finishing):
+    """Sorts only ever see the [Q, 2k] merge (never a chunk). Host-checked:
+    the tie fix-up runs only for the rows whose k-th place is tied; on the
+    device the finishing decides per row (csrc/topn/topn_block_select.h)."""
     rng = np.random.default_rng(8)
     k, chunk = 5, 400
     widths, fixed = [], []
-    real_sort, real_fix = torch.sort, tb._ties_lowest_id
+    real_sort, real_fix = torch.sort, tc.ties_lowest_id
 
     def sort(x, *a, **kw):
         widths.append(x.shape[-1])
@@ -206,20 +235,20 @@ def test_no_sort_of_a_whole_chunk_even_with_ties(monkeypatch):
         return real_fix(torch_, s, kk)
 
     monkeypatch.setattr(torch, "sort", sort)
-    monkeypatch.setattr(tb, "_ties_lowest_id", fix)
-    q = torch.from_numpy(rng.standard_normal((4, 8)).astype(np.float32))
-    c = torch.from_numpy(rng.standard_normal((1200, 8)).astype(np.float32))
+    monkeypatch.setattr(tc, "ties_lowest_id", fix)
+    q = _exact_ints(rng, (4, 8))
+    c = _exact_ints(rng, (1200, 8))
     _check(q, c, k, chunk=chunk)
     assert widths and max(widths) <= 2 * k and not fixed  # random data: no tie, no fix-up
     widths.clear()
     _check(q, c, k)  # one chunk, no tie: topk's output as it is, no sort at all
     assert widths == [] and not fixed
-    c[:, :] = torch.from_numpy(rng.standard_normal((1200, 8)).astype(np.float32))
-    c[[10, 20, 30, 40, 50, 60], :] = 9.0  # query 0..3 all see six equal best rows in chunk 0
+    c[:, :] = _exact_ints(rng, (1200, 8))
+    c[[10, 20, 30, 40, 50, 60], :] = 1500.0  # query 0..3 all see six equal best rows in chunk 0
     q = q.abs()
     widths.clear()
     _check(q, c, k, chunk=chunk)
-    assert max(widths) <= 2 * k and fixed == [4]
+    assert max(widths) <= 2 * k and fixed == ([4] if finishing == "checked" else [])
 
 
 def test_chunk_rows_follow_memory():
@@ -231,3 +260,179 @@ def test_chunk_rows_follow_memory():
     assert tb.chunk_rows(1 << 20, "cuda", free_bytes=1 << 20) == tb.MIN_CHUNK_ROWS
     assert tb.chunk_rows(4, "cuda", row_bytes=12, free_bytes=1 << 21) == tb.MIN_CHUNK_ROWS
     assert tb.chunk_rows(4, "cuda", row_bytes=12, free_bytes=1 << 31) == (1 << 30) // 28
+
+
+# ------------------------------------------------------------------ no host synchronisation (issue 45 item 2)
+
+SYNC_METHODS = ("item", "tolist", "__bool__", "nonzero", "cpu", "numpy", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def host_syncs(monkeypatch):
+    """Counts the calls that make the host wait for the device (on a GPU:
+    a synchronisation) made through torch.Tensor while a test runs."""
+    calls = []
+    for name in SYNC_METHODS:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, _name=name, **kw):
+            calls.append(_name)
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype,qdtype", [("float32", "float32"), ("float16", "float16"), ("bfloat16", "float32"),
+                                          ("float16", "float32")])
+def test_the_hot_path_never_waits_for_the_device(out_dtype_mm, host_syncs, finishing, dtype, qdtype):
+    """The default finishing neither reads a value on the host nor asks for
+    one (no .item / .tolist / bool(tensor) / nonzero / .cpu ...): one chunk
+    or several, ties, NaN, -inf and a split float32 query included. The
+    host-checked finishing (no extension) reads one set of flags a chunk."""
+    rng = np.random.default_rng(9)
+    c = rng.integers(-3, 4, (700, 24)).astype(np.float32)
+    c[[3, 50, 400]] = np.nan
+    c[[7, 8]] = -np.inf
+    q = _t(rng.integers(-2, 3, (6, 24)), qdtype)
+    c = _t(c, dtype)
+    for chunk in (None, 256):
+        host_syncs.clear()
+        s, i = tb.topn_torch(q, c, 40, chunk=chunk)
+        syncs = list(host_syncs)
+        rs, ri = _ref(q, c, 40)
+        np.testing.assert_array_equal(i.numpy(), ri)
+        if finishing == "device":
+            assert syncs == [], syncs
+        else:
+            assert 0 < len(syncs) <= (3 if chunk is None else 3 * 3) * 2
+
+
+def test_the_dispatch_path_adds_no_synchronisation(host_syncs, finishing):
+    q, c = torch.randn(3, 16), torch.randn(300, 16).half()
+    rcn_fast.topn(q.half(), c, 7, backend="torch")
+    rcn_fast.topn(q, c, 7, backend="torch")
+    assert (host_syncs == []) == (finishing == "device")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,qdtype", [("float16", "float16"), ("bfloat16", "float32"), ("float32", "float32")])
+def test_no_synchronisation_on_a_gpu(dtype, qdtype):
+    """torch's sync debug mode raises on any host synchronisation: the
+    default CUDA top-n (whatever the dispatcher picks) and the torch
+    backend make none."""
+    rng = np.random.default_rng(10)
+    c = _t(rng.standard_normal((50_000, 64)), dtype).cuda()
+    q = _t(rng.standard_normal((9, 64)), qdtype).cuda()
+    for backend in (None, "torch"):
+        rcn_fast.topn(q, c, 100, backend=backend)  # warm-up: the out_dtype probe, streams
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            s, i = rcn_fast.topn(q, c, 100, backend=backend)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        rs, ri = rcn_fast.topn(q.cpu(), c.cpu(), 100)
+        assert (i.cpu().numpy() == ri).mean() >= 0.999
+
+
+# ------------------------------------------------------------------ the device finishing itself
+
+
+def _native_finish():
+    from rcn_fast import _native
+
+    return _native.cpu_module()[0]
+
+
+def _finish(s, k, **kw):
+    mod = _native_finish()
+    top = torch.topk(s, min(k + 1, s.shape[1]), dim=1)
+    out_s = torch.empty((s.shape[0], k))
+    out_i = torch.empty((s.shape[0], k), dtype=torch.int64)
+    mod.topn_finish_rows(s, top.values, top.indices, k, kw.pop("id_base", 0), out_s, out_i, **kw)
+    return out_s, out_i
+
+
+@pytest.mark.parametrize("k", [1, 3, 16, 100])
+def test_finish_rows_matches_the_reference_on_adversarial_rows(k):
+    """Rows of few distinct values (ties at and across the k-th place),
+    NaN (more than k of them), -inf, rows shorter than k + 1, strided
+    score rows: the same result as the numpy selection."""
+    rng = np.random.default_rng(k)
+    for n in (1, k, k + 1, 2 * k + 3, 1500):
+        base = rng.integers(-4, 5, (11, n + 5)).astype(np.float32)
+        base[0] = 1.0  # all tied
+        base[1, ::2] = np.nan  # NaN everywhere
+        base[2, : n // 2] = -np.inf
+        base[3] = np.nan
+        base[4, rng.permutation(n)[: min(n, k + 7)]] = np.nan
+        s = torch.from_numpy(base)[:, 2 : n + 2]  # rows 5 + n apart
+        got_s, got_i = _finish(s, k, id_base=1000)
+        ref_s, ref_i = tb_reference(s.numpy(), k)
+        np.testing.assert_array_equal(got_i.numpy(), np.where(ref_i >= 0, ref_i + 1000, -1))
+        np.testing.assert_array_equal(got_s.numpy(), ref_s)
+
+
+def tb_reference(s, k):
+    from rcn_fast.search.reference import select_topn
+
+    return select_topn(s, np.broadcast_to(np.arange(s.shape[1]), s.shape).astype(np.int64), k)
+
+
+def test_finish_rows_rescores_nan_of_a_split_query():
+    """With queries and the chunk's corpus rows, a NaN score is recomputed
+    in float32 before it is judged (inf * 0 of a split term)."""
+    c = torch.full((6, 3), 0.5).half()
+    c[4, 1] = float("inf")
+    q = torch.tensor([[1.0, 2.0, 0.25]])
+    s = torch.full((1, 6), 1.75)
+    s[0, 4] = float("nan")  # what the split GEMM gives row 4
+    got_s, got_i = _finish(s, 3, queries=q, corpus=c)
+    assert got_i.tolist() == [[4, 0, 1]] and torch.isposinf(got_s[0, 0])
+    got_s, got_i = _finish(s, 3)  # no rescoring: the NaN is never returned
+    assert got_i.tolist() == [[0, 1, 2]]
+
+
+def test_finish_rows_names_bad_arguments():
+    mod = _native_finish()
+    s = torch.zeros((2, 8))
+    top = torch.topk(s, 6, dim=1)
+    out = torch.empty((2, 5)), torch.empty((2, 5), dtype=torch.int64)
+    with pytest.raises(ValueError, match="top_s, top_i"):
+        mod.topn_finish_rows(s, top.values[:, :5].contiguous(), top.indices[:, :5].contiguous(), 5, 0, *out)
+    with pytest.raises(ValueError, match="k: expected"):
+        mod.topn_finish_rows(s, top.values, top.indices, 0, 0, *out)
+    with pytest.raises(ValueError, match="scores_out, ids_out"):
+        mod.topn_finish_rows(s, top.values, top.indices, 5, 0, out[0][:1], out[1])
+    with pytest.raises(ValueError, match="queries, corpus"):
+        mod.topn_finish_rows(s, top.values, top.indices, 5, 0, *out, queries=torch.zeros((2, 3)))
+    with pytest.raises(ValueError, match="queries, corpus"):
+        mod.topn_finish_rows(s, top.values, top.indices, 5, 0, *out, queries=torch.zeros((2, 3)),
+                             corpus=torch.zeros((7, 3)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_split_in_torch_ops_equals_the_kernels_split(dtype):
+    """torch ops (split_query) and csrc/topn/topn_select.h (the CUDA kernel's
+    split, run on the host by rcn_fast._C) give the same bits, non-finite
+    values included (the first term as it is, zeros after)."""
+    from rcn_fast import _native
+
+    mod = _native.cpu_module()[0]
+    rng = np.random.default_rng(11)
+    q = (rng.standard_normal((7, 33)) * np.logspace(-30, 30, 7)[:, None]).astype(np.float32)
+    q[1, 3], q[2, 0], q[3, :] = np.inf, -np.inf, np.nan
+    q[4, 5], q[4, 6] = np.nan, 1e-40
+    terms, scales = tb.split_query(torch, torch.from_numpy(q), dtype)
+    n_terms = tb.SPLIT_TERMS[dtype][0]
+    k_terms = np.zeros((n_terms, 7, 33), np.uint16)
+    k_scales = np.zeros((n_terms, 7), np.float32)
+    assert mod.topn_split_queries(q, dtype, k_terms, k_scales) == n_terms
+    ours = terms.view(torch.int16).numpy().view(np.uint16).reshape(n_terms, 7, 33)
+    nan = np.isnan(terms.float().numpy()).reshape(n_terms, 7, 33)
+    assert (nan == np.isnan(k_terms.view(np.float16) if dtype == "float16"
+                            else (k_terms.astype(np.uint32) << 16).view(np.float32))).all()
+    np.testing.assert_array_equal(np.where(nan, 0, ours), np.where(nan, 0, k_terms))
+    np.testing.assert_array_equal(scales.numpy().reshape(n_terms, 7), k_scales)
+    assert (ours[1:, 1, 3] == 0).all() and (ours[1:, 3] == 0).all()

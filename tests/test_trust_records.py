@@ -173,6 +173,55 @@ def test_a_fresh_record_is_held_to_the_same_check(tmp_path):
             make_record(bad, qn, unit, 0.1)
 
 
+def test_a_prediction_that_is_not_the_argmax_of_its_log_probs_is_refused():
+    """Issue 44: pred must be an argmax of its own choice_logprobs (a tie may go to any tied choice)."""
+    from rcn_fast.data import MCQuestion
+
+    qn = MCQuestion(id="q0", question="Which?", choices=["a", "b", "c"], answer=2)
+    task = ChoiceTask()
+
+    def rec(pred, lp, acc):
+        return {"id": "q0", "seed": 0, "status": "ok", "elapsed_s": 0.1, "metrics": {"acc": acc},
+                "prediction": {"pred": pred, "label": "ABC"[pred], "choice_logprobs": lp, "answer": 2, "cost": {}}}
+
+    task.check_record(qn, rec(0, [-0.2, -2.0, -3.0], 0.0), 0)
+    task.check_record(qn, rec(2, [-1.0986, -5.0, -1.0986], 1.0), 0)  # a tie: either tied choice
+    task.check_record(qn, rec(2, [-0.69314718, -9.0, -0.69314720], 1.0), 0)  # tied within the tolerance
+    task.check_record(qn, rec(1, [], 0.0), 0)  # a pipeline that gives no scores
+    with pytest.raises(RecordError, match=r"prediction.pred 2 \('C', log-prob -3\) is not the argmax of its "
+                                          r"choice_logprobs \(choice 0 'A', -0.2\)"):
+        task.check_record(qn, rec(2, [-0.2, -2.0, -3.0], 1.0), 0)
+
+
+def test_an_edited_pred_whose_log_probs_disagree_is_answered_again_not_counted(tmp_path, tiny_hf):
+    """Issue 44: a line edited to pred = gold, acc 1.0 (its choice_logprobs' argmax left on another
+    label) was counted on 7491bb5; it is now left out and answered again. A forgery consistent in
+    every field (log-probs rewritten too) is out of scope: whoever can write the output folder can
+    write any consistent record, and it is counted."""
+    q = write_questions(tmp_path / "mini.jsonl", n=9)
+    first = evaluate(_cfg(tmp_path, q), llm=tiny_hf, print_table=False)["results"]["mini"]["vanilla"]
+    f = _checkpoint(tmp_path)
+    recs = [json.loads(ln) for ln in f.read_text().splitlines()]
+    wrong = [i for i, r in enumerate(recs) if r["metrics"]["acc"] == 0.0]
+    assert len(wrong) >= 2 and first["acc"] < 1.0
+
+    def forge(rec, logprobs_too=False):
+        gold = rec["prediction"]["answer"]
+        rec["prediction"].update(pred=gold, label="ABCD"[gold])
+        rec["metrics"]["acc"] = 1.0
+        if logprobs_too:
+            lp = rec["prediction"]["choice_logprobs"]
+            lp[gold], lp[int(np.argmax(lp))] = max(lp), lp[gold]
+
+    _edit(f, {wrong[0]: forge})
+    with pytest.warns(DamagedRecordWarning, match=rf"line {wrong[0] + 1} .*prediction.pred \d .*is not the argmax"):
+        again = evaluate(_cfg(tmp_path, q), llm=tiny_hf, print_table=False)["results"]["mini"]["vanilla"]
+    assert again["acc"] == first["acc"] and again["n"] == 9
+    _edit(f, {wrong[1]: lambda r: forge(r, logprobs_too=True)})  # the documented limit: consistent, so counted
+    forged = evaluate(_cfg(tmp_path, q), llm=tiny_hf, print_table=False)["results"]["mini"]["vanilla"]
+    assert forged["acc"] == pytest.approx(first["acc"] + 1 / 9)
+
+
 def test_open_domain_records_are_checked_against_the_gold():
     from rcn_fast.data.open_domain import OpenQuestion
 

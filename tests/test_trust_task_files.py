@@ -386,9 +386,23 @@ def test_other_costly_yaml_is_refused_naming_the_file_and_line(tmp_path, text, w
     ("{{ ('a b ' * 100000)|wordwrap(1, wrapstring='z' * 100000) }}", "wordwrap"),
     ("{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "bits"),
     ("{{ (2 ** 4000) ** 4000 }}", "exponent"),
+    # issue 44: each of these ran for minutes or peaked at 2.6-5.4 GB on 7491bb5
+    ("{{ lipsum(n=3000000) }}", "lipsum"), ("{{ xs|tojson(indent=900000) }}", "tojson"),
+    ('{{ "%*s"|format(2500000000, "a") }}', "width or precision"),
+    ('{{ "{0:{1}}".format("a", 2500000000) }}', "width or precision"),
+    ('{{ "%.*f" % (2500000000, 1.0) }}', "width or precision"),
+    ('{{ ("{:999999}" * 3).format(1, 2, 3) }}', "format: the result could be longer"),
+    ('{{ "{0:.{1}f}".format(1.0, 99999999) }}', "width or precision"),
+    ("{{ ('x\\n' * 1000)|indent(999999) }}", "indent"), ("{{ ('\\t' * 1000).expandtabs(999999) }}", "expandtabs"),
+    ("{{ (1).to_bytes(999999999, 'big') }}", "to_bytes"), ("{{ [1]|batch(999999999, 'x') }}", "batch"),
+    ("{{ ('a' * 999999).translate({97: 'bbbb'}) }}", "translate"), ("{{ ('<' * 999999)|e }}", "e: the result"),
+    ("{% set ns = namespace(v=[]) %}{% for i in range(100) %}{% set ns.v = ns.v + ['x' * 999999] %}{% endfor %}",
+     "'\\+'"),
+    ("{% for i in range(99) %}{% set s = 'x' * 999999 %}{{ s|length }}{% endfor %}", "in all"),
+    ("x" * 200001, "characters long"),
 ])
 def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
-    from rcn_fast.eval.tasks.limits import TaskLimitError, render
+    from rcn_fast._templates import TemplateLimitError as TaskLimitError, render_task_template as render
 
     t0 = time.monotonic()
     with pytest.raises(TaskLimitError, match=why):
@@ -397,7 +411,7 @@ def test_every_amplifier_of_a_template_is_refused_at_once(template, why):
 
 
 def test_ordinary_templates_render_as_before():
-    from rcn_fast.eval.tasks.limits import render
+    from rcn_fast._templates import render_task_template as render
 
     doc = {"question": "Why?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "B"}
     assert render("Question: {{question}}\nAnswer:", doc) == "Question: Why?\nAnswer:"
@@ -406,6 +420,10 @@ def test_ordinary_templates_render_as_before():
     assert render("{% for t in choices.text %}({{ loop.index }}) {{ t|upper }} {% endfor %}", doc) == "(1) A (2) B "
     assert render("{{ '%s-%03d' % ('q', 7) }} {{ '{:>4}'.format('x') }} {{ choices.text|join(', ') }}", doc) == \
         "q-007    x a, b"
+    assert render("{{ '%5s|%-3d|%.2f|%*d' % ('a', 7, 1.5, 3, 9) }} {{ '{0:>{1}}'.format('x', 3) }} {{ '{a:.1f}'"
+                  ".format_map({'a': 2}) }} {{ choices.text|tojson(indent=1) }} {{ lipsum(2, False, 3, 4)|length > 9 }}"
+                  " {{ '%(k)s' % {'k': 'v'} }} {{ '\t'.expandtabs(2) }}|{{ 'a\nb'|indent(2) }}", doc) == \
+        '    a|7  |1.50|  9   x 2.0 [\n "a",\n "b"\n] True v   |a\n  b'
 
 
 def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monkeypatch):

@@ -10,7 +10,10 @@
 #include "bindings/util.h"
 #include "common/cuda/runtime.h"
 #include "sampling/cuda/sampling.h"
+#include "sampling/cuda/sampling_gram.h"
 #include "topn/cuda/topn.h"
+#include "topn/cuda/topn_block_select.h"
+#include "topn/cuda/topn_int8.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
@@ -57,7 +60,10 @@ NB_MODULE(_cuda, m) {
   // (rcn_fast/_crossovers.py)
   nb::dict versions;
   versions["topn"] = cuda::kTopnKernelVersion;
+  versions["topn_tiled"] = cuda::kTopnTiledKernelVersion;
+  versions["topn_int8"] = cuda::kTopnInt8KernelVersion;
   versions["sample_subsets"] = cuda::kSamplingKernelVersion;
+  versions["sample_subsets_gram"] = cuda::kSamplingGramKernelVersion;
   m.attr("KERNEL_VERSIONS") = versions;
 
 }

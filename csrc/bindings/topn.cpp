@@ -6,8 +6,11 @@
 #include <cmath>
 #include <string>
 
+#include "bindings/topn_rows.h"
 #include "bindings/util.h"
 #include "topn/cpu/topn.h"
+#include "topn/cpu/topn_int8.h"
+#include "topn/cpu/topn_rows.h"
 #include "topn/cpu/topn_select_emulated.h"
 
 namespace nb = nanobind;
@@ -55,14 +58,64 @@ int topn_split_queries_py(const Scores& q, const std::string& corpus_dtype,
   if (int64_t(terms.shape(0)) != T || int64_t(terms.shape(1)) != Q || int64_t(terms.shape(2)) != d ||
       int64_t(scales.shape(0)) != T || int64_t(scales.shape(1)) != Q)
     throw nb::value_error("terms, scales: expected uint16 [T, Q, d] and float32 [T, Q] arrays");
-  for (int64_t i = 0; i < Q * d; ++i)
-    if (!std::isfinite(q.data()[i])) throw nb::value_error("queries: expected finite values");
   return topn_split_queries(q.data(), Q, d, d, ct, terms.data(), scales.data());
+}
+
+using Rows = bind::RowArrays<nb::device::cpu>;
+
+void topn_finish_rows_py(const Rows::Scores& scores, const Rows::TopS& top_s, const Rows::TopI& top_i, int64_t k,
+                         int64_t id_base, Arrays::TopnScores out_s, Arrays::TopnIds out_i,
+                         const std::optional<Rows::Scores>& queries, const std::optional<AnyArray>& corpus,
+                         int num_threads, bool uint16_is_bf16) {
+  const TopnFinishProblem p = bind::finish_problem<nb::device::cpu>(scores, top_s, top_i, k, id_base, out_s, out_i,
+                                                                      queries, corpus, uint16_is_bf16);
+  nb::gil_scoped_release release;
+  topn_finish_rows(p, num_threads);
+}
+
+// Test aid: the CUDA block select of a score tile on the host.
+void topn_block_select_emulated_py(const Rows::Scores& scores, int terms, const std::optional<Rows::Scales>& scales,
+                                   int64_t R, int64_t k, int64_t row0, int64_t slices, int round, int merge_round,
+                                   Arrays::TopnScores out_s, Arrays::TopnIds out_i) {
+  const topn_select::TermTile t = bind::term_tile<nb::device::cpu>(scores, terms, scales, R);
+  if (k < 1 || k > 1024) throw nb::value_error("k: expected 1 <= k <= 1024");
+  if (slices < 1 || round < 1 || merge_round < 1)
+    throw nb::value_error("slices, round, merge_round: expected positive sizes");
+  if (topn_select::slice_cols(R, slices) >= (int64_t(1) << 32))
+    throw nb::value_error("slices: a slice must have fewer than 2^32 columns");
+  if (int64_t(out_s.shape(0)) != t.Qt || int64_t(out_s.shape(1)) != k || int64_t(out_i.shape(0)) != t.Qt ||
+      int64_t(out_i.shape(1)) != k)
+    throw nb::value_error("scores_out, ids_out: expected [Qt, k] arrays");
+  nb::gil_scoped_release release;
+  topn_block_select_emulated(t, R, k, row0, slices, round, merge_round, out_s.data(), out_i.data());
+}
+
+using I8 = bind::Int8Arrays<nb::device::cpu>;
+
+void topn_int8_intervals_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
+                            const I8::Rows& qparams, I8::Out lo, I8::Out hi, int num_threads) {
+  const TopnInt8Problem p = bind::int8_problem<nb::device::cpu>(codes, rows, qcodes, qparams, lo, hi);
+  nb::gil_scoped_release release;
+  topn_int8_intervals(p, num_threads);
 }
 
 }  // namespace
 
 void bind_topn(nb::module_& m) {
+  m.def("topn_int8_intervals", &topn_int8_intervals_py, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
+        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("num_threads") = 0,
+        "The int8 bounded scan (csrc/topn/topn_int8.h): lo / hi [Q, N] that hold every (query, row) float32 score.");
+  m.def("topn_finish_rows", &topn_finish_rows_py, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"),
+        nb::arg("k"), nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"),
+        nb::arg("queries").none() = nb::none(), nb::arg("corpus").none() = nb::none(), nb::arg("num_threads") = 0,
+        nb::arg("uint16_is_bf16") = false,
+        "The torch backend's finishing of a chunk: from scores [Q, n] and torch.topk's k + 1 best of each row,\n"
+        "the exact top-k (score desc, id asc; NaN and -inf never returned) into [Q, k] outputs (ids + id_base).\n"
+        "With queries (float32 [Q, d]) and corpus (the chunk's [n, d] rows), NaN scores are recomputed in float32.");
+  m.def("topn_block_select_emulated", &topn_block_select_emulated_py, nb::arg("scores"), nb::arg("terms"),
+        nb::arg("scales").none(), nb::arg("R"), nb::arg("k"), nb::arg("row0"), nb::arg("slices"), nb::arg("round"),
+        nb::arg("merge_round"), nb::arg("scores_out"), nb::arg("ids_out"),
+        "Test aid: the CUDA block select of a score tile [terms * Qt, >= R] and the merge of its slices, on the host.");
   m.def("topn_select_emulated", &topn_select_emulated_py, nb::arg("scores"), nb::arg("k"), nb::arg("slice_rows"),
         nb::arg("round"), nb::arg("merge_round"), nb::arg("scores_out"), nb::arg("ids_out"),
         "Test aid: the CUDA top-n scan's selection (topn/topn_select.h) over scores [Q, N] on the host.");

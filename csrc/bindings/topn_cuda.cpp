@@ -4,8 +4,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include "bindings/topn_rows.h"
 #include "bindings/util.h"
 #include "topn/cuda/topn.h"
+#include "topn/cuda/topn_block_select.h"
+#include "topn/cuda/topn_int8.h"
 #include "topn/cuda/topn_mma.h"
 
 namespace nb = nanobind;
@@ -26,9 +29,101 @@ void topn(const AnyArray& queries, const AnyArray& corpus, int64_t k, Arrays::To
       });
 }
 
+using Rows = bind::RowArrays<nb::device::cuda>;
+
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+void finish_rows(const Rows::Scores& scores, const Rows::TopS& top_s, const Rows::TopI& top_i, int64_t k,
+                 int64_t id_base, Arrays::TopnScores out_s, Arrays::TopnIds out_i,
+                 const std::optional<Rows::Scores>& queries, const std::optional<AnyArray>& corpus, uintptr_t stream) {
+  const TopnFinishProblem p = bind::finish_problem<nb::device::cuda>(scores, top_s, top_i, k, id_base, out_s, out_i,
+                                                                       queries, corpus, false);
+  nb::gil_scoped_release release;
+  cuda::topn_finish_rows_cuda(p, as_stream(stream));
+}
+
+void block_select(const Rows::Scores& scores, int terms, const std::optional<Rows::Scales>& scales, int64_t R,
+                  int64_t k, int64_t row0, int64_t slices, Rows::Parts part_s, Rows::PartIds part_i, int64_t slot0,
+                  uintptr_t stream) {
+  const topn_select::TermTile t = bind::term_tile<nb::device::cuda>(scores, terms, scales, R);
+  if (k < 1 || k > cuda::kTopnMaxK) throw nb::value_error("k: expected 1 <= k <= 1024");
+  if (slices < 1 || slot0 < 0 || slot0 + slices > int64_t(part_s.shape(0)) || int64_t(part_s.shape(1)) != t.Qt ||
+      int64_t(part_s.shape(2)) != k || part_i.shape(0) != part_s.shape(0) || part_i.shape(1) != part_s.shape(1) ||
+      part_i.shape(2) != part_s.shape(2))
+    throw nb::value_error("part_s, part_i: expected [S, Qt, k] lists with slots slot0 .. slot0 + slices - 1");
+  bind::same_device(true, scores.device_id(), part_s.device_id(), "part_s");
+  bind::same_device(true, scores.device_id(), part_i.device_id(), "part_i");
+  nb::gil_scoped_release release;
+  cuda::topn_block_select_cuda(t, R, k, row0, slices, part_s.data(), part_i.data(), slot0, as_stream(stream));
+}
+
+void merge_lists(const Rows::Parts& part_s, const Rows::PartIds& part_i, Arrays::TopnScores out_s,
+                 Arrays::TopnIds out_i, uintptr_t stream) {
+  const int64_t S = int64_t(part_s.shape(0)), Q = int64_t(part_s.shape(1)), k = int64_t(part_s.shape(2));
+  if (part_i.shape(0) != part_s.shape(0) || part_i.shape(1) != part_s.shape(1) || part_i.shape(2) != part_s.shape(2) ||
+      int64_t(out_s.shape(0)) != Q || int64_t(out_s.shape(1)) != k || int64_t(out_i.shape(0)) != Q ||
+      int64_t(out_i.shape(1)) != k)
+    throw nb::value_error("part_s, part_i, scores_out, ids_out: expected [S, Q, k] lists and [Q, k] outputs");
+  if (k < 1 || k > cuda::kTopnMaxK) throw nb::value_error("k: expected 1 <= k <= 1024");
+  nb::gil_scoped_release release;
+  cuda::topn_merge_lists_cuda(part_s.data(), part_i.data(), S, Q, k, out_s.data(), out_i.data(), as_stream(stream));
+}
+
+void split_queries(const Rows::Scores& queries, nb::ndarray<nb::ndim<2>, nb::device::cuda> terms,
+                   nb::ndarray<float, nb::c_contig, nb::device::cuda> scales, uintptr_t stream) {
+  const nb::dlpack::dtype td = terms.dtype();
+  const bool f16 = td.code == uint8_t(nb::dlpack::dtype_code::Float);
+  const bool bf16 = td.code == uint8_t(nb::dlpack::dtype_code::Bfloat);
+  if (td.bits != 16 || td.lanes != 1 || !(f16 || bf16))
+    throw nb::type_error("terms: expected float16 or bfloat16 (the corpus dtype)");
+  const DType ct = f16 ? DType::F16 : DType::BF16;
+  const int64_t Q = int64_t(queries.shape(0)), d = int64_t(queries.shape(1));
+  const int64_t T = ct == DType::F16 ? 2 : 3;
+  if (int64_t(terms.shape(0)) != T * Q || int64_t(terms.shape(1)) != d ||
+      (terms.shape(0) > 1 && terms.stride(0) != int64_t(d)) || (d > 1 && terms.stride(1) != 1) ||
+      int64_t(scales.size()) != T * Q)
+    throw nb::value_error("terms, scales: expected contiguous [T * Q, d] terms (T = 2 float16, 3 bfloat16) and "
+                          "T * Q float32 scales");
+  bind::same_device(true, queries.device_id(), terms.device_id(), "terms");
+  bind::same_device(true, queries.device_id(), scales.device_id(), "scales");
+  const int64_t qs = bind::row_stride(queries, "queries");
+  nb::gil_scoped_release release;
+  cuda::topn_split_queries_cuda(queries.data(), DType::F32, qs, Q, int(d), int(d), ct,
+                                static_cast<uint16_t*>(terms.data()), scales.data(),
+                                as_stream(stream));
+}
+
+using I8 = bind::Int8Arrays<nb::device::cuda>;
+
+void int8_intervals(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes, const I8::Rows& qparams,
+                    I8::Out lo, I8::Out hi, uintptr_t stream) {
+  const TopnInt8Problem p = bind::int8_problem<nb::device::cuda>(codes, rows, qcodes, qparams, lo, hi);
+  nb::gil_scoped_release release;
+  cuda::topn_int8_intervals_cuda(p, as_stream(stream));
+}
+
 }  // namespace
 
 void bind_topn_cuda(nb::module_& m) {
+  m.def("topn_int8_intervals", &int8_intervals, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
+        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("stream") = 0,
+        "The int8 bounded scan on the device (see rcn_fast._C.topn_int8_intervals).");
+  m.def("topn_finish_rows", &finish_rows, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"), nb::arg("k"),
+        nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"), nb::arg("queries").none() = nb::none(),
+        nb::arg("corpus").none() = nb::none(), nb::arg("stream") = 0,
+        "The torch backend's finishing of a chunk on the device (no host synchronisation): see rcn_fast._C.");
+  m.def("topn_block_select", &block_select, nb::arg("scores"), nb::arg("terms"), nb::arg("scales").none(),
+        nb::arg("R"), nb::arg("k"), nb::arg("row0"), nb::arg("slices"), nb::arg("part_s"), nb::arg("part_i"),
+        nb::arg("slot0"), nb::arg("stream") = 0,
+        "The block select of a float32 score tile [terms * Qt, >= R] (the GEMM of the queries' terms and corpus\n"
+        "rows row0 .. row0 + R - 1): the k best of each of `slices` slices of each row into part_s / part_i\n"
+        "[S, Qt, k] at slots slot0 .. slot0 + slices - 1.");
+  m.def("topn_merge_lists", &merge_lists, nb::arg("part_s"), nb::arg("part_i"), nb::arg("scores_out"),
+        nb::arg("ids_out"), nb::arg("stream") = 0, "The k best of each query's S lists [S, Q, k] into [Q, k].");
+  m.def("topn_split_queries", &split_queries, nb::arg("queries"), nb::arg("terms"), nb::arg("scales"),
+        nb::arg("stream") = 0,
+        "float32 queries [Q, d] as terms [T * Q, d] of the terms' dtype (term-major) and their scales [T * Q].");
+  m.attr("TOPN_BLOCK_SELECT_ROUND") = cuda::kBlockSelectRound;
   m.attr("TOPN_MAX_K") = cuda::kTopnMaxK;
   m.attr("TOPN_MMA_MAX_K") = cuda::kTopnMmaMaxK;
   m.def("topn", &topn, nb::arg("queries"), nb::arg("corpus"), nb::arg("k"), nb::arg("scores_out"),
@@ -36,7 +131,6 @@ void bind_topn_cuda(nb::module_& m) {
         "Exact top-k inner product search on CUDA into preallocated outputs.\n"
         "algorithm: 0 the tensor-core scan where it can serve the call, else the tiled kernel;\n"
         "1 the tiled kernel; 2 the tensor-core scan (k <= TOPN_MMA_MAX_K; ValueError where it cannot serve).\n"
-        "0 and 2 do not check the query values: float32 queries on a float16/bfloat16 corpus must be\n"
-        "finite (the scan splits them into terms of the corpus dtype; a row with NaN or +-inf gets only\n"
-        "padding). The caller checks (rcn_fast.search.topn passes 1 for non-finite queries).");
+        "The scan splits a float32 query into terms of a float16/bfloat16 corpus dtype; a corpus value of\n"
+        "+-inf times a zero term scores NaN there (never returned) where a float32 product is +-inf.");
 }

@@ -173,12 +173,15 @@ RCN_HD void finish(const G& g, Run<Id>& r, float* s, Id* id, const Layout& L, fl
 
 // ---------------------------------------------------------------- query split
 // A float32 query row scaled by the power of two that brings its largest
-// magnitude below 1 (below 2 for magnitudes >= 2^127), then written as
-// `terms` values of the corpus dtype, term t shifted by 2^(shift * t):
+// finite magnitude below 1 (below 2 for magnitudes >= 2^127), then written
+// as `terms` values of the corpus dtype, term t shifted by 2^(shift * t):
 // q = sum_t scale_t * term_t with scale_t = row_scale * 2^(-shift * t), to
-// within 2^-24 of the row's largest magnitude (float16, two terms) or exactly
-// (bfloat16, three terms), for finite rows. A query in the corpus dtype is
-// one term with scale 1.
+// within 2^-24 of the row's largest magnitude (float16, two terms) or
+// exactly (bfloat16, three terms). A non-finite value (+-inf, NaN) is the
+// first term as it is and zero in the others, so a GEMM of the terms
+// scores it as a float32 GEMM would: +-inf times a corpus value is +-inf
+// (NaN for 0), NaN stays NaN, whatever else the row holds. A query in the
+// corpus dtype is one term with scale 1.
 struct SplitSpec {
   int terms;
   int shift;
@@ -194,7 +197,8 @@ RCN_HD float pow2f(int e) {
   return e >= -126 ? bits_to_float(uint32_t(e + 127) << 23) : bits_to_float(1u << (e + 149));
 }
 
-// The row scale 2^e of a row whose largest magnitude is `maxabs` (finite).
+// The row scale 2^e of a row whose largest finite magnitude is `maxabs`
+// (0 when the row holds no finite nonzero value: scale 1).
 RCN_HD float split_row_scale(float maxabs) {
   const uint32_t u = float_to_bits(maxabs) & 0x7FFFFFFFu;
   if (u == 0) return 1.0f;
@@ -216,10 +220,21 @@ RCN_HD uint16_t to_half_bits(float x) {
   return T == DType::F16 ? float_to_half_bits(x) : float_to_bf16_bits(x);
 }
 
+// Whether a magnitude counts for the row scale (finite).
+RCN_HD float finite_magnitude(float x) {
+  const float a = x < 0 ? -x : x;
+  return a <= 3.402823466e38f ? a : 0.f;  // inf and NaN: 0
+}
+
 // The terms of one element x (already divided by the row scale), written to
 // out[0], out[stride], ...
 template <DType T>
 RCN_HD void split_value(float x, const SplitSpec& sp, uint16_t* out, int64_t stride) {
+  if (!(x - x == 0.f)) {  // +-inf or NaN: itself, then zeros
+    out[0] = to_half_bits<T>(x);
+    for (int t = 1; t < sp.terms; ++t) out[t * stride] = 0;
+    return;
+  }
   float r = x;
   for (int t = 0; t < sp.terms; ++t) {
     const float f = pow2f(sp.shift * t);

@@ -6,7 +6,7 @@
         [--text-field text|contents] [--keep-duplicates] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
         [--max-length 512] [--quantize int8] [--device cpu|cuda] [--overwrite]
-        [--encoder-dtype float32|float16|bfloat16]
+        [--encoder-dtype float32|float16|bfloat16] [--int8-copy]
         [--executor local|ray [--ray-address ADDR] [--num-workers W]
          [--gpus-per-worker G] [--cpus-per-worker C]]
     python -m rcn_fast.corpus assemble --source NAME=PATH_OR_HUB_ID [--source ...] --out FILE
@@ -29,6 +29,9 @@ node sees. Rerunning an interrupted ``build`` with the same arguments
 (either executor) resumes it;
 ``--overwrite`` discards what an earlier build left in ``--out`` and starts
 over (after a build failed on bad input that was then fixed, for example).
+``--int8-copy`` also writes an int8 copy of the embeddings with the bounds
+of the exact int8 bounded scan (rcn_fast.search.int8_files: the store's
+FlatIndex then searches through it, with the same exact result).
 Passages whose text repeats an earlier one are dropped (the first kept, the
 count logged) unless ``--keep-duplicates``; the text is the ``text`` field,
 else FlashRAG's ``contents``, unless ``--text-field`` names another.
@@ -95,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="encoder actors (default: as many as the cluster's GPUs or CPUs allow)")
     b.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per actor (> 0: device cuda)")
     b.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per actor")
+    b.add_argument("--int8-copy", action="store_true",
+                   help="also write the int8 copy of the embeddings for the exact int8 bounded search "
+                   "(rows of at most 1024 values)")
     from rcn_fast.corpus.assemble import add_parser as add_assemble_parser
 
     add_assemble_parser(sub)
@@ -158,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"shard {cfg.shard_id}/{cfg.num_shards} done in {cfg.out}; join the shards with "
                       f"`python -m rcn_fast.corpus merge --out DIR SHARD_DIRS...`")
             else:
+                if args.int8_copy:
+                    from rcn_fast.search.int8_files import load_int8_copy, write_int8_copy
+
+                    try:
+                        current = load_int8_copy(store.path)
+                    except ValueError:  # a copy of other embeddings: written again
+                        current = None
+                    if current is None:
+                        copy = write_int8_copy(store.path)
+                        logging.getLogger(__name__).info("int8 copy written: %d rows, %d columns", len(copy),
+                                                         copy.width)
                 print(json.dumps(store.info(), indent=2))
         elif args.cmd == "merge":
             store = merge_shards(args.shards, args.out)

@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--pipelines", nargs="+", metavar="NAME", help="pipelines to run (default: vanilla single_retrieval reconnect)")
     a("--tasks", nargs="+", metavar="TASK", help="packaged task names (arc-easy or arc_easy; name:split for "
-      "another split; comma-separated lists too), question files (.jsonl), or name=PATH (default: demo); "
-      "'list' lists the tasks, as --list-tasks")
+      "another split; comma-separated lists too), question files (.jsonl), name=PATH (a question file or a "
+      "folder), or DIR: a folder in the commonsense layout (<task>/<task>-<split>.jsonl), every known task "
+      "found there (default: demo); 'list' lists the tasks, as --list-tasks")
     a("--split", metavar="SPLIT", help="the split of every task that names none (default: each task's own, "
       "the paper's; see --list-tasks); tasks that read one file keep it")
     a("--include_path", "--include-path", dest="include_path", nargs="+", metavar="DIR",

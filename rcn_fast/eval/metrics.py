@@ -21,8 +21,9 @@ A task object
 * checks a checkpoint record (:meth:`Task.check_record`): the one rule for
   a fresh record and for every record read back from a checkpoint -- types,
   ranges, finiteness, one log-prob per choice (none NaN, ``+inf`` or
-  positive, not all ``-inf``), the gold written beside it still the task's
-  gold, and its metrics what its prediction scores against that gold.
+  positive, not all ``-inf``), the prediction the argmax of those log-probs,
+  the gold written beside it still the task's gold, and its metrics what
+  its prediction scores against that gold.
 
 A new kind of task is one subclass registered in :data:`TASK_TYPES`, with its
 metric names in :data:`rcn_fast.eval.tasks.spec.METRICS` and its readers in
@@ -53,6 +54,12 @@ def mean_stderr(values: list[float]) -> tuple[float, float]:
         return m, 0.0
     var = sum((v - m) ** 2 for v in values) / (n - 1)
     return m, math.sqrt(var / n)
+
+
+#: How far below the largest log-prob a predicted choice's may be: a tie (the
+#: RR vote's tied totals are equal within 1e-9 of their size, and its
+#: log-softmax keeps their gaps), far below any real gap between choices.
+ARGMAX_TOLERANCE = 1e-4
 
 
 class RecordError(ValueError):
@@ -189,7 +196,9 @@ class ChoiceTask(Task):
         """A choice index in range with its label, one log-prob per choice
         (an empty list: a pipeline that gives no scores) under the rule of
         fresh label scores (:func:`rcn_fast.llm.scoring.labels.logprob_row_problem`),
-        and the question's gold beside it."""
+        the prediction an argmax of them (a tie, within
+        :data:`ARGMAX_TOLERANCE`, may go to any of the tied choices, as the
+        RR vote's tie rules send it), and the question's gold beside it."""
         from rcn_fast.llm.scoring.labels import logprob_row_problem
 
         n = len(question.choices)
@@ -205,6 +214,10 @@ class ChoiceTask(Task):
             raise RecordError(f"prediction.choice_logprobs {str(lp)[:80]}: expected {n} numbers (one per choice)")
         if problem is not None:
             raise RecordError(f"prediction.choice_logprobs: {problem[1]}")
+        if lp and float(lp[p]) < max(float(x) for x in lp) - ARGMAX_TOLERANCE:
+            best = max(range(n), key=lambda i: float(lp[i]))
+            raise RecordError(f"prediction.pred {p} ({labels[p]!r}, log-prob {float(lp[p]):.6g}) is not the argmax of "
+                              f"its choice_logprobs (choice {best} {labels[best]!r}, {float(lp[best]):.6g})")
         if "answer" in prediction and prediction["answer"] != question.answer:
             raise RecordError(f"prediction.answer {prediction['answer']!r}: the task's gold is now "
                               f"{question.answer!r} (its data changed)")
@@ -306,5 +319,5 @@ def scored(question: Any, prediction: Any) -> Any:
     return task_for_question(question).scored(question, prediction)
 
 
-__all__ = ["Task", "ChoiceTask", "OpenTask", "RecordError", "TASK_TYPES", "make_task", "task_for_question", "score",
-           "scored", "mean_stderr"]
+__all__ = ["Task", "ChoiceTask", "OpenTask", "RecordError", "ARGMAX_TOLERANCE", "TASK_TYPES", "make_task",
+           "task_for_question", "score", "scored", "mean_stderr"]

@@ -14,7 +14,7 @@ from typing import Sequence
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rcn_fast.kb", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m rcn_fast.kb", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("build-silver", help="ZEBRA's silver KB from a training split (resumable)")
     s.add_argument("--train", required=True, help="questions (CommonsenseQA JSON lines, a directory, or a dataset name)")

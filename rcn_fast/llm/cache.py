@@ -40,6 +40,13 @@ journal a ``"delete"`` or ``"dotfile"`` writer asks for;
 processes that *create* the same new file at the same instant with
 different modes are not caught: start one first.
 
+Trust: the file, and sqlite's ``-wal`` / ``-shm`` / ``-journal`` files
+beside it, are never opened through a symbolic link planted in the folder
+(:class:`CacheError` naming the link, :mod:`rcn_fast._files`); a file or
+folder owned by another user or writable by group or others is neither
+read nor written (:func:`rcn_fast._cache_dirs.trusted_cache`: one warning
+naming it; every call is asked of the model).
+
 Faults: a cache path that cannot be opened (a folder in the way, a file
 that is not a sqlite database, a folder without write permission) raises
 :class:`CacheError` naming the file and what to do. A stored answer that
@@ -61,6 +68,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from rcn_fast._cache_dirs import trusted_cache
+from rcn_fast._files import LinkError, no_links, open_write
 from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
@@ -169,12 +178,14 @@ class CallCache:
             raise ValueError(f"journal: expected one of {list(JOURNAL_MODES)}, got {journal!r}")
         self.journal = journal
         p = Path(path)
+        root = p if p.suffix not in (".sqlite", ".db") else p.parent  # the folder the user named
         try:
-            if p.suffix not in (".sqlite", ".db"):
-                p.mkdir(parents=True, exist_ok=True)
-                p = p / DEFAULT_NAME
-            else:
-                p.parent.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)
+            p = p / DEFAULT_NAME if p.suffix not in (".sqlite", ".db") else p
+            for f in (p, *(Path(f"{p}{x}") for x in ("-wal", "-shm", "-journal"))):
+                no_links(root, f, what="llm cache")  # sqlite would write through a planted link
+        except LinkError as exc:
+            raise CacheError(str(exc)) from None
         except OSError as exc:
             raise CacheError(f"llm cache: cannot create the folder of {p}: {exc}") from None
         self.path = p
@@ -183,6 +194,10 @@ class CallCache:
         self._mode_checked = False
         self.hits = 0
         self.misses = 0
+        #: False when the file or its folder is another user's or writable by others: nothing is read or written
+        self.trusted = trusted_cache(p, root, what="llm cache")
+        if not self.trusted:
+            return
         if p.is_dir():
             raise CacheError(f"llm cache: {p} is a folder, where the cache file should be; move it away "
                              "or use another output folder")
@@ -194,6 +209,8 @@ class CallCache:
             except sqlite3.Error as exc:
                 raise self._error(exc) from None
         try:
+            if not p.exists():
+                open_write(root, p, "ab", what="llm cache").close()  # created here, never through a link
             con = self._conn()
             con.execute(_SCHEMA)
             con.execute(_QUARANTINE)
@@ -312,7 +329,7 @@ class CallCache:
         """
         out: dict[str, Any] = {}
         bad: dict[str, str] = {}
-        uniq = list(dict.fromkeys(keys))
+        uniq = list(dict.fromkeys(keys)) if self.trusted else []
         try:
             con = self._conn()
             for i in range(0, len(uniq), 500):
@@ -341,7 +358,7 @@ class CallCache:
     def put_many(self, items: Iterable[tuple[str, str, str, Any, Any]]) -> None:
         """Store ``(key, model, kind, request, response)`` entries (first write wins)."""
         rows = [(k, m, kind, _canonical(req), json.dumps(resp), time.time()) for k, m, kind, req, resp in items]
-        if not rows:
+        if not rows or not self.trusted:
             return
         try:
             con = self._conn()
@@ -375,7 +392,7 @@ class CallCache:
                        "calls_quarantine and asking again", self.path, len(bad), first[:16], bad[first])
 
     def __len__(self) -> int:
-        return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        return int(self._conn().execute("SELECT COUNT(*) FROM calls").fetchone()[0]) if self.trusted else 0
 
     def close(self) -> None:
         con = getattr(self._local, "con", None)

@@ -24,6 +24,11 @@ nothing before it (:func:`render_closed_turn`). The end-of-turn text is
 found by rendering the same turns with a marker as the final content.
 Without a chat template the turn is the plain pre-fill.
 
+Every chat is rendered through the bounded template door,
+:func:`rcn_fast._templates.chat_prompt` (the tokenizer's template, rendered
+as transformers renders it, within budgets of steps, time, sizes and
+memory); nothing here calls a tokenizer's own ``apply_chat_template``.
+
 Models whose template has no system role (it raises, or drops the system
 text) get the system instruction as user text: prepended to the first user
 turn (separated by a blank line) when a user turn follows it directly, else
@@ -33,6 +38,8 @@ as a user turn of its own.
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
+
+from rcn_fast._templates import chat_prompt, chat_template_of
 
 ROLES = ("system", "user", "assistant")
 Chat = list[dict[str, str]]
@@ -114,18 +121,15 @@ def template_supports_system(tokenizer: Any) -> bool:
     """Whether ``tokenizer``'s chat template renders a system turn."""
     probe = "rcnfast-system-probe"
     try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
+        text = chat_prompt(tokenizer, [{"role": "system", "content": probe}, {"role": "user", "content": "hi"}],
+                           add_generation_prompt=True)
     except Exception:
         return False
     return probe in text
 
 
 def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
+    return chat_template_of(tokenizer) is not None
 
 
 def render_plain(chat: Chat) -> str:
@@ -169,9 +173,9 @@ def render_chat(tokenizer: Any, chat: Chat, *, system_role: bool | None = None) 
         return render_closed_turn(tokenizer, plain_turns(chat))
     turns, prefill = split_prefill(plain_turns(chat))
     if prefill is None:
-        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(tokenizer, turns, add_generation_prompt=True)
     marked = [*turns, {"role": "assistant", "content": prefill + _MARKER}]
-    text = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=False)
+    text = chat_prompt(tokenizer, marked)
     cut = text.rfind(_MARKER)
     if cut < 0:
         raise ValueError(
@@ -204,15 +208,13 @@ def render_closed_turn(tokenizer: Any, chat: Chat) -> str:
     turns, content = split_prefill(chat)
     if content is None:
         raise ValueError("chats: a chat to cut at the end of its final turn needs a final assistant turn")
-    probe = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": _MARKER}], tokenize=False,
-                                          add_generation_prompt=False)
+    probe = chat_prompt(tokenizer, [*turns, {"role": "assistant", "content": _MARKER}])
     at = probe.rfind(_MARKER)
     if at < 0:
         raise ValueError("chats: the chat template dropped the final assistant turn; this model cannot score "
                          "an answer turn")
     tail = probe[at + len(_MARKER):]
-    text = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": content}], tokenize=False,
-                                         add_generation_prompt=False)
+    text = chat_prompt(tokenizer, [*turns, {"role": "assistant", "content": content}])
     if not text.endswith(tail):
         raise ValueError(f"chats: the chat template ends the answer turn otherwise than it ends a turn "
                          f"({text[-40:]!r} does not end with its end-of-turn text {tail!r}); cannot cut it")

@@ -86,7 +86,7 @@ RUN_OF_METHOD: dict[str, RowRun | None] = {
                          "Rainier (2022a)", "Crystal (2023)", "COCONUT (2024)")},
 }
 
-#: Table 6's retrievers: the public checkpoints each row corresponds to (README, "Reproducing the paper").
+#: Table 6's retrievers: the public checkpoints each row corresponds to (docs/paper.md).
 TABLE6_RETRIEVERS = {
     "raco": "RACo's commonsense DPR retriever (Yu et al., 2022), trained on commonsense datasets",
     "dpr": "intfloat/e5-base-v2 without fine-tuning (the paper calls this backbone 'DPR')",

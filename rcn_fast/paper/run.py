@@ -22,10 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rcn_fast.eval.run.loading import log
+from rcn_fast.eval.run.loading import corpus_problem, log
 from rcn_fast.paper.presets import (DEFAULT_SEEDS, ID_TASKS, NOT_IMPLEMENTED, OOD_TASKS, TABLE6_RETRIEVERS, Preset,
                                     RowRun, get_preset)
 from rcn_fast.paper.report import PaperReport, fill_cells
+
+#: The end of a task's reason when it loads from the hub and the hub cannot be reached.
+HUB_UNREACHABLE = "is on the Hugging Face hub, which cannot be reached"
 
 
 def row_reason(run: RowRun | None, cfg: Any, corpora: Mapping[str, str]) -> str | None:
@@ -76,8 +79,7 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
         tasks), a folder holding none of them, or a question file given
         without the task it is for.
     """
-    from rcn_fast.data.loaders import file_split
-    from rcn_fast.eval.tasks.sources import layout_file
+    from rcn_fast.eval.tasks.sources import layout_file, layout_hint, layout_tasks
     from rcn_fast.eval.tasks.catalog import get_task, normalize_name
 
     table = preset.tasks()
@@ -91,11 +93,10 @@ def task_entries(preset: Preset, given: Sequence[str], include_paths: Sequence[s
         entry = entry.strip()
         path = Path(entry).expanduser()
         if "=" not in entry and path.is_dir():
-            found = {t: f for t in table if (f := layout_file(path, t, split_of(t))) is not None}
+            found = layout_tasks(path, table, split_of)
             if not found:
                 raise ValueError(f"--tasks {entry}: holds no question file of {preset.name}'s tasks ({listed}); "
-                                 f"expected the commonsense layout, e.g. {path / table[0] / table[0]}-"
-                                 f"{file_split(split_of(table[0]))}.jsonl")
+                                 f"expected the commonsense layout, e.g. {layout_hint(path, table[0], split_of(table[0]))}")
             for t, f in found.items():
                 out.setdefault(t, f"{t}={f}")
             log(f"--paper {preset.name}: tasks from {path}: " + ", ".join(f"{t} ({f.name})" for t, f in found.items())
@@ -147,15 +148,14 @@ def check_tasks(tasks: Sequence[str], cfg: Any, entries: Mapping[str, str] | Non
             f"{', '.join(on_hub)} load from it and are not run: {LOCAL_DATA_HINT}")
     for t, spec in specs.items():
         info[t] = {"source": spec.where, "split": spec.split, "paper_questions": spec.expected_count,
-                   "questions": None}
+                   "questions": None, "on_hub": t in on_hub}
         if status == "unreachable" and t in on_hub:
-            reasons[t] = f"{spec.where} is on the Hugging Face hub, which cannot be reached; {LOCAL_DATA_HINT}"
+            reasons[t] = f"{spec.where} {HUB_UNREACHABLE}"
             continue
         try:
             info[t]["questions"] = len(load_task_questions(spec, limit=cfg.limit, split=cfg.split))
         except Exception as exc:  # noqa: BLE001  (any load failure is reported in the cell, not raised)
-            reasons[t] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] + (
-                f"; {LOCAL_DATA_HINT}" if t in on_hub else "")
+            reasons[t] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     return info, reasons
 
 
@@ -198,6 +198,7 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
         A model that cannot load (before any row runs).
     """
     from rcn_fast.eval.config import EvalError
+    from rcn_fast.eval.tasks.sources import LOCAL_DATA_HINT
 
     if evaluate is None:
         from rcn_fast.eval.run.runner import evaluate
@@ -205,8 +206,21 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
     corpora = dict(corpora or {})
     seeds = list(seeds) if seeds else list(DEFAULT_SEEDS)
     entries = task_entries(preset, tasks or (), cfg.include_path)
+    for key, corpus in [("corpus", cfg.corpus), *((f"paper-corpus {k}", v) for k, v in corpora.items())]:
+        if corpus is not None and (why := corpus_problem(str(corpus))) is not None:
+            raise EvalError(f"--{key}: {why}")  # before any row runs, as a plain eval
     task_info, task_reasons = check_tasks(preset.tasks(), cfg, entries)
     tasks_ok = [t for t in preset.tasks() if t not in task_reasons]
+    for t, why in task_reasons.items():
+        if not why.endswith(HUB_UNREACHABLE):  # those are named once, with the fix, by check_tasks
+            log(f"--paper {preset.name}: task {t} is not evaluated: {why}")
+    hub_failed = [t for t in task_reasons if task_info.get(t, {}).get("on_hub")]
+    if any(not task_reasons[t].endswith(HUB_UNREACHABLE) for t in hub_failed):
+        log(f"--paper {preset.name}: the tasks {', '.join(hub_failed)} load from the Hugging Face hub: "
+            f"{LOCAL_DATA_HINT}")
+    if not tasks_ok:
+        log(f"--paper {preset.name}: error: none of its tasks ({', '.join(preset.tasks())}) can be evaluated; "
+            "no row is run")
     row_reasons: dict[str, str] = {}
     runs: dict[str, RowRun] = {}
     for row in preset.rows:
@@ -214,7 +228,8 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
         why = row_reason(run, cfg, corpora)
         if why is not None:
             row_reasons[row] = why
-        else:
+            log(f"--paper {preset.name}: row {row} is not run: {why}")
+        elif tasks_ok:  # with no task, each cell gives its tasks' reasons
             runs[row] = run  # type: ignore[assignment]
     shared = _shared_loader(cfg, llm, encoder, runs.values() if tasks_ok else ())
     measured: dict[str, dict[str, dict[str, Any]]] = {}
@@ -243,6 +258,7 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
                         entry["files"].append(doc["files"]["results"])
             except EvalError as exc:
                 row_reasons[row] = f"could not run: {exc}"
+                log(f"--paper {preset.name}: row {row} could not run: {exc}")
                 continue
             done[slug] = entry
         measured[row] = {t: r for t, r in done[slug]["results"].items() if r is not None}
@@ -251,6 +267,9 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
                          tasks=task_info, runs={row: {"run": slug, "pipeline": run.pipeline,
                                                       "results": done[slug]["files"], "config": done[slug]["config"]}
                                                 for row, run in runs.items() if (slug := run.slug()) in done})
+    if hub_failed:
+        report.notes.append(f"{', '.join(hub_failed)}: not evaluated, loading from the Hugging Face hub failed (the "
+                            f"reasons are under the table); {LOCAL_DATA_HINT}.")
     if preset.kind == "cost":
         report.notes.append("#Tokens is measured as generated tokens per question; rcn_fast scores the answer "
                             "labels without generating, where the paper's Single RAG counts its one answer token")

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast._files import check_links, inside
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.types import Passage
 from rcn_fast._validate import check_k, check_texts, is_number
@@ -288,16 +289,17 @@ class BM25Index:
             Memory-map the index arrays.
         """
         path = Path(path)
-        mf = path / MANIFEST
+        mf = inside(path, MANIFEST)  # a symbolic link out of the folder is refused, naming it
         if not mf.is_file():
             raise FileNotFoundError(f"path: {path} has no {MANIFEST}, so it is not a saved BM25 index")
         m = read_stamped_json(mf, FORMAT, what="a saved BM25 index")
+        check_links(path)  # bm25s reads the folder's arrays itself
         if texts is None:
             if not m.get("texts"):
                 raise ValueError(f"texts: the index at {path} was saved without its passages; "
                                  "pass texts= (or the store)")
             texts_l, ids_l = [], []
-            with open(path / m["texts"], encoding="utf-8") as f:
+            with open(inside(path, str(m["texts"]), written_outside=False), encoding="utf-8") as f:
                 for rec in map(json.loads, f):
                     texts_l.append(rec["text"])
                     ids_l.append(rec["id"])

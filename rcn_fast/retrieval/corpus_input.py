@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rcn_fast._arrays import require
+from rcn_fast._cache_dirs import cache_dir, trusted_cache
 from rcn_fast._hashing import sha256_file
 from rcn_fast.retrieval.store import write_json_atomic
 
@@ -172,6 +173,7 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
            "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "fmt": fmt,
            "chunk_size": chunk_size}
     memo_file = _scan_memo_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest() + ".json")
+    memo = memo and trusted_cache(memo_file, what="input scan memo")  # another user could have written it
     if memo and memo_file.is_file():
         try:
             got = json.loads(memo_file.read_text(encoding="utf-8"))
@@ -207,9 +209,7 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
 
 
 def _scan_memo_dir() -> Path:
-    from rcn_fast._cache_dirs import cache_root
-
-    return cache_root() / "corpus_scan"
+    return cache_dir("corpus_scan")
 
 
 def _is_blank(raw: bytes, lineno: int) -> bool:

@@ -15,8 +15,11 @@ A store is a directory::
 
 Every file is memory-mapped on open; lookups by row are two offset reads,
 lookups by id one hash and (expected) one or two probes: O(1) both.
-Opening checks, cheaply and every time: every data file's size against
-the manifest (a truncated or replaced file is an error naming it), the
+Opening checks, cheaply and every time: every data file is inside the
+store (its real path: a symbolic link out of it -- ``texts.bin ->
+~/.ssh/id_rsa`` -- is refused naming it, :func:`rcn_fast._files.inside`),
+its size against the manifest (a truncated or replaced file is an error
+naming it), the
 arrays' shapes and dtypes against the manifest, both offset arrays (start
 at 0, never decrease, end at their file's size), the id table (a power of
 two of slots, each row once) and that no embedding row holds a NaN or an
@@ -42,6 +45,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from rcn_fast._arrays import nonfinite_rows, row_list
+from rcn_fast._files import inside, no_links, open_write
 from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
@@ -96,11 +100,14 @@ def build_id_table(hashes: np.ndarray) -> np.ndarray:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """``obj`` as JSON at ``path`` (a temporary file, fsync, rename), never
+    through a symbolic link planted in its folder (:mod:`rcn_fast._files`)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    with open(tmp, "rb+") as f:
+    with open_write(path.parent, tmp, "w", what="path") as f:
+        f.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, no_links(path.parent, path, what="path"))
 
 
 # ---------------------------------------------------------------------- store
@@ -113,14 +120,16 @@ class CorpusStore:
     def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True, *, _built: bool = False) -> None:
         self.path = Path(path)
         self.manifest = manifest
+        #: the real file of each data file: a symbolic link out of the store is refused (rcn_fast._files.inside)
+        self.files = {name: inside(self.path, name) for name in DATA_FILES}
         self.check_sizes()
-        mode = "r" if mmap else None
-        self.embeddings: np.ndarray = _load_npy(self.path / "embeddings.npy", mode)
-        self._text_off = _load_npy(self.path / "text_offsets.npy", mode)
-        self._id_off = _load_npy(self.path / "id_offsets.npy", mode)
-        self._id_table = _load_npy(self.path / "id_table.npy", mode)
-        self._texts = _bytes_view(self.path / "texts.bin", mmap)
-        self._ids = _bytes_view(self.path / "ids.bin", mmap)
+        mode, f = "r" if mmap else None, self.files
+        self.embeddings: np.ndarray = _load_npy(f["embeddings.npy"], mode)
+        self._text_off = _load_npy(f["text_offsets.npy"], mode)
+        self._id_off = _load_npy(f["id_offsets.npy"], mode)
+        self._id_table = _load_npy(f["id_table.npy"], mode)
+        self._texts = _bytes_view(f["texts.bin"], mmap)
+        self._ids = _bytes_view(f["ids.bin"], mmap)
         n = int(manifest["count"])
         if self.embeddings.shape != (n, int(manifest["dim"])) or len(self._text_off) != n + 1 \
                 or len(self._id_off) != n + 1:
@@ -152,7 +161,7 @@ class CorpusStore:
             if off.dtype != np.int64 or off.ndim != 1:
                 raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 "
                                  f"[{n + 1}]; {fix}")
-            check_once(self.path / name, "nondecreasing-offsets",
+            check_once(self.files[name], "nondecreasing-offsets",
                        lambda: _check_nondecreasing(off, f"path: {self.path}/{name}", fix))
             if int(off[0]) != 0 or int(off[-1]) != len(blob):
                 raise ValueError(f"path: {self.path}/{name} is damaged: it runs from {int(off[0])} to {int(off[-1])}, "
@@ -163,9 +172,9 @@ class CorpusStore:
             raise ValueError(f"path: {self.path}/id_table.npy holds {table.dtype}{list(table.shape)}, expected int64 "
                              f"slots, a power of two above {n}; {fix}")
         if not _built:
-            check_once(self.path / "id_table.npy", f"id-table-rows/{n}",
+            check_once(self.files["id_table.npy"], f"id-table-rows/{n}",
                        lambda: _check_id_table(table, n, f"path: {self.path}/id_table.npy", fix))
-            check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix)
+            check_finite_rows(self.files["embeddings.npy"], self.embeddings, fix)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False) -> "CorpusStore":
@@ -202,7 +211,7 @@ class CorpusStore:
             elif (path / "build.json").is_file():
                 hint = " (an unfinished build: run the same build command again to resume)"
             raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store{hint}")
-        manifest = read_manifest(mf)
+        manifest = read_manifest(inside(path, MANIFEST))
         store = cls(path, manifest, mmap=mmap)
         if verify:
             store.verify()
@@ -218,7 +227,7 @@ class CorpusStore:
         bad = []
         for name in DATA_FILES:
             rec = files.get(name)
-            f = self.path / name
+            f = self.files[name]
             if rec is None:
                 bad.append(f"{name} (not in the manifest)")
             elif not f.is_file():
@@ -237,7 +246,7 @@ class CorpusStore:
         from the manifest."""
         bad = []
         for name, rec in self.manifest["files"].items():
-            f = self.path / name
+            f = inside(self.path, name)
             if not f.is_file():
                 bad.append(f"{name} (missing)")
             elif not isinstance(rec, dict) or "sha256" not in rec or "bytes" not in rec:
@@ -438,13 +447,13 @@ def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any,
     iblob, ilen = texts_to_blob(ids)
     name = chunk_name(c)
     tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
-    with open(tmp, "wb") as f:
+    with open_write(parts, tmp, "wb", what="path") as f:
         np.savez(f, emb=stored, text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
                  hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
                  dropped=np.int64(dropped))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, parts / name)
+    os.replace(tmp, no_links(parts, name, what="path"))
 
 
 def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
@@ -487,12 +496,14 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         logger.info("dropped %d exact duplicate passage(s) of %d (the first of each text kept; "
                     "--keep-duplicates / keep_duplicates=True keeps them)", dropped, total)
     n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
+    open_write(out, ".embeddings.npy.tmp", "wb", what="path").close()  # created here, never through a link
     emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
     t_off = np.zeros(n + 1, dtype=np.int64)
     i_off = np.zeros(n + 1, dtype=np.int64)
     hashes = np.zeros(n, dtype=np.int64)
     row = 0
-    with open(out / ".texts.bin.tmp", "wb") as tf, open(out / ".ids.bin.tmp", "wb") as idf:
+    with open_write(out, ".texts.bin.tmp", "wb", what="path") as tf, \
+            open_write(out, ".ids.bin.tmp", "wb", what="path") as idf:
         for p, k, m in zip(chunk_files, counts, masks):
             with np.load(p) as npz:
                 z = npz if m is None or m.all() else select_rows(npz, m)
@@ -512,10 +523,10 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
     _check_unique_ids(hashes, out / ".ids.bin.tmp", i_off)
     table = build_id_table(hashes)
     for name, arr in (("text_offsets.npy", t_off), ("id_offsets.npy", i_off), ("id_table.npy", table)):
-        with open(out / f".{name}.tmp", "wb") as f:
+        with open_write(out, f".{name}.tmp", "wb", what="path") as f:
             np.save(f, arr)
     for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
-        os.replace(out / f".{name}.tmp", out / name)
+        os.replace(out / f".{name}.tmp", no_links(out, name, what="path"))
     write_json_atomic(out / FLAT_INDEX_HEADER, {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
                                            "dtype": dtype, "count": n})
     files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}

@@ -499,9 +499,9 @@ def _save_checkpoint(ckpt: Path, model: Any, tok: Any, opt: Any, sched: Any, cfg
 
 
 # ------------------------------------------------------------------------ CLI
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rcn_fast.train_retriever",
-                                description="Train a dense retriever with multi-positive NCE (resumable).")
+def build_parser(prog: str = "python -m rcn_fast.train_retriever") -> argparse.ArgumentParser:
+    """The training command's flags (:class:`TrainConfig` fields)."""
+    p = argparse.ArgumentParser(prog=prog, description="Train a dense retriever with multi-positive NCE (resumable).")
     p.add_argument("--config", help="YAML/JSON file of TrainConfig fields; flags override it")
     p.add_argument("--train")
     p.add_argument("--base")
@@ -523,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device")
     p.add_argument("--stop-after", type=int, help="stop this run after N steps, leaving a checkpoint")
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     d: dict[str, Any] = {}
     if args.config:

@@ -5,8 +5,9 @@ Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
 any device of a torch tensor), ``numpy`` (the reference,
 :mod:`rcn_fast.sampling.reference`, CPU). Pick one with ``backend=`` or
 ``RCN_FAST_BACKEND`` (e.g. ``RCN_FAST_BACKEND=sample_subsets=numpy``).
-For CUDA tensors the ``cuda`` kernel is picked only for the dtypes where it
-was measured at least as fast as the torch backend on the same GPU
+For CUDA tensors a CUDA sampler (the warp sampler, or the Gram sampler of
+csrc/sampling/sampling_gram.h) is picked only for the dtypes and sizes where
+it was measured at least as fast as the torch backend on the same GPU
 (:mod:`rcn_fast._crossovers`); elsewhere torch serves.
 """
 
@@ -255,8 +256,28 @@ def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
     return _dispatch.check_cuda(ctx, "sample_subsets", "rcn_fast._cuda was built without the sampler")[1]
 
 
-def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
-              keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
+def cuda_kernel_for(cand: Any) -> str:
+    """The CUDA sampler (a key of ``rcn_fast._crossovers.KERNELS["sample_subsets"]``)
+    for candidates ``cand`` [B, n, d]: the fastest one a recorded run
+    measured at least as fast as torch there; else (``backend="cuda"``) the
+    Gram sampler where it can serve (n <= 128), the warp sampler otherwise."""
+    from rcn_fast import _crossovers
+
+    mod, _ = _native.cuda_module()
+    gram = mod is not None and hasattr(mod, "SAMPLER_GRAM_MAX_N") and int(cand.shape[1]) <= mod.SAMPLER_GRAM_MAX_N
+    kernel, _ = _crossovers.kernel_choice("sample_subsets", {"dtype": A.dtype_name(cand), "B": int(cand.shape[0])})
+    if kernel is not None and (kernel != "sample_subsets_gram" or gram):
+        return kernel
+    return "sample_subsets_gram" if gram else "sample_subsets"
+
+
+def run_cuda_kernel(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+                    keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool,
+                    kernel: str = "sample_subsets") -> tuple[Any, Any]:
+    """The CUDA sampler ``kernel`` ("sample_subsets": a warp a subset;
+    "sample_subsets_gram": a block a question) on checked inputs."""
+    if kernel not in ("sample_subsets", "sample_subsets_gram"):
+        raise ValueError(f"kernel: expected 'sample_subsets' or 'sample_subsets_gram', got {kernel!r}")
     mod, _ = _native.cuda_module()
     torch = A.require("torch", "pip install torch")
     dev = cand.device
@@ -269,8 +290,15 @@ def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: fl
     logp = torch.empty((B, num_subsets, subset_size), dtype=torch.float32, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream
     with torch.cuda.device(dev):
-        mod.sample_subsets(query, cand, mask_t, keys_t, tau, seed, first_relevance, ids, logp, stream)
+        mod.sample_subsets(query, cand, mask_t, keys_t, tau, seed, first_relevance, ids, logp, stream,
+                           kernel == "sample_subsets_gram")
     return ids, logp
+
+
+def _run_cuda(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: float, seed: int,
+              keys: np.ndarray, mask: np.ndarray | None, first_relevance: bool) -> tuple[Any, Any]:
+    return run_cuda_kernel(query, cand, num_subsets, subset_size, tau, seed, keys, mask, first_relevance,
+                           cuda_kernel_for(cand))
 
 
 def _check_native(ctx: Mapping[str, Any]) -> str | None:
@@ -315,7 +343,8 @@ def _run_numpy(query: Any, cand: Any, num_subsets: int, subset_size: int, tau: f
 
 SAMPLE_SUBSETS = _dispatch.register_kernel_op(
     "sample_subsets",
-    cuda=(_check_cuda, _run_cuda, "fused CUDA sampler, one warp per subset"),
+    cuda=(_check_cuda, _run_cuda, "fused CUDA samplers: a warp a subset, or a block a question from its Gram "
+                                  "matrix"),
     native=(_check_native, _run_native, "fused CPU sampler (rcn_fast._C)"),
     torch=(_run_torch, "torch ops on the inputs' device"),
     numpy=(_run_numpy, "plain numpy reference"),

@@ -1,11 +1,12 @@
 """Exact top-n maximum inner product search: the public op and its backends.
 
-Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors),
-``native`` (rcn_fast._C, CPU arrays), ``torch`` (one float32-output GEMM
-and ``topk`` per chunk, any device: :mod:`rcn_fast.search.torch_backend`),
-``numpy`` (the reference, CPU). Pick one with ``backend=`` or the
-``RCN_FAST_BACKEND`` environment variable. For CUDA
-tensors the ``cuda`` kernel is picked only where it was measured at least as
+Backends in priority order: ``cuda`` (rcn_fast._cuda, CUDA tensors: the
+tensor-core scan, or GEMM tiles with a block select,
+:mod:`rcn_fast.search.cuda_tiled`), ``native`` (rcn_fast._C, CPU arrays),
+``torch`` (one float32-output GEMM and ``topk`` per chunk, any device:
+:mod:`rcn_fast.search.torch_backend`), ``numpy`` (the reference, CPU). Pick
+one with ``backend=`` or the ``RCN_FAST_BACKEND`` environment variable. For
+CUDA tensors a CUDA kernel is picked only where it was measured at least as
 fast as torch (:mod:`rcn_fast._crossovers`); elsewhere torch serves.
 """
 
@@ -16,7 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _dispatch, _native
+from rcn_fast import _crossovers, _dispatch, _native
+from rcn_fast.search.int8_bounded import Int8Corpus, topn_int8
 from rcn_fast.search.reference import select_topn, topn_reference
 from rcn_fast._validate import is_int
 
@@ -28,9 +30,14 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     ----------
     queries : array [Q, d]
         float32, or the corpus dtype. numpy array or torch tensor.
-    corpus : array [N, d]
+    corpus : array [N, d] or Int8Corpus
         float32, float16 or bfloat16 (numpy bfloat16 via ``ml_dtypes``).
-        Same library and device as ``queries``.
+        Same library and device as ``queries``. An
+        :class:`~rcn_fast.search.int8_bounded.Int8Corpus` (rows and their
+        int8 copy) is searched by the int8 bounded scan: the same exact
+        result, reading the int8 copy and the candidates' rows (rows may
+        live on the host while queries and copy are on a GPU); a
+        ``backend`` searches its rows instead.
     k : int
         Results per query, ``k >= 1``. When ``k > N`` the tail is padded:
         the kernels search for ``min(k, N)`` results (their work buffers
@@ -65,6 +72,8 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     >>> ids.tolist()
     [[2, 0]]
     """
+    if isinstance(corpus, Int8Corpus):
+        return _topn_int8_corpus(queries, corpus, k, backend)
     queries = A.as_array(queries, "queries")
     corpus = A.as_array(corpus, "corpus")
     A.check_rank(queries, 2, "queries", "[Q, d]")
@@ -106,6 +115,30 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
     if kk == k:
         return scores, ids
     return _padded(corpus, int(queries.shape[0]), k, scores, ids)
+
+
+def _topn_int8_corpus(queries: Any, corpus: Int8Corpus, k: Any, backend: str | None) -> tuple[Any, Any]:
+    """topn over an Int8Corpus: the bounded scan where it can serve (no
+    ``backend``, finite queries), else the rows searched exactly where they
+    live, the results moved to the queries' place."""
+    queries = A.as_array(queries, "queries")
+    rows = A.as_array(corpus.rows, "corpus")
+    if backend is None and is_int(k, numpy=True) and 1 <= int(k):
+        A.check_rank(queries, 2, "queries", "[Q, d]")
+        ct, qt = A.check_float_dtype(rows, "corpus"), A.check_float_dtype(queries, "queries")
+        if qt not in ("float32", ct):
+            raise TypeError(f"queries: expected float32 or the corpus dtype ({ct}), got {qt}")
+        if queries.shape[1] != rows.shape[1]:
+            raise ValueError(f"corpus: expected {queries.shape[1]} columns to match queries [Q, d], "
+                             f"got shape {tuple(rows.shape)}")
+        kk = min(int(k), int(rows.shape[0]))
+        got = topn_int8(queries, corpus, kk) if kk > 0 and queries.shape[0] > 0 else None
+        if got is not None:
+            return got if kk == int(k) else _padded(got[0], int(queries.shape[0]), int(k), *got)
+    if A.library(rows) == A.library(queries) and A.device_of(rows) == A.device_of(queries):
+        return topn(queries, rows, k, backend=backend)
+    s, i = topn(A.from_numpy_like(rows, A.to_float32_numpy(queries)), rows, k, backend=backend)
+    return A.from_numpy_like(queries, A.to_numpy(s)), A.from_numpy_like(queries, A.to_numpy(i))
 
 
 def _padded(like: Any, n_queries: int, k: int, scores: Any = None, ids: Any = None) -> tuple[Any, Any]:
@@ -211,18 +244,48 @@ def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
 CUDA_AUTO, CUDA_TILED, CUDA_MMA = 0, 1, 2
 
 
-def _run_cuda(queries: Any, corpus: Any, k: int, algorithm: int = CUDA_AUTO) -> tuple[Any, Any]:
+def cuda_kernel_for(queries: Any, corpus: Any, k: int) -> str:
+    """The CUDA kernel (a key of ``rcn_fast._crossovers.KERNELS["topn"]``)
+    for a call: the fastest one a recorded run measured at least as fast as
+    torch there; else, where nothing is measured (``backend="cuda"``), the
+    tensor-core scan for fewer than ``cuda_tiled.MIN_QUERIES`` queries where
+    it can serve, the GEMM tiles otherwise."""
+    from rcn_fast.search.cuda_tiled import MIN_QUERIES
+
+    ct, qt, n_q = A.dtype_name(corpus), A.dtype_name(queries), int(queries.shape[0])
+    kernel, _ = _crossovers.kernel_choice("topn", {"dtype": ct, "query_dtype": qt, "Q": n_q})
+    mod, _ = _native.cuda_module()
+    tiled = mod is not None and hasattr(mod, "topn_block_select")
+    if kernel is not None and (kernel != "topn_tiled" or tiled):
+        return kernel
+    scan = ct != "float32" and k <= getattr(mod, "TOPN_MMA_MAX_K", 0) and int(corpus.shape[1]) % 8 == 0
+    return "topn" if not tiled or (scan and n_q < MIN_QUERIES) else "topn_tiled"
+
+
+def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str) -> tuple[Any, Any]:
+    """Top-k of CUDA tensors (checked by :func:`topn`) with one CUDA kernel:
+    ``"topn"`` (the tensor-core scan where it can serve the call, else the
+    tiled kernel of rcn_fast._cuda.topn) or ``"topn_tiled"`` (GEMM tiles and
+    block selects, :func:`rcn_fast.search.cuda_tiled.topn_tiled`)."""
+    if kernel == "topn_tiled":
+        from rcn_fast.search.cuda_tiled import topn_tiled
+
+        return topn_tiled(queries, corpus, k)
+    if kernel != "topn":
+        raise ValueError(f"kernel: expected 'topn' or 'topn_tiled', got {kernel!r}")
     mod, _ = _native.cuda_module()
     torch = A.require("torch", "pip install torch")
     queries, corpus = A.inner_contiguous(queries), A.inner_contiguous(corpus)
-    if algorithm == CUDA_AUTO and queries.dtype != corpus.dtype and not bool(torch.isfinite(queries).all()):
-        algorithm = CUDA_TILED  # the scan splits a float32 query into terms: finite rows only
     scores = torch.empty((queries.shape[0], k), dtype=torch.float32, device=corpus.device)
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
     stream = torch.cuda.current_stream(corpus.device).cuda_stream
     with torch.cuda.device(corpus.device):
-        mod.topn(queries, corpus, k, scores, ids, stream, algorithm)
+        mod.topn(queries, corpus, k, scores, ids, stream, CUDA_AUTO)
     return scores, ids
+
+
+def _run_cuda(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
+    return run_cuda_kernel(queries, corpus, k, cuda_kernel_for(queries, corpus, k))
 
 
 def _run_native(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
@@ -257,10 +320,11 @@ def _check_native(ctx: Mapping[str, Any]) -> str | None:
 
 TOPN = _dispatch.register_kernel_op(
     "topn",
-    cuda=(_check_cuda, _run_cuda, "CUDA scan (rcn_fast._cuda): tensor-core scores with fused selection, else tiled"),
+    cuda=(_check_cuda, _run_cuda, "CUDA (rcn_fast._cuda): the tensor-core scan with fused selection, or float32 "
+                                  "GEMM tiles with one-pass block selects"),
     native=(_check_native, _run_native, "blocked SIMD scan (rcn_fast._C)"),
     torch=(_run_torch, "float32-output torch.mm + topk per chunk, ties fixed where they occur"),
     numpy=(_run_numpy, "plain numpy reference"),
 )
 
-__all__ = ["topn", "select_topn", "topn_reference", "TOPN"]
+__all__ = ["topn", "select_topn", "topn_reference", "TOPN", "run_cuda_kernel", "cuda_kernel_for"]

@@ -1,6 +1,6 @@
 """The torch backend of :func:`rcn_fast.topn`: the exact recipe a user would
 write on a GPU, with rcn_fast's ordering rules added only where they can
-change the result.
+change the result, and no host synchronisation.
 
 Per corpus chunk (as large as memory allows on a GPU):
 
@@ -11,26 +11,28 @@ Per corpus chunk (as large as memory allows on a GPU):
    three (bfloat16) terms of the corpus dtype, scaled by powers of two
    (:func:`split_query`), stacked as rows of one GEMM and summed in float32:
    the query is represented to float32 precision without upcasting the
-   corpus. Where the installed torch has no ``out_dtype`` for the device (the
-   CPU), both sides are upcast per chunk: the same products, the same
-   float32 accumulation.
-2. ``torch.topk`` of ``k + 1`` per row. The extra value shows a tie at the
-   k-th place; a NaN in the selection shows a NaN score (``topk`` ranks NaN
-   above everything). Only rows with either are fixed up (NaN -> -inf, then
-   the k-th place's ties taken lowest id first; with a split query, rows
-   with NaN are rescored with both sides upcast first, so a split never
-   turns an infinite score into NaN). Nothing else is sorted per chunk.
+   corpus (a non-finite query value is the first term as it is, so it
+   scores as in a float32 GEMM). Where the installed torch has no
+   ``out_dtype`` for the device (the CPU), both sides are upcast per chunk:
+   the same products, the same float32 accumulation.
+2. ``torch.topk`` of ``k + 1`` per row, then the chunk's finishing on the
+   device (``topn_finish_rows`` of rcn_fast._cuda for CUDA tensors, of
+   rcn_fast._C for CPU tensors; csrc/topn/topn_block_select.h): each row's
+   list as it is, put in (score desc, id asc) order where equal scores sit
+   in it, and the row selected again in one pass only where topk's answer
+   can be wrong: a NaN among the k + 1 (topk ranks NaN above everything;
+   with a split query a NaN score is first recomputed in float32, so a
+   corpus +-inf times a zero term never turns a +-inf score into NaN) or a
+   tie across the k-th place. -inf and NaN are never returned: those slots
+   are ``(-inf, -1)``.
 3. The chunk's top-k merged with the running top-k: ``[Q, 2k]`` entries put
-   in (score desc, id asc) order by two stable sorts. ``topk`` orders by
-   score, so a single chunk is sorted again only when equal scores sit in
-   its top-k.
+   in (score desc, id asc) order by two stable sorts.
 
-At the end -inf scores become the ``(-inf, -1)`` padding (only when one was
-seen). One host synchronisation per chunk (three flags: fix-up needed, equal
-neighbours, -inf), and one more per call where a float32 query would be
-split (whether every query value is finite: only finite queries are split);
-in the common case (one chunk, none of the flags) the result is the
-recipe's ``topk`` output as it is.
+So a call is one GEMM, one ``topk`` and one small kernel per chunk (plus
+the split of a float32 query: one kernel on CUDA), with no host
+synchronisation: the host runs ahead of the GPU. Without the extension
+(another device, or k above 1024) the finishing runs in torch ops with one
+host synchronisation per chunk (:mod:`rcn_fast.search.torch_checked`).
 
 float32 corpora on CUDA follow torch's float32 matmul precision: with TF32
 enabled (``torch.backends.cuda.matmul.allow_tf32``, off by default) the
@@ -41,16 +43,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from rcn_fast import _native
+from rcn_fast.search.torch_checked import order_by_score_then_id, topn_torch_checked
+
 # (terms, bits of shift between terms) per corpus dtype name: float16 keeps
 # 11 significant bits a term, bfloat16 8; the remainder after a term is at
 # most half an ulp, so the next term is shifted by (significand bits + 1).
 SPLIT_TERMS = {"float16": (2, 12), "bfloat16": (3, 9)}
 
 # Scores of one chunk on a GPU: at most this many bytes and half of the free
-# memory (torch's cached blocks count as free), at least 65,536 rows.
+# memory (torch's cached blocks count as free), at least 65,536 rows. The
+# driver is asked for the free memory only when the whole search's scores
+# would exceed ASK_FREE_BYTES (a call to cudaMemGetInfo per search costs
+# microseconds to milliseconds, depending on the driver).
 GPU_SCORE_BYTES_MAX = 4 << 30
+ASK_FREE_BYTES = 256 << 20
 CPU_CHUNK_ROWS = 1 << 16
 MIN_CHUNK_ROWS = 1 << 16
+#: Largest k of the device finishing (csrc/topn/topn_block_select.h).
+FINISH_MAX_K = 1024
 
 _OUT_DTYPE_OK: dict[tuple[str, str], bool] = {}
 
@@ -102,29 +113,47 @@ def mm_f32(torch: Any, a: Any, b: Any, out_dtype_ok: bool) -> Any:
 def split_query(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
     """A float32 query [Q, d] as ``T`` terms of a half-precision dtype.
 
-    Each row is scaled by the power of two that brings its largest magnitude
-    below 1 (below 2 in float32's top binade); term ``t`` holds the remainder after terms ``0..t-1``, shifted
-    by ``2**(shift * t)`` so it uses the dtype's full range. Returns the
-    terms stacked ``[T * Q, d]`` (term-major) and their scales ``[T * Q, 1]``
-    (powers of two): ``q == sum_t scales[t] * terms[t]`` to within
-    ``2**-24`` of each row's largest magnitude (float16, two terms) or
-    exactly up to float32 underflow (bfloat16, three terms).
+    Each row is scaled by the power of two that brings its largest finite
+    magnitude below 1 (below 2 in float32's top binade); term ``t`` holds
+    the remainder after terms ``0..t-1``, shifted by ``2**(shift * t)`` so it
+    uses the dtype's full range. Returns the terms stacked ``[T * Q, d]``
+    (term-major) and their scales ``[T * Q, 1]`` (powers of two):
+    ``q == sum_t scales[t] * terms[t]`` to within ``2**-24`` of each row's
+    largest magnitude (float16, two terms) or exactly up to float32
+    underflow (bfloat16, three terms). A non-finite value is the first term
+    as it is and zero in the others (csrc/topn/topn_select.h splits the
+    same way: on CUDA with the extension built, its kernel does the split).
     """
     n_terms, shift = SPLIT_TERMS[dtype_name]
     dtype = getattr(torch, dtype_name)
+    mod = _split_kernel(q)
+    if mod is not None:
+        terms = torch.empty((n_terms * q.shape[0], q.shape[1]), dtype=dtype, device=q.device)
+        scales = torch.empty((n_terms * q.shape[0], 1), dtype=torch.float32, device=q.device)
+        mod.topn_split_queries(q, terms, scales.view(-1), torch.cuda.current_stream(q.device).cuda_stream)
+        return terms, scales
     q = q.float()
-    amax = q.abs().amax(1, keepdim=True)
+    finite = torch.isfinite(q)
+    amax = torch.where(finite, q.abs(), 0.0).amax(1, keepdim=True)
     _, e = torch.frexp(amax)  # amax = m * 2**e, 0.5 <= m < 1 (0 -> e = 0)
     row = torch.ldexp(torch.ones_like(amax), e.clamp(max=127))  # 2**128 is not a float32
-    r = q / row  # |r| < 1, exact
+    r = q / row  # |r| < 1 where finite, exact
     terms, scales = [], []
     for t in range(n_terms):
         f = float(2.0 ** (shift * t))
         h = (r * f).to(dtype)
         terms.append(h)
         scales.append(row / f)
-        r = r - h.float() / f  # exact remainder
+        r = torch.where(finite, r - h.float() / f, 0.0)  # exact remainder; after inf or NaN: zero
     return torch.cat(terms), torch.cat(scales)
+
+
+def _split_kernel(q: Any) -> Any:
+    """rcn_fast._cuda when it can split ``q`` (float32, CUDA, unit inner stride), else None."""
+    if q.device.type != "cuda" or str(q.dtype) != "torch.float32" or (q.shape[1] > 1 and q.stride(1) != 1):
+        return None
+    mod, _ = _native.cuda_module()
+    return mod if mod is not None and hasattr(mod, "topn_split_queries") else None
 
 
 class _Scorer:
@@ -142,14 +171,11 @@ class _Scorer:
             self.mode, self.lhs = "f32", queries.float()
         elif queries.dtype == corpus.dtype:
             self.mode, self.lhs = "half", queries
+        elif self.out_dtype_ok if split is None else split:
+            self.mode = "split"
+            self.lhs, self.scales = split_query(torch, queries, ct)
         else:
-            if split is None:
-                split = self.out_dtype_ok
-            if split and bool(torch.isfinite(queries).all()):
-                self.mode = "split"
-                self.lhs, self.scales = split_query(torch, queries, ct)
-            else:
-                self.mode, self.lhs = "upcast", queries.float()
+            self.mode, self.lhs = "upcast", queries.float()
         self.terms = 1 if self.scales is None else self.lhs.shape[0] // max(1, self.n_queries)
 
     def row_bytes(self, d: int) -> int:
@@ -175,59 +201,39 @@ class _Scorer:
         return self.torch.mm(self.queries[rows].float(), block.float().T)
 
 
-def _ties_lowest_id(torch: Any, s: Any, k: int) -> Any:
-    """Column indices [R, k] of the exact top-k of each row of ``s`` [R, m]
-    (no NaN, k <= m): every score above the k-th, then the k-th score's ties
-    lowest column first (in column order, not score order)."""
-    kth = torch.topk(s, k, dim=1).values[:, -1:]
-    above = s > kth
-    tie = s == kth
-    take = above | (tie & (tie.cumsum(1) <= k - above.sum(1, keepdim=True)))
-    return take.nonzero()[:, 1].view(s.shape[0], k)
+def device_finisher(corpus: Any, k: int) -> tuple[Any, Any]:
+    """``(module, stream)`` whose ``topn_finish_rows`` finishes chunks of
+    ``corpus``'s device without a host synchronisation (rcn_fast._cuda on
+    CUDA with the stream to enqueue on, rcn_fast._C on the CPU with stream
+    None); ``(None, None)`` where neither serves (the host-checked path)."""
+    if k > FINISH_MAX_K:
+        return None, None
+    if corpus.device.type == "cuda":
+        mod, _ = _native.cuda_module()
+        if mod is not None and hasattr(mod, "topn_finish_rows"):
+            import torch
+
+            return mod, torch.cuda.current_stream(corpus.device).cuda_stream
+    elif corpus.device.type == "cpu":
+        mod, _ = _native.cpu_module()
+        if mod is not None and hasattr(mod, "topn_finish_rows"):
+            return mod, None
+    return None, None
 
 
-def order_by_score_then_id(torch: Any, scores: Any, ids: Any) -> tuple[Any, Any]:
-    """``(scores, ids)`` [Q, m] rearranged per row by (score desc, id asc)."""
-    by_id = torch.sort(ids, dim=1, stable=True).indices
-    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
-    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    return scores.gather(1, by_score), ids.gather(1, by_score)
-
-
-def _chunk_topk(torch: Any, scorer: _Scorer, block: Any, k: int) -> tuple[Any, Any, bool, bool]:
-    """The exact top-k of one chunk: ``(scores, column indices)`` [Q, min(k,
-    rows)], whether they are already in (score desc, id asc) order, and
-    whether a -inf score is among them. One host synchronisation (the flags)."""
-    s = scorer(block)
-    rows = int(s.shape[1])
-    kk = min(k + 1, rows)
-    top = torch.topk(s, kk, dim=1)
-    vals, idx = top.values, top.indices
-    fix = torch.isnan(vals).any(1)
-    if kk > k:
-        kth = vals[:, k - 1]
-        fix |= (kth == vals[:, k]) & (kth > float("-inf"))
-    kk = min(k, rows)
-    vals, idx = vals[:, :kk], idx[:, :kk]
-    tied = (vals[:, 1:] == vals[:, :-1]).any() if kk > 1 else torch.zeros((), dtype=torch.bool, device=s.device)
-    flags = torch.stack([fix.any(), tied, torch.isneginf(vals).any()]).tolist()
-    any_fix, any_tie, any_ninf = (bool(f) for f in flags)
-    if any_fix:  # rare: a NaN score or a tie across the k-th place
-        sel = fix.nonzero()[:, 0]
-        sub = s[sel]
-        nan = torch.isnan(sub)
-        if scorer.mode == "split":  # NaN may be inf * 0 of a split: rescore those rows upcast
-            redo = nan.any(1)
-            if bool(redo.any()):
-                sub[redo] = scorer.exact(block, sel[redo])
-                nan = torch.isnan(sub)
-        sub = torch.where(nan, float("-inf"), sub)
-        cols = _ties_lowest_id(torch, sub, kk)
-        vals, idx = vals.clone(), idx.clone()
-        vals[sel], idx[sel] = sub.gather(1, cols), cols
-        any_ninf = True  # a NaN made -inf may be among them (the final mask costs two kernels)
-    # topk sorts by score; only equal scores can be out of id order
-    return vals, idx, not (any_fix or any_tie), any_ninf
+def _finish_on_device(torch: Any, finisher: tuple[Any, Any], scorer: _Scorer, s: Any, block: Any, k: int,
+                      start: int) -> tuple[Any, Any]:
+    """The exact top-k [Q, k] of one chunk's scores ``s`` (ids + ``start``):
+    ``topk(k + 1)``, then the device finishing (no host synchronisation)."""
+    mod, stream = finisher
+    top = torch.topk(s, min(k + 1, int(s.shape[1])), dim=1)
+    out_s = torch.empty((scorer.n_queries, k), dtype=torch.float32, device=s.device)
+    out_i = torch.empty((scorer.n_queries, k), dtype=torch.int64, device=s.device)
+    extra = {} if stream is None else {"stream": stream}
+    if scorer.mode == "split":
+        extra.update(queries=scorer.queries_f32, corpus=block)
+    mod.topn_finish_rows(s, top.values, top.indices, k, start, out_s, out_i, **extra)
+    return out_s, out_i
 
 
 def topn_torch(queries: Any, corpus: Any, k: int, *, chunk: int | None = None,
@@ -259,31 +265,29 @@ def topn_torch(queries: Any, corpus: Any, k: int, *, chunk: int | None = None,
     dev = corpus.device
     n_q = int(queries.shape[0])
     n = int(corpus.shape[0]) if n_q else 0  # no queries: nothing to scan
-    scorer = _Scorer(torch, queries, corpus, split)
-    if chunk is None:
-        chunk = chunk_rows(n_q, dev.type, row_bytes=scorer.row_bytes(int(corpus.shape[1])),
-                           free_bytes=_free_bytes(torch, dev))
-    best_s = best_i = None
-    ordered, any_ninf = True, False
-    for start in range(0, n, chunk):
-        vals, ids, chunk_ordered, ninf = _chunk_topk(torch, scorer, corpus[start : start + chunk], k)
-        if start:
-            ids = ids + start
-        any_ninf |= ninf
-        if best_s is None:
-            best_s, best_i, ordered = vals, ids, chunk_ordered
-        else:
-            best_s, best_i = order_by_score_then_id(torch, torch.cat([best_s, vals], 1), torch.cat([best_i, ids], 1))
-            best_s, best_i, ordered = best_s[:, :k], best_i[:, :k], True
-    if best_s is None:  # no queries, or an empty corpus
+    if not n:
         return (torch.full((n_q, k), float("-inf"), dtype=torch.float32, device=dev),
                 torch.full((n_q, k), -1, dtype=torch.int64, device=dev))
-    if not ordered:
-        best_s, best_i = order_by_score_then_id(torch, best_s, best_i)
-    if any_ninf:  # -inf is never returned: those slots are padding
-        best_i = torch.where(torch.isneginf(best_s), -1, best_i)
-    if best_s.shape[1] < k:  # fewer rows than k: pad
-        pad = k - best_s.shape[1]
-        best_s = torch.cat([best_s, torch.full((n_q, pad), float("-inf"), device=dev)], 1)
-        best_i = torch.cat([best_i, torch.full((n_q, pad), -1, dtype=torch.int64, device=dev)], 1)
+    scorer = _Scorer(torch, queries, corpus, split)
+    if chunk is None:
+        row_bytes = scorer.row_bytes(int(corpus.shape[1]))
+        ask = n * (4 * n_q + row_bytes) > ASK_FREE_BYTES
+        chunk = chunk_rows(n_q, dev.type, row_bytes=row_bytes, free_bytes=_free_bytes(torch, dev) if ask else None)
+    finisher = device_finisher(corpus, k)
+    if scorer.mode == "split" and finisher[0] is not None:
+        if corpus.shape[1] > 1 and corpus.stride(1) != 1:
+            finisher = (None, None)  # the rescoring reads corpus rows with unit stride: the host-checked path
+        else:
+            scorer.queries_f32 = queries.float()
+    if finisher[0] is None:
+        return topn_torch_checked(torch, scorer, corpus, k, chunk)
+    best_s = best_i = None
+    for start in range(0, n, chunk):
+        block = corpus[start : start + chunk]
+        vals, ids = _finish_on_device(torch, finisher, scorer, scorer(block), block, k, start)
+        if best_s is None:
+            best_s, best_i = vals, ids
+        else:
+            best_s, best_i = order_by_score_then_id(torch, torch.cat([best_s, vals], 1), torch.cat([best_i, ids], 1))
+            best_s, best_i = best_s[:, :k], best_i[:, :k]
     return best_s, best_i

@@ -1,8 +1,8 @@
-"""The README's knowledge-connection and framework examples run as written
-(with the scripted LLM in place of SmolLM2, so they stay fast;
-all-MiniLM-L6-v2 is the real encoder): every ```python block of the
-"Knowledge connection for any RAG system" section, and any other README
-block that uses rcn_fast.connect or rcn_fast.integrations."""
+"""README's knowledge-connection example and docs/integrations.md's
+framework examples run as written (with the scripted LLM in place of
+SmolLM2, so they stay fast; all-MiniLM-L6-v2 is the real encoder): every
+```python block of docs/integrations.md, and every README or docs/ block
+that uses rcn_fast.connect or rcn_fast.integrations."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 from tests.integrations.helpers import ScriptedLLM
 from tests.retrieval.tiny import minilm_dir
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SECTION = "## Knowledge connection for any RAG system"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+INTEGRATIONS = REPO / "docs" / "integrations.md"
 FRAMEWORK = {"langchain": "langchain_core", "llama_index": "llama_index.core", "haystack": "haystack",
              "dspy": "dspy"}
 
@@ -24,12 +25,14 @@ FRAMEWORK = {"langchain": "langchain_core", "llama_index": "llama_index.core", "
 def examples() -> list[tuple[str, str]]:
     """(name, code) of each example block: the framework it imports, or
     ``connect``; a name that repeats gets ``-2``, ``-3`` ..."""
-    text = README.read_text(encoding="utf-8")
-    head, rest = text.split(SECTION, 1)
-    section, tail = rest.split("\n## ", 1)
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    blocks += [b for b in re.findall(r"```python\n(.*?)```", head + tail, re.S)
-               if re.search(r"rcn_fast\.integrations|rcn_fast\.connect\b|rcn_fast\.connection", b)]
+    uses = r"rcn_fast\.integrations|rcn_fast\.connect\b|rcn_fast\.connection"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+              if re.search(uses, b)]
+    blocks += re.findall(r"```python\n(.*?)```", INTEGRATIONS.read_text(encoding="utf-8"), re.S)
+    for page in sorted((REPO / "docs").glob("*.md")):
+        if page != INTEGRATIONS:
+            blocks += [b for b in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+                       if re.search(uses, b)]
     out: list[tuple[str, str]] = []
     for b in blocks:
         m = re.search(r"rcn_fast\.integrations\.(\w+)", b)
@@ -41,8 +44,9 @@ def examples() -> list[tuple[str, str]]:
 
 def test_readme_has_the_examples_of_every_framework():
     names = [n for n, _ in examples()]
-    assert names == ["connect", "langchain", "llama_index", "haystack", "haystack-2", "dspy"]
+    assert names == ["connect", "connect-2", "langchain", "llama_index", "haystack", "haystack-2", "dspy"]
     assert all(len(code.strip().splitlines()) <= 14 for _, code in examples())
+    assert len(examples()[0][1].strip().splitlines()) <= 15  # README's one example: at most 15 lines
 
 
 @pytest.mark.parametrize("name,code", examples(), ids=[n for n, _ in examples()])

@@ -22,12 +22,29 @@ def write_llama_gguf(model, tok, path) -> None:
     write_gguf(model, tok, path)
 
 
-def write_gguf(model, tok, path, *, qtype: str = "F32", arch: str = "llama") -> None:
+def write_tiny_gguf(folder, arch: str, *, build=build_model, qtype: str = "F32", pre: str | None = "gpt-2"):
+    """``folder/tiny.gguf``: a tiny random-weight ``arch`` model made by
+    ``build(arch, vocab, eos, pad)`` with :func:`build_tokenizer`'s
+    vocabulary, written by :func:`write_gguf`; returns its path."""
+    tok = build_tokenizer()
+    model = build(arch, len(tok), tok.eos_token_id, tok.pad_token_id)
+    path = folder / "tiny.gguf"
+    write_gguf(model, tok, path, qtype=qtype, arch=arch, pre=pre)
+    return path
+
+
+def write_gguf(model, tok, path, *, qtype: str = "F32", arch: str = "llama", pre: str | None = "gpt-2") -> None:
     """Write a tiny Llama (``arch="llama"``: q/k rows permuted as llama.cpp's
     converter does) or Qwen2 model (``"qwen2"``: q/k/v biases, tied head)
     and its byte-level BPE tokenizer as a GGUF file, the matrices in GGML
     format ``qtype`` (``F32``, ``F16``, ``Q4_0``, ``Q4_1``, ``Q8_0``; norms
-    and biases stay F32)."""
+    and biases stay F32).
+
+    ``pre`` is the file's ``tokenizer.ggml.pre``: ``"gpt-2"`` (the split
+    the tokenizers of :func:`build_tokenizer` learned their merges with) as
+    llama.cpp's converter labels a GPT-2-split vocabulary; another name
+    (``"qwen2"``...) makes every reader split with that one; None writes no
+    key (a file llama.cpp reads with its degraded "default" split)."""
     import json
 
     import gguf
@@ -55,6 +72,8 @@ def write_gguf(model, tok, path, *, qtype: str = "F32", arch: str = "llama") -> 
     w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_vocab_size(len(tok))
     w.add_tokenizer_model("gpt2")
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
     w.add_token_merges(merges)

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from llm_helpers import build_tokenizer, mcq_chat, write_gguf  # noqa: E402
+from llm_helpers import mcq_chat, write_tiny_gguf  # noqa: E402
 
 from rcn_fast.llm import load_llm  # noqa: E402
 from rcn_fast.llm.backends.engine import GGUFLLM  # noqa: E402
@@ -52,10 +52,7 @@ def _model(arch: str, vocab: int, eos: int, pad: int):
 def pair(request, tmp_path_factory):
     """(native engine, transformers model) on one tiny GGUF file."""
     arch, qtype = request.param
-    tok = build_tokenizer()
-    model = _model(arch, len(tok), tok.eos_token_id, tok.pad_token_id)
-    path = tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}") / "tiny.gguf"
-    write_gguf(model, tok, path, qtype=qtype, arch=arch)
+    path = write_tiny_gguf(tmp_path_factory.mktemp(f"gguf-{arch}-{qtype}"), arch, build=_model, qtype=qtype)
     with pytest.MonkeyPatch.context() as mp:  # the tokenizer cache of these files stays in the test's folder
         mp.setenv("RCN_FAST_CACHE", str(path.parent / "cache"))
         native = load_llm(str(path), batch_size=3, num_threads=2)

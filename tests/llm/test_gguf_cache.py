@@ -174,5 +174,6 @@ def test_load_tokenizer_reads_the_cached_tokenizer(gguf_file, cache, conversions
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
     tok = load_tokenizer(str(gguf_file))
-    assert seen == [None], "the tokenizer was read from the GGUF, not from the cache"
+    assert seen == [], "the tokenizer was not read from the cache (AutoTokenizer read the GGUF or picked a class)"
+    assert type(tok) is transformers.PreTrainedTokenizerFast
     assert tok("hello world")["input_ids"] == llm.tokenizer("hello world")["input_ids"]

@@ -169,8 +169,6 @@ FAULTS = {
                          GGUFError, "merges[1] 'o n x' is not two tokens joined by one space"),
     "merge-unknown-token": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, ["e r", "zq zq"], gb.STRING),
                                           t), GGUFError, "merges[1] 'zq zq': 'zq' is not a token"),
-    "template-does-not-compile": (lambda k, t: (gb.edit(k, "tokenizer.chat_template", gb.STRING, "{% for m in %}"), t),
-                                  GGUFError, "tokenizer.chat_template does not compile (TemplateSyntaxError"),
     "sentencepiece": (lambda k, t: (gb.edit(k, "tokenizer.ggml.model", gb.STRING, "llama"), t), UnsupportedModel,
                       "tokenizer.ggml.model 'llama'"),
 }

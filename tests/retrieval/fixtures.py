@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.retrieval.tiny import make_tiny_bert, real_sentences
+from tests.torch_state import pinned_torch_threads
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -20,11 +21,9 @@ def one_torch_thread():
     """The machine is shared: one intra-op thread is much faster than two
     contended ones for tiny models, and makes runs comparable with the
     subprocess builds (OMP_NUM_THREADS=1). Restored after the module."""
-    torch = pytest.importorskip("torch")
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+    pytest.importorskip("torch")
+    with pinned_torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

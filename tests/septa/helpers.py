@@ -79,11 +79,9 @@ try:
     def one_torch_thread():
         """Run each SEPTA test with one torch thread (tiny models; on busy
         shared cores, spinning OpenMP workers make them far slower)."""
-        import torch
+        from tests.torch_state import pinned_torch_threads
 
-        prev = torch.get_num_threads()
-        torch.set_num_threads(1)
-        yield
-        torch.set_num_threads(prev)
+        with pinned_torch_threads(1):
+            yield
 except ImportError:  # pragma: no cover
     pass

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "topn/cpu/serial_group.h"
+#include "topn/topn_block_select.h"
 #include "topn/topn_select.h"
 
 namespace rcn_fast {
@@ -10,55 +12,61 @@ namespace {
 
 namespace ts = topn_select;
 
-// One host thread as the selection's lane group.
-struct SerialGroup {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  void sync() const {}
-  int claim(int* counter) const { return (*counter)++; }
+// Each slice [si * width, ...) of each of Q rows of R columns selected in
+// rounds of `round` (select_row with one lane) into part [S, Q, k], ids +
+// row0 + the slice's start; row_at(q, c0) gives query q's scores from
+// column c0 on.
+template <class RowAt>
+void select_slices(int64_t Q, int64_t R, int64_t S, int64_t width, int64_t k, int round, int64_t row0,
+                   const RowAt& row_at, std::vector<float>& part_s, std::vector<int64_t>& part_i) {
+  const SerialGroup g;
+  part_s.assign(size_t(S * Q * k), 0.f);
+  part_i.assign(size_t(S * Q * k), 0);
+  const ts::Layout L = ts::layout(int(k), round);
+  std::vector<float> s(size_t(L.slots));
+  std::vector<uint32_t> id(size_t(L.slots));
+  for (int64_t si = 0; si < S; ++si) {
+    const int64_t c0 = std::min(R, si * width), c1 = std::min(R, c0 + width);
+    for (int64_t q = 0; q < Q; ++q) {
+      ts::Run<uint32_t> run;
+      ts::init(run);
+      ts::select_row(g, run, s.data(), id.data(), L, c1 - c0, row_at(q, c0), ts::SliceId{});
+      const size_t at = size_t((si * Q + q) * k);
+      ts::finish(g, run, s.data(), id.data(), L, part_s.data() + at, part_i.data() + at, row0 + c0);
+    }
+  }
+}
+
+// The merge kernel: block q merges its S lists in rounds of `merge_round`.
+void merge_all(int64_t Q, int64_t S, int64_t k, int merge_round, const std::vector<float>& part_s,
+               const std::vector<int64_t>& part_i, float* out_s, int64_t* out_i) {
+  const SerialGroup g;
+  const ts::Layout M = ts::layout(int(k), merge_round);
+  std::vector<float> ms(size_t(M.slots));
+  std::vector<int64_t> mi(size_t(M.slots));
+  for (int64_t q = 0; q < Q; ++q) {
+    ts::Run<int64_t> run;
+    ts::merge_lists(g, run, ms.data(), mi.data(), M, part_s.data(), part_i.data(), S, Q, q, out_s + q * k,
+                    out_i + q * k);
+  }
+}
+
+// A row of a [Q, N] score matrix from column c0 on.
+struct MatrixRow {
+  const float* row;
+  float operator()(int64_t i) const { return row[i]; }
 };
 
 }  // namespace
 
 void topn_select_emulated(const float* scores, int64_t Q, int64_t N, int64_t k, int64_t slice_rows, int round,
                           int merge_round, float* out_s, int64_t* out_i) {
-  const SerialGroup g;
   const int64_t S = N == 0 ? 1 : (N + slice_rows - 1) / slice_rows;
-  std::vector<float> part_s(size_t(S * Q * k));
-  std::vector<int64_t> part_i(size_t(S * Q * k));
-  const ts::Layout L = ts::layout(int(k), round);
-  std::vector<float> s(size_t(L.slots));
-  std::vector<uint32_t> id(size_t(L.slots));
-  for (int64_t si = 0; si < S; ++si) {
-    const int64_t r0 = si * slice_rows, r1 = std::min(N, r0 + slice_rows);
-    for (int64_t q = 0; q < Q; ++q) {
-      ts::Run<uint32_t> run;
-      ts::init(run);
-      for (int64_t rb = r0; rb < r1; rb += round) {
-        for (int64_t r = rb; r < std::min(r1, rb + round); ++r)
-          ts::offer(g, run, s.data(), id.data(), L, scores[q * N + r], uint32_t(r - r0));
-        if (ts::needs_flush(run, L)) ts::flush(g, run, s.data(), id.data(), L);
-      }
-      const size_t at = size_t((si * Q + q) * k);
-      ts::finish(g, run, s.data(), id.data(), L, part_s.data() + at, part_i.data() + at, r0);
-    }
-  }
-  const ts::Layout M = ts::layout(int(k), merge_round);
-  std::vector<float> ms(size_t(M.slots));
-  std::vector<int64_t> mi(size_t(M.slots));
-  const int64_t n_cand = S * k;
-  for (int64_t q = 0; q < Q; ++q) {
-    ts::Run<int64_t> run;
-    ts::init(run);
-    for (int64_t c0 = 0; c0 < n_cand; c0 += merge_round) {
-      for (int64_t c = c0; c < std::min(n_cand, c0 + merge_round); ++c) {
-        const size_t at = size_t(((c / k) * Q + q) * k + c % k);
-        ts::offer(g, run, ms.data(), mi.data(), M, part_s[at], part_i[at]);
-      }
-      if (ts::needs_flush(run, M)) ts::flush(g, run, ms.data(), mi.data(), M);
-    }
-    ts::finish(g, run, ms.data(), mi.data(), M, out_s + q * k, out_i + q * k, 0);
-  }
+  std::vector<float> part_s;
+  std::vector<int64_t> part_i;
+  select_slices(Q, N, S, slice_rows, k, round, 0,
+                [&](int64_t q, int64_t c0) { return MatrixRow{scores + q * N + c0}; }, part_s, part_i);
+  merge_all(Q, S, k, merge_round, part_s, part_i, out_s, out_i);
 }
 
 int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, DType corpus, uint16_t* terms,
@@ -67,7 +75,7 @@ int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, D
   for (int64_t r = 0; r < Q; ++r) {
     const float* row = q + r * q_stride;
     float maxabs = 0.f;
-    for (int64_t e = 0; e < d; ++e) maxabs = std::max(maxabs, row[e] < 0 ? -row[e] : row[e]);
+    for (int64_t e = 0; e < d; ++e) maxabs = std::max(maxabs, ts::finite_magnitude(row[e]));
     const float scale = ts::split_row_scale(maxabs);
     for (int64_t e = 0; e < d; ++e) {
       uint16_t* out = terms + r * d + e;
@@ -79,6 +87,16 @@ int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, D
     for (int t = 0; t < sp.terms; ++t) scales[t * Q + r] = scale * ts::pow2f(-sp.shift * t);
   }
   return sp.terms;
+}
+
+void topn_block_select_emulated(const topn_select::TermTile& tile, int64_t R, int64_t k, int64_t row0,
+                                int64_t slices, int round, int merge_round, float* out_s, int64_t* out_i) {
+  const int64_t S = slices < 1 ? 1 : slices;
+  std::vector<float> part_s;
+  std::vector<int64_t> part_i;
+  select_slices(tile.Qt, R, S, ts::slice_cols(R, S), k, round, row0,
+                [&](int64_t q, int64_t c0) { return ts::term_row(tile, q, c0); }, part_s, part_i);
+  merge_all(tile.Qt, S, k, merge_round, part_s, part_i, out_s, out_i);
 }
 
 }  // namespace rcn_fast

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/dtypes.h"
+#include "topn/topn_block_select.h"
 
 namespace rcn_fast {
 
@@ -18,8 +19,16 @@ void topn_select_emulated(const float* scores, int64_t Q, int64_t N, int64_t k, 
 
 // The scan's split of float32 queries [Q, d] into terms of `corpus`
 // (float16 or bfloat16): terms [T, Q, d] (bits), scales [T, Q]. Returns T.
-// Rows must be finite.
+// Non-finite values are split as topn/topn_select.h says.
 int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, DType corpus, uint16_t* terms,
                        float* scales);
+
+// The block select of the GEMM tiles (topn/cuda/topn_block_select.cu) over
+// one score tile: `slices` slices of each query row selected in rounds of
+// `round` candidates (block (slice, query) of the kernel), their lists
+// merged in rounds of `merge_round` (block q of the merge kernel). Fills
+// out_s / out_i [Qt, k] (ids + row0). 1 <= k; columns of a slice < 2^32.
+void topn_block_select_emulated(const topn_select::TermTile& tile, int64_t R, int64_t k, int64_t row0,
+                                int64_t slices, int round, int merge_round, float* out_s, int64_t* out_i);
 
 }  // namespace rcn_fast

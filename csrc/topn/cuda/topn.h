@@ -19,11 +19,8 @@ constexpr int64_t kTopnMaxK = 1024;
 //   Mma (version 2, topn/cuda/topn_mma.h): tensor-core scores with the selection
 //     fused, float16/bfloat16 corpora, k <= kTopnMmaMaxK.
 //   Auto: Mma where it can serve the call (topn_mma_unsupported), else
-//     Tiled. Neither Auto nor Mma looks at the query values: float32
-//     queries on a float16/bfloat16 corpus must be finite there (the scan
-//     splits them into corpus-dtype terms; a row with a NaN or +-inf gets
-//     only padding); the caller checks and asks for Tiled otherwise
-//     (rcn_fast/search/topn.py does).
+//     Tiled. Neither looks at the query values (the scan's split of a
+//     float32 query scores non-finite values as a float32 GEMM does).
 // Enqueued on `stream`; scratch is allocated with cudaMallocAsync.
 enum class TopnAlgorithm : int { Auto = 0, Tiled = 1, Mma = 2 };
 

@@ -7,7 +7,7 @@
 // [Q, N] score matrix is never written. Each block scans one slice of the
 // corpus for one group of up to 32 queries and writes its k best per query;
 // a merge kernel (one block per query, the same selection) makes the final
-// list. A float32 query is split into two (float16) or three (bfloat16)
+// list (topn/cuda/topn_block_select.h). A float32 query is split into two (float16) or three (bfloat16)
 // terms of the corpus dtype (topn/topn_select.h), each scored as a column
 // of the GEMM and summed in float32, smallest term first. (A corpus value of
 // +-inf times a zero term is NaN: with a split query such a row's score is
@@ -29,7 +29,9 @@
 
 #include "topn/topn_select.h"
 #include "common/cuda/lane_groups.cuh"
+#include "common/cuda/mma.cuh"
 #include "common/cuda/runtime.h"
+#include "topn/cuda/topn_block_select.h"
 #include "topn/cuda/topn_mma.h"
 #include "common/cuda/vec_load.cuh"
 
@@ -42,31 +44,8 @@ constexpr int kWarps = 4;        // warps per scan block
 constexpr int kTile = 16;        // corpus rows of one mma tile
 constexpr int kDepth = 64;       // columns of one depth step
 constexpr int kQPad = 8;         // elements of padding per query row in shared memory (bank spread)
-constexpr int kMergeThreads = 256;
 constexpr int64_t kPartialBytes = int64_t(512) << 20;
 constexpr int64_t kMaxSliceRows = int64_t(1) << 31;
-
-template <DType T>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (T == DType::F16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-#else
-  __trap();  // the launcher never runs this kernel below compute capability 8.0
-#endif
-}
 
 __device__ __forceinline__ uint4 load16_or_zero(const uint16_t* p, bool ok) {
   return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
@@ -193,34 +172,6 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
   }
 }
 
-// One block per query: the slices' lists [S, Q, k] merged into [Q, k].
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const float* __restrict__ part_s,
-                                                              const int64_t* __restrict__ part_i, int64_t S,
-                                                              int64_t Q, int k, float* out_s, int64_t* out_i) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const ts::Layout L = ts::layout(k, kMergeThreads);
-  __shared__ ts::Run<int64_t> run;
-  int64_t* sel_i = reinterpret_cast<int64_t*>(smem);
-  float* sel_s = reinterpret_cast<float*>(sel_i + L.slots);
-  const int64_t q = blockIdx.x;
-  const BlockG bg;
-  if (threadIdx.x == 0) ts::init(run);
-  __syncthreads();
-  const int64_t n = S * k;
-  for (int64_t c0 = 0; c0 < n; c0 += kMergeThreads) {
-    const int64_t c = c0 + threadIdx.x;
-    if (c < n) {
-      const size_t at = size_t(((c / k) * Q + q) * k + c % k);
-      ts::offer(bg, run, sel_s, sel_i, L, part_s[at], part_i[at]);
-    }
-    __syncthreads();
-    const bool full = ts::needs_flush(run, L);
-    __syncthreads();  // every thread decided before the next round's offers move nbuf
-    if (full) ts::flush(bg, run, sel_s, sel_i, L);
-  }
-  ts::finish(bg, run, sel_s, sel_i, L, out_s + q * k, out_i + q * k, 0);
-}
-
 // Query terms [T, Q, dpad] (zero padded) and scales [T, Q]: one block a row.
 template <DType CT>
 __global__ void split_kernel(const void* __restrict__ queries, DType qt, int64_t qstride, int64_t Q, int d,
@@ -236,7 +187,7 @@ __global__ void split_kernel(const void* __restrict__ queries, DType qt, int64_t
   }
   const float* row = static_cast<const float*>(queries) + r * qstride;
   float m = 0.f;
-  for (int e = threadIdx.x; e < d; e += blockDim.x) m = fmaxf(m, fabsf(row[e]));
+  for (int e = threadIdx.x; e < d; e += blockDim.x) m = fmaxf(m, ts::finite_magnitude(row[e]));
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31u) == 0) red[threadIdx.x / 32] = m;
   __syncthreads();
@@ -330,9 +281,7 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   check(cudaMallocAsync(reinterpret_cast<void**>(&scales), size_t(sp.terms * p.Q) * 4, stream), "cudaMallocAsync");
   check(cudaMallocAsync(reinterpret_cast<void**>(&part_s), size_t(S * p.Q * p.k) * 4, stream), "cudaMallocAsync");
   check(cudaMallocAsync(reinterpret_cast<void**>(&part_i), size_t(S * p.Q * p.k) * 8, stream), "cudaMallocAsync");
-  split_kernel<CT><<<unsigned(p.Q), 128, 0, stream>>>(p.queries, p.query_dtype, p.query_stride, p.Q, d, dpad,
-                                                      terms, scales);
-  check(cudaGetLastError(), "topn split kernel");
+  topn_split_queries_cuda(p.queries, p.query_dtype, p.query_stride, p.Q, d, dpad, CT, terms, scales, stream);
 
   ScanArgs a{};
   a.corpus = static_cast<const uint16_t*>(p.corpus);
@@ -354,13 +303,7 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   else launch_scan_nt<CT, 3>(a, c, S, groups, stream);
   check(cudaGetLastError(), "topn scan kernel");
 
-  const ts::Layout M = ts::layout(int(p.k), kMergeThreads);
-  const size_t msmem = size_t(M.slots) * (sizeof(float) + sizeof(int64_t));
-  check(cudaFuncSetAttribute(merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(msmem)),
-        "cudaFuncSetAttribute");
-  merge_kernel<<<unsigned(p.Q), kMergeThreads, msmem, stream>>>(part_s, part_i, S, p.Q, int(p.k), p.scores_out,
-                                                               p.ids_out);
-  check(cudaGetLastError(), "topn merge kernel");
+  topn_merge_lists_cuda(part_s, part_i, S, p.Q, p.k, p.scores_out, p.ids_out, stream);
   cudaFreeAsync(terms, stream);
   cudaFreeAsync(scales, stream);
   cudaFreeAsync(part_s, stream);
@@ -384,6 +327,20 @@ const char* topn_mma_unsupported(const TopnProblem& p) {
   const int dpad = int((p.d + kDepth - 1) / kDepth * kDepth);
   if (pick_config(p, sp.terms, dpad).nt == 0) return "queries too wide for shared memory";
   return nullptr;
+}
+
+void topn_split_queries_cuda(const void* queries, DType query_dtype, int64_t query_stride, int64_t Q, int d, int dpad,
+                             DType corpus_dtype, uint16_t* terms, float* scales, cudaStream_t stream) {
+  if (Q == 0) return;
+  if (corpus_dtype == DType::F16)
+    split_kernel<DType::F16><<<unsigned(Q), 128, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad, terms,
+                                                              scales);
+  else if (corpus_dtype == DType::BF16)
+    split_kernel<DType::BF16><<<unsigned(Q), 128, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad,
+                                                               terms, scales);
+  else
+    throw std::invalid_argument("corpus_dtype: expected float16 or bfloat16");
+  check(cudaGetLastError(), "topn split kernel");
 }
 
 void topn_mma(const TopnProblem& p, cudaStream_t stream) {

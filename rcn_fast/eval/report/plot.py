@@ -111,12 +111,15 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    from rcn_fast._files import no_links, open_write
+
     fig = draw_results(results)
     try:
         path = Path(path)
         tmp = path.with_name(f".{path.stem}.tmp.png")
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
+        with open_write(path.parent, tmp, "wb", what="output-path") as f:  # never through a planted link
+            fig.savefig(f, format="png")
+        os.replace(tmp, no_links(path.parent, path, what="output-path"))
     finally:
         plt.close(fig)
     return path

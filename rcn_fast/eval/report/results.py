@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._files import no_links, write_text
 from rcn_fast._paths import safe_component
 from rcn_fast.eval.metrics import make_task, mean_stderr
 from rcn_fast.eval.tasks.spec import TaskSpec
@@ -132,7 +133,7 @@ def markdown_table(results: dict[str, Any]) -> str:
                     val = f"{val} ± {_fmt(r.get(f'{m}_std'))} ({len(r['seeds'])} seeds)"
                 lines.append(f"| {task} | {pipe} | {m} | {val} | ± {_fmt(r.get(f'{m}_stderr'))} | "
                              f"{_fmt(r['llm_calls_per_q'], 2)} | {_fmt(r['tokens_per_q'], 1)} |")
-    notes = []
+    notes = settings_notes(results)
     for task, by_pipe in results["results"].items():
         for pipe, r in by_pipe.items():
             if r["n_failed"]:
@@ -141,6 +142,38 @@ def markdown_table(results: dict[str, Any]) -> str:
             if r["n_unlabeled"]:
                 notes.append(f"{task} / {pipe}: {r['n_unlabeled']} question(s) have no gold answer (not scored)")
     return "\n".join(lines + ([""] + [f"* {n}" for n in notes] if notes else [])) + "\n"
+
+
+def settings_notes(results: dict[str, Any]) -> list[str]:
+    """What a reader of the table must know about how it was made: the
+    model's own name and quantisation, and each setting a task file gives a
+    pipeline in place of its default (the demo's reduced ReConnect), with the
+    value the run used and the default it replaced."""
+    from rcn_fast.eval.pipeline_needs import pipeline_config_class
+
+    notes = []
+    model = results.get("model", {})
+    if model.get("name") and model.get("name") != model.get("spec"):
+        quant = f", {model['quantisation']}" if model.get("quantisation") else ""
+        notes.append(f"model: {model['name']}{quant} ({model['spec']})")
+    for task, conf in results["configs"].items():
+        for pipe, args in (conf.get("pipeline_args") or {}).items():
+            used = results.get("pipelines", {}).get(task, {}).get(pipe, {}).get("config")
+            if pipe not in results["results"].get(task, {}) or not isinstance(used, dict):
+                continue
+            try:
+                defaults = pipeline_config_class(pipe)()
+            except Exception:  # noqa: BLE001 - a pipeline whose config needs arguments: values only
+                defaults = None
+            shown = []
+            for key in args:
+                value = used.get(key, args[key])
+                value = Path(value).name if key == "prompts" and isinstance(value, str) else value
+                default = getattr(defaults, key, None) if defaults is not None else None
+                shown.append(f"{key}={value}" + (f" (default {default})" if default is not None else ""))
+            notes.append(f"{task} / {pipe}: the task file's settings in place of the defaults: "
+                         f"{', '.join(shown)} (--pipeline-args overrides them)")
+    return notes
 
 
 def task_summary_line(spec: TaskSpec, units: list[Any]) -> str:
@@ -199,10 +232,22 @@ def _build_info() -> Any:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _model_names(spec: Any) -> dict[str, Any]:
+    """``{"spec", "name", "quantisation"}`` of a model spec (no download)."""
+    from rcn_fast.model_files import describe_model
+
+    if not isinstance(spec, str):
+        return {"spec": spec}
+    d = describe_model(spec)
+    return {"spec": spec, "name": d.get("name"), **({"quantisation": d["quantisation"]} if "quantisation" in d else {})}
+
+
 def _write_atomic(path: Path, text: str) -> None:
+    """``text`` at ``path`` in the output folder (a temporary file, then a
+    rename), never through a symbolic link planted there (:mod:`rcn_fast._files`)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path.parent, tmp, text, what="output-path")
+    os.replace(tmp, no_links(path.parent, path, what="output-path"))
 
 
 def chance_level(spec: TaskSpec, questions: list[Any]) -> float | None:
@@ -271,7 +316,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
         "chance": {s.name: chance_level(s, state.questions[s.name]) for s in state.tasks},
         "pipelines": pipeline_configs,
         "config": cfg.to_dict(),
-        "model": {"spec": cfg.to_dict()["model"], "identity": llm_identity},
+        "model": {**_model_names(cfg.to_dict()["model"]), "identity": llm_identity},
         "corpora": state.corpora,
         "llm_usage": usage,
         "failures": failures,

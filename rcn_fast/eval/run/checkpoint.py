@@ -45,6 +45,8 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from rcn_fast._files import make_dirs, no_links, open_write, write_text
+
 try:
     import fcntl
 except ImportError:  # not on this platform (Windows)
@@ -105,13 +107,20 @@ class Checkpoint:
         ``check(record)`` raises ValueError for a record that is not a
         valid result (the rule of a fresh record); such a record read back
         is left out, with a :class:`DamagedRecordWarning`.
+    root : Path, optional
+        The output folder the file lies in (default: its folder): every
+        read and write goes through :mod:`rcn_fast._files`, so a symbolic
+        link planted between ``root`` and a file (``checkpoints/``, the
+        file itself) is refused (:class:`rcn_fast._files.LinkError`, naming
+        it) instead of followed.
     """
 
     def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None,
-                 check: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 check: Callable[[dict[str, Any]], None] | None = None, root: Path | None = None) -> None:
         from rcn_fast.eval.run.shards import shard_file, sibling_files
 
         base = Path(path)
+        self.root = Path(root) if root is not None else base.parent
         self.base_path = base
         self.path = base if shard is None or shard[1] == 1 else shard_file(base, *shard)
         self.meta_path = base.with_suffix(".meta.json")
@@ -120,6 +129,7 @@ class Checkpoint:
         self.records: dict[str, dict[str, Any]] = {}
         self._lines: dict[str, tuple[Path, int]] = {}  # where each record was read
         self._unreadable: dict[Path, list[tuple[int, str | None]]] = {}  # (line, its question id if readable)
+        no_links(self.root, base.parent, what="checkpoint")
         for other in sibling_files(base):
             if other != self.path:
                 self._load_other(other)
@@ -129,7 +139,7 @@ class Checkpoint:
     def _load_other(self, path: Path) -> None:
         """Records of a sibling file another process may be appending to:
         whole lines only, nothing repaired."""
-        data = path.read_bytes()
+        data = no_links(self.root, path, what="checkpoint").read_bytes()
         self._parse(data[: data.rfind(b"\n") + 1], path)
 
     def _drop_damaged(self) -> None:
@@ -163,12 +173,12 @@ class Checkpoint:
                 f"{which} are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
 
     def _load(self) -> None:
-        if not self.path.is_file():
+        if not no_links(self.root, self.path, what="checkpoint").is_file():
             return
         try:
-            f = open(self.path, "r+b")
+            f = open_write(self.root, self.path, "r+b", what="checkpoint")
         except PermissionError:  # a read-only file: read it, repair nothing
-            f, data = None, self.path.read_bytes()
+            f, data = None, no_links(self.root, self.path, what="checkpoint").read_bytes()
             good = data.rfind(b"\n") + 1
             data = data[:good]
         if f is not None:
@@ -210,28 +220,28 @@ class Checkpoint:
         return set(self.records)
 
     def stored_meta(self) -> dict[str, Any]:
-        if self.meta_path.is_file():
+        if no_links(self.root, self.meta_path, what="checkpoint").is_file():
             try:
-                return json.loads(self.meta_path.read_text())
+                return json.loads(no_links(self.root, self.meta_path, what="checkpoint").read_text())
             except json.JSONDecodeError:
                 return {}
         return {}
 
     def write_meta(self, extra: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root, self.path.parent, what="checkpoint")
         meta = {**self.stored_meta(), **self.meta, **extra}
         tmp = self.meta_path.with_suffix(f".{os.getpid()}.tmp")  # per process: two runs may share the folder
-        tmp.write_text(json.dumps(meta, indent=1, default=str))
-        os.replace(tmp, self.meta_path)
+        write_text(self.root, tmp, json.dumps(meta, indent=1, default=str), what="checkpoint")
+        os.replace(tmp, no_links(self.root, self.meta_path, what="checkpoint"))
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records and make them durable (flush + fsync)."""
         records = list(records)
         if not records:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root, self.path.parent, what="checkpoint")
         blob = "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records)
-        with open(self.path, "a+b") as f, _locked(f):
+        with open_write(self.root, self.path, "a+b", what="checkpoint") as f, _locked(f):
             data = blob.encode("utf-8")
             end = f.seek(0, os.SEEK_END)
             if end:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._files import inside
 from rcn_fast._paths import child_path
 from rcn_fast.eval.run.checkpoint import run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, MODEL_PACKAGES_HINT, EvalConfig, EvalError, encoder_defaults
@@ -39,7 +40,7 @@ def corpus_key(corpus: str | None) -> Any:
         return None
     p = Path(corpus)
     if p.is_dir() and (p / "manifest.json").is_file():
-        return {"store": hashlib.sha256((p / "manifest.json").read_bytes()).hexdigest()}
+        return {"store": hashlib.sha256(inside(p, "manifest.json", what="corpus").read_bytes()).hexdigest()}
     if p.is_file():
         return {"file": sha_file(p)}
     return {"missing": str(p)}
@@ -235,15 +236,12 @@ class Components:
         if corpus in self._retrievers:
             return self._retrievers[corpus]
         p = Path(corpus).expanduser()
-        if not p.exists():
-            raise EvalError(f"corpus: {p} does not exist (give a corpus store folder built with "
-                            f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
+        why = corpus_problem(corpus)
+        if why is not None:
+            raise EvalError(f"corpus: {why}")
         from rcn_fast.retrieval import Retriever
 
         if p.is_dir():
-            if not (p / "manifest.json").is_file():
-                raise EvalError(f"corpus: {p} is not a corpus store (no manifest.json); build one with "
-                                f"`python -m rcn_fast.corpus build --input FILE --encoder MODEL --out {p}`")
             enc = self.encoder() if (self.cfg.encoder is not None or self._encoder is not None) else None
             if enc is None:
                 _require_eval_deps()
@@ -300,9 +298,30 @@ class Components:
         return self._kb_retriever
 
 
+def corpus_problem(corpus: str) -> str | None:
+    """Why ``corpus`` cannot be a retrieval corpus, or None: it must be a
+    store folder (a ``manifest.json`` inside) or a file holding a non-blank
+    line (read only up to the first one). The one check of a plain eval,
+    ``--paper`` (before any row) and the loader."""
+    p = Path(corpus).expanduser()
+    if not p.exists():
+        return (f"{p} does not exist (give a corpus store folder built with `python -m rcn_fast.corpus build`, "
+                "or a .jsonl file of {id, text} passages)")
+    if p.is_dir():
+        if (p / "manifest.json").is_file():
+            return None
+        return (f"{p} is not a corpus store (no manifest.json); build one with "
+                f"`python -m rcn_fast.corpus build --input FILE --encoder MODEL --out {p}`")
+    with open(p, "rb") as f:
+        if not any(line.strip() for line in f):
+            return f"{p} is empty (a corpus file holds one passage per line, e.g. {{\"id\": ..., \"text\": ...}})"
+    return None
+
+
 def is_store(corpus: str | None) -> bool:
     """Whether ``corpus`` is a built store folder (a ``manifest.json`` inside)."""
     return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
-__all__ = ["Components", "model_key", "check_model_packages", "corpus_key", "is_store", "sha_file"]
+__all__ = ["Components", "model_key", "check_model_packages", "corpus_key", "corpus_problem", "is_store",
+           "sha_file"]

@@ -27,7 +27,7 @@ from typing import Any
 from rcn_fast._paths import child_path
 from rcn_fast.eval.run.checkpoint import Checkpoint, run_key
 from rcn_fast.eval.config import EvalConfig, EvalError
-from rcn_fast.eval.run.loading import corpus_key, is_store, log, model_key, sha_file
+from rcn_fast.eval.run.loading import corpus_key, corpus_problem, is_store, log, model_key, sha_file
 from rcn_fast.eval.pipeline_needs import (
     is_open_capable,
     may_use_retriever,
@@ -41,7 +41,8 @@ from rcn_fast.eval.pipeline_needs import (
 from rcn_fast.eval.metrics import Task, make_task
 from rcn_fast.eval.run.shards import shard_of
 from rcn_fast.eval.tasks.sources import LOCAL_DATA_HINT, hub_access, needs_hub
-from rcn_fast.eval.tasks.catalog import TaskError, TaskSpec, resolve_task, spec_key, task_corpus
+from rcn_fast.eval.tasks.catalog import (TaskError, TaskSpec, expand_task_folders, resolve_task, spec_key,
+                                         task_corpus)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Unit:
         """Read the checkpoint again (after other processes appended to it:
         Ray workers, shards) and recompute the pending questions."""
         ck = self.checkpoint
-        self.checkpoint = Checkpoint(ck.base_path, ck.meta, check=ck.check)
+        self.checkpoint = Checkpoint(ck.base_path, ck.meta, check=ck.check, root=ck.root)
         done = self.checkpoint.done()
         self.pending = [q for q in self.questions if q.id not in done]
 
@@ -143,9 +144,9 @@ def _check_resources(cfg: EvalConfig, spec: TaskSpec, p: str, cls: Any, corpus: 
     elif kind == "corpus" and corpus is None:
         raise EvalError(f"pipeline {p!r} needs a knowledge corpus for task {spec.name!r}: pass --corpus "
                         f"(a store folder from `python -m rcn_fast.corpus build`, or a .jsonl of passages)")
-    if corpus is not None and may_use_retriever(cls) and not Path(corpus).exists():
-        raise EvalError(f"corpus: {corpus} does not exist (give a corpus store folder built with "
-                        f"`python -m rcn_fast.corpus build`, or a .jsonl file of {{id, text}} passages)")
+    if corpus is not None and may_use_retriever(cls) and (why := corpus_problem(corpus)) is not None:
+        raise EvalError(f"corpus: {why}")
+
 
 
 def plan(cfg: EvalConfig, out: Path) -> Plan:
@@ -167,7 +168,8 @@ def plan(cfg: EvalConfig, out: Path) -> Plan:
     if unknown:
         raise EvalError(f"unknown pipeline(s) {unknown}; available pipelines: {', '.join(sorted(registry))}")
     try:
-        specs = [resolve_task(t, split=cfg.split, include_paths=cfg.include_path) for t in cfg.tasks]
+        entries = expand_task_folders(cfg.tasks, split=cfg.split, include_paths=cfg.include_path)
+        specs = [resolve_task(t, split=cfg.split, include_paths=cfg.include_path) for t in entries]
     except TaskError as exc:
         raise EvalError(str(exc)) from None
     names = [s.name for s in specs]
@@ -177,7 +179,7 @@ def plan(cfg: EvalConfig, out: Path) -> Plan:
     llm_key = model_key(cfg.model, cfg.model_args) if any(needs_llm(registry[p]) for p in cfg.pipelines) else None
     questions: dict[str, list[Any]] = {}
     units: list[Unit] = []
-    for spec, entry in zip(specs, cfg.tasks):
+    for spec, entry in zip(specs, entries):
         corpus = cfg.corpus or task_corpus(spec)  # resolved once per task; each unit keeps it
         task = make_task(spec)
         for p in cfg.pipelines:
@@ -239,7 +241,7 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
             **({"pipeline_key": extra} if extra is not None else {}),
         })
         path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
-        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None,
+        ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, root=out,
                         check=record_check(task, qs, seed), meta={
                         "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                         "model": llm_key if needs.llm else None,

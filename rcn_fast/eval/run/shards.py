@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from rcn_fast._files import make_dirs, no_links, write_text
+
 _ASSIGNED = re.compile(r"\.shard-(\d+)-of-(\d+)\.assigned\.json$")
 
 
@@ -65,7 +67,7 @@ def assignment_file(base: Path, shard_id: int, num_shards: int) -> Path:
 
 def _read_ids(path: Path) -> set[str]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(no_links(path.parent, path, what="checkpoint").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return set()
     return {str(i) for i in data.get("ids", [])} if isinstance(data, dict) else set()
@@ -76,11 +78,12 @@ def record_assignment(base: Path, shard_id: int, num_shards: int, ids: Iterable[
     given (written atomically; the union over the shard's runs)."""
     path = assignment_file(base, shard_id, num_shards)
     ids = _read_ids(path) | {str(i) for i in ids}
-    path.parent.mkdir(parents=True, exist_ok=True)
+    root = base.parent  # its checkpoint's folder (checked by the Checkpoint for links above it)
+    make_dirs(root, path.parent, what="checkpoint")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(root, tmp, json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
+               what="checkpoint")
+    os.replace(tmp, no_links(root, path, what="checkpoint"))
 
 
 def shard_gaps(base: Path, pending: Iterable[str]) -> list[dict[str, Any]]:

@@ -57,9 +57,10 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from rcn_fast._files import inside
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.loading import load_task_questions, split_inline_choices
-from rcn_fast.eval.tasks.sources import check_limit, hub_load_args
+from rcn_fast.eval.tasks.sources import check_limit, hub_load_args, is_layout_root, layout_file, layout_hint, layout_tasks
 from rcn_fast.eval.tasks.spec import (
     KINDS,
     PACKAGE_DIR,
@@ -87,10 +88,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         for k in ("local", "corpus"):
             v = data.get(k)
             if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
-                data[k] = str((path.parent / v).resolve())
+                data[k] = str(inside(path.parent, v, what=f"task file {path}: {k}"))  # no link out of the folder
     inc = data.pop("include", None)
     if inc is not None:
-        base = _read_yaml((path.parent / str(inc)).resolve(), seen + (path,))
+        base = _read_yaml(inside(path.parent, str(inc), what=f"task file {path}: include"), seen + (path,))
         data = {**base, **data}
     return data
 
@@ -245,6 +246,36 @@ def _name_and_split(text: str, arg: str) -> tuple[str, str | None]:
     return name.strip(), (split.strip() or None)
 
 
+def expand_task_folders(entries: Sequence[str], *, split: str | None = None,
+                        include_paths: Sequence[str] = ()) -> list[str]:
+    """``--tasks`` entries with each folder given alone (no ``NAME=``)
+    replaced by ``NAME=FILE`` for every known task whose question file of its
+    split (or ``split``) the folder holds in the commonsense layout
+    (``<task>/<task>-<split>.jsonl``), in the catalog's order; other entries
+    are kept as given.
+
+    Raises
+    ------
+    TaskError
+        A folder that holds no known task's file (the message names the
+        layout it expected).
+    """
+    out: list[str] = []
+    for entry in entries:
+        p = Path(entry).expanduser()
+        if "=" in entry or not p.is_dir():
+            out.append(entry)
+            continue
+        names = available_tasks(include_paths)
+        found = layout_tasks(p, names, lambda t: split or get_task(t, include_paths).split)
+        if not found:
+            raise TaskError(f"tasks: the folder {entry} holds no question file of a known task; expected the "
+                            f"commonsense layout, e.g. {layout_hint(p, 'obqa', split or 'test')}, or give "
+                            f"NAME={entry} for a folder of one task's files")
+        out += [f"{t}={f}" for t, f in found.items()]
+    return out
+
+
 def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[str] = ()) -> TaskSpec:
     """A ``--tasks`` entry -> TaskSpec.
 
@@ -277,6 +308,13 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
         p = Path(where).expanduser()
         if not p.exists():
             raise TaskError(f"task {name!r}: {where} does not exist")
+        if p.is_dir() and is_layout_root(p):  # the top of the commonsense layout: the task's own file in it
+            want = own_split or split or spec.split
+            found = layout_file(p, spec.name, want)
+            if found is None:
+                raise TaskError(f"task {name!r}: {where} is a folder in the commonsense layout without "
+                                f"{spec.name}'s file of the split {want!r}; expected {layout_hint(p, spec.name, want)}")
+            p = found
         if p.is_file():
             spec.local, spec.dataset = str(p.resolve()), None
         else:
@@ -305,5 +343,6 @@ def resolve_task(arg: str, *, split: str | None = None, include_paths: Sequence[
 
 
 __all__ = ["TaskSpec", "TaskError", "TaskCountWarning", "available_tasks", "registry", "get_task", "resolve_task",
+           "expand_task_folders",
            "load_task_questions", "task_corpus", "split_inline_choices", "spec_from_dict", "spec_key",
            "hub_load_args", "check_limit", "normalize_name", "PACKAGE_DIR", "TASKS_DIR", "PARQUET_REVISION", "KINDS"]

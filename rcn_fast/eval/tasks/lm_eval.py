@@ -16,8 +16,9 @@ The multiple-choice subset of that format is read::
 ``doc_to_text``, ``doc_to_choice`` and ``doc_to_target`` are what lm-eval
 takes: the name of a record field, or a Jinja template over the record's
 fields (rendered in Jinja's immutable sandbox with undefined names an
-error, within a budget of steps, time and sizes: :mod:`rcn_fast.eval.tasks.limits`,
-whose bounded YAML loader reads the files too; a ``doc_to_choice`` template renders a Python list literal, read
+error, within budgets of steps, time, sizes and memory: the template door
+:mod:`rcn_fast._templates`; the bounded YAML loader of :mod:`rcn_fast.eval.tasks.limits`
+reads the files; a ``doc_to_choice`` template renders a Python list literal, read
 with :func:`ast.literal_eval`), ``doc_to_choice`` also a list of the
 choices, ``doc_to_target`` also the answer's index. A target that renders
 to digits is the answer's index, another string must be one of the
@@ -48,7 +49,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml, render
+from rcn_fast._files import inside
+from rcn_fast._templates import TemplateRenderError, render_task_template
+from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml
 from rcn_fast.eval.tasks.sources import dataset_rows, take_n
 from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, read_task_yaml
 
@@ -84,7 +87,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     data = read_task_yaml(path, _Loader, seen[-1] if seen else None)
     inc = data.pop("include", None)
     if isinstance(inc, str):
-        data = {**_load((path.parent / inc).resolve(), seen + (path,)), **data}
+        data = {**_load(inside(path.parent, inc, what=f"task file {path}: include"), seen + (path,)), **data}
     return data
 
 
@@ -158,7 +161,8 @@ def spec_from_file(path: Path) -> TaskSpec:
     dk = dict(dk)
     revision = dk.pop("revision", None)
     src = str(data["dataset_path"])
-    local = (path.parent / src).resolve() if src.endswith((".jsonl", ".json")) else None
+    local = inside(path.parent, src, what=f"task file {path}: dataset_path") if src.endswith((".jsonl", ".json")) \
+        else None
     if local is not None and not local.is_file():
         raise TaskError(f"task file {path}: dataset_path {src} does not exist (looked for {local})")
     templates = {k: data[k] for k in ("doc_to_text", "doc_to_choice", "doc_to_target")}
@@ -173,12 +177,12 @@ def spec_from_file(path: Path) -> TaskSpec:
 # ------------------------------------------------------------------ records
 def _value(spec: Any, doc: dict[str, Any], key: str) -> Any:
     """lm-eval's reading of a doc_to_* setting: a field name, else a template
-    (rendered within the limits of :mod:`rcn_fast.eval.tasks.limits`)."""
+    (rendered through the bounded template door, :mod:`rcn_fast._templates`)."""
     if isinstance(spec, str):
         if spec in doc:
             return doc[spec]
         try:
-            return render(spec, doc)
+            return render_task_template(spec, doc)
         except TaskLimitError as exc:
             raise TaskLimitError(f"{key}: {exc}") from None
     return spec
@@ -194,8 +198,6 @@ def convert_doc(doc: dict[str, Any], templates: dict[str, Any], qid: str, where:
     rcn_fast.eval.tasks.limits.TaskLimitError
         A template over the render limits (the caller names the task file).
     """
-    from jinja2 import TemplateError
-
     from rcn_fast.data import DataFormatError, MCQuestion
 
     try:
@@ -208,7 +210,7 @@ def convert_doc(doc: dict[str, Any], templates: dict[str, Any], qid: str, where:
         target = _value(templates["doc_to_target"], doc, "doc_to_target")
     except TaskLimitError:
         raise
-    except TemplateError as exc:
+    except TemplateRenderError as exc:
         raise DataFormatError(f"{where}: template error: {exc}") from None
     except (ValueError, SyntaxError, RecursionError, MemoryError):
         raise DataFormatError(f"{where}: doc_to_choice did not render a list literal") from None

@@ -12,7 +12,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from rcn_fast.data.loaders import file_split
 from rcn_fast.eval.tasks.spec import PARQUET_REVISION, TaskError, TaskSpec, local_data_files, local_dataset_folder
@@ -169,5 +169,27 @@ def layout_file(folder: str | os.PathLike[str], task: str, split: str | None) ->
     return None
 
 
+def layout_tasks(folder: str | os.PathLike[str], tasks: Iterable[str],
+                 split_of: Callable[[str], str | None]) -> dict[str, Path]:
+    """``{task: question file}`` of each of ``tasks`` whose file of the split
+    ``split_of(task)`` is in ``folder`` in the commonsense layout
+    (:func:`layout_file`), in the order of ``tasks``."""
+    return {t: f for t in tasks if (f := layout_file(folder, t, split_of(t))) is not None}
+
+
+def is_layout_root(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` is the top of a commonsense layout: a sub-folder
+    ``<name>/`` holding ``<name>-<split>.jsonl`` files (``obqa/obqa-test.jsonl``)."""
+    root = Path(folder).expanduser()
+    return root.is_dir() and any(d.is_dir() and any(d.glob(f"{d.name}-*.jsonl")) for d in root.iterdir())
+
+
+def layout_hint(folder: str | os.PathLike[str], task: str, split: str | None) -> str:
+    """How the commonsense layout names ``task``'s file of ``split`` under ``folder``."""
+    name = LAYOUT_FOLDERS.get(task, (task,))[0]
+    return f"{Path(folder) / name / name}-{file_split(split)}.jsonl (<task>/<task>-<split>.jsonl)"
+
+
 __all__ = ["check_limit", "take_n", "hub_load_args", "is_saved", "split_files", "dataset_rows", "needs_hub",
-           "hub_access", "layout_file", "LOCAL_DATA_HINT", "LAYOUT_FOLDERS"]
+           "hub_access", "layout_file", "layout_tasks", "is_layout_root", "layout_hint", "LOCAL_DATA_HINT",
+           "LAYOUT_FOLDERS"]

@@ -20,9 +20,24 @@ Safety and staleness:
   converted it. Before a load every file is checked against it; a missing,
   damaged, extended or differently converted entry is deleted and rebuilt
   (with a warning);
+* an entry (or a folder above it) owned by another user or writable by
+  group or others is neither read nor written, with one warning
+  (:func:`rcn_fast._cache_dirs.trusted_cache`): the file is converted;
 * only data is read: safetensors weights, JSON config and tokenizer files
   (``trust_remote_code`` off); an entry holding a pickle or any other file
   the manifest does not list is rejected;
+* the tokenizer is read back as it was converted: transformers'
+  ``AutoTokenizer`` would pick the class of the entry's model type
+  (``Qwen2Tokenizer``...), and such a class rebuilds its own normalizer and
+  pre-tokenizer in place of the ones the GGUF reader built from the file's
+  ``tokenizer.ggml.pre`` (a Qwen2 file read fresh split text with GPT-2's
+  regex when it names no split, read back with Qwen2's regex and NFC: other
+  ids). Entries are read with the generic fast tokenizer class, which takes
+  ``tokenizer.json`` as written (:func:`read_tokenizer`), and a saved
+  tokenizer is read back and compared with the converted one (pipeline,
+  special tokens, chat template, the ids of a probe text) before the entry
+  is kept, so the first load of a file and every later load give the same
+  ids;
 * entries are written to a temporary folder and renamed into place, so a
   concurrent or interrupted load never sees half an entry. When the cache
   cannot be written (read-only, disk full) the converted model is used as
@@ -43,11 +58,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast import _arrays as A
+from rcn_fast._cache_dirs import trusted_cache
 from rcn_fast._hashing import sha256_file
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT = "rcn_fast-gguf-cache-1"
+#: 2: the tokenizer reloads as converted (format-1 entries named the architecture's class: rebuilt)
+CACHE_FORMAT = "rcn_fast-gguf-cache-2"
 MANIFEST = "rcn_fast_gguf.json"
 ENV = "RCN_FAST_GGUF_CACHE"
 # the only files an entry may hold: weights as safetensors, config and tokenizer as JSON/text
@@ -67,11 +84,11 @@ def cache_enabled() -> bool:
 
 def cache_dir_for(sha256: str) -> Path:
     """The entry folder of a GGUF file whose bytes hash to ``sha256``."""
-    from rcn_fast._cache_dirs import cache_root
+    from rcn_fast._cache_dirs import cache_dir
 
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise ValueError(f"sha256: expected 64 lowercase hex digits, got {sha256!r}")
-    return cache_root() / "gguf" / sha256
+    return cache_dir("gguf") / sha256
 
 
 def _transformers_version() -> str:
@@ -137,7 +154,7 @@ def _write_entry(entry: Path, model: Any, tok: Any, source: dict[str, Any], gguf
     tmp = entry.parent / f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
+        _save_tokenizer(tok, tmp)
         bad = [p.name for p in tmp.iterdir() if not p.is_file() or not p.name.endswith(_DATA_SUFFIXES)]
         if bad:
             raise OSError(f"transformers wrote files the cache does not keep: {bad}")
@@ -154,9 +171,69 @@ def _write_entry(entry: Path, model: Any, tok: Any, source: dict[str, Any], gguf
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# a text for the round-trip check of a saved tokenizer: digits, contractions, a decomposed accent (NFC
+# would compose it), whitespace runs, CJK and an emoji
+_PROBE = "It's 2 + 2 = 4, DON'T 12345!\n\n  cafe\u0301 caf\u00e9\t\t\u4f60\u597d \U0001f600  "
+
+
+def _save_tokenizer(tok: Any, folder: Path) -> None:
+    """Save ``tok`` in ``folder`` so that loading the folder gives the same tokenizer.
+
+    Raises
+    ------
+    OSError
+        The saved tokenizer loads back different from ``tok`` (the message
+        says what differs; the entry is not kept).
+    """
+    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tok.save_pretrained(str(folder))
+    config = folder / "tokenizer_config.json"
+    if config.is_file():  # the class the entry is read with (read_tokenizer), not the architecture's
+        meta = json.loads(config.read_text(encoding="utf-8"))
+        meta["tokenizer_class"] = tf.PreTrainedTokenizerFast.__name__
+        config.write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    back = read_tokenizer(folder)
+    problem = tokenizer_difference(tok, back)
+    if problem is not None:
+        raise OSError(f"the converted tokenizer does not load back the same from {folder} ({problem})")
+
+
+def read_tokenizer(folder: Path) -> Any:
+    """The tokenizer saved in ``folder`` (a cache entry) as it was saved:
+    transformers' generic fast tokenizer class reading ``tokenizer.json``
+    and ``tokenizer_config.json`` (never the class of the model type)."""
+    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    return tf.PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
+
+
+def tokenizer_difference(a: Any, b: Any) -> str | None:
+    """What differs between transformers tokenizers ``a`` and ``b``, or None.
+
+    Compared: the ``tokenizers`` pipeline (``tokenizer.json``: normalizer,
+    pre-tokenizer, model, added tokens, post-processor, decoder), the
+    special tokens and their ids, the chat template, and the ids of a probe
+    text holding every special token, with and without ``add_special_tokens``.
+    """
+    pipelines = [getattr(t, "backend_tokenizer", None) for t in (a, b)]
+    if None not in pipelines:
+        texts = [p.to_str() for p in pipelines]  # ~1.5 MB for a 50k vocabulary: parsed only when the texts differ
+        if texts[0] != texts[1] and json.loads(texts[0]) != json.loads(texts[1]):
+            return "the tokenizer.json pipelines differ"
+    for name in ("special_tokens_map", "all_special_tokens", "chat_template", "bos_token_id", "eos_token_id",
+                 "pad_token_id", "unk_token_id"):
+        if getattr(a, name, None) != getattr(b, name, None):
+            return f"{name}: {getattr(a, name, None)!r} != {getattr(b, name, None)!r}"
+    probe = _PROBE + "".join(a.all_special_tokens) + _PROBE
+    for special in (False, True):
+        ids = [t.encode(probe, add_special_tokens=special) for t in (a, b)]
+        if ids[0] != ids[1]:
+            return f"the ids of a probe text (add_special_tokens={special}): {ids[0]} != {ids[1]}"
+    return None
+
+
 def _load_entry(entry: Path, cfg: Any) -> tuple[Any, Any]:
     tf = A.require("transformers", "pip install 'transformers>=4.56'")
-    tok = tf.AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
+    tok = read_tokenizer(entry)
     model = tf.AutoModelForCausalLM.from_pretrained(
         str(entry), dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn(),
         use_safetensors=True, trust_remote_code=False,
@@ -189,6 +266,8 @@ def load_gguf_cached(path: Path, cfg: Any, convert: Converter) -> tuple[Any, Any
 
     source = file_fingerprint(path)
     entry = cache_dir_for(str(source["sha256"]))
+    if not trusted_cache(entry, what="GGUF cache"):  # another user could have written it: convert, keep nothing
+        return convert(path, cfg)
     if entry.exists():
         try:
             verify_entry(entry, str(source["sha256"]))
@@ -216,15 +295,14 @@ def cached_tokenizer(path: Path) -> Any | None:
 
     sha = str(file_fingerprint(path)["sha256"])
     entry = cache_dir_for(sha)
-    if not entry.exists():
+    if not entry.exists() or not trusted_cache(entry, what="GGUF cache"):
         return None
     try:
         verify_entry(entry, sha)
     except StaleEntry:
         return None
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
-    return tf.AutoTokenizer.from_pretrained(str(entry), trust_remote_code=False)
+    return read_tokenizer(entry)
 
 
-__all__ = ["load_gguf_cached", "cached_tokenizer", "verify_entry", "cache_dir_for", "cache_enabled",
-           "StaleEntry", "CACHE_FORMAT", "MANIFEST", "ENV"]
+__all__ = ["load_gguf_cached", "cached_tokenizer", "read_tokenizer", "tokenizer_difference", "verify_entry",
+           "cache_dir_for", "cache_enabled", "StaleEntry", "CACHE_FORMAT", "MANIFEST", "ENV"]

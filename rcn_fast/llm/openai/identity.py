@@ -18,8 +18,8 @@ adds what the server itself tells:
 
 Both are asked once per client (then kept), and
 :attr:`rcn_fast.llm.openai.client.OpenAILLM.identity` -- the key of the call
-cache -- ends with their digest. What this cannot see is listed in the
-README (call cache section): a model swapped while a client runs, a
+cache -- ends with their digest. What this cannot see is listed in
+docs/llms.md (the call cache): a model swapped while a client runs, a
 server that lists nothing and returns no log-probs, and two models that
 agree on the probe to 0.1 and report the same ``/v1/models`` fields.
 """

@@ -46,7 +46,11 @@ Limits (:mod:`rcn_fast.llm.server.limits`, each a constructor keyword and a
 CLI option): a prompt longer than the context window or ``max_tokens``
 beyond what is left of it is HTTP 400 with the numbers (as vLLM); ``n``,
 prompts x ``n``, top log-probs and prompt-log-prob entries are capped;
-non-finite or out-of-range numbers are 400 naming the field; a body over
+every string and list a request holds has a size budget checked before any
+work (stop strings: count and characters; messages; prompts); non-finite
+or out-of-range numbers (a 5,000-digit ``max_tokens``) and invalid UTF-16
+(a lone surrogate) are 400 naming the field; a chat template that fails or
+exceeds its budgets on the request's messages is 400; a body over
 ``max_body_bytes`` is 413, a malformed ``Content-Length`` (or two that
 differ) 400; a request
 must arrive within ``read_timeout``; at most ``max_connections``
@@ -88,10 +92,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from rcn_fast._templates import TemplateLimitError, TemplateRenderError, chat_prompt
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.server.limits import (
-    APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, check_model, client_gone,
-    content_length, logit_bias, refuse_connection, resolve_context, sampling_params,
+    APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, check_model, check_request_sizes,
+    client_gone, content_length, logit_bias, longest_token_chars, parse_request, refuse_connection, resolve_context,
+    sampling_params,
 )
 from rcn_fast.llm.server.protocol import ServedModel, is_served_model
 
@@ -131,6 +137,8 @@ class OpenAIServer(ThreadingHTTPServer):
         self.limits = ServeLimits(**limits)
         #: The context window enforced on prompt + max_tokens.
         self.context = resolve_context(self.limits, llm.context_length, llm.name)
+        #: The most characters one token stands for (the request size budgets, :func:`check_request_sizes`).
+        self.longest_token = longest_token_chars(llm.tokenizer)
         self.watchdog = ReadWatchdog()
         super().__init__((host, port), _Handler)  # a failed bind calls server_close, which stops the watchdog
         self.llm = llm
@@ -228,12 +236,15 @@ class OpenAIServer(ThreadingHTTPServer):
         cont = bool(body.get("continue_final_message", False)) and self.extensions
         if cont and chat[-1]["role"] != "assistant":
             raise APIError(400, "continue_final_message needs a final assistant message")
-        if cont or not chatlib.has_chat_template(tok):
-            text = chatlib.render_chat(tok, chat, system_role=self.llm.system_role)
-        else:
-            folded = chat if self.llm.system_role else chatlib.fold_system(chat)
-            gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
-            text = tok.apply_chat_template(folded, tokenize=False, add_generation_prompt=gen_prompt)
+        try:
+            if cont or not chatlib.has_chat_template(tok):
+                text = chatlib.render_chat(tok, chat, system_role=self.llm.system_role)
+            else:
+                folded = chat if self.llm.system_role else chatlib.fold_system(chat)
+                gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
+                text = chat_prompt(tok, folded, add_generation_prompt=gen_prompt)
+        except (TemplateLimitError, TemplateRenderError) as exc:  # the chat is the client's: 400, as vLLM
+            raise APIError(400, f"messages: {exc}") from None
         ids = list(tok.encode(text, add_special_tokens=not chatlib.has_chat_template(tok)))
         if not ids:
             raise APIError(400, "messages: the chat encodes to no tokens")
@@ -482,12 +493,11 @@ class _Handler(BaseHTTPRequestHandler):
         if raw is None or self._fault():
             return
         try:
-            body = json.loads(raw or b"{}")
-            if not isinstance(body, dict):
-                raise APIError(400, "expected a JSON object")
+            body = parse_request(raw)
             route = self.path.rstrip("/")
             if route in ("/v1/chat/completions", "/v1/completions"):
                 check_model(body, self.server.model_name)
+                check_request_sizes(body, self.server.limits, self.server.context, self.server.longest_token)
             if route == "/v1/chat/completions":
                 out = self.server.chat_completions(body, self.connection)
             elif route == "/v1/completions":
@@ -504,12 +514,6 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             else:
                 self._error(504, str(exc))
-            return
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            self._error(400, f"invalid JSON: {exc}")
-            return
-        except RecursionError:
-            self._error(400, "invalid JSON: nested too deeply")
             return
         except Exception as exc:  # an internal error is a 500 with its message
             self._error(500, f"{type(exc).__name__}: {exc}")

@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-n", type=int, default=_D.max_n, help="cap on n (default %(default)s, OpenAI's)")
     ap.add_argument("--max-seqs", type=int, default=_D.max_seqs,
                     help="cap on prompts x n of one request (default %(default)s)")
+    ap.add_argument("--max-stop", type=int, default=_D.max_stop, help="cap on stop strings (default %(default)s)")
+    ap.add_argument("--max-stop-chars", type=int, default=_D.max_stop_chars,
+                    help="cap on the characters of a request's stop strings together (default %(default)s)")
+    ap.add_argument("--max-messages", type=int, default=_D.max_messages,
+                    help="cap on the messages of a chat request (default %(default)s)")
+    ap.add_argument("--max-prompt-chars", type=int, default=_D.max_prompt_chars,
+                    help="cap on the characters of a request's prompts or messages together (default: what the "
+                         "context window can hold)")
     ap.add_argument("--max-logprob-entries", type=int, default=_D.max_logprob_entries,
                     help="cap on prompt tokens x n x (top-k + 1) of an echo / prompt_logprobs request "
                          "(default %(default)s)")
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         limits = ServeLimits(
             max_model_len=args.max_model_len, max_n=args.max_n, max_seqs=args.max_seqs,
-            max_logprobs=args.max_logprobs, max_logprob_entries=args.max_logprob_entries,
+            max_logprobs=args.max_logprobs, max_logprob_entries=args.max_logprob_entries, max_stop=args.max_stop,
+            max_stop_chars=args.max_stop_chars, max_messages=args.max_messages, max_prompt_chars=args.max_prompt_chars,
             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
             request_timeout=args.request_timeout, max_queue=args.max_queue,
             max_connections=args.max_connections, api_key=api_key,

@@ -11,6 +11,14 @@ cannot take it over:
   capped; top log-probs are capped for ``logprobs``, ``top_logprobs`` and
   ``prompt_logprobs``; prompt log-probs are computed ``logprob_chunk``
   positions at a time (only the top ``k`` of each position are kept);
+* every string and list of a request has a budget checked before any work
+  (:func:`parse_request`, :func:`check_request_sizes`): ``stop`` strings
+  (``max_stop`` of them, ``max_stop_chars`` characters together, none
+  longer than the context window can hold), ``messages``
+  (``max_messages``), prompts (``max_seqs`` of them, token lists no longer
+  than the context, ``max_prompt_chars`` characters together); a lone
+  UTF-16 surrogate in any string or an integer of more than
+  :data:`MAX_INT_DIGITS` digits is HTTP 400 naming the field, never a 500;
 * a request body above ``max_body_bytes`` is 413; the request line, headers
   and body must arrive within ``read_timeout`` seconds (a stalled or
   dripping connection is closed, so is a kept-alive one idle that long);
@@ -80,6 +88,17 @@ class ServeLimits:
         (vLLM's default 20); None: the vocabulary.
     max_stop : int
         Most ``stop`` strings a request may give.
+    max_stop_chars : int
+        Characters of a request's ``stop`` strings together (transformers'
+        stop-string matcher builds a table of vocabulary x stop-string
+        characters for each request, and keeps the last few).
+    max_messages : int
+        Most ``messages`` of a chat request.
+    max_prompt_chars : int or None
+        Characters of a request's prompts (or of its messages' contents)
+        together; None: what can fit the context window -- the context
+        times four times the vocabulary's longest token (in characters:
+        no text longer can encode to fewer tokens than the context holds).
     max_body_bytes : int
         Largest request body (HTTP 413 above).
     read_timeout : float
@@ -107,6 +126,9 @@ class ServeLimits:
     max_seqs: int = 1024
     max_logprobs: int | None = 20
     max_stop: int = 16
+    max_stop_chars: int = 256
+    max_messages: int = 1024
+    max_prompt_chars: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     read_timeout: float = 30.0
     request_timeout: float = 300.0
@@ -117,15 +139,15 @@ class ServeLimits:
     api_key: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_seqs", "max_stop", "max_body_bytes", "max_queue", "max_connections",
-                     "max_logprob_entries", "logprob_chunk"):
+        for name in ("max_n", "max_seqs", "max_stop", "max_stop_chars", "max_messages", "max_body_bytes", "max_queue",
+                     "max_connections", "max_logprob_entries", "logprob_chunk"):
             v = getattr(self, name)
             if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
-        for name in ("max_model_len", "max_logprobs"):
+        for name in ("max_model_len", "max_logprobs", "max_prompt_chars"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or v < (1 if name == "max_model_len" else 0)):
-                raise ValueError(f"{name}: expected an int >= {1 if name == 'max_model_len' else 0} or None, got {v!r}")
+            if v is not None and (not is_int(v) or v < (0 if name == "max_logprobs" else 1)):
+                raise ValueError(f"{name}: expected an int >= {0 if name == 'max_logprobs' else 1} or None, got {v!r}")
         for name in ("read_timeout", "request_timeout"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -148,6 +170,123 @@ def resolve_context(limits: ServeLimits, model_context: int | None, model: str) 
 
 
 # ------------------------------------------------------------ request fields
+#: Digits of the longest integer a request may write (a seed is at most 20).
+MAX_INT_DIGITS = 40
+
+
+class OversizedNumber:
+    """An integer of more than :data:`MAX_INT_DIGITS` digits in a request
+    (never converted: :func:`parse_request` answers 400 naming its field)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits:,} digits>"
+
+
+def _json_int(text: str) -> int | OversizedNumber:
+    return int(text) if len(text) <= MAX_INT_DIGITS else OversizedNumber(len(text.lstrip("-")))
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The index of the first lone UTF-16 surrogate of ``text`` (None when it has none)."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as exc:
+        return exc.start
+
+
+def parse_request(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, every value checked before any
+    work: HTTP 400 for invalid JSON, a body that is not an object, a
+    string (or key) holding a lone UTF-16 surrogate (``"\\ud800"``: it
+    cannot be encoded, so no tokenizer can read it) or an integer of more
+    than :data:`MAX_INT_DIGITS` digits -- each naming the field
+    (``messages[0].content``, ``max_tokens``)."""
+    try:
+        body = json.loads(raw or b"{}", parse_int=_json_int)
+    except RecursionError:
+        raise APIError(400, "invalid JSON: nested too deeply") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"invalid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "expected a JSON object")
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            at = _lone_surrogate(v)
+            if at is not None:
+                raise APIError(400, f"{where}: invalid text: a lone UTF-16 surrogate {v[at]!r} at character {at}")
+        elif isinstance(v, OversizedNumber):
+            raise APIError(400, f"{where}: expected a number in range, got {v!r}")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if _lone_surrogate(k) is not None:
+                    raise APIError(400, f"{where or 'body'}: a key holds a lone UTF-16 surrogate ({k[:40]!r})")
+                stack.append((f"{where}.{k}" if where else k, x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+    return body
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (its
+    longest vocabulary entry: a byte-level entry has one symbol per byte,
+    at least one per character)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
+
+
+def check_request_sizes(body: dict[str, Any], limits: ServeLimits, context: int, longest_token: int) -> None:
+    """Every string and list of a request that the server reads, held to its
+    budget before any work (HTTP 400 naming the field): ``stop`` (at most
+    ``max_stop`` strings of ``max_stop_chars`` characters together, none
+    longer than the context window can hold), ``messages`` (at most
+    ``max_messages``), ``prompt`` (at most ``max_seqs`` prompts, a token
+    list no longer than the context) and the characters of the prompts or
+    messages together (``max_prompt_chars``)."""
+    fits = context * longest_token  # the most characters the context window can hold
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+            raise APIError(400, "stop: expected a non-empty string or a list of non-empty strings")
+        if len(stops) > limits.max_stop:
+            raise APIError(400, f"stop: {len(stops)} strings, more than the server's max_stop ({limits.max_stop})")
+        total = sum(len(x) for x in stops)
+        longest = max(range(len(stops)), key=lambda i: len(stops[i]), default=0)
+        if stops and len(stops[longest]) > fits:
+            raise APIError(400, f"stop[{longest}]: {len(stops[longest]):,} characters, longer than the "
+                                f"{context}-token context window can hold; it could never match")
+        if total > limits.max_stop_chars:
+            raise APIError(400, f"stop: {total:,} characters in all, more than the server's max_stop_chars "
+                                f"({limits.max_stop_chars})")
+    budget = limits.max_prompt_chars or 4 * fits
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > limits.max_messages:
+            raise APIError(400, f"messages: {len(messages)} messages, more than the server's max_messages "
+                                f"({limits.max_messages})")
+        chars = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+        if chars > budget:
+            raise APIError(400, f"messages: {chars:,} characters of content, more than the context window can hold "
+                                f"(max_prompt_chars {budget:,})")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(is_int(t) for t in prompt):
+        if len(prompt) > limits.max_seqs:
+            raise APIError(400, f"prompt: {len(prompt)} prompts, more than the server's max_seqs ({limits.max_seqs})")
+        for i, p in enumerate(prompt):
+            if isinstance(p, list) and len(p) > context:
+                raise APIError(400, f"prompt[{i}]: {len(p)} tokens, more than the {context}-token context window")
+    texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)] \
+        if isinstance(prompt, list) else []
+    if sum(map(len, texts)) > budget:
+        raise APIError(400, f"prompt: {sum(map(len, texts)):,} characters, more than the context window can hold "
+                            f"(max_prompt_chars {budget:,})")
+
+
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -210,8 +349,6 @@ def sampling_params(body: dict[str, Any], prompt_lens: list[int], limits: ServeL
                             f"server's max_seqs ({limits.max_seqs})")
     seed = _int(body, "seed", 0, -(2**63), 2**64 - 1)
     stop = body.get("stop")
-    if isinstance(stop, list) and len(stop) > limits.max_stop:
-        raise APIError(400, f"stop: {len(stop)} strings, more than the server's max_stop ({limits.max_stop})")
     try:
         return GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, num_samples=n,
                                 seed=seed or 0, stop=stop)
@@ -241,6 +378,8 @@ def logit_bias(body: dict[str, Any], vocab_size: int) -> dict[int, float] | None
     bias = body.get("logit_bias")
     if bias is None:
         return None
+    if isinstance(bias, dict) and (len(bias) > vocab_size or any(len(str(k)) > MAX_INT_DIGITS for k in bias)):
+        raise APIError(400, f"logit_bias: {len(bias)} entries, expected at most one per token id in [0, {vocab_size})")
     try:
         return check_logit_bias(bias, vocab_size) or None
     except ValueError as exc:
@@ -447,6 +586,7 @@ class RequestGuard:
         return _Ctx()
 
 
-__all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_k", "sampling_params",
+__all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "parse_request",
+           "check_request_sizes", "longest_token_chars", "OversizedNumber", "MAX_INT_DIGITS", "check_k", "sampling_params",
            "content_length", "check_model", "logit_bias", "is_loopback", "exposure_warning", "client_gone",
            "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]

@@ -32,7 +32,7 @@ logger = logging.getLogger("rcn_fast.retrieval")
 
 #: padded tokens per batch on the CPU (where larger batches only cost cache:
 #: ~32 statements of 16 tokens, measured best with ONNX Runtime on this project's
-#: 2-core machine; see README "Reproducing the paper")
+#: 2-core machine; see docs/paper.md)
 CPU_BATCH_TOKENS = 512
 #: largest automatic budget on a GPU (beyond it a BERT-base forward gains nothing)
 MAX_DEVICE_BATCH_TOKENS = 1 << 18

@@ -6,6 +6,7 @@ providers actually used (logged, never a silent fallback), and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -22,6 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from rcn_fast._arrays import optional_available, require
+from rcn_fast._cache_dirs import cache_dir as folder_of_cache
+from rcn_fast._cache_dirs import trusted_cache
 from rcn_fast.model_files import model_fingerprint
 from rcn_fast.retrieval.encoders.base import (
     DTYPE_ALIASES, EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig,
@@ -34,9 +37,7 @@ logger = logging.getLogger("rcn_fast.retrieval")
 
 def default_cache_dir() -> Path:
     """``<rcn_fast cache>/onnx`` (see :func:`rcn_fast._cache_dirs.cache_root`)."""
-    from rcn_fast._cache_dirs import cache_root
-
-    return cache_root() / "onnx"
+    return folder_of_cache("onnx")
 
 
 def corpus_backend(device: str | None, quantize: str | None = None, dtype: str | None = None) -> str:
@@ -221,7 +222,9 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     the folder (or every time with ``verify=True``). A damaged export in a
     cache folder is exported again (logged); one inside the model folder
     (``cache_dir="model"``) is refused with a ValueError naming the folder
-    to delete.
+    to delete. A cache folder another user owns or could write is not used
+    (one warning, :func:`rcn_fast._cache_dirs.trusted_cache`): the model is
+    exported afresh into a private temporary folder for this process.
     """
     torch = require("torch", TORCH_HINT)
     require("onnx", ONNX_HINT)
@@ -240,6 +243,12 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     else:
         root = Path(cache_dir)
     target = root / f"{model_dir.name}-{pooling}-{key}"
+    if str(cache_dir) != "model" and not trusted_cache(target, None if cache_dir is None else root,
+                                                        what="ONNX export cache"):
+        # another user could have written it: export afresh into a private folder, for this process
+        root = Path(tempfile.mkdtemp(prefix="rcn_fast-onnx-"))
+        atexit.register(shutil.rmtree, root, True)
+        target = root / target.name
     onnx_path = target / "model.onnx"
     if not _reusable(target, owned=str(cache_dir) != "model", verify=verify):
         root.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,6 @@ class GGUFLLM(LocalBackend):
                              max_batch_tokens=self.config.max_batch_tokens, min_prefix=self.config.min_prefix,
                              before_step=self._before_step)
         self._step_checks: dict[int, Callable[[], None]] = {}
-        self.tokenizer.check_template()
         self.tokenizer.wait()  # a vocabulary that cannot be built fails the load, not the first question
         self.cost = CostTracker()
         #: The model's context window in tokens (None when the file declares none).

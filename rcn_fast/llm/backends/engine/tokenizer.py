@@ -4,8 +4,8 @@
 file's ``tokenizer.ggml.*`` arrays the way transformers' GGUF reader does
 (so both give the same ids: tests/llm/test_engine_smollm2.py checks it on
 the chat templates and texts the pipelines use), and renders the chat
-template with jinja2 in a sandbox configured as transformers configures
-it. It offers the part of the transformers tokenizer API that rcn_fast
+template through the bounded template door (:mod:`rcn_fast._templates`,
+configured as transformers configures chat templates). It offers the part of the transformers tokenizer API that rcn_fast
 uses (``encode``, ``decode``, ``apply_chat_template``, ``get_vocab``,
 ``convert_tokens_to_ids``, the special tokens), so chat rendering
 (:mod:`rcn_fast.llm.chat`) and label ids (:mod:`rcn_fast.llm.scoring.labels`) work
@@ -13,10 +13,14 @@ on it unchanged.
 
 Supported: byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``:
 Llama 3, SmolLM, Qwen2, Mistral-Nemo, ...), with the pre-tokenizer split
-of the file's ``tokenizer.ggml.pre`` where transformers knows one (else its
-architecture's, else GPT-2's). Other vocabularies (SentencePiece ``"llama"``), and
-one without merges (absent or empty), raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel`
-naming ``engine="transformers"`` when the :class:`GGUFTokenizer` is made; a
+of the file's ``tokenizer.ggml.pre`` where transformers knows one, else
+GPT-2's whatever the architecture, as transformers' GGUF reader does
+(``gpt-2`` names GPT-2's split in llama.cpp too; a file without
+``tokenizer.ggml.pre`` is one llama.cpp reads with its own "default" split
+and a warning that generation quality will be degraded). Other
+vocabularies (SentencePiece ``"llama"``), and one without merges (absent or
+empty), raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel` naming
+``engine="transformers"`` when the :class:`GGUFTokenizer` is made; a
 malformed one (no tokens, special ids outside the vocabulary or not ints,
 token types of another length, a merge that is not two tokens of the
 vocabulary joined by one space) is a
@@ -29,7 +33,9 @@ a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
 (the header holds the whole vocabulary, merges, special tokens and
 template, so the key is exact), with a manifest recording the tokenizers
 version, the builder's version and the file's size and checksum; an entry that fails these checks
-is rebuilt, one that cannot be written is skipped (``RCN_FAST_GGUF_CACHE=0``
+is rebuilt, one that cannot be written is skipped, one in a cache another
+user owns or could write is neither read nor replaced (one warning:
+:func:`rcn_fast._cache_dirs.trusted_cache`) (``RCN_FAST_GGUF_CACHE=0``
 turns the cache off). :class:`GGUFTokenizer` builds or reads it on a
 background thread; the engine waits for it (:meth:`GGUFTokenizer.wait`) at
 the end of its load, so a vocabulary that cannot be built fails the load,
@@ -45,7 +51,6 @@ import os
 import shutil
 import threading
 import uuid
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,7 +62,7 @@ from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
 #: bumped when build_backend builds differently (an entry of another version is rebuilt)
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 logger = logging.getLogger(__name__)
 
 # GGUF token types
@@ -76,9 +81,6 @@ PRE_TOKENIZER_SPLITS = {
     "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "pixtral": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
 }
-#: general.architecture -> the split of its own tokenizer class (transformers' Qwen2Tokenizer), where the
-#: file names no known pre-tokenizer
-ARCH_SPLITS = {"qwen2": _QWEN2_SPLIT}
 
 
 @lru_cache(maxsize=1)
@@ -177,8 +179,7 @@ def build_backend(g: GGUFFile) -> Any:
     bpe = tk.models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     tok = tk.Tokenizer(bpe)
-    split = PRE_TOKENIZER_SPLITS.get(g.meta("tokenizer.ggml.pre", "str", None)) or \
-        ARCH_SPLITS.get(g.meta("general.architecture", "str", None))
+    split = PRE_TOKENIZER_SPLITS.get(g.meta("tokenizer.ggml.pre", "str", None))
     if split is None:
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     else:
@@ -205,10 +206,10 @@ def build_backend(g: GGUFFile) -> Any:
 
 def cache_dir() -> Path | None:
     """The folder of the tokenizer cache, or None when ``RCN_FAST_GGUF_CACHE`` turns it off."""
-    from rcn_fast._cache_dirs import cache_root
+    from rcn_fast._cache_dirs import cache_dir as folder
     from rcn_fast.llm.backends.gguf_cache import cache_enabled
 
-    return cache_root() / "gguf-tokenizers" if cache_enabled() else None
+    return folder("gguf-tokenizers") if cache_enabled() else None
 
 
 def _read_cached(entry: Path, source: str) -> Any | None:
@@ -259,11 +260,17 @@ def _write_cached(entry: Path, source: str, tok: Any) -> None:
 
 def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     """:func:`build_backend` through the tokenizer cache in ``folder``
-    (module notes; None: no cache)."""
+    (module notes; None: no cache). An entry another user owns or could
+    write is neither read nor replaced
+    (:func:`rcn_fast._cache_dirs.trusted_cache`)."""
+    from rcn_fast._cache_dirs import trusted_cache
+
     if folder is None:
         return build_backend(g)
     source = hashlib.sha256(g.header_bytes()).hexdigest()
     entry = folder / source
+    if not trusted_cache(entry, what="GGUF tokenizer cache"):  # another user could have written it: not read
+        return build_backend(g)
     if entry.exists():
         tok = _read_cached(entry, source)
         if tok is not None:
@@ -274,41 +281,6 @@ def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     except OSError as exc:
         logger.warning("GGUF tokenizer of %s not cached in %s (%s)", g.path, entry, exc)
     return tok
-
-
-@lru_cache(maxsize=16)
-def _compile_template(template: str) -> Any:
-    """A chat template compiled in jinja2's immutable sandbox with the
-    options and helpers transformers gives templates."""
-    A.require("jinja2", HINT)
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class _Generation(jinja2.ext.Extension):  # {% generation %}...{% endgeneration %}: rendered as is
-        tags = {"generation"}
-
-        def parse(self, parser: Any) -> Any:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller: Any) -> str:
-            return caller()
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=[_Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
 
 
 class GGUFTokenizer:
@@ -367,25 +339,6 @@ class GGUFTokenizer:
         self._done.wait()
         if self._error is not None:
             raise self._error
-
-    def check_template(self) -> None:
-        """Compile the chat template now (the engine calls it at load): a
-        template that does not parse is the file's fault, refused at load,
-        not at the first chat. Skipped where jinja2 is not installed (the
-        first chat names the install then).
-
-        Raises
-        ------
-        GGUFError
-            The template does not compile (the message names the file).
-        """
-        if not self.chat_template or not A.optional_available("jinja2"):
-            return
-        try:
-            _compile_template(self.chat_template)
-        except Exception as exc:  # noqa: BLE001 -- jinja2's TemplateSyntaxError and what a bounded environment raises
-            raise GGUFError(f"{self.path}: tokenizer.chat_template does not compile ({type(exc).__name__}: {exc})") \
-                from None
 
     @property
     def backend(self) -> Any:
@@ -460,14 +413,16 @@ class GGUFTokenizer:
 
     def apply_chat_template(self, conversation: Sequence[dict[str, Any]], tokenize: bool = False,
                             add_generation_prompt: bool = False, **kwargs: Any) -> Any:
-        """The chat rendered by the file's template (transformers' rendering:
-        jinja2's immutable sandbox, ``trim_blocks``/``lstrip_blocks``, the
-        special tokens as variables). ``tokenize=True`` returns ids."""
+        """The chat rendered by the file's template through the bounded
+        template door (:func:`rcn_fast._templates.render_chat_template`:
+        transformers' rendering, the special tokens as variables, within
+        budgets). ``tokenize=True`` returns ids."""
+        from rcn_fast._templates import render_chat_template
+
         if not self.chat_template:
             raise ValueError(f"{self.path} has no chat template (tokenizer.chat_template)")
-        text = _compile_template(self.chat_template).render(
-            messages=[dict(m) for m in conversation], add_generation_prompt=add_generation_prompt, tools=None,
-            documents=None, **{**self.special_tokens_map, **kwargs})
+        text = render_chat_template(self.chat_template, conversation, add_generation_prompt=add_generation_prompt,
+                                    **{**self.special_tokens_map, **kwargs})
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
