@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rcn_fast.llm.backends.engine.architecture import claim_tensors, read_hparams
+from rcn_fast.llm.backends.engine.architecture import UnsupportedModel, claim_tensors, read_hparams
 from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 
@@ -138,4 +138,4 @@ class NativeLlama:
         return out
 
 
-__all__ = ["NativeLlama", "KVCache"]
+__all__ = ["NativeLlama", "KVCache", "UnsupportedModel"]  # UnsupportedModel: its old home, re-exported for old import paths
