@@ -97,6 +97,29 @@ def test_native(benchmark, record, corpora, queries, Q, dtype):
     np.testing.assert_allclose(s[:1], rs, rtol=1e-4, atol=1e-3)
 
 
+@pytest.fixture(scope="module")
+def cpu_int8(corpora):
+    """Each corpus with its int8 copy (rcn_fast.search.int8_bounded), built once."""
+    from rcn_fast.search.int8_bounded import Int8Corpus, build_int8
+
+    return {dt: Int8Corpus(c, build_int8(c)) for dt, c in corpora.items()}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Q", (1, 32))
+def test_native_int8(benchmark, record, cpu_int8, queries, Q, dtype):
+    """The exact int8 bounded scan on the CPU (opt-in: it reads a quarter of
+    a float32 corpus, which pays where the scan is bound by memory
+    bandwidth); the same ids as the native scan."""
+    c, q = cpu_int8[dtype], queries[Q]
+    benchmark.group = f"topn N={N} Q={Q} {dtype}"
+    s, i = _run(benchmark, rcn_fast.topn, q, c, K)
+    _extra(benchmark, Q, c.rows)
+    record(benchmark.group, "native_int8", benchmark)
+    _, ri = rcn_fast.topn(q[:1], c.rows, K)
+    np.testing.assert_array_equal(np.asarray(i[:1]), np.asarray(ri))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("Q", QS)
 def test_numpy(benchmark, record, corpora, queries, Q, dtype):

@@ -32,7 +32,16 @@ import pytest
 os.environ.setdefault("RCN_FAST_SHARED", str(Path(__file__).resolve().parents[1].parent / "shared"))
 
 _RESULTS: dict[str, dict[str, float]] = defaultdict(dict)
+_NOTES: list[str] = []
 _FAST = {"native", "rcn_fast", "batched", "cuda", "triton", "onnx"}
+
+
+@pytest.fixture
+def note():
+    """``note(line)``: a line printed in the session's summary (a figure
+    that is not a time: a rate against the hardware's, a retrieval
+    agreement)."""
+    return _NOTES.append
 
 
 @pytest.fixture
@@ -140,9 +149,13 @@ def pytest_sessionfinish(session):  # pragma: no cover - needs a GPU
 
 
 def pytest_terminal_summary(terminalreporter):  # pragma: no cover - reporting only
+    tr = terminalreporter
+    if _NOTES:
+        tr.section("rcn_fast: figures beside the times")
+        for line in _NOTES:
+            tr.write_line(line)
     if not _RESULTS:
         return
-    tr = terminalreporter
     tr.section("rcn_fast: ratios against peers in this run (peer time / ours)")
     for group, impls in sorted(_RESULTS.items()):
         ours = [i for i in impls if i in _FAST]

@@ -39,8 +39,10 @@ REPO = HERE.parent
 STEP_NAMES = ("build", "tests", "bench", "embed", "paper", "tables")
 # seconds each step may take at most (the total budget caps them too). On the
 # H200 (2026-11-27): build 25 s, tests 18 s, bench 34 s; the embedding pair
-# (two workloads of 3 and 7.6 s a call, setup included) needed more than 60 s.
-STEP_TIMEOUTS = {"build": 150, "tests": 120, "bench": 240, "embed": 150, "paper": 300, "tables": 20}
+# (two workloads of 3 and 7.6 s a call, setup included) needed more than 60 s;
+# the embed step also runs the command twice in a fresh process (cold start) and
+# once over 200,000 statements (issue 46): about 90 s expected, 240 s at most.
+STEP_TIMEOUTS = {"build": 150, "tests": 120, "bench": 240, "embed": 240, "paper": 300, "tables": 20}
 DEFAULT_BUDGET = 540.0  # seconds: one device call may run 600
 BENCH_FILES = ("bench/bench_topn.py", "bench/bench_sampling.py", "bench/bench_llm.py")
 BENCH_SELECT = "gpu or scoring_logits or scoring_hidden"

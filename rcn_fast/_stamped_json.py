@@ -13,17 +13,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._files import open_write
+
 
 def write_stamped_json(file: Path, obj: dict[str, Any]) -> None:
     """``obj`` as indented JSON in ``file``, written to a temporary name,
     flushed to disk and renamed into place (a reader sees the old file or
     the whole new one)."""
     file = Path(file)
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    with open(tmp, "rb+") as f:
+    tmp = f".{file.name}.{os.getpid()}.tmp"
+    with open_write(file.parent, tmp, "w") as f:  # never through a link planted in the folder
+        f.write(json.dumps(obj, indent=2) + "\n")
+        f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, file)
+    os.replace(file.parent / tmp, file)
 
 
 def read_stamped_json(file: Path, expected_format: str, *, what: str, fix: str = "",

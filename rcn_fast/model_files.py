@@ -54,6 +54,14 @@ def _code_refs(amap: object) -> list[str]:
     return sorted(refs) or [repr(amap)]
 
 
+def model_folder_root(model_dir: str | os.PathLike[str]) -> Path:
+    """The folder a model folder's files must stay inside: the folder
+    itself, or for a Hugging Face cache snapshot (``.../snapshots/<rev>``)
+    its repository folder (the snapshot's links point into its ``blobs/``)."""
+    d = Path(model_dir)
+    return d.parent.parent if d.parent.name == "snapshots" else d
+
+
 def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
     """Refuse a model folder that needs its own Python code, or whose files
     lead out of it.
@@ -76,7 +84,7 @@ def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
         (:class:`rcn_fast._files.LinkError`: the link and its target).
     """
     d = Path(model_dir)
-    check_links(d, root=d.parent.parent if d.parent.name == "snapshots" else d, what="model")
+    check_links(d, root=model_folder_root(d), what="model")
     for name in REMOTE_CODE_FILES:
         f = d / name
         if not f.is_file():

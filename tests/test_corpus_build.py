@@ -295,12 +295,22 @@ def test_cli_info_verify_and_errors(built, tmp_path, corpus_jsonl, tiny_model):
 
 def test_no_progress_silences_the_encoders_loading_bar(tmp_path, corpus_jsonl, tiny_model):
     """``corpus build --no-progress`` draws no bar at all: not the build's,
-    not transformers' weight loading (which it drew before)."""
-    base = ["build", "--input", str(corpus_jsonl), "--encoder", str(tiny_model), "--backend", "torch",
-            "--dtype", "float32"]
-    shown = run_cli(*base, "--out", str(tmp_path / "a"))
-    assert shown.returncode == 0, shown.stderr
-    assert "Loading weights" in shown.stderr  # the bar this test is about exists
-    quiet = run_cli(*base, "--out", str(tmp_path / "b"), "--no-progress")
-    assert quiet.returncode == 0, quiet.stderr
-    assert "Loading weights" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr
+    not transformers' weight loading (which it drew before). A BERT the
+    native BERT runs draws none; one it does not (activation gelu_new)
+    loads through transformers, which draws its bar unless silenced."""
+    import shutil
+
+    hf_model = tmp_path / "gelu-new"
+    shutil.copytree(tiny_model, hf_model)
+    cfg = json.loads((hf_model / "config.json").read_text())
+    (hf_model / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu_new"}))
+    for model, bar in ((hf_model, True), (tiny_model, False)):
+        base = ["build", "--input", str(corpus_jsonl), "--encoder", str(model), "--backend", "torch",
+                "--dtype", "float32"]
+        shown = run_cli(*base, "--out", str(tmp_path / f"a-{bar}"))
+        assert shown.returncode == 0, shown.stderr
+        assert ("Loading weights" in shown.stderr) == bar, shown.stderr  # the bar this test is about
+        assert ("native BERT" in shown.stderr) != bar
+        quiet = run_cli(*base, "--out", str(tmp_path / f"b-{bar}"), "--no-progress")
+        assert quiet.returncode == 0, quiet.stderr
+        assert "Loading weights" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr

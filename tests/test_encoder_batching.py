@@ -9,9 +9,10 @@ the CPU.
   ones, and a permuted input gives the permuted output; torch and ONNX
   agree within float32 rounding (and to the bit after float16 storage
   but for a rounding tie);
-* unpadded BERT (packed tokens, variable-length attention) equals the
-  padded model for every pooling; flash-attn's kernel is used when
-  importable;
+* packed BERT (tokens back to back, variable-length attention: SDPA on
+  jagged nested tensors, or the per-text reference) equals the padded
+  model for every pooling; flash-attn's kernel only on CUDA in half
+  precision; models the native BERT cannot run are refused by name;
 * the device token budget; the CUDA dtype default;
 * the three-stage build loop keeps chunk order, drops nothing, really
   overlaps, and stops on the first error of any stage.
@@ -19,6 +20,7 @@ the CPU.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import threading
@@ -37,7 +39,7 @@ from rcn_fast.retrieval.encoders.batching import (  # noqa: E402
 )
 from rcn_fast.retrieval.encoders.onnx import corpus_backend  # noqa: E402
 from rcn_fast.retrieval.encoders.unpadded import (  # noqa: E402
-    UnpaddedBert, flash_varlen, segment_pool, unpadded_supported, varlen_attention_reference,
+    choose_kernel, flash_varlen, packed_attention, reference_attention, sdpa_varlen_available, segment_pool,
 )
 from tests.conftest import requires_gpu  # noqa: E402
 from tests.retrieval.fixtures import one_torch_thread, tiny_model  # noqa: E402,F401
@@ -261,65 +263,86 @@ def test_minilm_torch_onnx_and_sentence_transformers_agree(tmp_path):
 
 
 # ------------------------------------------------------------------- unpadded
+@pytest.mark.parametrize("kernel", ["jagged", "reference"])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max", "lasttoken"])
-def test_unpadded_bert_equals_the_padded_model(tiny_model, pooling):
+def test_packed_bert_equals_the_padded_model(tiny_model, pooling, kernel, monkeypatch):
     padded = Encoder.from_pretrained(tiny_model, pooling=pooling, unpadded=False)
+    monkeypatch.setattr("rcn_fast.retrieval.encoders.torch.choose_kernel", lambda *a: kernel)
     packed = Encoder.from_pretrained(tiny_model, pooling=pooling, unpadded=True)
-    assert padded.unpadded is None and packed.unpadded is not None
+    assert padded.kernel is None and packed.kernel == kernel
     np.testing.assert_allclose(packed.encode_passages(TEXTS), padded.encode_passages(TEXTS), atol=2e-6)
 
 
-def test_varlen_reference_equals_masked_attention():
+def test_reference_attention_equals_masked_attention():
     g = torch.Generator().manual_seed(0)
     lens = [5, 1, 9, 3]
     cu = torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32)
     q, k, v = (torch.randn(sum(lens), 2, 8, generator=g) for _ in range(3))
-    out = varlen_attention_reference(q, k, v, cu, cu, 9, 9)
+    out = reference_attention(q, k, v, cu)
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
         att = torch.softmax(q[s:e].transpose(0, 1) @ k[s:e].transpose(0, 1).transpose(1, 2) / 8 ** 0.5, -1)
         torch.testing.assert_close(out[s:e], (att @ v[s:e].transpose(0, 1)).transpose(0, 1))
+    # the jagged kernel (SDPA on nested tensors) agrees, non-contiguous inputs included
+    qkv = torch.randn(sum(lens), 3, 2, 8, generator=g).unbind(1)
+    jag = packed_attention("jagged", cu, max(lens), min(lens), 8 ** -0.5)(*qkv)
+    torch.testing.assert_close(jag, reference_attention(*qkv, cu), atol=1e-6, rtol=1e-5)
     h = torch.randn(sum(lens), 4, generator=g)
     for pooling, want in (("mean", [h[s:e].mean(0) for s, e in zip(cu[:-1], cu[1:])]),
                           ("max", [h[s:e].max(0).values for s, e in zip(cu[:-1], cu[1:])]),
                           ("cls", [h[s] for s in cu[:-1]]), ("lasttoken", [h[e - 1] for e in cu[1:]])):
         torch.testing.assert_close(segment_pool(h, cu, pooling), torch.stack(want))
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        packed_attention("fast", cu, 9, 1, 1.0)
 
 
-def test_flash_attn_is_used_when_importable(tiny_model, monkeypatch):
+def test_kernel_choice(tiny_model, monkeypatch):
     calls = []
 
     def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False):
         calls.append((q.shape, int(max_q)))
-        return varlen_attention_reference(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal)
+        return reference_attention(q, k, v, cu_q, softmax_scale)
 
     monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=fake_varlen))
     assert flash_varlen() is fake_varlen
-    enc = Encoder.from_pretrained(tiny_model, unpadded=False)
-    runner = UnpaddedBert(enc.model)
-    assert runner.attention is fake_varlen
-    tok = tokenize_texts(enc.tokenizer, TEXTS[:5], enc.max_length)
-    feed = {k: torch.from_numpy(v) for k, v in pack_batch(tok, np.arange(5)).items()}
-    with torch.inference_mode():
-        h = runner(feed["input_ids"], feed["position_ids"], feed["cu_seqlens"], int(feed["max_seqlen"]))
-    assert len(calls) == enc.hf_config.num_hidden_layers and h.shape == (int(tok.offsets[-1]), enc.dim)
-    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails: fallback
-    assert flash_varlen() is None
-    # on the CPU the default stays padded even with flash-attn importable (its kernels are CUDA-only)
-    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=fake_varlen))
-    assert Encoder.from_pretrained(tiny_model).unpadded is None
-    # and unpadded=True on the CPU runs the reference attention, never flash-attn's CUDA kernels
-    forced = Encoder.from_pretrained(tiny_model, unpadded=True)
-    assert forced.unpadded.attention is varlen_attention_reference
+    # flash-attn's kernels are CUDA-only: never chosen on the CPU or in float32
+    assert choose_kernel("cpu", torch.bfloat16, 64) == choose_kernel("cpu", torch.float32, 64) == "jagged"
+    assert not sdpa_varlen_available("cpu", torch.bfloat16, 64)
+    attend = packed_attention("flash-attn", torch.tensor([0, 2, 5], dtype=torch.int32), 3, 2, 0.5)
+    x = torch.randn(5, 2, 4)
+    torch.testing.assert_close(attend(x, x, x), reference_attention(x, x, x, torch.tensor([0, 2, 5]), 0.5))
+    assert calls == [((5, 2, 4), 3)]
+    # on the CPU the default stays padded (the bytes of transformers' BertModel)
+    assert Encoder.from_pretrained(tiny_model).kernel is None
     calls.clear()
+    forced = Encoder.from_pretrained(tiny_model, unpadded=True)
+    assert forced.kernel == "jagged"
     forced.encode_passages(TEXTS[:3])
     assert calls == []
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails
+    assert flash_varlen() is None
+    with pytest.raises(ValueError, match="needs the flash-attn package"):
+        packed_attention("flash-attn", torch.tensor([0, 1]), 1, 1, 1.0)
 
 
-def test_unpadded_refused_where_unsupported(tiny_model):
-    assert unpadded_supported(types.SimpleNamespace(config=types.SimpleNamespace(model_type="gpt2"))) \
-        == "model_type 'gpt2' (only 'bert' is supported)"
+def test_unpadded_refused_where_unsupported(tmp_path):
+    from rcn_fast.retrieval.encoders.bert import bert_unsupported
+    from rcn_fast.retrieval.encoders.loading import read_model_config
+
+    d = tmp_path / "m"
+    d.mkdir()
+    base = {"model_type": "bert", "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "vocab_size": 50, "max_position_embeddings": 16}
+    for extra, why in (({"model_type": "gpt2"}, "model_type 'gpt2'"), ({"is_decoder": True}, "decoder"),
+                       ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+                       ({"hidden_act": "swish"}, "hidden_act")):
+        (d / "config.json").write_text(json.dumps({**base, **extra}))
+        assert why in bert_unsupported(read_model_config(d), d)
+    (d / "config.json").write_text(json.dumps(base))
+    assert "safetensors" in bert_unsupported(read_model_config(d), d)  # no weights file
     with pytest.raises(ValueError, match="unpadded: packed-token attention needs backend='torch'"):
         EncoderConfig(model="m", backend="onnx", unpadded=True)
+    with pytest.raises(ValueError, match="buckets: static-shape length buckets need backend='torch'"):
+        EncoderConfig(model="m", backend="onnx", buckets=True)
 
 
 def test_dtype_defaults_to_bfloat16_on_cuda_only():
@@ -453,9 +476,9 @@ def test_build_loop_stops_on_the_first_error(stage):
 @requires_gpu
 def test_cuda_defaults_and_agreement_with_the_cpu(tiny_model, tmp_path):
     """On CUDA: bfloat16 by default, a token budget from the device, the
-    asynchronous run (pinned buffers) returning rows in input order; padded
-    and unpadded (reference attention without flash-attn) agree with the
-    CPU's float32 within bfloat16 rounding; float32 on CUDA within 1e-4."""
+    asynchronous run (pinned buffers) returning rows in input order; the
+    default (packed tokens) and unpadded=True agree with the CPU's float32
+    within bfloat16 rounding; float32 on CUDA within 1e-4."""
     cpu = Encoder.from_pretrained(tiny_model).encode_passages(TEXTS)
     gpu = Encoder.from_pretrained(tiny_model, device="cuda")
     assert gpu.config.dtype == "bfloat16" and gpu.batch_tokens >= gpu.max_length

@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,16 @@ inline void same_device(bool cuda, int expected, int got, const char* name) {
     throw nb::value_error((std::string(name) + ": expected an array on the scores' CUDA device").c_str());
 }
 
+// An argument's device and name, for same_device over several at once.
+struct Placed {
+  int device;
+  const char* name;
+};
+
+inline void same_device(bool cuda, int expected, std::initializer_list<Placed> arrays) {
+  for (const Placed& a : arrays) same_device(cuda, expected, a.device, a.name);
+}
+
 // The finishing problem of checked arguments (common/problems.h).
 template <class Device>
 inline TopnFinishProblem finish_problem(const typename RowArrays<Device>::Scores& scores,
@@ -63,10 +74,8 @@ inline TopnFinishProblem finish_problem(const typename RowArrays<Device>::Scores
       int64_t(out_i.shape(1)) != k)
     throw nb::value_error("scores_out, ids_out: expected [Q, k] arrays");
   const int dev = scores.device_id();
-  same_device(cuda, dev, top_s.device_id(), "top_s");
-  same_device(cuda, dev, top_i.device_id(), "top_i");
-  same_device(cuda, dev, out_s.device_id(), "scores_out");
-  same_device(cuda, dev, out_i.device_id(), "ids_out");
+  same_device(cuda, dev, {{top_s.device_id(), "top_s"}, {top_i.device_id(), "top_i"},
+                          {out_s.device_id(), "scores_out"}, {out_i.device_id(), "ids_out"}});
   TopnFinishProblem p{};
   p.scores = scores.data();
   p.ld = row_stride(scores, "scores");
@@ -86,8 +95,7 @@ inline TopnFinishProblem finish_problem(const typename RowArrays<Device>::Scores
     const auto& c = *corpus;
     require_ndim(c, 2, "corpus", "[n, d]");
     require_device(c, Device::value, "corpus", DeviceArrays<Device>::memory);
-    same_device(cuda, dev, queries->device_id(), "queries");
-    same_device(cuda, dev, c.device_id(), "corpus");
+    same_device(cuda, dev, {{queries->device_id(), "queries"}, {c.device_id(), "corpus"}});
     require_unit_inner_stride(c, "corpus");
     const int64_t d = int64_t(queries->shape(1));
     if (int64_t(queries->shape(0)) != Q || int64_t(c.shape(0)) != n || int64_t(c.shape(1)) != d)
@@ -158,11 +166,8 @@ inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& co
   }
   if (Q > 1 && lo.stride(0) != hi.stride(0)) throw nb::value_error("lo, hi: expected the same row stride");
   const int dev = codes.device_id();
-  same_device(cuda, dev, rows.device_id(), "rows");
-  same_device(cuda, dev, qcodes.device_id(), "qcodes");
-  same_device(cuda, dev, qparams.device_id(), "qparams");
-  same_device(cuda, dev, lo.device_id(), "lo");
-  same_device(cuda, dev, hi.device_id(), "hi");
+  same_device(cuda, dev, {{rows.device_id(), "rows"}, {qcodes.device_id(), "qcodes"},
+                          {qparams.device_id(), "qparams"}, {lo.device_id(), "lo"}, {hi.device_id(), "hi"}});
   TopnInt8Problem p{};
   p.codes = codes.data();
   p.rows = rows.data();

@@ -6,7 +6,7 @@
         [--text-field text|contents] [--keep-duplicates] [--format jsonl|tsv|parquet] [--pooling mean|cls]
         [--query-prefix "query: "] [--passage-prefix "passage: "]
         [--max-length 512] [--quantize int8] [--device cpu|cuda] [--overwrite]
-        [--encoder-dtype float32|float16|bfloat16] [--int8-copy]
+        [--encoder-dtype float32|float16|bfloat16] [--int8-copy] [--batches auto|packed|buckets|padded]
         [--executor local|ray [--ray-address ADDR] [--num-workers W]
          [--gpus-per-worker G] [--cpus-per-worker C]]
     python -m rcn_fast.corpus assemble --source NAME=PATH_OR_HUB_ID [--source ...] --out FILE
@@ -20,7 +20,12 @@ backend otherwise, and always on CUDA, in bfloat16 unless
 ``--encoder-dtype`` says otherwise); texts are sorted by length and
 batched up to ``--batch-tokens`` padded tokens (default: 512 on the CPU,
 from the free memory on a GPU), tokenised in background threads while
-the encoder runs, and the chunks written by another thread.
+the encoder runs, and the chunks written by another thread. On CUDA a
+BERT model runs rcn_fast's own BERT on packed tokens (no padding computed)
+and the loop never waits on the device until a chunk's result is read;
+``--batches buckets`` pads instead into length buckets of a few static
+shapes, ``--batches padded`` to each batch's longest text (the CPU's
+default, the bytes of transformers' ``BertModel``).
 ``--executor ray`` embeds with a Ray Data actor pool (one encoder per
 worker; ``pip install "rcn_fast[ray]"``) on the cluster at ``--ray-address``
 or ``RAY_ADDRESS`` (a local one when neither is set) and writes the same
@@ -45,6 +50,10 @@ import argparse
 import json
 import logging
 import sys
+
+#: ``--batches``: the torch encoder's ``unpadded`` and ``buckets`` settings
+BATCHES = {"auto": {}, "packed": {"unpadded": True}, "buckets": {"unpadded": False, "buckets": True},
+           "padded": {"unpadded": False, "buckets": False}}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--encoder-dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="torch encoder weights/activations (default: bfloat16 on CUDA, else float32; float16 on "
                    "CUDA only; recorded in the manifest)")
+    b.add_argument("--batches", choices=list(BATCHES), default="auto",
+                   help="torch backend: packed tokens with variable-length attention, padded length buckets "
+                   "of static shapes, or batches padded to their longest text (default auto: packed on CUDA "
+                   "for BERT models, else padded; buckets for other models on CUDA)")
     b.add_argument("--batch-size", type=int, default=None,
                    help="texts per forward pass at most (default: as many as --batch-tokens holds)")
     b.add_argument("--batch-tokens", type=int, default=None,
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                           cache_dir=args.onnx_cache, pooling=args.pooling,
                           normalize=False if args.no_normalize else None, query_prefix=args.query_prefix,
                           passage_prefix=args.passage_prefix, max_length=args.max_length,
-                          batch_tokens=args.batch_tokens, dtype=args.encoder_dtype,
+                          batch_tokens=args.batch_tokens, dtype=args.encoder_dtype, **BATCHES[args.batches],
                           **({"batch_size": args.batch_size} if args.batch_size else {}))
             if args.executor == "ray":
                 from rcn_fast.retrieval.build_ray import build_corpus_ray, import_ray
@@ -157,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from rcn_fast.eval.report.progress import quiet_loading
 
-                with quiet_loading(args.no_progress):  # --no-progress: no weight-loading bars either
+                with quiet_loading(args.no_progress, gguf=False):  # --no-progress: no loading bars either
                     enc = Encoder.from_pretrained(args.encoder, **enc_kw)
                 store = build_corpus(cfg, enc, show_progress=not args.no_progress)
             if store is None:

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from rcn_fast._jsonl import parse_json_lines
 
 #: Fields read as one statement per record, in this order, when no text field is named
 #: (``fact1``: OpenBookQA's records in the commonsense layout, one science fact each).
@@ -254,13 +255,7 @@ def _iter_json_records(path: Path) -> Iterator[tuple[int, str, Any]]:
             for row, rec in enumerate(json.load(fh), 1):
                 yield row, f"{path}[{row}]", rec
             return
-        for row, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{row}: not valid JSON ({exc.msg})") from None
+        for row, rec in parse_json_lines(enumerate(fh, 1), lambda n, why: f"{path}:{n}: not valid JSON ({why})"):
             yield row, f"{path}:{row}", rec
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from rcn_fast._jsonl import parse_json_lines
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast._validate import is_int
 
@@ -140,13 +141,8 @@ def read_records(path: str | os.PathLike[str], parse: Callable[[Any, str, int], 
             if limit is not None and len(out) >= limit:
                 break
         return out
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, rec in parse_json_lines(iter_lines(path), lambda n, why: f"{path}:{n}: not valid JSON ({why})",
+                                        error=DataFormatError):
         out.append(parse(rec, f"{path}:{lineno}", lineno))
         if limit is not None and len(out) >= limit:
             break

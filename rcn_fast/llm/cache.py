@@ -210,7 +210,13 @@ class CallCache:
                 raise self._error(exc) from None
         try:
             if not p.exists():
-                open_write(root, p, "ab", what="llm cache").close()  # created here, never through a link
+                try:
+                    open_write(root, p, "ab", what="llm cache").close()  # created here, never through a link
+                except LinkError:
+                    raise
+                except OSError as exc:
+                    raise CacheError(f"llm cache: cannot open {p} for writing ({exc.strerror or exc}); make its "
+                                     "folder writable or use another output folder") from None
             con = self._conn()
             con.execute(_SCHEMA)
             con.execute(_QUARANTINE)

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import sys
 from typing import Any, Sequence
 
 import numpy as np
 
 from rcn_fast._arrays import require
+from rcn_fast._jsonl import parse_json_lines
 
 TEXT_FIELDS = ("text", "contents")
 DEDUP = "exact-text"  # the build spec's value when duplicates are dropped
@@ -73,16 +73,10 @@ def detect_text_field(path: str, fmt: str) -> str:
 
 def _first_json_keys(path: str) -> list[str]:
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.decode("utf-8", errors="replace").lstrip("\ufeff").strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"input: {path} line {lineno} is a {type(rec).__name__}, expected an object")
+        lines = ((n, raw.decode("utf-8", errors="replace").lstrip("\ufeff")) for n, raw in enumerate(f, 1))
+        for _, rec in parse_json_lines(
+                lines, lambda n, why: f"input: {path} line {n} is not valid JSON ({why})",
+                not_object=lambda n, kind: f"input: {path} line {n} is a {kind}, expected an object"):
             return list(rec)
     raise EmptyInputError(path)
 

@@ -15,11 +15,12 @@ import sys
 import time
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rcn_fast._arrays import require
 from rcn_fast._cache_dirs import cache_dir, trusted_cache
 from rcn_fast._hashing import sha256_file
+from rcn_fast._jsonl import parse_json_lines
 from rcn_fast.retrieval.store import write_json_atomic
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -38,6 +39,11 @@ def infer_format(path: str) -> str:
 
 
 # ---------------------------------------------------------------------- input
+def _not_json(path: str) -> Callable[[int, str], str]:
+    """The message for a line of the input ``path`` that is not JSON."""
+    return lambda lineno, why: f"input: {path} line {lineno} is not valid JSON ({why})"
+
+
 def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "text") -> Iterator[tuple[str, str]]:
     """Stream (id, text) pairs from a JSON lines, TSV or Parquet file.
 
@@ -46,13 +52,7 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
     """
     if fmt == "jsonl":
         with open(path, "rb") as f:
-            for lineno, line in enumerate(_decoded_lines(f, path), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
+            for lineno, rec in parse_json_lines(enumerate(_decoded_lines(f, path), 1), _not_json(path)):
                 yield _fields(rec, id_field, text_field, f"{path} line {lineno}")
     elif fmt == "tsv":
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -308,14 +308,8 @@ def _span_lines(f: Any, span: ChunkSpan) -> Iterator[tuple[int, bytes]]:
 def _read_jsonl_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -> list[tuple[str, str]]:
     out = []
     with open(path, "rb") as f:
-        for lineno, raw in _span_lines(f, span):
-            line = _decode_line(raw, lineno, path)
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"input: {path} line {lineno} is not valid JSON ({exc.msg})") from None
+        lines = ((lineno, _decode_line(raw, lineno, path)) for lineno, raw in _span_lines(f, span))
+        for lineno, rec in parse_json_lines(lines, _not_json(path)):
             out.append(_fields(rec, id_field, text_field, f"{path} line {lineno}"))
     return out
 

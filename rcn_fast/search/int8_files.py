@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rcn_fast._files import inside, open_write
 from rcn_fast._hashing import sha256_file
 from rcn_fast._stamped_json import read_stamped_json, write_stamped_json
 from rcn_fast.search.int8_bounded import MAX_DIM, Int8Copy, build_int8, width_of
@@ -43,7 +44,7 @@ def _embeddings_record(path: Path) -> dict[str, Any]:
 
 def _save_npy(path: Path, arr: np.ndarray) -> dict[str, Any]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    with open_write(path.parent, tmp.name, "wb") as f:  # never through a link planted in the folder
         np.save(f, arr)
         f.flush()
         os.fsync(f.fileno())
@@ -63,7 +64,7 @@ def write_int8_copy(path: str | os.PathLike[str], *, chunk: int = 1 << 16) -> In
     """
     path = Path(path)
     record = _embeddings_record(path)
-    emb = np.load(path / "embeddings.npy", mmap_mode="r")
+    emb = np.load(inside(path, "embeddings.npy"), mmap_mode="r")
     if emb.ndim != 2 or emb.shape[1] > MAX_DIM:
         raise ValueError(f"path: {path}/embeddings.npy is {list(emb.shape)}; an int8 copy takes rows of at most "
                          f"{MAX_DIM} values")
@@ -102,7 +103,7 @@ def load_int8_copy(path: str | os.PathLike[str], *, mmap: bool = True, verify: b
                          f"bounds would not hold){fix}")
     arrays = {}
     for name, dtype, shape in ((CODES, np.int8, (count, width)), (ROWS, np.float32, (count, 3))):
-        f, rec = path / name, files.get(name) if isinstance(files, dict) else None
+        f, rec = inside(path, name), files.get(name) if isinstance(files, dict) else None
         if not f.is_file() or not isinstance(rec, dict):
             raise ValueError(f"path: {f} is missing or unrecorded{fix}")
         if f.stat().st_size != rec.get("bytes"):

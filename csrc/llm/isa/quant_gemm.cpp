@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -46,15 +47,29 @@ struct Tile {
   float v[RMAX][CMAX];
 };
 
+// The R x C accumulators of a tile: zeroed, and summed into ``out``.
+template <int R, int C>
+inline void zero_tile(vf (&acc)[R][C]) {
+  RCN_UNROLL
+  for (int r = 0; r < R; ++r)
+    RCN_UNROLL
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+}
+
+template <int R, int C>
+inline void sum_tile(const vf (&acc)[R][C], Tile& out) {
+  RCN_UNROLL
+  for (int r = 0; r < R; ++r)
+    RCN_UNROLL
+    for (int c = 0; c < C; ++c) out.v[r][c] = vsum(acc[r][c]);
+}
+
 // R rows of x times C rows of a quantised w (K a multiple of 32), unpacked in registers.
 template <QType T, int R, int C>
 inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t ws, int64_t K, Tile& out) {
   constexpr int64_t bytes = qtype_unit_bytes(T);
   vf acc[R][C];
-  RCN_UNROLL
-  for (int r = 0; r < R; ++r)
-    RCN_UNROLL
-    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  zero_tile<R, C>(acc);
   const int64_t nb = K / kQuantBlock;
   for (int64_t b = 0; b < nb; ++b) {
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -87,10 +102,7 @@ inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t w
     }
 #endif
   }
-  RCN_UNROLL
-  for (int r = 0; r < R; ++r)
-    RCN_UNROLL
-    for (int c = 0; c < C; ++c) out.v[r][c] = vsum(acc[r][c]);
+  sum_tile<R, C>(acc, out);
 }
 
 // R rows of x times C plain rows (F32/F16 of any K; the float32 panel is a
@@ -98,37 +110,24 @@ inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t w
 template <QType T, int R, int C>
 inline void tile_plain(const float* x, int64_t xs, const uint8_t* w, int64_t ws, int64_t K, Tile& out) {
   vf acc[R][C];
-  RCN_UNROLL
-  for (int r = 0; r < R; ++r)
+  zero_tile<R, C>(acc);
+  // One W-wide step from k to end (k + W, or K for the last, partial
+  // chunk, whose x is read zero past K).
+  auto step = [&](int64_t k, int64_t end, auto partial) {
+    vf xv[R];
     RCN_UNROLL
-    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+    for (int r = 0; r < R; ++r) xv[r] = decltype(partial)::value ? load_x(x + r * xs, k, K) : vld(x + r * xs + k);
+    RCN_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const vf wv = load_plain<T>(w + c * ws, k, end);
+      RCN_UNROLL
+      for (int r = 0; r < R; ++r) acc[r][c] = vfma(xv[r], wv, acc[r][c]);
+    }
+  };
   int64_t k = 0;
-  for (; k + W <= K; k += W) {
-    vf xv[R];
-    RCN_UNROLL
-    for (int r = 0; r < R; ++r) xv[r] = vld(x + r * xs + k);
-    RCN_UNROLL
-    for (int c = 0; c < C; ++c) {
-      const vf wv = load_plain<T>(w + c * ws, k, k + W);
-      RCN_UNROLL
-      for (int r = 0; r < R; ++r) acc[r][c] = vfma(xv[r], wv, acc[r][c]);
-    }
-  }
-  if (k < K) {  // the last, partial chunk: zero past K
-    vf xv[R];
-    RCN_UNROLL
-    for (int r = 0; r < R; ++r) xv[r] = load_x(x + r * xs, k, K);
-    RCN_UNROLL
-    for (int c = 0; c < C; ++c) {
-      const vf wv = load_plain<T>(w + c * ws, k, K);
-      RCN_UNROLL
-      for (int r = 0; r < R; ++r) acc[r][c] = vfma(xv[r], wv, acc[r][c]);
-    }
-  }
-  RCN_UNROLL
-  for (int r = 0; r < R; ++r)
-    RCN_UNROLL
-    for (int c = 0; c < C; ++c) out.v[r][c] = vsum(acc[r][c]);
+  for (; k + W <= K; k += W) step(k, k + W, std::false_type{});
+  if (k < K) step(k, K, std::true_type{});
+  sum_tile<R, C>(acc, out);
 }
 
 template <QType T, int R, int C>

@@ -11,20 +11,7 @@ namespace {
 
 namespace gm = gram;
 
-// One host thread as the sampler's lane group (sampling/subset_sampler.h).
-// sampling/isa/sampling_steps.cpp has its own: code compiled per SIMD
-// variant shares no inline helper with the baseline (topn/isa/topn_isa.h).
-struct OneLane {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  float sum_f(float x) const { return x; }
-  float max_f(float x) const { return x; }
-  float exscan_f(float) const { return 0.f; }
-  int64_t sum_i(int64_t x) const { return x; }
-  int64_t exscan_i(int64_t) const { return 0; }
-  int64_t min_i(int64_t x) const { return x; }
-  int64_t max_i(int64_t x) const { return x; }
-};
+#include "sampling/cpu/serial_group.h"
 
 struct NoSync {
   void operator()() const {}
@@ -133,7 +120,7 @@ SamplingResult sample_subsets_gram_emulated(const SamplingProblem& p) {
       if (valid && !std::isfinite(s) && res.status == SamplingStatus::Ok) res = {SamplingStatus::NonFiniteCandidate, b, j};
     }
     for (int64_t s = 0; s < p.num_subsets; ++s)
-      if (!gm::run_subset(OneLane{}, NoSync{}, p, b, s, rel.data(), G.data(), npad, acc.data(), elig.data(),
+      if (!gm::run_subset(SerialGroup{}, NoSync{}, p, b, s, rel.data(), G.data(), npad, acc.data(), elig.data(),
                           w.data()) &&
           res.status == SamplingStatus::Ok)
         res = {SamplingStatus::NonFiniteScore, b, -1};

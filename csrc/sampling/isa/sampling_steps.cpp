@@ -16,18 +16,7 @@ namespace rcn_fast {
 namespace RCN_ISA {
 namespace {
 
-// The lanes of a CPU thread: one.
-struct SerialGroup {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  float sum_f(float x) const { return x; }
-  float max_f(float x) const { return x; }
-  float exscan_f(float) const { return 0.f; }
-  int64_t sum_i(int64_t x) const { return x; }
-  int64_t exscan_i(int64_t) const { return 0; }
-  int64_t min_i(int64_t x) const { return x; }
-  int64_t max_i(int64_t x) const { return x; }
-};
+#include "sampling/cpu/serial_group.h"  // the lanes of a CPU thread: one
 
 }  // namespace
 

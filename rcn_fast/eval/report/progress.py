@@ -87,7 +87,7 @@ class StageBars:
 
 
 @contextlib.contextmanager
-def quiet_loading(quiet: bool = True) -> Iterator[None]:
+def quiet_loading(quiet: bool = True, *, gguf: bool = True) -> Iterator[None]:
     """Silence the progress bars of loading a model, for this block only.
 
     With ``quiet``: transformers' bars (weight loading, hub downloads:
@@ -96,7 +96,9 @@ def quiet_loading(quiet: bool = True) -> Iterator[None]:
     ("Converting and de-quantizing GGUF tensors") are off while the block
     runs, and each comes back as it was afterwards. Libraries that are not
     installed are left alone (nothing is imported that the load would not
-    import). ``quiet=False`` changes nothing.
+    import). ``quiet=False`` changes nothing. ``gguf=False``: the load
+    reads no GGUF file, so the GGUF module (which imports torch's model
+    code and a dozen tokenizers) is not imported to silence its bar.
     """
     if not quiet:
         yield
@@ -108,7 +110,8 @@ def quiet_loading(quiet: bool = True) -> Iterator[None]:
             if tf_logging.is_progress_bar_enabled():
                 tf_logging.disable_progress_bar()
                 stack.callback(tf_logging.enable_progress_bar)
-            stack.enter_context(_gguf_bar_off())
+            if gguf:
+                stack.enter_context(_gguf_bar_off())
         if importlib.util.find_spec("huggingface_hub") is not None:
             from huggingface_hub import utils as hub_utils
 

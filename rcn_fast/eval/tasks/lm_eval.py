@@ -41,7 +41,6 @@ value (Python code, which rcn_fast never runs from a file).
 from __future__ import annotations
 
 import ast
-import json
 import re
 import warnings
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any, Iterable
 import yaml
 
 from rcn_fast._files import inside
+from rcn_fast._jsonl import parse_json_lines
 from rcn_fast._templates import TemplateRenderError, render_task_template
 from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml
 from rcn_fast.eval.tasks.sources import dataset_rows, take_n
@@ -235,15 +235,10 @@ def _jsonl_rows(path: Path) -> Iterable[tuple[str, dict[str, Any]]]:
     from rcn_fast.data import DataFormatError
     from rcn_fast.data.loaders import iter_lines
 
-    for n, line in iter_lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataFormatError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise DataFormatError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+    rows = parse_json_lines(iter_lines(path), lambda n, why: f"{path}:{n}: not valid JSON ({why})",
+                            error=DataFormatError,
+                            not_object=lambda n, kind: f"{path}:{n}: expected a JSON object, got {kind}")
+    for n, rec in rows:
         yield f"{path}:{n}", rec
 
 

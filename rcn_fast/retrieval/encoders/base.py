@@ -46,6 +46,7 @@ import numpy as np
 from rcn_fast._arrays import require
 from rcn_fast._validate import check_texts
 from rcn_fast.model_files import SETTINGS_FILE, model_fingerprint, resolve_model_dir
+from rcn_fast.retrieval.encoders.loading import load_tokenizer, read_model_config
 from rcn_fast.retrieval.encoders.batching import (
     CPU_BATCH_TOKENS, Pending, PreparedTexts, Tokenized, batch_progress, normalize_rows, pad_batch, plan_batches,
     tokenize_texts,
@@ -122,12 +123,18 @@ class EncoderConfig:
         :func:`~rcn_fast.retrieval.encoders.batching.device_batch_tokens`).
     unpadded : bool or None
         torch backend: run BERT models on packed tokens with variable-length
-        attention (flash-attn's kernels where installed, else a plain
-        per-text reference; :mod:`~rcn_fast.retrieval.encoders.unpadded`).
-        None: when flash-attn is installed, the device is CUDA, the dtype
-        float16/bfloat16 and the model a BERT; otherwise padded batches
-        through PyTorch's SDPA. True where the model is not a BERT is an
-        error.
+        attention (flash-attn's kernel where installed, else PyTorch's own
+        variable-length flash kernel, else SDPA on jagged nested tensors;
+        :mod:`~rcn_fast.retrieval.encoders.unpadded`). None: on CUDA for
+        BERT models; padded batches through SDPA otherwise (on the CPU:
+        the bytes of transformers' ``BertModel``). True where the model
+        is not a BERT the native BERT runs is an error.
+    buckets : bool or None
+        torch backend, padded batches: cut them into length buckets of
+        static shapes (:func:`~rcn_fast.retrieval.encoders.batching.plan_buckets`:
+        a few fixed shapes, each padded at most 12.5% or 7 tokens past its
+        texts) instead of the token-budget batches padded to their longest
+        text. None: on CUDA.
     quantize : None or "int8"
         ONNX only, CPU provider only: dynamic int8 quantisation of the MatMul
         weights (per-channel int8 weights, activations quantised per batch).
@@ -168,6 +175,7 @@ class EncoderConfig:
     batch_size: int = 32
     batch_tokens: int | None = None
     unpadded: bool | None = None
+    buckets: bool | None = None
     quantize: str | None = None
     cache_dir: str | None = None
     providers: list[str] | None = None
@@ -203,7 +211,9 @@ class EncoderConfig:
                 raise TypeError(f"{name}: expected a str or None, got {type(getattr(self, name)).__name__}")
         if self.unpadded and self.backend != "torch":
             raise ValueError("unpadded: packed-token attention needs backend='torch'")
-        for name in ("normalize", "lowercase", "unpadded"):
+        if self.buckets and self.backend != "torch":
+            raise ValueError("buckets: static-shape length buckets need backend='torch'")
+        for name in ("normalize", "lowercase", "unpadded", "buckets"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool or None, got {getattr(self, name)!r}")
         for name in ("max_length", "batch_size", "batch_tokens"):
@@ -346,12 +356,12 @@ class Encoder:
         given = asdict(config)
         self.config = EncoderConfig(**{**given, **{k: implied[k] for k in FOLDER_KEYS if given[k] is None}})
         config = self.config
-        transformers = require("transformers", TORCH_HINT)
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
-        self.hf_config = transformers.AutoConfig.from_pretrained(str(self.model_dir), trust_remote_code=False)
-        limit = getattr(self.hf_config, "max_position_embeddings", None)
+        #: the folder's config.json (:func:`~rcn_fast.retrieval.encoders.loading.read_model_config`)
+        self.model_config = read_model_config(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir, self.model_config)
+        limit = self.model_config.max_position_embeddings
         # RoBERTa-style position ids start at padding_idx + 1
-        if limit and getattr(self.hf_config, "model_type", "") in ("roberta", "xlm-roberta", "mpnet"):
+        if limit and self.model_config.model_type in ("roberta", "xlm-roberta", "mpnet"):
             limit -= 2
         self.max_length = min(config.max_length, limit) if limit else config.max_length
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -379,6 +389,7 @@ class Encoder:
         batch_size: int = 32,
         batch_tokens: int | None = None,
         unpadded: bool | None = None,
+        buckets: bool | None = None,
         quantize: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         providers: list[str] | None = None,
@@ -424,7 +435,7 @@ class Encoder:
         """
         cfg = EncoderConfig(
             model=str(path_or_id), backend=backend, device=device, batch_size=batch_size, batch_tokens=batch_tokens,
-            unpadded=unpadded, quantize=quantize,
+            unpadded=unpadded, buckets=buckets, quantize=quantize,
             cache_dir=None if cache_dir is None else str(cache_dir), providers=providers,
             intra_op_threads=intra_op_threads, local_files_only=local_files_only, pooling=pooling,
             normalize=normalize, query_prefix=query_prefix, passage_prefix=passage_prefix, max_length=max_length,
@@ -449,7 +460,7 @@ class Encoder:
     @property
     def dim(self) -> int:
         """Embedding width ``d``."""
-        return int(self.hf_config.hidden_size)
+        return int(self.model_config.hidden_size)
 
     @property
     def fingerprint(self) -> str:
@@ -537,8 +548,8 @@ class Encoder:
         if self.config.lowercase:
             full = [t.lower() for t in full]
         tok = tokenize_texts(self.tokenizer, full, self.max_length)
-        return PreparedTexts(len(texts), [(rows, self._feed(tok, rows))
-                                          for rows in plan_batches(tok.lengths, self.batch_tokens, bs)])
+        return PreparedTexts(len(texts), [(rows, self._feed(tok, rows, shape))
+                                          for rows, shape in self._plan(tok.lengths, bs)])
 
     def prepare_passages(self, texts: Sequence[str], batch_size: int | None = None) -> PreparedTexts:
         """:meth:`prepare` with the passage prefix."""
@@ -562,9 +573,15 @@ class Encoder:
             out[rows] = self._forward(feed)
             tick()
 
-    def _feed(self, tok: Tokenized, rows: np.ndarray) -> Any:
+    def _plan(self, lengths: np.ndarray, batch_size: int) -> list[tuple[np.ndarray, tuple[int, int] | None]]:
+        """The batches of texts of these token lengths: rows and static
+        shape (None: padded to the batch's longest text); here the
+        token-budget batches of :func:`plan_batches`."""
+        return [(rows, None) for rows in plan_batches(lengths, self.batch_tokens, batch_size)]
+
+    def _feed(self, tok: Tokenized, rows: np.ndarray, shape: tuple[int, int] | None = None) -> Any:
         """The model inputs of one batch (padded numpy arrays here)."""
-        return pad_batch(tok, rows, self.pad_id, "token_type_ids" in self.input_names)
+        return pad_batch(tok, rows, self.pad_id, "token_type_ids" in self.input_names, shape)
 
     # ------------------------------------------------------------- backends
     input_names: tuple[str, ...] = ("input_ids", "attention_mask")

@@ -121,7 +121,92 @@ def plan_batches(lengths: np.ndarray, max_tokens: int, max_rows: int | None = No
     return out
 
 
-def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: bool = False) -> dict[str, np.ndarray]:
+def ladder(n: int) -> int:
+    """``n`` rounded up to the static sizes of length buckets and batch
+    rows: multiples of 8 up to 64, then 8 steps an octave (72, 80, ...,
+    128, 144, ..., 256, 288, ...), so rounding adds at most 7 below 64 and
+    at most 12.5% above."""
+    n = max(int(n), 1)
+    step = 8 if n <= 64 else 1 << ((n - 1).bit_length() - 4)
+    return -(-n // step) * step
+
+
+@dataclass(frozen=True)
+class BucketBatch:
+    """One batch of :func:`plan_buckets`: its rows and its static shape.
+
+    Attributes
+    ----------
+    rows : int64 [b]
+        Row indices (input positions), longest text first.
+    shape : (R, L)
+        The padded shape: ``R >= b`` rows of ``L`` tokens (a ladder length
+        at least the longest of ``rows``, at most the encoder's limit).
+    """
+
+    rows: np.ndarray
+    shape: tuple[int, int]
+
+
+def plan_buckets(lengths: np.ndarray, max_tokens: int, max_rows: int | None = None,
+                 max_length: int | None = None) -> list[BucketBatch]:
+    """Length buckets with static shapes: each text goes to the bucket of
+    :func:`ladder` (its length) (capped at ``max_length``), each bucket is
+    cut into batches of ``R(L) = min(max_rows, max_tokens // L)`` rows
+    (a multiple of 8 where it is at least 8), and a bucket's last batch
+    is padded to ``min(ladder(rows), R(L))`` rows. So every batch has one
+    of few shapes (per bucket length, ``R(L)`` and the ladder values below
+    it), fixed in advance, which CUDA graphs or ``torch.compile`` can
+    serve one per shape, and no batch exceeds ``max_tokens`` padded tokens.
+
+    Parameters
+    ----------
+    lengths : int [n]
+        Tokens per text (0 counts as 1).
+    max_tokens : int
+        Padded tokens per batch at most; must hold one bucket of the
+        longest text.
+    max_rows : int or None
+        Rows per batch at most.
+    max_length : int or None
+        The encoder's token limit: no bucket is longer.
+
+    Returns
+    -------
+    list of BucketBatch, longest bucket first; their rows together are a
+    permutation of ``range(n)`` (ties in input order).
+    """
+    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+    if isinstance(max_tokens, bool) or int(max_tokens) < 1:
+        raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
+    if max_rows is not None and (isinstance(max_rows, bool) or int(max_rows) < 1):
+        raise ValueError(f"max_rows: expected a positive int or None, got {max_rows!r}")
+    if len(lengths) == 0:
+        return []
+    order = np.argsort(-lengths, kind="stable")
+    cap = int(max_length) if max_length else None
+    buckets = np.array([min(ladder(v), cap) if cap else ladder(v) for v in lengths[order]], dtype=np.int64)
+    if int(lengths[order[0]]) > (cap or int(lengths[order[0]])):
+        raise ValueError(f"max_length: a text of {int(lengths[order[0]])} tokens is longer than {cap}")
+    out = []
+    start = 0
+    while start < len(order):
+        L = int(buckets[start])
+        end = start + int(np.searchsorted(-buckets[start:], -L, side="right"))
+        full = min(int(max_tokens) // L, int(max_rows) if max_rows else int(max_tokens))
+        if full < 1:
+            raise ValueError(f"max_tokens: a bucket of {L} tokens does not fit a batch of {max_tokens} tokens; "
+                             "raise the budget to at least the encoder's max_length")
+        full = full - full % 8 if full >= 8 else full
+        for s in range(start, end, full):
+            rows = order[s:min(s + full, end)]
+            out.append(BucketBatch(rows, (min(ladder(len(rows)), full), L)))
+        start = end
+    return out
+
+
+def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: bool = False,
+              shape: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
     """Right-padded model inputs of ``rows`` (no Python loop per row).
 
     Parameters
@@ -132,22 +217,37 @@ def pad_batch(tok: Tokenized, rows: np.ndarray, pad_id: int, with_token_types: b
     pad_id : int
     with_token_types : bool
         Add ``token_type_ids`` (zeros).
+    shape : (R, L) or None
+        Pad to this static shape (a length bucket's,
+        :func:`plan_buckets`): ``R >= b`` rows (the ``R - b`` filler rows
+        hold one attended ``pad_id`` token, so no row is fully masked) of
+        ``L`` tokens, ``L`` at least the longest row. None: ``b`` rows of
+        the longest row's length (at least 1).
 
     Returns
     -------
     dict
-        ``input_ids`` and ``attention_mask`` int64 [b, L], L the longest
-        row (at least 1) (and ``token_type_ids``).
+        ``input_ids`` and ``attention_mask`` int64 [R, L] (and
+        ``token_type_ids``), and ``padded``: a bool array (0-d), whether
+        any position is masked (so the model need not read the mask on
+        the device to know).
     """
     rows = np.asarray(rows, dtype=np.int64)
     lens = tok.offsets[rows + 1] - tok.offsets[rows]
-    L = int(max(lens.max(initial=0), 1))
+    longest = int(max(lens.max(initial=0), 1))
+    R, L = (len(rows), longest) if shape is None else (int(shape[0]), int(shape[1]))
+    if R < len(rows) or L < longest:
+        raise ValueError(f"shape: {(R, L)} cannot hold {len(rows)} rows of up to {longest} tokens")
     cols = np.arange(L, dtype=np.int64)
-    mask = cols[None, :] < lens[:, None]
-    input_ids = np.full((len(rows), L), pad_id, dtype=np.int64)
-    src = (tok.offsets[rows][:, None] + cols[None, :])[mask]
-    input_ids[mask] = tok.ids[src]
-    feed = {"input_ids": input_ids, "attention_mask": mask.astype(np.int64)}
+    mask = np.zeros((R, L), dtype=bool)
+    mask[:len(rows)] = cols[None, :] < lens[:, None]
+    mask[len(rows):, 0] = True  # filler rows: one pad token each
+    input_ids = np.full((R, L), pad_id, dtype=np.int64)
+    real = mask[:len(rows)]
+    src = (tok.offsets[rows][:, None] + cols[None, :])[real]
+    input_ids[:len(rows)][real] = tok.ids[src]
+    feed = {"input_ids": input_ids, "attention_mask": mask.astype(np.int64),
+            "padded": np.asarray(not mask.all())}
     if with_token_types:
         feed["token_type_ids"] = np.zeros_like(input_ids)
     return feed
@@ -162,7 +262,8 @@ def pack_batch(tok: Tokenized, rows: np.ndarray) -> dict[str, np.ndarray]:
         ``input_ids`` int64 [T] (T = the rows' tokens), ``position_ids``
         int64 [T] (0.. within each text), ``cu_seqlens`` int32 [b + 1]
         (text ``j`` is ``[cu_seqlens[j], cu_seqlens[j + 1])``),
-        ``max_seqlen`` int64 scalar array.
+        ``max_seqlen`` and ``min_seqlen`` int64 scalar arrays (the longest
+        and shortest text).
     """
     rows = np.asarray(rows, dtype=np.int64)
     starts = tok.offsets[rows]
@@ -173,7 +274,8 @@ def pack_batch(tok: Tokenized, rows: np.ndarray) -> dict[str, np.ndarray]:
     pos = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1], lens)
     src = np.repeat(starts, lens) + pos
     return {"input_ids": tok.ids[src], "position_ids": pos, "cu_seqlens": cu.astype(np.int32),
-            "max_seqlen": np.asarray(int(lens.max(initial=0)), dtype=np.int64)}
+            "max_seqlen": np.asarray(int(lens.max(initial=0)), dtype=np.int64),
+            "min_seqlen": np.asarray(int(lens.min(initial=0)), dtype=np.int64)}
 
 
 def device_batch_tokens(free_bytes: int, *, hidden: int, intermediate: int, heads: int, max_length: int,
@@ -360,5 +462,5 @@ def batch_progress(total: int, show: bool) -> Iterator[Callable[[], None]]:
         yield lambda: bar.update(1)
 
 
-__all__ = ["Pending", "batch_progress", "tokenize_texts", "normalize_rows", "Tokenized", "PreparedTexts", "plan_batches", "pad_batch", "pack_batch", "device_batch_tokens",
-           "cpu_workers", "CPU_BATCH_TOKENS", "MAX_DEVICE_BATCH_TOKENS", "DEVICE_MEMORY_SHARE"]
+__all__ = ["Pending", "batch_progress", "tokenize_texts", "normalize_rows", "Tokenized", "PreparedTexts", "plan_batches",
+           "plan_buckets", "BucketBatch", "ladder", "pad_batch", "pack_batch", "device_batch_tokens", "cpu_workers", "CPU_BATCH_TOKENS", "MAX_DEVICE_BATCH_TOKENS", "DEVICE_MEMORY_SHARE"]

@@ -40,6 +40,24 @@ def default_cache_dir() -> Path:
     return folder_of_cache("onnx")
 
 
+def installed_torch_version() -> str:
+    """The installed torch's version without its local suffix (``2.13.0``),
+    read from the package metadata: a cached export is found without
+    importing torch.
+
+    Raises
+    ------
+    ImportError
+        torch is not installed (with the install hint).
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        raise ImportError(f"torch is needed for this feature: {TORCH_HINT}") from None
+
+
 def corpus_backend(device: str | None, quantize: str | None = None, dtype: str | None = None) -> str:
     """The backend a corpus build uses when none is named.
 
@@ -211,7 +229,8 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     normalised). Exports are cached under a key made of the model
     fingerprint, pooling, torch version and export version; the first call
     exports (tens of seconds on CPU for a base-size model, logged), later
-    calls reuse the file. ``quantize="int8"`` adds a dynamically quantised
+    calls reuse the file without importing torch or the exporter.
+    ``quantize="int8"`` adds a dynamically quantised
     copy (per-channel int8 MatMul weights) next to it; its embeddings keep a
     per-row cosine >= 0.98 to the fp32 ones (the tolerance the tests hold
     it to).
@@ -226,14 +245,11 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
     (one warning, :func:`rcn_fast._cache_dirs.trusted_cache`): the model is
     exported afresh into a private temporary folder for this process.
     """
-    torch = require("torch", TORCH_HINT)
-    require("onnx", ONNX_HINT)
-    require("onnxscript", ONNX_HINT)
     model_dir = Path(model_dir)
     if pooling not in POOLINGS:
         raise ValueError(f"pooling: expected one of {list(POOLINGS)}, got {pooling!r}")
     fp = model_fingerprint(model_dir)
-    key_src = json.dumps({"fp": fp, "pooling": pooling, "torch": torch.__version__.split("+")[0],
+    key_src = json.dumps({"fp": fp, "pooling": pooling, "torch": installed_torch_version(),
                           "export": EXPORT_VERSION}, sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     if cache_dir is None:
@@ -251,6 +267,9 @@ def export_onnx(model_dir: str | os.PathLike[str], *, pooling: str = "mean",
         target = root / target.name
     onnx_path = target / "model.onnx"
     if not _reusable(target, owned=str(cache_dir) != "model", verify=verify):
+        torch = require("torch", TORCH_HINT)  # the exporter's packages: only to export
+        require("onnx", ONNX_HINT)
+        require("onnxscript", ONNX_HINT)
         root.mkdir(parents=True, exist_ok=True)
         logger.warning("exporting %s to ONNX (one time; cached at %s) ...", model_dir, target)
         t0 = time.perf_counter()
@@ -491,5 +510,5 @@ class OnnxEncoder(Encoder):
                 f.cancel()
             raise
 
-__all__ = ["OnnxEncoder", "corpus_backend", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
+__all__ = ["OnnxEncoder", "corpus_backend", "installed_torch_version", "export_onnx", "node_assignment", "report_providers", "default_cache_dir",
            "export_problem", "verify_export", "write_export_checksums", "EXPORT_CHECKSUMS"]

@@ -1,28 +1,49 @@
-"""Unpadded (packed) forward pass of a BERT encoder: the tokens of a batch
-back to back, no padding computed, attention restricted to each text
-through variable-length attention.
+"""Attention over packed texts (the tokens of a batch back to back, no
+padding computed) for the native BERT's packed forward
+(:meth:`NativeBert.packed <rcn_fast.retrieval.encoders.bert>`), and
+pooling of packed token states.
 
-The kernel is flash-attn's ``flash_attn_varlen_func`` where that package is
-installed (CUDA, float16/bfloat16; imported lazily), else
-:func:`varlen_attention_reference`, a plain per-text
-``scaled_dot_product_attention`` loop (the reference the tests hold the
-packed path to, and what runs it on the CPU). The layers are the Hugging
-Face model's own modules (its weights, layer norms and activation), run in
-the order its ``forward`` runs them; only the attention's input layout
-differs (Q, K and V projections are one matrix product over the three
-weights stacked).
+The kernels, in the order :func:`choose_kernel` prefers them:
 
-Supported: ``BertModel`` with absolute position embeddings (E5, BGE, GTE,
-MiniLM...), not a decoder; :func:`unpadded_supported` says why not
-otherwise.
+* ``"flash-attn"``: flash-attn's ``flash_attn_varlen_func`` (CUDA,
+  float16/bfloat16; imported lazily where installed);
+* ``"sdpa-varlen"``: PyTorch's own variable-length flash kernel (CUDA,
+  float16/bfloat16, compute capability 8.0 or more, head width a multiple
+  of 8 up to 256): the kernel ``scaled_dot_product_attention`` runs for
+  jagged nested tensors, called on the packed tensors directly (no
+  nested-tensor wrapper: no import of torch._dynamo, no Python dispatch,
+  no host wait);
+* ``"jagged"``: ``scaled_dot_product_attention`` on jagged nested tensors
+  (``torch.nested.nested_tensor_from_jagged``), any device and dtype (on
+  CUDA it selects one of the kernels above, or the memory-efficient one
+  for float32); the first use imports torch's nested-tensor machinery
+  (torch._dynamo, sympy), about a second, so the encoder warms it in a
+  background thread when it will use it;
+* ``"reference"``: a plain per-text ``scaled_dot_product_attention`` loop
+  (reads the text bounds on the host): what the tests hold the others to.
+
+Every kernel takes the lengths' bounds from the host (``max_seqlen``,
+``min_seqlen``), computed when the batch was packed, so none reads a
+device value.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+import logging
+import threading
+import warnings
+from typing import Any, Callable, Iterator
 
 from rcn_fast._arrays import require
 from rcn_fast.retrieval.encoders.base import TORCH_HINT
+
+KERNELS = ("flash-attn", "sdpa-varlen", "jagged", "reference")
+#: the schema of torch's variable-length flash kernel this module calls (checked before use)
+_SDPA_VARLEN_SCHEMA = ("aten::_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, "
+                       "Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, "
+                       "bool return_debug_mask, *, float? scale=None")
+Attention = Callable[[Any, Any, Any], Any]
 
 
 def flash_varlen() -> Callable[..., Any] | None:
@@ -35,22 +56,87 @@ def flash_varlen() -> Callable[..., Any] | None:
     return flash_attn_varlen_func
 
 
-def varlen_attention_reference(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
-                               max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: float | None = None,
-                               causal: bool = False) -> Any:
-    """Variable-length attention, one text at a time (flash-attn's
-    ``flash_attn_varlen_func`` signature and layout).
+def sdpa_varlen_available(device: Any, dtype: Any, head_dim: int) -> bool:
+    """Whether torch's variable-length flash kernel runs here (see the
+    module docstring)."""
+    torch = require("torch", TORCH_HINT)
+    device = torch.device(device)
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or head_dim % 8 or head_dim > 256:
+        return False
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None or not str(op.default._schema).startswith(_SDPA_VARLEN_SCHEMA):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0) and torch.backends.cuda.flash_sdp_enabled()
+
+
+def choose_kernel(device: Any, dtype: Any, head_dim: int) -> str:
+    """The packed-attention kernel for a device and dtype: flash-attn's
+    where installed (CUDA, half precision), else torch's variable-length
+    flash kernel where it runs, else SDPA on jagged tensors."""
+    torch = require("torch", TORCH_HINT)
+    half = dtype in (torch.float16, torch.bfloat16)
+    if torch.device(device).type == "cuda" and half and flash_varlen() is not None:
+        return "flash-attn"
+    if sdpa_varlen_available(device, dtype, head_dim):
+        return "sdpa-varlen"
+    return "jagged"
+
+
+def packed_attention(kernel: str, cu_seqlens: Any, max_seqlen: int, min_seqlen: int, scale: float) -> Attention:
+    """``attention(q, k, v)`` over packed texts: q, k, v [T, heads,
+    head_dim] -> [T, heads, head_dim], each text attending to its own
+    tokens only.
+
+    Parameters
+    ----------
+    kernel : one of :data:`KERNELS`
+    cu_seqlens : int32 [b + 1] on the device
+        Text ``j`` is tokens ``[cu_seqlens[j], cu_seqlens[j + 1])``.
+    max_seqlen, min_seqlen : int
+        The longest and shortest text (host values).
+    scale : float
+        The softmax scale (``head_dim ** -0.5`` for BERT).
+    """
+    torch = require("torch", TORCH_HINT)
+    F = torch.nn.functional
+    if kernel == "flash-attn":
+        fn = flash_varlen()
+        if fn is None:
+            raise ValueError("kernel: 'flash-attn' needs the flash-attn package (pip install flash-attn)")
+        return lambda q, k, v: fn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0,
+                                  softmax_scale=scale, causal=False)
+    if kernel == "sdpa-varlen":
+        op = torch.ops.aten._flash_attention_forward
+        return lambda q, k, v: op(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0, False, False,
+                                  scale=scale)[0]
+    if kernel == "jagged":
+        offsets = cu_seqlens.long()  # one offsets tensor: q, k and v share their ragged dimension
+
+        def jagged(x: Any) -> Any:
+            # contiguous: SDPA finds no kernel for jagged views of strided packed tensors (a no-op for the model's)
+            return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets, max_seqlen=max_seqlen,
+                                                          min_seqlen=min_seqlen).transpose(1, 2)
+
+        def attend(q: Any, k: Any, v: Any) -> Any:
+            with quiet_nested():
+                out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), scale=scale)
+                return out.transpose(1, 2).values()
+
+        return attend
+    if kernel == "reference":
+        return lambda q, k, v: reference_attention(q, k, v, cu_seqlens, scale)
+    raise ValueError(f"kernel: expected one of {list(KERNELS)}, got {kernel!r}")
+
+
+def reference_attention(q: Any, k: Any, v: Any, cu_seqlens: Any, scale: float | None = None) -> Any:
+    """Attention of packed texts, one text at a time (the bounds read on
+    the host): the reference of the other kernels.
 
     Parameters
     ----------
     q, k, v : float [T, heads, head_dim]
-        The packed tokens of every text.
-    cu_seqlens_q, cu_seqlens_k : int32 [b + 1]
-        Text ``j`` holds tokens ``[cu[j], cu[j + 1])`` (the same for q and k).
-    max_seqlen_q, max_seqlen_k : int
-        Unused (flash-attn sizes its grid with them).
-    softmax_scale : float or None
-        None: ``head_dim ** -0.5``.
+    cu_seqlens : int [b + 1]
+    scale : float or None (``head_dim ** -0.5``)
 
     Returns
     -------
@@ -58,31 +144,45 @@ def varlen_attention_reference(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seq
     """
     torch = require("torch", TORCH_HINT)
     F = torch.nn.functional
-    if dropout_p or causal:
-        raise ValueError("varlen_attention_reference: dropout and causal masks are not supported")
     out = torch.empty_like(q)
-    bounds = cu_seqlens_q.tolist()
+    bounds = cu_seqlens.tolist()
     for s, e in zip(bounds[:-1], bounds[1:]):
         if e > s:
             qs, ks, vs = (t[s:e].transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, l, hd]
-            out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, scale=softmax_scale)[0].transpose(0, 1)
+            out[s:e] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[0].transpose(0, 1)
     return out
 
 
-def unpadded_supported(model: Any) -> str | None:
-    """None when :class:`UnpaddedBert` can run ``model``, else why not."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind != "bert":
-        return f"model_type {kind!r} (only 'bert' is supported)"
-    if getattr(cfg, "is_decoder", False) or getattr(cfg, "add_cross_attention", False):
-        return "a decoder BERT"
-    if getattr(cfg, "position_embedding_type", "absolute") not in (None, "absolute"):
-        return f"position_embedding_type {cfg.position_embedding_type!r} (only 'absolute')"
-    needed = ("embeddings.word_embeddings", "embeddings.position_embeddings", "embeddings.LayerNorm", "encoder.layer")
-    have = {name for name, _ in model.named_modules()}
-    missing = [n for n in needed if n not in have]
-    return f"modules {missing} missing" if missing else None
+@contextlib.contextmanager
+def quiet_nested() -> Iterator[None]:
+    """Silence the notices torch prints on the first nested-tensor use (its
+    "prototype" warning, torch.fx's tracing notice): they concern torch's
+    internals, not the caller."""
+    log = logging.getLogger("torch.fx._symbolic_trace")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
+def warm_jagged() -> threading.Thread:
+    """Import what the ``"jagged"`` kernel needs, in a background thread
+    (started and returned), so that the first batch does not wait for it."""
+    def run() -> None:
+        torch = require("torch", TORCH_HINT)
+        x = torch.zeros(3, 1, 8)
+        try:
+            packed_attention("jagged", torch.tensor([0, 1, 3], dtype=torch.int32), 2, 1, 1.0)(x, x, x)
+        except Exception:  # noqa: BLE001 - only a warm-up: the real call reports its own error
+            pass
+
+    thread = threading.Thread(target=run, name="rcn_fast-warm-jagged", daemon=True)
+    thread.start()
+    return thread
 
 
 def segment_pool(h: Any, cu_seqlens: Any, pooling: str) -> Any:
@@ -114,63 +214,5 @@ def segment_pool(h: Any, cu_seqlens: Any, pooling: str) -> Any:
     return out / lens.clamp(min=1).unsqueeze(1).to(h.dtype)
 
 
-class UnpaddedBert:
-    """A Hugging Face ``BertModel`` run on packed tokens.
-
-    Parameters
-    ----------
-    model : transformers BertModel (eval mode, on its device and dtype)
-    attention : callable or None
-        A ``flash_attn_varlen_func``-compatible function; None: flash-attn's
-        when installed, else :func:`varlen_attention_reference`.
-    """
-
-    def __init__(self, model: Any, attention: Callable[..., Any] | None = None) -> None:
-        why = unpadded_supported(model)
-        if why is not None:
-            raise ValueError(f"unpadded: this model cannot run unpadded: {why}")
-        torch = require("torch", TORCH_HINT)
-        self.model = model
-        self.attention = attention or flash_varlen() or varlen_attention_reference
-        cfg = model.config
-        self.heads = int(cfg.num_attention_heads)
-        self.head_dim = int(cfg.hidden_size) // self.heads
-        self.scale = self.head_dim ** -0.5
-        self.qkv = []
-        for layer in model.encoder.layer:
-            sa = layer.attention.self
-            w = torch.cat([sa.query.weight, sa.key.weight, sa.value.weight], 0).detach()
-            b = torch.cat([sa.query.bias, sa.key.bias, sa.value.bias], 0).detach()
-            self.qkv.append((w, b))
-
-    def __call__(self, input_ids: Any, position_ids: Any, cu_seqlens: Any, max_seqlen: int) -> Any:
-        """Last hidden states of packed texts.
-
-        Parameters
-        ----------
-        input_ids, position_ids : int64 [T]
-        cu_seqlens : int32 [b + 1]
-        max_seqlen : int
-
-        Returns
-        -------
-        [T, hidden] in the model's dtype
-        """
-        torch = require("torch", TORCH_HINT)
-        F = torch.nn.functional
-        emb = self.model.embeddings
-        h = emb.word_embeddings(input_ids)
-        if getattr(emb, "token_type_embeddings", None) is not None:  # every token of type 0
-            h = h + emb.token_type_embeddings.weight[0]
-        h = emb.LayerNorm(h + emb.position_embeddings(position_ids))
-        T = h.shape[0]
-        for layer, (w, b) in zip(self.model.encoder.layer, self.qkv):
-            q, k, v = F.linear(h, w, b).view(T, 3, self.heads, self.head_dim).unbind(1)
-            a = self.attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, 0.0,
-                               softmax_scale=self.scale, causal=False)
-            h = layer.attention.output(a.reshape(T, -1), h)
-            h = layer.output(layer.intermediate(h), h)
-        return h
-
-
-__all__ = ["UnpaddedBert", "flash_varlen", "segment_pool", "unpadded_supported", "varlen_attention_reference"]
+__all__ = ["KERNELS", "choose_kernel", "flash_varlen", "packed_attention", "reference_attention",
+           "sdpa_varlen_available", "segment_pool", "warm_jagged", "quiet_nested"]
