@@ -108,5 +108,32 @@ class Settings:
         return cls(**d)
 
 
+def check_token_ids(rows: Sequence[Sequence[Any]], vocab_size: int, name: str, *, depth: int = 1) -> None:
+    """Refuse a token id that is not an int in ``[0, vocab_size)`` (a
+    negative id would read another row of the model's matrices).
+
+    Parameters
+    ----------
+    rows : nested lists (or int arrays) of int
+        ``depth`` levels of lists above the lists of ids: 1 for prompts
+        (``[B][T]``), 2 for label spellings (``[B][C][S]``).
+    vocab_size : int
+    name : str
+        The argument, for the message.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, the entry and the range.
+    """
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (Sequence, np.ndarray)):
+        raise ValueError(f"{name}: expected a list, got {type(rows).__name__}")
+    for i, x in enumerate(rows):
+        if depth > 0:
+            check_token_ids(x, vocab_size, f"{name}[{i}]", depth=depth - 1)
+        elif not is_int(x, numpy=True) or not 0 <= x < vocab_size:
+            raise ValueError(f"{name}[{i}]: expected a token id in [0, {vocab_size}), got {x!r}")
+
 __all__ = ["is_int", "is_integral", "is_number", "is_real", "check_int", "check_bool", "check_choice", "check_texts",
+           "check_token_ids",
            "check_k", "unknown_keys", "Settings"]

@@ -43,7 +43,7 @@ const QuantKernels& kernels_for(const std::string& isa) {
 
 QType check_qtype(int qtype) {
   if (!qtype_known(qtype))
-    throw nb::value_error(("qtype: expected a GGML type id among F32=0, F16=1, Q4_0=2, Q4_1=3, Q8_0=8, got " +
+    throw nb::value_error(("qtype: expected a GGML type id among " + qtype_supported_names() + ", got " +
                            std::to_string(qtype))
                               .c_str());
   return QType(qtype);
@@ -103,6 +103,14 @@ void quant_dequantize_py(const Bytes& w, int qtype, int64_t K, OutMat out) {
   for (int64_t r = 0; r < N; ++r) dequant_row_ref(QType(qtype), m.data + r * m.row_bytes, 0, K, out.data() + r * K);
 }
 
+// The GGML type table (llm/ggml_types.h): (name, id, elements per block,
+// bytes per block, whether the engine multiplies it) per type.
+nb::list ggml_type_table() {
+  nb::list out;
+  for (const GGMLTypeInfo& t : kGGMLTypes) out.append(nb::make_tuple(t.name, t.id, t.block, t.block_bytes, t.matmul));
+  return out;
+}
+
 nb::dict quant_info() {
   nb::dict d;
   const QuantKernels& k = quant_kernels();
@@ -116,9 +124,13 @@ nb::dict quant_info() {
 // The model: weights viewed in place (the Python object keeps the arrays alive).
 class LlamaModel {
  public:
-  LlamaModel(nb::dict hp, nb::list tensors) {
+  LlamaModel(nb::dict hp, nb::list tensors, nb::object rope_freqs) {
     LlamaHParams& h = w_.hp;
-    auto geti = [&](const char* key) { return nb::cast<int>(hp[key]); };
+    auto geti = [&](const char* key) {
+      const int64_t v = nb::cast<int64_t>(hp[key]);
+      if (v < 0 || v > INT32_MAX) throw nb::value_error((std::string(key) + ": expected an int in [0, 2**31)").c_str());
+      return int(v);
+    };
     h.n_layer = geti("n_layer");
     h.n_embd = geti("n_embd");
     h.n_head = geti("n_head");
@@ -130,6 +142,7 @@ class LlamaModel {
     h.eps = nb::cast<float>(hp["eps"]);
     h.rope_base = nb::cast<float>(hp["rope_base"]);
     h.rope_neox = nb::cast<bool>(hp["rope_neox"]);
+    h.rope_scale = nb::cast<float>(hp["rope_scale"]);
     if (h.n_layer < 1 || h.n_layer > 4096) throw nb::value_error("n_layer: expected 1..4096");
     const size_t want = 3 + size_t(h.n_layer) * 12;
     if (nb::len(tensors) != want)
@@ -156,6 +169,13 @@ class LlamaModel {
       L.up = next_mat(p + "ffn_up");
       L.down = next_mat(p + "ffn_down");
       w_.layers.push_back(L);
+    }
+    if (!rope_freqs.is_none()) {
+      F32Vec f = nb::cast<F32Vec>(rope_freqs);
+      if (int64_t(f.shape(0)) != h.rope_dim / 2)
+        throw nb::value_error(("rope_freqs: expected " + std::to_string(h.rope_dim / 2) + " float32 values").c_str());
+      keep_.push_back(nb::borrow(rope_freqs));
+      w_.rope_freqs = f.data();
     }
     try {
       llama_check_weights(w_);
@@ -238,10 +258,15 @@ void bind_llm_decoder(nb::module_& m) {
         "activations and accumulation. isa: '' (the variant chosen at load time), 'generic', 'avx2', 'avx512'.");
   m.def("quant_dequantize", &quant_dequantize_py, nb::arg("w"), nb::arg("qtype"), nb::arg("K"), nb::arg("out"),
         "The plain (reference) float32 values of a GGML-format matrix [N, K] into out.");
+  m.def("ggml_type_table", &ggml_type_table,
+        "The GGML tensor types (csrc/llm/ggml_types.h): (name, id, elements per block, bytes per block,\n"
+        "multiplied by the engine) per type.");
   m.def("quant_info", &quant_info, "The quantised-weight kernels' variant in use and those compiled in.");
   nb::class_<LlamaModel>(m, "LlamaModel")
-      .def(nb::init<nb::dict, nb::list>(), nb::arg("hparams"), nb::arg("tensors"),
-           "A Llama-family decoder over GGML-format weights viewed in place (see rcn_fast/llm/backends/engine/).")
+      .def(nb::init<nb::dict, nb::list, nb::object>(), nb::arg("hparams"), nb::arg("tensors"),
+           nb::arg("rope_freqs").none() = nb::none(),
+           "A Llama-family decoder over GGML-format weights viewed in place (see rcn_fast/llm/backends/engine/);\n"
+           "rope_freqs: float32 [rope_dim / 2] divisors of the rope frequencies, or None.")
       .def("forward", &LlamaModel::forward, nb::arg("tokens"), nb::arg("slots"), nb::arg("positions"),
            nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out_rows"), nb::arg("logits"), nb::arg("out"),
            nb::arg("num_threads") = 0, nb::arg("isa") = "",

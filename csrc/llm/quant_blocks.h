@@ -20,47 +20,58 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "common/dtypes.h"
+#include "llm/ggml_types.h"
 
 namespace rcn_fast {
 
-// GGML's type ids (the values stored in a .gguf tensor header).
+// The GGML types the kernels multiply (their ids and sizes are those of
+// llm/ggml_types.h, the one table of GGML type facts; the enum names them
+// for the kernels' templates, and static_asserts keep the two in step).
 enum class QType : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 
 constexpr int64_t kQuantBlock = 32;  // elements per quantised block
 
-inline bool qtype_known(int t) { return t == 0 || t == 1 || t == 2 || t == 3 || t == 8; }
-
-inline const char* qtype_name(QType t) {
-  switch (t) {
-    case QType::F32: return "F32";
-    case QType::F16: return "F16";
-    case QType::Q4_0: return "Q4_0";
-    case QType::Q4_1: return "Q4_1";
-    case QType::Q8_0: return "Q8_0";
-  }
-  return "unknown";
+// Whether the kernels multiply GGML type `t` (the table's `matmul` flag).
+constexpr bool qtype_known(int t) {
+  const GGMLTypeInfo* info = ggml_type_info(t);
+  return info != nullptr && info->matmul;
 }
 
-inline bool qtype_is_blocked(QType t) { return t == QType::Q4_0 || t == QType::Q4_1 || t == QType::Q8_0; }
+constexpr const char* qtype_name(QType t) { return ggml_type_info(int(t))->name; }
+
+constexpr bool qtype_is_blocked(QType t) { return ggml_type_info(int(t))->block > 1; }
 
 // Bytes of one block (quantised types) or of one element (F32, F16).
-constexpr int64_t qtype_unit_bytes(QType t) {
-  switch (t) {
-    case QType::F32: return 4;
-    case QType::F16: return 2;
-    case QType::Q4_0: return 18;
-    case QType::Q4_1: return 20;
-    case QType::Q8_0: return 34;
-  }
-  return 0;
+constexpr int64_t qtype_unit_bytes(QType t) { return ggml_type_info(int(t))->block_bytes; }
+
+// Bytes of a row of K elements (K a multiple of the block for the quantised types).
+constexpr int64_t qtype_row_bytes(QType t, int64_t K) {
+  return K / ggml_type_info(int(t))->block * ggml_type_info(int(t))->block_bytes;
 }
 
-// Bytes of a row of K elements (K a multiple of 32 for the quantised types).
-inline int64_t qtype_row_bytes(QType t, int64_t K) {
-  return qtype_is_blocked(t) ? (K / kQuantBlock) * qtype_unit_bytes(t) : K * qtype_unit_bytes(t);
+// "F32=0, F16=1, Q4_0=2, Q4_1=3, Q8_0=8": the types the kernels multiply, for messages.
+inline std::string qtype_supported_names() {
+  std::string out;
+  for (const GGMLTypeInfo& t : kGGMLTypes)
+    if (t.matmul) out += (out.empty() ? "" : ", ") + std::string(t.name) + "=" + std::to_string(t.id);
+  return out;
 }
+
+static_assert(qtype_known(0) && qtype_known(1) && qtype_known(2) && qtype_known(3) && qtype_known(8),
+              "every QType is a type the table marks as multiplied");
+constexpr int qtype_count() {
+  int n = 0;
+  for (const GGMLTypeInfo& t : kGGMLTypes) n += t.matmul ? 1 : 0;
+  return n;
+}
+static_assert(qtype_count() == 5, "every type the table marks as multiplied is a QType");
+static_assert(qtype_is_blocked(QType::Q4_0) && qtype_is_blocked(QType::Q4_1) && qtype_is_blocked(QType::Q8_0) &&
+                  ggml_type_info(2)->block == kQuantBlock && ggml_type_info(3)->block == kQuantBlock &&
+                  ggml_type_info(8)->block == kQuantBlock,
+              "the quantised kernels read blocks of kQuantBlock elements");
 
 inline uint16_t read_u16(const uint8_t* p) {
   uint16_t v;

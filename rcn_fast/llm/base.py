@@ -10,7 +10,7 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from rcn_fast._validate import is_int
+from rcn_fast._validate import is_int, is_number
 from rcn_fast.llm.chat import Chat
 
 
@@ -50,10 +50,10 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if not is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature: expected a finite number >= 0, got {self.temperature!r}")
+        if not is_number(self.top_p) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: expected a finite number in (0, 1], got {self.top_p!r}")
         if not is_int(self.num_samples) or self.num_samples < 1:
             raise ValueError(f"num_samples: expected an int >= 1, got {self.num_samples!r}")
         if not is_int(self.seed):

@@ -107,8 +107,10 @@ def _load(spec: Any, options: dict[str, Any]) -> LLM:
         if native is not None:
             return native
     if path.is_file():  # a .gguf file: converted once, then read from the cache (rcn_fast/llm/backends/gguf_cache.py)
+        from rcn_fast.llm.backends.engine.architecture import check_for_transformers
         from rcn_fast.llm.backends.gguf_cache import load_gguf_cached
 
+        check_for_transformers(path)  # malformed, oversized or rope-scaled files never reach transformers
         model, tok = load_gguf_cached(path, cfg, _load_gguf)
         return HFLLM(model, tok, name=str(path), config=cfg)
     model, tok = _load_pretrained(str(path), cfg)
@@ -202,8 +204,11 @@ def _load_gguf(path: Path, cfg: HFConfig) -> tuple[Any, Any]:
     transformers' ``from_pretrained(gguf_file=...)`` needs accelerate; when
     it is missing the same reader fills a model built from the GGUF config.
     """
+    from rcn_fast.llm.backends.engine.architecture import check_for_transformers
+
     tf = A.require("transformers", HINT)
     A.require("gguf", "pip install 'gguf>=0.10' (or 'rcn_fast[llm]')")
+    check_for_transformers(path)
     folder, name = str(path.parent), path.name
     tok = tf.AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
     dtype, attn = cfg.resolved_dtype(), cfg.resolved_attn()

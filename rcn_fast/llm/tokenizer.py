@@ -34,8 +34,11 @@ def load_tokenizer(spec: str) -> Any:
     given = Path(spec).expanduser()
     # a folder holding only tokenizer files (no config.json) is a tokenizer too
     path = given if given.is_dir() else resolve_spec(spec)
-    if path.is_file():  # a .gguf file (its converted copy when cached)
+    if path.is_file():  # a .gguf file (its converted copy when cached), checked first by the strict reader
+        from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
         from rcn_fast.llm.backends.gguf_cache import cached_tokenizer
+
+        GGUFFile(path)
 
         cached = cached_tokenizer(path)
         return cached if cached is not None else tf.AutoTokenizer.from_pretrained(

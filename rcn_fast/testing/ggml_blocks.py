@@ -2,7 +2,7 @@
 reference the native quantised matrix products (csrc/llm/isa/quant_gemm.cpp)
 and the GGUF files written by the tests are checked against.
 
-Layouts (common/quant_blocks.h): Q8_0 ``{f16 d; i8 q[32]}``, Q4_0
+Layouts (csrc/llm/quant_blocks.h): Q8_0 ``{f16 d; i8 q[32]}``, Q4_0
 ``{f16 d; u8 qs[16]}`` (w = d * (nibble - 8)), Q4_1 ``{f16 d; f16 m; u8 qs[16]}``
 (w = d * nibble + m); nibble j < 16 is the low half of ``qs[j]``, j >= 16
 the high half of ``qs[j - 16]``.
@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rcn_fast.llm.backends.engine.gguf_file import GGML_TYPES as QTYPES  # name -> GGML type id, of the formats multiplied
+from rcn_fast.llm.backends.engine.ggml_types import matmul_types
+
+#: name -> GGML type id of the formats the engine multiplies (the one type table, csrc/llm/ggml_types.h)
+QTYPES = matmul_types()
 
 #: GGML type ids
 F32, F16, Q4_0, Q4_1, Q8_0 = (QTYPES[n] for n in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0"))

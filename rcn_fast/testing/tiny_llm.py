@@ -31,8 +31,9 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer(template: str = CHATML):
-    """A byte-level BPE tokenizer trained in code (any text encodes)."""
+def build_tokenizer(template: str = CHATML, *, vocab_size: int = 400, corpus: list[str] | None = None):
+    """A byte-level BPE tokenizer trained in code on ``corpus`` (default: a
+    few multiple-choice lines) up to ``vocab_size`` tokens (any text encodes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -40,12 +41,12 @@ def build_tokenizer(template: str = CHATML):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=vocab_size,
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 20, trainer)
+    tok.train_from_iterator((_CORPUS if corpus is None else corpus) * 20, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

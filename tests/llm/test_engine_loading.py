@@ -79,7 +79,7 @@ def test_gguf_reader_refuses_what_is_not_gguf(tiny_gguf, tmp_path):
     with pytest.raises(GGUFError, match="truncated|past the end"):
         GGUFFile(cut)
     g = GGUFFile(tiny_gguf)
-    assert g.get("general.architecture") == "llama" and "blk.0.attn_q.weight" in g.tensors
+    assert g.meta("general.architecture", "str") == "llama" and "blk.0.attn_q.weight" in g.tensors
     assert g.float32("output_norm.weight").dtype == np.float32
 
 

@@ -78,7 +78,7 @@ void need(bool ok, const std::string& what) {
 void check_mat(const QMat& m, int64_t N, int64_t K, const std::string& name) {
   need(m.data != nullptr, name + ": missing");
   need(qtype_known(m.qtype), name + ": unsupported GGML type " + std::to_string(m.qtype) +
-                                 " (supported: F32, F16, Q4_0, Q4_1, Q8_0)");
+                                 " (supported: " + qtype_supported_names() + ")");
   need(m.N == N && m.K == K, name + ": expected shape [" + std::to_string(N) + ", " + std::to_string(K) + "], got [" +
                                  std::to_string(m.N) + ", " + std::to_string(m.K) + "]");
   need(!qtype_is_blocked(QType(m.qtype)) || K % kQuantBlock == 0,
@@ -97,7 +97,13 @@ void llama_check_weights(const LlamaWeights& w) {
   need(h.head_dim >= 1 && h.head_dim <= 512, "hparams: head_dim must be in [1, 512]");
   need(h.rope_dim >= 0 && h.rope_dim <= h.head_dim && h.rope_dim % 2 == 0,
        "hparams: rope_dim must be even and at most head_dim");
+  need(std::isfinite(h.rope_scale) && h.rope_scale > 0.0f && std::isfinite(h.rope_base) && h.rope_base > 0.0f &&
+           std::isfinite(h.eps) && h.eps >= 0.0f,
+       "hparams: rope_base, rope_scale and eps must be finite and positive");
   need(int64_t(w.layers.size()) == h.n_layer, "layers: expected n_layer layers");
+  if (w.rope_freqs != nullptr)
+    for (int j = 0; j < h.rope_dim / 2; ++j)
+      need(std::isfinite(w.rope_freqs[j]) && w.rope_freqs[j] > 0.0f, "rope_freqs: expected finite values > 0");
   need(w.out_norm != nullptr, "output_norm: missing");
   const int64_t H = h.n_embd, Q = int64_t(h.n_head) * h.head_dim, D = int64_t(h.n_head_kv) * h.head_dim;
   check_mat(w.tok_embd, h.n_vocab, H, "token_embd");
@@ -175,8 +181,13 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   SpinBarrier barrier(threads);
 
   // rope angles per token (as transformers computes them: float32 inverse
-  // frequencies times the float32 position)
-  for (int64_t j = 0; j < half; ++j) inv[j] = 1.0f / std::pow(h.rope_base, float(2 * j) / float(h.rope_dim));
+  // frequencies, divided by the rope_freqs entry and the linear scale where
+  // the model has them, times the float32 position)
+  for (int64_t j = 0; j < half; ++j) {
+    inv[j] = 1.0f / std::pow(h.rope_base, float(2 * j) / float(h.rope_dim));
+    if (w.rope_freqs != nullptr) inv[j] /= w.rope_freqs[j];
+    if (h.rope_scale != 1.0f) inv[j] /= h.rope_scale;
+  }
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < half; ++j) {
       const float th = float(b.pos[i]) * inv[j];

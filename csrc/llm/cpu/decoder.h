@@ -40,6 +40,8 @@ struct LlamaLayerWeights {
 struct LlamaHParams {
   int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, n_vocab = 0, rope_dim = 0;
   float eps = 1e-5f, rope_base = 10000.0f;
+  // linear rope scaling: positions are divided by it (1: none)
+  float rope_scale = 1.0f;
   // true: rotate the pairs (i, i + rope_dim / 2) (NEOX, Qwen2's GGUF);
   // false: the pairs (2i, 2i + 1) (Llama's GGUF, whose q/k rows llama.cpp's
   // converter permuted to match)
@@ -51,6 +53,8 @@ struct LlamaWeights {
   QMat tok_embd;
   const float* out_norm = nullptr;
   QMat output;  // the LM head (the token embedding when tied)
+  // rope frequency divisors [rope_dim / 2] (Llama 3.1's rope_freqs tensor), or nullptr
+  const float* rope_freqs = nullptr;
   std::vector<LlamaLayerWeights> layers;
 };
 

@@ -23,13 +23,15 @@ fails its question: broken numbers never become text.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rcn_fast import _arrays as A
-from rcn_fast._validate import is_int
+from rcn_fast._validate import check_token_ids, is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm import seeded
 from rcn_fast.llm.scoring import choice as scoring
@@ -151,6 +153,13 @@ class HFLLM(LocalBackend):
     @property
     def device(self) -> Any:
         return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's logits (the token ids it takes and scores)."""
+        head = self.model.get_output_embeddings()
+        weight = getattr(head, "weight", None)
+        return int(weight.shape[0]) if weight is not None else int(self.model.config.vocab_size)
 
     @property
     def identity(self) -> str:
@@ -293,6 +302,8 @@ class HFLLM(LocalBackend):
         """Label log-probs for tokenised prompts; ``label_ids[b][c]`` are the
         spelling ids of label c of row b. Returns ragged rows."""
         torch = _torch()
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        check_token_ids(label_ids, self.vocab_size, "label_ids", depth=2)
         out: list[list[float]] = [[] for _ in prompt_ids]
         head = self.model.get_output_embeddings()
         with torch.inference_mode():
@@ -318,6 +329,7 @@ class HFLLM(LocalBackend):
         """The ``k`` most likely next tokens with their log-probabilities (full
         vocabulary log-softmax of the last position), per prompt."""
         torch = _torch()
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
         out: list[list[tuple[int, float]]] = [[] for _ in prompt_ids]
         for batch in self._batches(prompt_ids):
             lg = self.final_logits([prompt_ids[i] for i in batch]).float()
@@ -345,6 +357,7 @@ class HFLLM(LocalBackend):
         :class:`rcn_fast.llm.seeded.SeededSampler`."""
         torch = _torch()
         tf = A.require("transformers", HINT)
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
         if sample_ids is None:
             sample_ids = [range(params.num_samples)] * len(prompt_ids)
         elif len(sample_ids) != len(prompt_ids):
@@ -380,3 +393,72 @@ class HFLLM(LocalBackend):
 
     def _finish(self, toks: list[int], n_prompt: int, params: GenerationParams, stop_ids: set[int]) -> Generation:
         return finish_generation(self.tokenizer, toks, n_prompt, params, stop_ids, self.eos_ids)
+
+    # ---------------------------------------------------------------- serving (rcn_fast.llm.server.protocol)
+
+    def prompt_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int, *, chunk: int,
+                            check: Callable[[], None]) -> list[list[Any]]:
+        """:meth:`ServedModel.prompt_logprobs_ids <rcn_fast.llm.server.protocol.ServedModel.prompt_logprobs_ids>`:
+        the model runs on a batch of rows; the head (or, for models whose
+        logits are not a plain head over the final hidden state, the model's
+        logits of one row) is turned into log-softmax rows ``chunk``
+        positions at a time, keeping only the prompt token's log-prob and
+        the top ``k`` of each position."""
+        torch = _torch()
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        model = self.model
+        hidden = self.scoring_mode == "hidden"
+        out: list[list[Any]] = [[] for _ in prompt_ids]
+        with torch.inference_mode():
+            for batch in self._batches(prompt_ids) if hidden else [[i] for i in range(len(prompt_ids))]:
+                check()
+                rows = [prompt_ids[i] for i in batch]
+                ids, mask, pos = self._pad_left(rows)
+                if hidden:
+                    base = getattr(model, model.base_model_prefix)
+                    states = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+                    head = model.get_output_embeddings()
+                else:
+                    states = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+                T = ids.shape[1]
+                for j, i in enumerate(batch):
+                    n = len(rows[j])
+                    got: list[float] = []
+                    tops: list[list[tuple[int, float]]] = []
+                    for a in range(T - n, T - 1, chunk):  # positions predicting tokens 1..n-1
+                        check()
+                        b = min(a + chunk, T - 1)
+                        x = head(states[j, a:b]) if hidden else states[j, a:b]
+                        lp = torch.log_softmax(x.float(), dim=-1)
+                        nxt = torch.tensor(rows[j][a - (T - n) + 1 : b - (T - n) + 1], device=lp.device)
+                        got += lp.gather(1, nxt[:, None])[:, 0].tolist()
+                        if k > 0:
+                            tv, ti = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
+                            tops += [list(zip(c, d)) for c, d in zip(ti.tolist(), tv.tolist())]
+                        else:
+                            tops += [[] for _ in range(b - a)]
+                        del x, lp
+                    out[i] = [None, *zip(got, tops)]
+                del states
+        return out
+
+    def checked_steps(self, check: Callable[[], None]) -> Any:
+        """:meth:`ServedModel.checked_steps <rcn_fast.llm.server.protocol.ServedModel.checked_steps>`:
+        ``check`` as a forward pre-hook of the model (it runs before every
+        forward pass, every generated token) for the entering thread."""
+        model = self.model
+        thread = threading.get_ident()
+
+        def hook(module: Any, args: Any) -> None:
+            if threading.get_ident() == thread:
+                check()
+
+        @contextlib.contextmanager
+        def installed() -> Iterator[None]:
+            handle = model.register_forward_pre_hook(hook)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+        return installed()

@@ -94,18 +94,20 @@ from typing import Any, Callable
 
 from rcn_fast._templates import TemplateLimitError, TemplateRenderError, chat_prompt
 from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.backends.hf import HFLLM
 from rcn_fast.llm.server.limits import (
     APIError, Cancelled, FifoLock, ReadWatchdog, RequestGuard, ServeLimits, check_k, check_model, check_request_sizes,
     client_gone, content_length, logit_bias, longest_token_chars, parse_request, refuse_connection, resolve_context,
     sampling_params,
 )
+from rcn_fast.llm.server.protocol import ServedModel, is_served_model
 
 
 class OpenAIServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` answering the OpenAI API from an :class:`HFLLM`
-    (the switches are described in the module notes; ``limits`` are the
-    fields of :class:`~rcn_fast.llm.server.limits.ServeLimits`, e.g.
+    """``ThreadingHTTPServer`` answering the OpenAI API from a local backend
+    (a :class:`~rcn_fast.llm.server.protocol.ServedModel`: transformers'
+    ``HFLLM`` or the native engine's ``GGUFLLM``; the switches are described
+    in the module notes; ``limits`` are the fields of
+    :class:`~rcn_fast.llm.server.limits.ServeLimits`, e.g.
     ``max_logprobs=20``, ``request_timeout=300.0``, ``api_key=None``)."""
 
     daemon_threads = True
@@ -113,7 +115,7 @@ class OpenAIServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        llm: HFLLM,
+        llm: ServedModel,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
@@ -125,8 +127,9 @@ class OpenAIServer(ThreadingHTTPServer):
         latency: float = 0.0,
         **limits: Any,
     ) -> None:
-        if not isinstance(llm, HFLLM):
-            raise TypeError(f"llm: expected an HFLLM (the local backend), got {type(llm).__name__}")
+        if not is_served_model(llm):
+            raise TypeError(f"llm: expected a local backend (rcn_fast.llm.server.protocol.ServedModel: HFLLM or "
+                            f"GGUFLLM), got {type(llm).__name__}")
         for f in faults or []:
             _check_fault(f)
         if not isinstance(latency, (int, float)) or latency < 0:
@@ -213,7 +216,7 @@ class OpenAIServer(ThreadingHTTPServer):
             self._model_lock.acquire_unless(lambda: sock is not None and client_gone(sock))
             try:
                 guard = RequestGuard(sock, self.limits.request_timeout)
-                with guard.installed(self.llm.model):
+                with self.llm.checked_steps(guard.check):  # before every forward pass of this request
                     return fn(guard)
             finally:
                 self._model_lock.release()
@@ -293,56 +296,6 @@ class OpenAIServer(ThreadingHTTPServer):
                 raise APIError(400, f"prompt[{i}]: expected a non-empty string or a non-empty list of token ids < {V}")
         return out
 
-    def _prompt_logprobs(self, prompts: list[list[int]], k: int, guard: RequestGuard) -> list[list[Any]]:
-        """Per prompt, per position: None at 0, then (log-prob of the prompt
-        token, the top ``k`` (id, log-prob)) under the full-vocabulary
-        log-softmax of the previous position.
-
-        Memory: the model runs on a batch of rows; the head (or, for models
-        whose logits are not a plain head over the final hidden state, the
-        model's logits of one row) is turned into log-softmax rows
-        ``logprob_chunk`` positions at a time, keeping only the prompt
-        token's log-prob and the top ``k`` of each position: never a
-        ``[T, vocab]`` float list in Python, at most ``[chunk, vocab]``
-        floats at once beyond the model's own activations."""
-        torch = __import__("torch")
-        llm = self.llm
-        model = llm.model
-        hidden = llm.scoring_mode == "hidden"
-        out: list[list[Any]] = [[] for _ in prompts]
-        with torch.inference_mode():
-            for batch in llm._batches(prompts) if hidden else [[i] for i in range(len(prompts))]:
-                guard.check()
-                rows = [prompts[i] for i in batch]
-                ids, mask, pos = llm._pad_left(rows)
-                if hidden:
-                    base = getattr(model, model.base_model_prefix)
-                    states = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
-                    head = model.get_output_embeddings()
-                else:
-                    states = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-                T = ids.shape[1]
-                for j, i in enumerate(batch):
-                    n = len(rows[j])
-                    got: list[float] = []
-                    tops: list[list[tuple[int, float]]] = []
-                    for a in range(T - n, T - 1, self.limits.logprob_chunk):  # positions predicting tokens 1..n-1
-                        guard.check()
-                        b = min(a + self.limits.logprob_chunk, T - 1)
-                        x = head(states[j, a:b]) if hidden else states[j, a:b]
-                        lp = torch.log_softmax(x.float(), dim=-1)
-                        nxt = torch.tensor(rows[j][a - (T - n) + 1 : b - (T - n) + 1], device=lp.device)
-                        got += lp.gather(1, nxt[:, None])[:, 0].tolist()
-                        if k > 0:
-                            tv, ti = torch.topk(lp, min(k, lp.shape[1]), dim=-1)
-                            tops += [list(zip(c, d)) for c, d in zip(ti.tolist(), tv.tolist())]
-                        else:
-                            tops += [[] for _ in range(b - a)]
-                        del x, lp
-                    out[i] = [None, *zip(got, tops)]
-                del states
-        return out
-
     def _complete(self, prompts: list[list[int]], body: dict[str, Any], sock: socket.socket | None, *, chat: bool,
                   k: int | None, echo: bool, prompt_k: int | None) -> tuple[list[dict], dict]:
         params = sampling_params(body, [len(p) for p in prompts], self.limits, self.context)
@@ -362,7 +315,8 @@ class OpenAIServer(ThreadingHTTPServer):
 
         def work(guard: RequestGuard) -> tuple[Any, Any, Any]:
             top = self.llm.top_logprobs_ids(prompts, max(k or 0, 1)) if want else None
-            plp = self._prompt_logprobs(prompts, plp_k, guard) if plp_k is not None else None
+            plp = (self.llm.prompt_logprobs_ids(prompts, plp_k, chunk=self.limits.logprob_chunk, check=guard.check)
+                   if plp_k is not None else None)
             return top, plp, self.llm.generate_ids(prompts, params, logit_bias=bias)
 
         top, plp, gens = self.run_model(sock, work)
@@ -586,7 +540,7 @@ def _check_fault(fault: str) -> None:
         )
 
 
-def make_server(llm: HFLLM, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> OpenAIServer:
+def make_server(llm: ServedModel, host: str = "127.0.0.1", port: int = 0, **kwargs: Any) -> OpenAIServer:
     """An :class:`OpenAIServer` bound to ``host:port`` (port 0: any free port)."""
     return OpenAIServer(llm, host, port, **kwargs)
 

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address to bind (default 127.0.0.1; another address without --api-key is warned about)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--name", default=None, help="model name clients send (default: --model)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "native", "transformers"],
+                    help="the local backend: 'auto' (the native engine for a .gguf on a machine without a CUDA GPU, "
+                         "else transformers), 'native' or 'transformers'")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-size", type=int, default=16)
@@ -83,16 +86,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         _fail(f"{exc} (the option of the same name, see --help)")
-    from rcn_fast.llm.backends.hf import HFLLM
     from rcn_fast.llm.load import load_llm
     from rcn_fast.llm.server.app import make_server
+    from rcn_fast.llm.server.protocol import is_served_model
 
-    try:  # the server runs the transformers backend (it reads the model's logits and tensors directly)
+    try:  # a .gguf runs on the native engine where load_llm picks it (the CPU), else on transformers
         llm = load_llm(args.model, dtype=args.dtype, device=args.device, batch_size=args.batch_size,
-                       engine="transformers")
+                       engine=args.engine)
     except Exception as exc:  # noqa: BLE001 -- any load failure is one message, not a traceback
         _fail(f"--model {args.model!r} could not be loaded: {type(exc).__name__}: {exc}")
-    if not isinstance(llm, HFLLM):
+    if not is_served_model(llm):
         _fail(f"--model {args.model!r}: expected a local model (directory, .gguf, package: or hub id), "
               f"got a {type(llm).__name__}")
     limit_fields = {f: getattr(limits, f) for f in limits.__dataclass_fields__}

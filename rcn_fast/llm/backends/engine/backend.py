@@ -15,26 +15,27 @@ label spellings, stop rules, sampling draws and costs are the same.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from rcn_fast._validate import is_int
+from rcn_fast._validate import check_token_ids, is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
 from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
-from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
+from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 from rcn_fast.llm.backends.engine.model import NativeLlama
 from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache
 from rcn_fast.llm.backends.engine.runner import Runner
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError
 from rcn_fast.llm.backends.engine.tokenizer import GGUFTokenizer
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias
 
 #: bumped when the engine's numbers change (part of the identity)
 NUMERICS_VERSION = 1
@@ -99,8 +100,24 @@ class GGUFLLM(LocalBackend):
     Raises
     ------
     rcn_fast.llm.backends.engine.UnsupportedModel
-        An architecture, tensor format or tokenizer the engine does not run
-        (load it with ``engine="transformers"``).
+        An architecture, tensor format, tensor, rope scaling or tokenizer the
+        engine does not run (load it with ``engine="transformers"``).
+    rcn_fast.llm.backends.engine.GGUFError
+        A malformed or self-contradicting file (the format, the sizes, the
+        tensors or the vocabulary): every check runs here, at load, and the
+        tokenizer is built before this returns.
+
+    Notes
+    -----
+    The weights are read from the file through a memory map. Before every
+    forward pass the file's size, modification time, inode and device are
+    compared with those at load (:meth:`GGUFFile.check_unchanged`): a
+    file changed or replaced under a running process is an error, never
+    other weights under the old identity. What no check can catch: a file
+    truncated between two checks kills the process with SIGBUS at the next
+    read of a lost page (as in any mmap-based engine, llama.cpp's too), so
+    replace model files by writing a new file and renaming it over the old
+    one (the old inode stays whole for the running process).
     """
 
     prefix = "native"
@@ -113,9 +130,15 @@ class GGUFLLM(LocalBackend):
         self.model = NativeLlama(self.gguf, num_threads=self.config.num_threads,
                                  isa="" if self.config.isa == "auto" else self.config.isa)
         self.tokenizer = GGUFTokenizer(self.gguf)
+        if self.tokenizer.n_tokens > self.model.hp.n_vocab:
+            raise GGUFError(f"{self.path}: {self.tokenizer.n_tokens} tokens for a model of {self.model.hp.n_vocab} "
+                            f"embedding rows")
         self.prefix_cache = PrefixCache(int(self.config.prefix_cache_mb * (1 << 20)))
         self.runner = Runner(self.model, self.prefix_cache, max_slots=self.config.batch_size,
-                             max_batch_tokens=self.config.max_batch_tokens, min_prefix=self.config.min_prefix)
+                             max_batch_tokens=self.config.max_batch_tokens, min_prefix=self.config.min_prefix,
+                             before_step=self._before_step)
+        self._step_checks: dict[int, Callable[[], None]] = {}
+        self.tokenizer.wait()  # a vocabulary that cannot be built fails the load, not the first question
         self.cost = CostTracker()
         #: The model's context window in tokens (None when the file declares none).
         self.context_length = self.model.hp.context_length
@@ -141,6 +164,19 @@ class GGUFLLM(LocalBackend):
     def pad_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's logits (the token ids it takes and scores)."""
+        return self.model.hp.n_vocab
+
+    def _before_step(self) -> None:
+        """Before every forward pass: the model file is still the one loaded,
+        and the serving checks of this thread (:meth:`checked_steps`) pass."""
+        self.gguf.check_unchanged()
+        check = self._step_checks.get(threading.get_ident())
+        if check is not None:
+            check()
+
     @cached_property
     def eos_ids(self) -> list[int]:
         """The end-of-sequence id and the end-of-turn tokens the vocabulary
@@ -157,6 +193,8 @@ class GGUFLLM(LocalBackend):
         (hashing the file)."""
         if self._identity is None:
             from rcn_fast.model_files import file_fingerprint
+
+            self.gguf.check_unchanged()  # the digest is of the file that was loaded
 
             blob = json.dumps({"file": file_fingerprint(self.path)["sha256"], "spellings": list(self.config.label_spellings),
                                "numerics": NUMERICS_VERSION}, sort_keys=True)
@@ -197,6 +235,8 @@ class GGUFLLM(LocalBackend):
         from rcn_fast import _arrays as A
 
         torch = A.require("torch", TORCH_HINT)
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        check_token_ids(label_ids, self.vocab_size, "label_ids", depth=2)
         hidden = self.final_hidden(prompt_ids)
         used = sorted({t for row in label_ids for sp in row for t in sp})
         where = {t: j for j, t in enumerate(used)}
@@ -209,27 +249,30 @@ class GGUFLLM(LocalBackend):
     def top_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int) -> list[list[tuple[int, float]]]:
         """The ``k`` most likely next tokens with their log-probabilities
         (full-vocabulary log-softmax of the last position), per prompt."""
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
         with self._lock:
             self.runner.warm(prompt_ids)
             logits = self.runner.run(prompt_ids, mode="logits")
-        out = []
-        for lg in logits:
-            x = lg.astype(np.float64)
-            lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
-            top = np.argsort(-lp, kind="stable")[: min(k, len(lp))]
-            out.append([(int(t), float(lp[t])) for t in top])
-        return out
+        return [_top(_log_softmax(lg[None])[0], k) for lg in logits]
 
     # ---------------------------------------------------------------- generation
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
-                     sample_ids: Sequence[Sequence[int]] | None = None) -> list[list[Generation]]:
+                     sample_ids: Sequence[Sequence[int]] | None = None, *,
+                     logit_bias: dict[int, float] | None = None) -> list[list[Generation]]:
         """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
         on the engine: rows run with continuous batching and the prefix
         cache; sampling draws with :func:`rcn_fast.llm.seeded.draw` from the
-        uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``."""
+        uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``.
+        ``logit_bias``: ``{token id: bias}`` added to those logits before
+        sampling or the greedy argmax (checked by
+        :func:`rcn_fast.llm.backends.logits.check_logit_bias`), as transformers'."""
         from rcn_fast.llm import seeded
 
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        bias = check_logit_bias(logit_bias, self.vocab_size) if logit_bias else {}
+        bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         if sample_ids is None:
             sample_ids = [range(params.num_samples)] * len(prompt_ids)
         elif len(sample_ids) != len(prompt_ids):
@@ -247,6 +290,9 @@ class GGUFLLM(LocalBackend):
                 raise NonFiniteLogitsError(f"native:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the model's "
                                            f"logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no text is "
                                            f"generated from broken numbers")
+            if len(bias_ids):
+                logits = logits.copy()
+                logits[:, bias_ids] += bias_values
             if keys is None:
                 return np.argmax(logits, axis=1).tolist()
             import torch
@@ -265,6 +311,64 @@ class GGUFLLM(LocalBackend):
         results = {job: finish_generation(tok, new[j], len(rows[j]), params, stop_ids, self.eos_ids)
                    for j, job in enumerate(jobs)}
         return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
+
+    # ---------------------------------------------------------------- serving (rcn_fast.llm.server.protocol)
+
+    def prompt_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int, *, chunk: int,
+                            check: Callable[[], None]) -> list[list[Any]]:
+        """:meth:`ServedModel.prompt_logprobs_ids <rcn_fast.llm.server.protocol.ServedModel.prompt_logprobs_ids>`:
+        each prompt is prefilled ``chunk`` tokens per forward pass, the logits
+        of every position of the chunk kept (float32 ``[chunk, vocab]`` at
+        most) and turned into float64 log-softmax rows."""
+        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
+        out: list[list[Any]] = []
+        with self._lock:
+            for row in prompt_ids:
+                got: list[float] = []
+                tops: list[list[tuple[int, float]]] = []
+                for start, logits in self.runner.positions(row, chunk, check):
+                    lp = _log_softmax(logits)
+                    for j in range(len(lp)):  # position start + j predicts token start + j + 1
+                        q = start + j + 1
+                        if q >= len(row):
+                            break
+                        got.append(float(lp[j, row[q]]))
+                        tops.append(_top(lp[j], k))
+                out.append([None, *zip(got, tops)])
+        return out
+
+    def checked_steps(self, check: Callable[[], None]) -> Any:
+        """:meth:`ServedModel.checked_steps <rcn_fast.llm.server.protocol.ServedModel.checked_steps>`:
+        ``check`` runs before every forward pass the entering thread makes."""
+        thread = threading.get_ident()
+
+        @contextlib.contextmanager
+        def installed() -> Iterator[None]:
+            self._step_checks[thread] = check
+            try:
+                yield
+            finally:
+                self._step_checks.pop(thread, None)
+
+        return installed()
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-softmax of float32 logit rows [n, V]."""
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+def _top(lp: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` largest entries of a log-prob row as (id, log-prob), largest
+    first (ties: the lower id first)."""
+    k = min(k, len(lp))
+    if k <= 0:
+        return []
+    idx = np.argpartition(-lp, k - 1)[:k] if k < len(lp) else np.arange(len(lp))
+    idx = idx[np.lexsort((idx, -lp[idx]))]
+    return [(int(t), float(lp[t])) for t in idx]
 
 
 __all__ = ["GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "NUMERICS_VERSION"]

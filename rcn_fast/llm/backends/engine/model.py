@@ -2,8 +2,10 @@
 pass (``rcn_fast._C.LlamaModel``, csrc/llm/cpu/decoder.cpp) on weights kept in
 the file's own formats (F32, F16, Q4_0, Q4_1, Q8_0), memory-mapped in place.
 
-Architectures: ``llama`` (Llama 1-3 without rope scaling, Mistral without
-a sliding window in use, SmolLM) and ``qwen2`` (q/k/v biases, NEOX rope).
+Architectures: ``llama`` (Llama 1-3, with Llama 3.1/3.2's ``rope_freqs``;
+Mistral without a sliding window in use; SmolLM) and ``qwen2`` (q/k/v
+biases, NEOX rope); what a file must hold and what is refused is
+:mod:`~rcn_fast.llm.backends.engine.architecture`.
 llama.cpp's converter permutes the q/k rows of ``llama`` models for its
 pair-interleaved rope, and the native pass rotates interleaved pairs for
 them, so the numbers equal transformers' (which undoes the permutation and
@@ -17,83 +19,12 @@ concatenated.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from rcn_fast.llm.backends.engine.gguf_file import GGML_TYPES, GGUFFile, type_name
-
-#: architecture -> whether its rope rotates half-split (NEOX) pairs
-ARCHITECTURES = {"llama": False, "qwen2": True}
-_MATMUL_TYPES = frozenset(GGML_TYPES.values())
-
-
-class UnsupportedModel(NotImplementedError):
-    """A GGUF model the local engine does not run (the message says why and
-    names ``engine="transformers"``)."""
-
-
-@dataclass(frozen=True)
-class HParams:
-    """The sizes of a Llama-family decoder (from the GGUF metadata)."""
-
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    rope_dim: int
-    eps: float
-    rope_base: float
-    rope_neox: bool
-    context_length: int | None
-
-    def native(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("arch")
-        d.pop("context_length")
-        return d
-
-
-def _unsupported(g: GGUFFile, why: str) -> UnsupportedModel:
-    return UnsupportedModel(f"{g.path}: {why}; the local engine does not run it, load it with engine='transformers'")
-
-
-def read_hparams(g: GGUFFile) -> HParams:
-    """The model's sizes; :class:`UnsupportedModel` for what the engine does not run."""
-    arch = g.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise _unsupported(g, f"architecture {arch!r} (supported: {sorted(ARCHITECTURES)})")
-
-    def key(name: str, default: Any = None) -> Any:
-        v = g.get(f"{arch}.{name}", default)
-        if v is None:
-            raise _unsupported(g, f"metadata {arch}.{name} is missing")
-        return v
-
-    scaling = g.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none") or g.get(f"{arch}.rope.scaling.factor") not in (None, 1.0):
-        raise _unsupported(g, f"rope scaling {scaling!r}")
-    n_head = int(key("attention.head_count"))
-    n_embd = int(key("embedding_length"))
-    head_dim = int(g.get(f"{arch}.attention.key_length", n_embd // n_head))
-    if g.get(f"{arch}.attention.value_length", head_dim) != head_dim:
-        raise _unsupported(g, "keys and values of different lengths")
-    tokens = g.metadata.get("tokenizer.ggml.tokens")
-    n_vocab = int(g.get(f"{arch}.vocab_size", getattr(tokens, "count", None) or g.tensors["token_embd.weight"].shape[0]))
-    ctx = g.get(f"{arch}.context_length")
-    return HParams(
-        arch=arch, n_layer=int(key("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(g.get(f"{arch}.attention.head_count_kv", n_head)), head_dim=head_dim,
-        n_ff=int(key("feed_forward_length")), n_vocab=n_vocab,
-        rope_dim=int(g.get(f"{arch}.rope.dimension_count", head_dim)),
-        eps=float(key("attention.layer_norm_rms_epsilon")), rope_base=float(g.get(f"{arch}.rope.freq_base", 10000.0)),
-        rope_neox=ARCHITECTURES[arch], context_length=int(ctx) if isinstance(ctx, int) and ctx > 0 else None,
-    )
+from rcn_fast.llm.backends.engine.architecture import UnsupportedModel, claim_tensors, read_hparams
+from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 
 def _native() -> Any:
@@ -141,38 +72,28 @@ class NativeLlama:
         self.hp = hp = read_hparams(g)
         self.num_threads = int(num_threads)
         self.isa = isa or str(_native().quant_info()["isa"])
-        self.tied = "output.weight" not in g.tensors
+        claimed = claim_tensors(g, hp)
+        self.tied = claimed["output.weight"] is None
 
-        def mat(name: str, n: int, k: int) -> tuple[np.ndarray, int, int, int]:
-            t = g.tensors.get(name)
+        def entry(name: str) -> tuple[np.ndarray, int, int, int] | None:
+            t = claimed[name]
             if t is None:
-                raise _unsupported(g, f"tensor {name!r} is missing")
-            if t.ggml_type not in _MATMUL_TYPES:
-                raise _unsupported(g, f"tensor {name!r} is {type_name(t.ggml_type)} (the engine multiplies "
-                                      f"{', '.join(GGML_TYPES)})")
-            if t.shape != (n, k):
-                raise _unsupported(g, f"tensor {name!r} has shape {t.shape}, expected {(n, k)}")
+                return None
+            n, k = t.shape if len(t.shape) == 2 else (1, t.shape[0])
             return g.data(name), t.ggml_type, n, k
 
-        def vec(name: str, n: int, optional: bool = False) -> tuple[np.ndarray, int, int, int] | None:
-            t = g.tensors.get(name)
-            if t is None and optional:
-                return None
-            if t is None or t.ggml_type != 0 or int(np.prod(t.shape)) != n:
-                raise _unsupported(g, f"tensor {name!r} is missing or not F32 [{n}]")
-            return g.data(name), 0, 1, n
-
-        H, Q, D = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        tensors: list[Any] = [mat("token_embd.weight", hp.n_vocab, H), vec("output_norm.weight", H),
-                              mat("token_embd.weight" if self.tied else "output.weight", hp.n_vocab, H)]
+        names = ["token_embd.weight", "output_norm.weight", "token_embd.weight" if self.tied else "output.weight"]
         for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            tensors += [vec(p + "attn_norm.weight", H), mat(p + "attn_q.weight", Q, H), mat(p + "attn_k.weight", D, H),
-                        mat(p + "attn_v.weight", D, H), vec(p + "attn_q.bias", Q, True), vec(p + "attn_k.bias", D, True),
-                        vec(p + "attn_v.bias", D, True), mat(p + "attn_output.weight", H, Q), vec(p + "ffn_norm.weight", H),
-                        mat(p + "ffn_gate.weight", hp.n_ff, H), mat(p + "ffn_up.weight", hp.n_ff, H),
-                        mat(p + "ffn_down.weight", H, hp.n_ff)]
-        self._model = _native().LlamaModel(hp.native(), tensors)
+            names += [f"blk.{i}.{n}" for n in ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                               "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.weight",
+                                               "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")]
+        tensors = [entry(n) for n in names]
+        freqs = claimed.get("rope_freqs.weight")
+        #: rope frequency divisors (float32 [rope_dim / 2], Llama 3.1's rope_freqs) or None
+        self.rope_freqs = g.float32("rope_freqs.weight") if freqs is not None else None
+        if self.rope_freqs is not None and not (np.isfinite(self.rope_freqs).all() and (self.rope_freqs > 0).all()):
+            raise GGUFError(f"{g.path}: rope_freqs.weight holds values that are not finite and > 0")
+        self._model = _native().LlamaModel(hp.native(), tensors, self.rope_freqs)
         self._head = tensors[2]
 
     def new_cache(self, slots: int, ctx: int) -> KVCache:
@@ -217,4 +138,4 @@ class NativeLlama:
         return out
 
 
-__all__ = ["NativeLlama", "KVCache", "HParams", "read_hparams", "UnsupportedModel", "ARCHITECTURES"]
+__all__ = ["NativeLlama", "KVCache", "UnsupportedModel"]  # UnsupportedModel: its old home, re-exported for old import paths

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -60,11 +60,15 @@ class Runner:
     min_prefix : int
         Shorter shared prefixes are not cached, nor one extending another
         by fewer tokens.
+    before_step : callable, optional
+        Called before every forward pass (it raises to stop: the model file
+        changed, a served request was cancelled).
     """
 
     def __init__(self, model: NativeLlama, prefix_cache: PrefixCache | None, *, max_slots: int,
-                 max_batch_tokens: int, min_prefix: int = 16) -> None:
+                 max_batch_tokens: int, min_prefix: int = 16, before_step: Callable[[], None] | None = None) -> None:
         self.model = model
+        self.before_step = before_step
         self.prefix_cache = prefix_cache
         self.max_slots = max(1, int(max_slots))
         self.max_batch_tokens = max(1, int(max_batch_tokens))
@@ -184,6 +188,8 @@ class Runner:
                 if r.pos + take == len(r.prompt):
                     outs.append(len(toks) - 1)
                     out_rows.append(r)
+            if self.before_step is not None:
+                self.before_step()
             res = self.model.forward(np.asarray(toks, dtype=np.int32), np.asarray(slot_ids, dtype=np.int32),
                                      np.asarray(pos, dtype=np.int32), cache, np.asarray(outs, dtype=np.int64),
                                      logits=want_logits, out=self._out_buffer(len(outs), want_logits))
@@ -217,6 +223,30 @@ class Runner:
                 active.remove(r)
                 free.append(r.slot)
         return out
+
+
+    def positions(self, prompt: Sequence[int], chunk: int,
+                  check: Callable[[], None] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """The logits of every position of ``prompt``, ``chunk`` positions per
+        forward pass: yields ``(first position, float32 [n, n_vocab])`` (the
+        array is reused: copy what is kept). ``check`` runs before each pass."""
+        if not prompt:
+            raise ValueError("prompt: expected at least one token")
+        cache = self.model.new_cache(1, len(prompt))
+        chunk = max(1, int(chunk))
+        for a in range(0, len(prompt), chunk):
+            b = min(a + chunk, len(prompt))
+            if check is not None:
+                check()
+            if self.before_step is not None:
+                self.before_step()
+            rows = np.arange(b - a, dtype=np.int64)
+            res = self.model.forward(np.asarray(prompt[a:b], dtype=np.int32), np.zeros(b - a, dtype=np.int32),
+                                     np.arange(a, b, dtype=np.int32), cache, rows, logits=True,
+                                     out=self._out_buffer(b - a, True))
+            self.forward_calls += 1
+            self.forward_tokens += b - a
+            yield a, res
 
 
 __all__ = ["Runner", "Chooser", "Finisher"]

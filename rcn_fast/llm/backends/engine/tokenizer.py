@@ -18,9 +18,14 @@ GPT-2's whatever the architecture, as transformers' GGUF reader does
 (``gpt-2`` names GPT-2's split in llama.cpp too; a file without
 ``tokenizer.ggml.pre`` is one llama.cpp reads with its own "default" split
 and a warning that generation quality will be degraded). Other
-vocabularies (SentencePiece ``"llama"``), and one without merges, raise
-:class:`~rcn_fast.llm.backends.engine.UnsupportedModel` naming
-``engine="transformers"`` when the :class:`GGUFTokenizer` is made.
+vocabularies (SentencePiece ``"llama"``), and one without merges (absent or
+empty), raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel` naming
+``engine="transformers"`` when the :class:`GGUFTokenizer` is made; a
+malformed one (no tokens, special ids outside the vocabulary or not ints,
+token types of another length, a merge that is not two tokens of the
+vocabulary joined by one space) is a
+:class:`~rcn_fast.llm.backends.engine.GGUFError` naming the file
+(:func:`check_vocabulary` at once, the merges when the vocabulary is built).
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
 a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
@@ -32,7 +37,9 @@ is rebuilt, one that cannot be written is skipped, one in a cache another
 user owns or could write is neither read nor replaced (one warning:
 :func:`rcn_fast._cache_dirs.trusted_cache`) (``RCN_FAST_GGUF_CACHE=0``
 turns the cache off). :class:`GGUFTokenizer` builds or reads it on a
-background thread, and the first use waits for it.
+background thread; the engine waits for it (:meth:`GGUFTokenizer.wait`) at
+the end of its load, so a vocabulary that cannot be built fails the load,
+not the first question.
 """
 
 from __future__ import annotations
@@ -49,8 +56,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rcn_fast import _arrays as A
-from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
-from rcn_fast.llm.backends.engine.model import UnsupportedModel
+from rcn_fast.llm.backends.engine.architecture import UnsupportedModel
+from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
@@ -90,21 +97,63 @@ def _byte_alphabet() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def check_vocabulary(g: GGUFFile) -> None:
-    """Refuse a vocabulary :func:`build_backend` cannot build (from the
-    metadata keys alone: no array is parsed).
+#: the special-token ids a file may name (tokenizer.ggml.<name>_token_id)
+SPECIAL_IDS = ("bos", "eos", "unk", "pad")
+
+
+def check_vocabulary(g: GGUFFile) -> int:
+    """Check a vocabulary at load, from the metadata's types and lengths
+    alone (no long array is parsed): the tokens present, a byte-level BPE
+    vocabulary with merges, the special-token ids ints inside it, the token
+    types one per token. Returns the number of tokens.
 
     Raises
     ------
+    GGUFError
+        No tokens, a key of the wrong type, a special id outside the
+        vocabulary, token types of another length.
     UnsupportedModel
-        Not a byte-level BPE vocabulary, or one without merges.
+        Not a byte-level BPE vocabulary, or one without merges (the engine
+        does not build those; transformers may).
     """
-    kind = g.get("tokenizer.ggml.model")
+    n = g.array_length("tokenizer.ggml.tokens", "str[]")
+    if not n:
+        raise GGUFError(f"{g.path}: holds no tokenizer (tokenizer.ggml.tokens is {'empty' if n == 0 else 'missing'})")
+    kind = g.meta("tokenizer.ggml.model", "str", None)
     if kind != "gpt2":
         raise UnsupportedModel(f"{g.path}: tokenizer.ggml.model {kind!r} is not supported by the local engine "
                                f"(byte-level BPE 'gpt2' only); load it with engine='transformers'")
-    if "tokenizer.ggml.merges" not in g.metadata:
-        raise UnsupportedModel(f"{g.path}: the vocabulary has no merges; load it with engine='transformers'")
+    if not g.array_length("tokenizer.ggml.merges", "str[]"):
+        raise UnsupportedModel(f"{g.path}: the vocabulary has no merges (tokenizer.ggml.merges is missing or empty); "
+                               f"load it with engine='transformers'")
+    for name in SPECIAL_IDS:
+        i = g.meta(f"tokenizer.ggml.{name}_token_id", "int", None)
+        if i is not None and not 0 <= i < n:
+            raise GGUFError(f"{g.path}: tokenizer.ggml.{name}_token_id is {i}, outside the vocabulary of {n} tokens")
+    types = g.array_length("tokenizer.ggml.token_type", "int[]")
+    if types is not None and types != n:
+        raise GGUFError(f"{g.path}: tokenizer.ggml.token_type has {types} entries for {n} tokens")
+    g.meta("tokenizer.ggml.add_bos_token", "bool", None)
+    g.meta("tokenizer.ggml.pre", "str", None)
+    g.meta("tokenizer.chat_template", "str", None)
+    return n
+
+
+def _check_merges(g: GGUFFile, merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges as pairs; each must be two tokens of the vocabulary joined
+    by one space whose concatenation is a token too (as ``tokenizers``
+    requires)."""
+    pairs = []
+    for i, m in enumerate(merges):
+        a, sep, b = m.partition(" ")
+        if not sep or not a or not b or " " in b:
+            raise GGUFError(f"{g.path}: tokenizer.ggml.merges[{i}] {m[:80]!r} is not two tokens joined by one space")
+        for t in (a, b, a + b):
+            if t not in vocab:
+                raise GGUFError(f"{g.path}: tokenizer.ggml.merges[{i}] {m[:80]!r}: {t[:80]!r} is not a token of the "
+                                f"vocabulary")
+        pairs.append((a, b))
+    return pairs
 
 
 def build_backend(g: GGUFFile) -> Any:
@@ -114,21 +163,23 @@ def build_backend(g: GGUFFile) -> Any:
     ------
     UnsupportedModel
         Not a byte-level BPE vocabulary (:func:`check_vocabulary`).
+    GGUFError
+        A vocabulary that cannot be built (malformed merges, bad ids).
     """
     tk = A.require("tokenizers", HINT)
     check_vocabulary(g)
-    tokens = g.array("tokenizer.ggml.tokens")
-    merges = g.get("tokenizer.ggml.merges")
-    types = g.get("tokenizer.ggml.token_type")
+    tokens = g.meta("tokenizer.ggml.tokens", "str[]")
+    types = g.meta("tokenizer.ggml.token_type", "int[]", None)
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     vocab = {}
     for i, t in enumerate(tokens):
         vocab[t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))] = i
-    bpe = tk.models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], continuing_subword_prefix="",
+    merges = _check_merges(g, g.meta("tokenizer.ggml.merges", "str[]"), vocab)
+    bpe = tk.models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     tok = tk.Tokenizer(bpe)
-    split = PRE_TOKENIZER_SPLITS.get(g.get("tokenizer.ggml.pre"))
+    split = PRE_TOKENIZER_SPLITS.get(g.meta("tokenizer.ggml.pre", "str", None))
     if split is None:
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     else:
@@ -137,8 +188,8 @@ def build_backend(g: GGUFFile) -> Any:
             tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tok.decoder = tk.decoders.ByteLevel()
-    bos = g.get("tokenizer.ggml.bos_token_id")
-    if g.get("tokenizer.ggml.add_bos_token") is True and bos is not None:
+    bos = g.meta("tokenizer.ggml.bos_token_id", "int", None)
+    if g.meta("tokenizer.ggml.add_bos_token", "bool", None) is True and bos is not None:
         tok.post_processor = tk.processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
                                                               special_tokens=[(tokens[bos], int(bos))])
     if types is not None:
@@ -239,23 +290,24 @@ class GGUFTokenizer:
     ----------
     g : GGUFFile
     background : bool
-        Build the vocabulary on a background thread (the first use waits).
+        Build the vocabulary on a background thread (:meth:`wait`, or the first use, waits).
 
     Raises
     ------
     UnsupportedModel
         A vocabulary the engine cannot run (:func:`check_vocabulary`),
         refused here, before any background work.
+    GGUFError
+        A malformed vocabulary (:func:`check_vocabulary`); what only the
+        build finds (malformed merges) is raised by :meth:`wait`.
     """
 
     def __init__(self, g: GGUFFile, *, background: bool = True) -> None:
         self.path = g.path
-        self.chat_template: str | None = g.get("tokenizer.chat_template")
-        tokens_meta = g.metadata.get("tokenizer.ggml.tokens")
-        if tokens_meta is None:
-            raise ValueError(f"spec: {g.path} holds no tokenizer (tokenizer.ggml.tokens)")
-        check_vocabulary(g)
-        self._ids = {name: g.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unk", "pad")}
+        #: tokens of the vocabulary
+        self.n_tokens = check_vocabulary(g)
+        self.chat_template: str | None = g.meta("tokenizer.chat_template", "str", None)
+        self._ids = {name: g.meta(f"tokenizer.ggml.{name}_token_id", "int", None) for name in SPECIAL_IDS}
         self._backend: Any = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -270,18 +322,28 @@ class GGUFTokenizer:
         try:
             self._backend = cached_backend(self._g, self._cache)
             self._special = {n: (self._backend.id_to_token(i) if i is not None else None) for n, i in self._ids.items()}
-        except BaseException as exc:  # re-raised on the caller's thread at first use
+        except (GGUFError, UnsupportedModel, ImportError) as exc:  # re-raised on the caller's thread
+            self._error = exc
+        except Exception as exc:  # noqa: BLE001 -- tokenizers raises plain Exception for a vocabulary it cannot build
+            self._error = GGUFError(f"{self.path}: the tokenizer cannot be built ({type(exc).__name__}: {exc})")
+        except BaseException as exc:
             self._error = exc
         finally:
             self._g = None  # type: ignore[assignment]
             self._done.set()
 
-    @property
-    def backend(self) -> Any:
-        """The ``tokenizers.Tokenizer`` (waits for the background build)."""
+    def wait(self) -> None:
+        """Wait for the background build; raise its error here (the engine
+        calls it at load, so a broken vocabulary fails the load, not the
+        first question)."""
         self._done.wait()
         if self._error is not None:
             raise self._error
+
+    @property
+    def backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` (waits for the background build)."""
+        self.wait()
         return self._backend
 
     # ------------------------------------------------------------ special tokens
