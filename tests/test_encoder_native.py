@@ -315,7 +315,8 @@ def test_the_batches_option_of_the_corpus_build(tiny_model, corpus_jsonl, tmp_pa
 
 
 # --------------------------------------------------------------- import set
-#: modules the corpus build must not import (transformers' modelling chain brings them all)
+#: modules the corpus build must not import (transformers' modelling chain brings them all; and no
+#: ``transformers`` module at all for a BERT folder: checked below)
 DENY = ("sklearn", "pyarrow", "pandas", "datasets", "scipy", "sympy", "torch._dynamo", "torch.distributed.fsdp",
         "torch.distributed.tensor", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
         "transformers.modeling_gguf_pytorch_utils")
@@ -348,6 +349,9 @@ def test_the_corpus_build_imports_only_what_it_uses(tiny_model, corpus_jsonl, tm
     mods = set(got["modules"])
     bad = sorted(m for m in mods if any(m == d or m.startswith(d + ".") for d in DENY))
     assert not bad, f"the corpus build imported {bad[:20]}"
+    # a BERT folder's tokenizer is read with the tokenizers library alone (encoders/wordpiece_tokenizer.py)
+    hf = sorted(m for m in mods if m == "transformers" or m.startswith("transformers."))
+    assert not hf, f"the corpus build imported transformers: {hf[:20]}"
     assert "rcn_fast.retrieval.encoders.bert" in mods or backend == "default"
     assert len(mods) <= MODULE_BUDGET, f"{len(mods)} modules imported (budget {MODULE_BUDGET})"
 

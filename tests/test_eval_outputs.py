@@ -351,6 +351,36 @@ def test_quiet_loading_is_scoped():
     assert tf_logging.is_progress_bar_enabled()
 
 
+QUIET_PROBE = """
+import sys
+from rcn_fast.eval.report.progress import quiet_loading
+with quiet_loading(gguf=False):
+    print("before", "transformers" in sys.modules)
+    if sys.argv[1] == "import":
+        from transformers.utils import logging as tf_logging
+        print("inside", tf_logging.is_progress_bar_enabled())
+if sys.argv[1] == "import":
+    print("after", tf_logging.is_progress_bar_enabled())
+print("end", "transformers" in sys.modules)
+"""
+
+
+def test_quiet_loading_does_not_import_transformers():
+    """A load that needs no transformers (the corpus build's BERT tokenizer) gets none from quiet_loading; a load
+    that imports it inside the block finds its bar off, and on again after the block."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    run = lambda how: subprocess.run([sys.executable, "-c", QUIET_PROBE, how], capture_output=True,  # noqa: E731
+                                     text=True, timeout=120)
+    r = run("none")
+    assert r.returncode == 0 and r.stdout.split("\n")[:2] == ["before False", "end False"], r.stderr[-2000:]
+    r = run("import")
+    assert r.returncode == 0 and r.stdout.split("\n")[:4] == ["before False", "inside False", "after True",
+                                                                "end True"], r.stdout + r.stderr[-2000:]
+
+
 def test_a_value_on_the_chance_line_stays_readable(figure):
     """Issue 37: a bar whose value label sits on its task's chance line: the label is drawn over the
     line on an opaque box (the dashed line used to run through the digits)."""

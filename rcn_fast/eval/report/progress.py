@@ -94,7 +94,9 @@ def quiet_loading(quiet: bool = True, *, gguf: bool = True) -> Iterator[None]:
     ``transformers.utils.logging.disable_progress_bar``), huggingface_hub's
     download bars and the tqdm bar of transformers' GGUF conversion
     ("Converting and de-quantizing GGUF tensors") are off while the block
-    runs, and each comes back as it was afterwards. Libraries that are not
+    runs, and each comes back as it was afterwards (transformers not yet
+    imported is not imported for this: it starts its bar from
+    huggingface_hub's switch if the load imports it). Libraries that are not
     installed are left alone (nothing is imported that the load would not
     import). ``quiet=False`` changes nothing. ``gguf=False``: the load
     reads no GGUF file, so the GGUF module (which imports torch's model
@@ -105,13 +107,16 @@ def quiet_loading(quiet: bool = True, *, gguf: bool = True) -> Iterator[None]:
         return
     with contextlib.ExitStack() as stack:
         if importlib.util.find_spec("transformers") is not None:
-            from transformers.utils import logging as tf_logging
+            if "transformers" in sys.modules or gguf:
+                from transformers.utils import logging as tf_logging
 
-            if tf_logging.is_progress_bar_enabled():
-                tf_logging.disable_progress_bar()
-                stack.callback(tf_logging.enable_progress_bar)
-            if gguf:
-                stack.enter_context(_gguf_bar_off())
+                if tf_logging.is_progress_bar_enabled():
+                    tf_logging.disable_progress_bar()
+                    stack.callback(tf_logging.enable_progress_bar)
+                if gguf:
+                    stack.enter_context(_gguf_bar_off())
+            else:  # not imported yet (seconds): it starts its bar from huggingface_hub's switch, off below
+                stack.callback(_transformers_bar_as_hub)
         if importlib.util.find_spec("huggingface_hub") is not None:
             from huggingface_hub import utils as hub_utils
 
@@ -119,6 +124,18 @@ def quiet_loading(quiet: bool = True, *, gguf: bool = True) -> Iterator[None]:
                 hub_utils.disable_progress_bars()
                 stack.callback(hub_utils.enable_progress_bars)
         yield
+
+
+def _transformers_bar_as_hub() -> None:
+    """After a quiet block that imported transformers: its bar follows
+    huggingface_hub's switch again (as an import outside the block would
+    have set it)."""
+    if "transformers.utils.logging" in sys.modules:
+        from huggingface_hub import utils as hub_utils
+        from transformers.utils import logging as tf_logging
+
+        if not hub_utils.are_progress_bars_disabled():
+            tf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ JSON and safetensors only, and every transformers loader gets
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from rcn_fast._arrays import require
 from rcn_fast._files import LinkError, inside
 from rcn_fast.model_files import model_folder_root
 
+logger = logging.getLogger("rcn_fast.retrieval")
 TRANSFORMERS_HINT = "pip install 'rcn_fast[torch]' transformers"
 #: model_type -> the tokenizer class ``AutoTokenizer`` returns for it (without its "Fast" alias)
 DIRECT_TOKENIZERS = {"bert": "BertTokenizer"}
@@ -113,6 +115,19 @@ def read_model_config(model_dir: str | os.PathLike[str]) -> ModelConfig:
                        max_position_embeddings=sizes.get("max_position_embeddings"), raw=raw)
 
 
+def _names_direct_class(model_dir: str | os.PathLike[str], config: ModelConfig) -> str | None:
+    """The class name of :data:`DIRECT_TOKENIZERS` for this folder where its
+    ``tokenizer_config.json`` and ``config.json`` name that class (or no
+    class), else None."""
+    name = DIRECT_TOKENIZERS.get(config.model_type)
+    if name is None:
+        return None
+    tok_cfg = Path(model_dir) / "tokenizer_config.json"
+    named = [_json_object(Path(model_dir), tok_cfg.name).get("tokenizer_class") if tok_cfg.is_file() else None,
+             config.get("tokenizer_class")]
+    return None if any(n not in (None, name, name + "Fast") for n in named) else name
+
+
 def direct_tokenizer_class(model_dir: str | os.PathLike[str], config: ModelConfig) -> type | None:
     """The tokenizer class ``AutoTokenizer`` would return for this folder,
     imported alone, or None where only ``AutoTokenizer`` can tell.
@@ -122,13 +137,8 @@ def direct_tokenizer_class(model_dir: str | os.PathLike[str], config: ModelConfi
     class): ``AutoTokenizer`` then returns it (its "Fast" name is an alias
     in transformers 5, the fast class itself in 4).
     """
-    name = DIRECT_TOKENIZERS.get(config.model_type)
+    name = _names_direct_class(model_dir, config)
     if name is None:
-        return None
-    tok_cfg = Path(model_dir) / "tokenizer_config.json"
-    named = [_json_object(Path(model_dir), tok_cfg.name).get("tokenizer_class") if tok_cfg.is_file() else None,
-             config.get("tokenizer_class")]
-    if any(n not in (None, name, name + "Fast") for n in named):
         return None
     import importlib
 
@@ -137,10 +147,23 @@ def direct_tokenizer_class(model_dir: str | os.PathLike[str], config: ModelConfi
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str], config: ModelConfig) -> Any:
-    """The folder's tokenizer: :func:`direct_tokenizer_class` where it is
-    known (no torch, no model registry imported), else
-    ``AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)``;
-    the same object either way."""
+    """The folder's tokenizer.
+
+    A BERT-family folder with a ``tokenizer.json`` the direct path
+    reproduces: :class:`~rcn_fast.retrieval.encoders.wordpiece_tokenizer.WordPieceTokenizer`
+    (the ``tokenizers`` library only: no transformers import; the same ids).
+    Else :func:`direct_tokenizer_class` where it is known (no torch, no
+    model registry imported), else ``AutoTokenizer.from_pretrained(model_dir,
+    trust_remote_code=False)``; the reason for leaving the direct path is
+    logged at debug level.
+    """
+    if _names_direct_class(model_dir, config) is not None:
+        from rcn_fast.retrieval.encoders.wordpiece_tokenizer import load_wordpiece_tokenizer
+
+        tok, reason = load_wordpiece_tokenizer(model_dir)
+        if tok is not None:
+            return tok
+        logger.debug("tokenizer: %s is loaded through transformers: %s", model_dir, reason)
     transformers = require("transformers", TRANSFORMERS_HINT)
     cls = direct_tokenizer_class(model_dir, config)
     if cls is not None:
