@@ -61,17 +61,20 @@ def _read(model_dir: Path, name: str) -> bytes | None:
         raise ValueError(f"model: {path} is not readable ({exc})") from None
 
 
-def _json(model_dir: Path, name: str) -> dict[str, Any] | None:
-    raw = _read(model_dir, name)
-    if raw is None:
-        return None
+def _json_object(raw: bytes, path: Path) -> dict[str, Any]:
+    """The JSON object in the bytes ``raw`` of the file ``path``."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"model: {model_dir / name} is not readable JSON ({exc})") from None
+        raise ValueError(f"model: {path} is not readable JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"model: {model_dir / name} holds {type(data).__name__}, expected a JSON object")
+        raise ValueError(f"model: {path} holds {type(data).__name__}, expected a JSON object")
     return data
+
+
+def _json(model_dir: Path, name: str) -> dict[str, Any] | None:
+    raw = _read(model_dir, name)
+    return None if raw is None else _json_object(raw, model_dir / name)
 
 
 def _token_text(value: Any) -> str | None:
@@ -234,12 +237,7 @@ def load_wordpiece_tokenizer(model_dir: str | os.PathLike[str]) -> tuple[WordPie
         from tokenizers import Tokenizer
     except ImportError:
         return None, "the tokenizers library is not installed"
-    try:
-        file = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"model: {d / 'tokenizer.json'} is not readable JSON ({exc})") from None
-    if not isinstance(file, dict):
-        raise ValueError(f"model: {d / 'tokenizer.json'} holds {type(file).__name__}, expected a JSON object")
+    file = _json_object(raw, d / "tokenizer.json")
     config = _json(d, "tokenizer_config.json") or {}
     specials = _json(d, "special_tokens_map.json") or {}
     reason = direct_wordpiece_reason(file, config, specials)
