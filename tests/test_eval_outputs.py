@@ -328,8 +328,8 @@ def test_no_progress_silences_the_encoder_and_paper_model_loading_bars(tmp_path,
         assert Components(cfg, out).encoder() is not None
         assert paper_run._shared_loader(cfg, None, None, [SimpleNamespace(pipeline="vanilla")]).llm_loaded
         err = capfd.readouterr().err
-        if progress:  # the bars a load draws with progress on
-            assert "Loading weights" in err and "de-quantizing" in err, err
+        if progress:  # the bars a load draws with progress on (the encoder's own BERT loads without one)
+            assert "de-quantizing" in err, err
         else:
             assert "Loading weights" not in err and "de-quantizing" not in err and "%|" not in err, err
 
