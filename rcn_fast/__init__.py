@@ -43,10 +43,6 @@ def _find_compiled_modules() -> None:
 
 _find_compiled_modules()
 
-from rcn_fast import _moved  # noqa: E402  (old module paths stay importable)
-
-_moved.install()
-
 from rcn_fast._dispatch import BackendUnavailableError
 from rcn_fast.data import MCQuestion
 from rcn_fast.search import FlatIndex, topn

@@ -31,7 +31,7 @@ MAX_LINES = 600
 
 #: The ``_``-prefixed shared helper modules: importing their names (and the modules) is allowed.
 SHARED_HELPERS = frozenset(f"rcn_fast.{m}" for m in ("_validate", "_arrays", "_dispatch", "_paths", "_stamped_json",
-                                                     "_native", "_crossovers", "_cache_dirs", "_hashing", "_lazy", "_moved"))
+                                                     "_native", "_crossovers", "_cache_dirs", "_hashing", "_lazy"))
 
 # ---------------------------------------------------------------- allow-lists
 # Today's known violations, one file a line; issue 28 removes them all. A new

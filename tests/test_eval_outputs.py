@@ -405,7 +405,8 @@ def test_results_record_the_torch_threads_the_run_used(tmp_path, monkeypatch):
     """Issue 37: the run sets its threads (here 1, as on a busy machine) and restores the process's own
     afterwards; the results JSON records the ones the questions ran with, not the restored ones."""
     torch = pytest.importorskip("torch")
-    from rcn_fast.eval import EvalConfig, evaluate, executors
+    from rcn_fast.eval import EvalConfig, evaluate
+    from rcn_fast.eval.run import executors
     from tests.pipelines.doubles import ScriptedLLM
 
     q = tmp_path / "mini.jsonl"

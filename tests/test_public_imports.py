@@ -1,11 +1,13 @@
-"""The imports users have (README, docs, the packages' ``__all__`` of the
-release before the round-5 move) keep working, every old module path gives
-the module at its new place, and the package itself imports only the new
-paths."""
+"""The package's public names stay importable from ``rcn_fast`` and its
+subpackages' ``__init__`` (README, docs), at the modules' real paths; no
+compatibility layer keeps paths of a layout that was never released
+(issue 51 item 4: ``rcn_fast/_moved.py`` and its ``sys.meta_path`` finder
+are gone)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -13,8 +15,7 @@ import pytest
 
 from tests.test_architecture import all_imports
 
-#: module -> the names users import from it (README, docs/ and the ``__all__``
-#: of these modules as they were before the move).
+#: module -> the names users import from it (README, docs/ and the packages' ``__all__``).
 PUBLIC: dict[str, tuple[str, ...]] = {
     "rcn_fast": ("topn", "sample_subsets", "FlatIndex", "build_info", "BackendUnavailableError", "MCQuestion",
                  "connect", "Connection", "__version__"),
@@ -33,19 +34,19 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "rcn_fast.llm.chat": ("render_closed_turn", "render_chat"),
     "rcn_fast.llm.registry": ("register_backend",),
     "rcn_fast.llm.seeded": ("SeededSampler", "draw", "row_key", "sample_seed"),
-    "rcn_fast.llm.engine": ("GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "UnsupportedModel"),
-    "rcn_fast.llm.hf": ("HFLLM", "HFConfig"),
+    "rcn_fast.llm.backends.engine": ("GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "UnsupportedModel"),
+    "rcn_fast.llm.backends.hf": ("HFLLM", "HFConfig"),
     "rcn_fast.llm.openai": ("OpenAILLM", "OpenAIConfig", "ServerError", "load_spec"),
     "rcn_fast.llm.scoring": ("LabelScoreError", "check_label_scores", "LOGPROB_TOLERANCE", "choice_logprobs",
                              "choice_logprobs_from_hidden", "choice_logprobs_reference",
                              "choice_logprobs_hidden_reference", "label_token_ids", "pack_label_ids",
                              "CHOICE_LOGPROBS", "CHOICE_LOGPROBS_HIDDEN", "MAX_TILE_LOGITS", "MAX_TILE_HIDDEN",
                              "combine_reference"),
-    "rcn_fast.llm.serve": ("make_server",),
-    "rcn_fast.llm.serve_cli": ("main",),
+    "rcn_fast.llm.server.app": ("make_server",),
+    "rcn_fast.llm.server.cli": ("main",),
     "rcn_fast.eval": ("evaluate", "EvalConfig", "EvalError", "TaskSpec", "TaskError", "available_tasks", "get_task",
                       "resolve_task", "load_task_questions", "MODEL_PACKAGES_HINT"),
-    "rcn_fast.eval.scoring": ("score", "scored"),
+    "rcn_fast.eval.metrics": ("score", "scored"),
     "rcn_fast.eval.tasks": ("TaskSpec", "TaskError", "TaskCountWarning", "available_tasks", "registry", "get_task",
                             "resolve_task", "load_task_questions", "task_corpus", "split_inline_choices",
                             "spec_from_dict", "spec_key", "hub_load_args", "check_limit", "normalize_name",
@@ -66,30 +67,26 @@ def test_public_import_works(module):
     assert not missing, f"{module} no longer offers {missing}"
 
 
-def test_every_moved_path_is_the_module_at_its_new_place():
-    from rcn_fast._moved import MOVED
-
-    for old, new in MOVED.items():
-        a, b = importlib.import_module(old), importlib.import_module(new)
-        assert a is b, old
-        assert b.__name__ == new and b.__spec__.name == new, f"{new}'s spec was replaced by the alias {old}"
+#: Module paths of the pre-0.1.0 layout (never released); the package answers none of them.
+UNRELEASED_PATHS = ("rcn_fast.llm.hf", "rcn_fast.llm.engine", "rcn_fast.llm.serve", "rcn_fast.llm.openai_transport",
+                    "rcn_fast.llm.label_scoring", "rcn_fast.eval.scoring", "rcn_fast.eval.task_spec",
+                    "rcn_fast.eval.runner", "rcn_fast.eval.plan", "rcn_fast.eval.executors")
 
 
-def test_a_patch_through_the_old_path_is_seen_at_the_new_one(monkeypatch):
-    import rcn_fast.llm.backends.engine.model as new
-
-    monkeypatch.setattr("rcn_fast.llm.engine.model.UnsupportedModel", KeyError)
-    assert new.UnsupportedModel is KeyError
-
-
-def test_old_paths_import_in_a_fresh_interpreter():
-    """The finder is installed by ``import rcn_fast`` itself: a fresh process
-    that imports an old path first (no test fixture involved) gets it."""
-    code = ("import rcn_fast.llm.openai_transport as t, rcn_fast.eval.task_spec as s; "
-            "from rcn_fast.eval.scoring import score; "
-            "print(t.__name__, s.__name__, score.__module__)")
+def test_no_finder_of_its_own_is_installed_by_import_rcn_fast():
+    """``import rcn_fast`` leaves ``sys.meta_path`` as it found it (a fresh interpreter, no fixture)."""
+    code = ("import sys; before = [type(f).__module__ for f in sys.meta_path]; import rcn_fast, rcn_fast.llm, "
+            "rcn_fast.eval; after = [type(f).__module__ for f in sys.meta_path]; "
+            "print(before == after, any(m.startswith('rcn_fast') for m in after))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["rcn_fast.llm.openai.transport", "rcn_fast.eval.tasks.spec", "rcn_fast.eval.metrics"]
+    assert out == ["True", "False"]
+
+
+@pytest.mark.parametrize("old", UNRELEASED_PATHS)
+def test_paths_of_the_unreleased_layout_are_import_errors(old):
+    code = f"import rcn_fast, importlib; importlib.import_module({old!r})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, (old, r.stderr[-400:])
 
 
 def test_an_unknown_name_is_still_an_import_error():
@@ -99,11 +96,18 @@ def test_an_unknown_name_is_still_an_import_error():
         importlib.import_module("rcn_fast.llm.openai").no_such_name
 
 
-def test_the_package_imports_only_new_paths():
-    """Old paths are for users; rcn_fast's own modules import the modules
-    where they live (a walk of every import in rcn_fast/)."""
-    from rcn_fast._moved import MOVED
-
-    _, found = all_imports()
-    old = sorted({f"{imp.file}: {imp.target}" for imp in found if imp.target in MOVED})
-    assert not old, old
+def test_the_package_imports_only_real_paths():
+    """Every ``rcn_fast`` import in the package names a module that exists in the source tree or as a
+    compiled module (a walk of every import in rcn_fast/)."""
+    modules, found = all_imports()
+    bad = []
+    for imp in found:
+        if imp.target in modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(imp.target)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:
+            bad.append(f"{imp.file}: {imp.target}")
+    assert not bad, bad

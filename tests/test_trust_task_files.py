@@ -452,7 +452,8 @@ def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monke
 def test_a_json_dataset_of_local_data_files_is_planned_with_the_hub_unreachable(tmp_path, monkeypatch):
     """``dataset_path: json`` with local ``data_files`` reads no hub data: an unreachable hub does not
     refuse it (before: "is on the Hugging Face hub, which cannot be reached"); a hub id still is."""
-    from rcn_fast.eval import EvalConfig, plan as plan_module
+    from rcn_fast.eval import EvalConfig
+    from rcn_fast.eval.run import plan as plan_module
     from rcn_fast.eval.tasks.sources import needs_hub
     from rcn_fast.eval.tasks.catalog import resolve_task
 
