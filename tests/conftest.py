@@ -22,8 +22,19 @@ def _test_the_installed_package() -> None:
     (the ``tests`` package is already imported, so ``tests.*`` still works),
     and keep child Python processes from adding their working directory
     (PYTHONSAFEPATH, Python >= 3.11).
+
+    ``RCN_FAST_TEST_SOURCE=1`` tests the source tree instead (a worktree
+    whose Python code differs from the installed copy): its Python modules
+    run with the installed compiled modules (``rcn_fast._find_compiled_modules``;
+    a ``_C*.so`` built into the tree's ``rcn_fast/`` takes precedence), and
+    child Python processes get the tree on ``PYTHONPATH``.
     """
     if "rcn_fast" in sys.modules:
+        return
+    if os.environ.get("RCN_FAST_TEST_SOURCE") == "1":
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
         return
     repo_entries = [p for p in sys.path if Path(p or os.getcwd()).resolve() == REPO]
     rest = [p for p in sys.path if p not in repo_entries]
