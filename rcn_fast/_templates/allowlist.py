@@ -111,8 +111,6 @@ def check(tree: Any, kind: str) -> None:
                 raise _refuse(f"the method {func.attr!r}", node, ALL_METHODS)
             if fname not in ("Name", "Getattr", "Getitem", "ExtensionAttribute"):
                 raise _refuse(f"a call of a {fname} expression", node)
-            if node.dyn_args is not None or node.dyn_kwargs is not None:
-                raise _refuse("a call with *args or **kwargs", node)
 
 
 def _walk(tree: Any) -> Any:

@@ -87,7 +87,7 @@ class Budget:
             raise TemplateLimitError(f"the template runs more than {MAX_STEPS:,} steps (loop iterations, calls, "
                                      "filters and operators)")
         if time.monotonic() > self.deadline:
-            raise TemplateLimitError(f"the template takes longer than {self.seconds:g} s to render")
+            raise TemplateLimitError(f"the template takes longer than {self.seconds:.3g} s to render")
 
 
 BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("rcn_fast_template_budget", default=None)
@@ -100,7 +100,10 @@ def tick() -> None:
 
 
 def _namespace_attrs(v: Any) -> dict | None:
-    attrs = getattr(v, "_Namespace__attrs", None)  # jinja2.utils.Namespace keeps its values here
+    try:  # jinja2.utils.Namespace keeps its values here (read past any __getattr__, e.g. an Undefined's)
+        attrs = object.__getattribute__(v, "_Namespace__attrs")
+    except AttributeError:
+        return None
     return attrs if isinstance(attrs, dict) else None
 
 

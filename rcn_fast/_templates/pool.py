@@ -193,7 +193,7 @@ atexit.register(POOL.shutdown)
 def _died(worker: Worker, seconds: float) -> TemplateLimitError:
     code = worker.proc.wait()
     if code == -signal.SIGXCPU:
-        return TemplateLimitError(f"the template takes longer than {seconds:g} s of CPU to render (the kernel's "
+        return TemplateLimitError(f"the template takes longer than {seconds:.3g} s of CPU to render (the kernel's "
                                   "CPU limit stopped its worker)")
     return TemplateLimitError(f"the template's render worker ended while rendering (exit status {code}); "
                               "it is replaced for the next render")
@@ -227,7 +227,7 @@ def render(kind: str, source: str, variables: dict[str, Any], seconds: float) ->
                 raise _died(worker, seconds) from None
             if reply is None:
                 worker.kill()
-                raise TemplateLimitError(f"the template takes longer than {seconds:g} s to render (its worker was "
+                raise TemplateLimitError(f"the template takes longer than {seconds:.3g} s to render (its worker was "
                                          "stopped)")
             if "need" in reply:
                 worker.known.discard(tid)
