@@ -12,8 +12,9 @@ time limit (so a regression fails there instead of taking the machine).
 * ``lmeval``: the eval CLI on an lm-eval task YAML whose ``doc_to_text`` is
   the probe (and rcn_fast task YAMLs whose ``question_template`` is an N6 probe);
 
-prints one JSON line per probe: its name, the process's return code or the
-exception's type, the first error message, and the seconds it took.
+prints the process's peak memory before the probes, then one JSON line per
+probe: its name, the process's return code or the exception's type, the
+first error message, the peak memory so far and the seconds it took.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ PROBES = {
     "n8_method_join_generator": BIG + "{{ big.join(range(4000)|map('string')) }}",
     "n8_filter_join_generator": BIG + "{{ range(4000)|map('string')|join(big) }}",
     "n8_join_dict_keys": BIG + "{{ big.join({'a': 1, 'b': 2, 'c': 3, 'd': 4}) }}",
-    "n8_list_literals_concat": BIG + "{{ [big, big, big] ~ [big, big] }}",
-    "n8_string_of_list": BIG + "{{ [big, big, big, big]|string }}",
+    "n8_list_literals_concat": BIG + "{{ [" + ", ".join(["big"] * 1000) + "] ~ [" + ", ".join(["big"] * 1000) + "] }}",
+    "n8_string_of_list": BIG + "{{ [" + ", ".join(["big"] * 2000) + "]|string }}",
     "n8_namespace_repeat": "{{ ([namespace(a='x'*999999)] * 4000)|string }}",
-    "n8_namespace_list": BIG + "{% set n = namespace(a=big) %}{{ [n, n, n, n, n, n, n, n]|string }}",
+    "n8_namespace_list": BIG + "{% set n = namespace(a=big) %}{{ [" + ", ".join(["n"] * 2000) + "]|string }}",
     # N6: format strings that size a result or reach Python internals
     "n6_format_width": "{{ '{q:>1500000000}'.format(q='x') }}",
     "n6_format_mro": "{{ '{q.__class__.__mro__[1].__subclasses__}'.format(q='x') }}",
@@ -72,6 +73,12 @@ def _cli(args: list[str]) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
+def _maxrss_kb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _first_error(text: str) -> str:
     lines = [ln for ln in text.splitlines() if "Template" in ln or "error" in ln.lower()]
     return (lines[0] if lines else text[-300:])[:400]
@@ -89,6 +96,7 @@ def run(entry: str, folder: Path) -> None:
 
         model = make_tiny_llama(folder / "model")
     questions = _questions(folder / "q.jsonl")
+    print(json.dumps({"baseline_maxrss_kb": _maxrss_kb()}), flush=True)
     for name, template in PROBES.items():
         t0 = time.monotonic()
         rc, kind, message = None, None, ""
@@ -117,7 +125,7 @@ def run(entry: str, folder: Path) -> None:
             rc, err = _cli(["--include_path", str(inc), "--tasks", f"probe_{name}", "--model",
                             str(folder / "no-model"), "--output-path", str(folder / f"out-{name}"), *common])
             message = _first_error(err)
-        print(json.dumps({"name": name, "rc": rc, "kind": kind, "message": message,
+        print(json.dumps({"name": name, "rc": rc, "kind": kind, "message": message, "maxrss_kb": _maxrss_kb(),
                           "seconds": round(time.monotonic() - t0, 2)}), flush=True)
     if entry == "lmeval":
         for name, template in QUESTION_TEMPLATES.items():
@@ -131,7 +139,7 @@ def run(entry: str, folder: Path) -> None:
             rc, err = _cli(["--include_path", str(inc), "--tasks", f"probe_{name}", "--model",
                             str(folder / "no-model"), "--output-path", str(folder / f"out-{name}"), *common])
             print(json.dumps({"name": name, "rc": rc, "kind": None, "message": _first_error(err),
-                              "seconds": round(time.monotonic() - t0, 2)}), flush=True)
+                              "maxrss_kb": _maxrss_kb(), "seconds": round(time.monotonic() - t0, 2)}), flush=True)
 
 
 if __name__ == "__main__":

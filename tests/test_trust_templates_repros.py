@@ -16,7 +16,9 @@ for N6).
 Each entry point's probes run in one child process (tests/template_probes.py)
 under a 3 GiB address-space limit and a time limit, so a regression fails
 here instead of eating the machine; every probe must be refused with a
-``TemplateLimitError`` or ``TemplateRenderError`` naming what it did, at once.
+``TemplateLimitError`` or ``TemplateRenderError`` naming what it did, at
+once, and without the child's peak memory growing by 400 MB (the N8 lists
+hold 2,000 references to a 524,288-character string: 1 GB once written out).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def _run(entry: str, folder, timeout: float = 300.0) -> dict[str, dict]:
         if line.startswith('{"name"'):
             row = json.loads(line)
             found[row["name"]] = row
+        elif line.startswith('{"baseline_maxrss_kb"'):
+            found["baseline"] = json.loads(line)
     assert run.returncode == 0, f"the {entry} probes' process failed ({run.returncode}):\n{run.stderr[-3000:]}"
     return found
 
@@ -76,6 +80,7 @@ def test_each_repro_is_refused_at_once_through_each_entry_point(tmp_path, entry)
 
     t0 = time.monotonic()
     found = _run(entry, tmp_path)
+    baseline = found.pop("baseline")["baseline_maxrss_kb"]
     names = list(PROBES) + (list(QUESTION_TEMPLATES) if entry == "lmeval" else [])
     assert sorted(found) == sorted(names)
     for name in names:
@@ -88,4 +93,6 @@ def test_each_repro_is_refused_at_once_through_each_entry_point(tmp_path, entry)
             assert re.search("Template(Limit|Render)Error|template error|task file", row["message"]), row
         assert re.search(WHY[name], row["message"]), (name, row["message"])
         assert row["seconds"] < 60, row  # a guard against a hang, not a timing
+        # refused before the value is built, and rendered in the worker: this process's peak barely moves
+        assert row["maxrss_kb"] - baseline < 400_000, (name, row["maxrss_kb"], baseline)
     assert time.monotonic() - t0 < 300

@@ -78,7 +78,8 @@ METHODS: dict[type, frozenset[str]] = {
 ALL_METHODS = frozenset().union(*METHODS.values())
 #: Functions a chat template may call (transformers' globals and Jinja's).
 CHAT_GLOBALS = frozenset({"raise_exception", "namespace", "range", "strftime_now", "dict"})
-#: Functions a task template (lm-eval ``doc_to_*``) may call: ``range`` (lm-eval's use), Jinja's ``namespace`` and ``dict``.
+#: Functions a task template (lm-eval ``doc_to_*``) may call: ``range`` (lm-eval's use), Jinja's
+#: ``namespace`` and ``dict`` (as chat templates use them).
 TASK_GLOBALS = frozenset({"range", "namespace", "dict"})
 #: What minja implements that the corpus does not use (allowed all the same): filters, tests, methods, nodes.
 MINJA_EXTRAS = {"filters": frozenset({"count", "e", "escape", "unique", "select"}),
@@ -153,5 +154,5 @@ def allowed_method(obj: Any) -> bool:
     return any(isinstance(owner, t) and name in names for t, names in METHODS.items())
 
 
-__all__ = ["NODES", "FILTERS", "TESTS", "METHODS", "ALL_METHODS", "CHAT_GLOBALS", "TASK_GLOBALS", "MINJA_EXTRAS", "check",
-           "allowed_method"]
+__all__ = ["NODES", "FILTERS", "TESTS", "METHODS", "ALL_METHODS", "CHAT_GLOBALS", "TASK_GLOBALS", "MINJA_EXTRAS",
+           "check", "allowed_method"]

@@ -40,6 +40,8 @@ MAX_WORKERS = 4
 GRACE_SECONDS = 0.25
 #: Seconds a new worker may take to start.
 START_SECONDS = 60.0
+#: Characters of the template texts remembered by id (then forgotten; ids are never reused).
+MAX_ID_CHARS = 16_000_000
 #: Compile-time refusals remembered (template text -> error), so a refused template costs nothing again.
 MAX_REFUSED = 256
 
@@ -137,16 +139,19 @@ class Pool:
         self.alive = 0
         self.ids: dict[str, int] = {}  # template text -> id (ids are never reused)
         self.next_id = 1
+        self.id_chars = 0
         self.refused: dict[tuple[str, int], tuple[type, str]] = {}
 
     def template_id(self, source: str) -> int:
         with self.cond:
             tid = self.ids.get(source)
             if tid is None:
-                if len(self.ids) >= 4096:
+                if len(self.ids) >= 4096 or self.id_chars + len(source) > MAX_ID_CHARS:
                     self.ids.clear()
+                    self.id_chars = 0
                 tid = self.ids[source] = self.next_id
                 self.next_id += 1
+                self.id_chars += len(source)
             return tid
 
     def acquire(self, deadline: float) -> Worker | None:
