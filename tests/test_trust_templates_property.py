@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st  # 
 from rcn_fast._templates import TemplateLimitError, TemplateRenderError, pool, render_chat_template  # noqa: E402
 from rcn_fast._templates import render_task_template, worker  # noqa: E402
 from rcn_fast._templates.limits import MAX_SECONDS  # noqa: E402
+from tests.test_trust_templates_worker import expected_cap  # noqa: E402
 
 #: variables every generated template may use (``big``: 200,000 characters, given from outside)
 VARS = {"big": "x" * 200_000, "xs": list(range(50)), "word": "ab", "d": {"a": "1", "b": "2"}}
@@ -110,7 +111,7 @@ def test_renders_happen_in_a_worker_under_its_limits():
     pids = pool.worker_pids()
     assert pids
     with open(f"/proc/{pids[-1]}/limits") as f:
-        assert any(line.startswith("Max address space") and str(worker.MEMORY_BYTES) in line for line in f)
+        assert any(line.startswith("Max address space") and str(expected_cap()) in line for line in f)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

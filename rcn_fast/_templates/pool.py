@@ -49,13 +49,22 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 _HEADER = struct.Struct(">I")
 
 
+def _library_dirs() -> list[str]:
+    """The folders holding this process's jinja2 and markupsafe (the worker appends them to its path)."""
+    import jinja2
+    import markupsafe
+
+    return sorted({str(Path(m.__file__).resolve().parents[1]) for m in (jinja2, markupsafe)})
+
+
 class Worker:
     """One render worker process and its pipes."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, _ROOT], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-                                     cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        env = {k: os.environ[k] for k in ("PATH", "TZ") if k in os.environ}  # TZ: strftime_now's "today"
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, _ROOT, *_library_dirs()],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     close_fds=True, cwd="/", env=env)
         self.known: set[int] = set()  # template ids this worker holds
         self.owner = os.getpid()
         ready = self.receive(time.monotonic() + START_SECONDS, starting=True)

@@ -1,16 +1,19 @@
 """The render worker: a child process that renders templates for the door,
 under kernel limits it cannot lift, speaking a small pipe protocol.
 
-Started by :mod:`rcn_fast._templates.pool` as ``python -I -c BOOT ROOT``:
-isolated mode (no ``PYTHON*`` variables, no user site, neither the current
-folder nor the script's on ``sys.path``), and without running
-``rcn_fast/__init__.py`` (the package is registered by path, so only this
-package's modules and jinja2 are imported: no numpy, no torch).
+Started by :mod:`rcn_fast._templates.pool` as ``python -I -c BOOT ROOT
+DIRS...``: isolated mode (no ``PYTHON*`` variables, no user site, neither
+the current folder nor the script's on ``sys.path``; the folders of the
+parent's jinja2 and markupsafe are appended, so the worker imports the
+same ones), and without running ``rcn_fast/__init__.py`` (the package is
+registered by path, so only this package's modules and jinja2 are
+imported: no numpy, no torch).
 
 Before it reads a request it sets, for itself:
 
-* ``RLIMIT_AS`` (:data:`MEMORY_BYTES` of address space in all; the hard
-  limit too, so it cannot be raised again): an allocation past it is a
+* ``RLIMIT_AS`` (:data:`MEMORY_BYTES` of address space in all, or the
+  lower limit it inherited; the hard limit too, so it cannot be raised
+  again): an allocation past it is a
   ``MemoryError``, reported as a limit, after which the worker exits and
   is replaced;
 * ``RLIMIT_CORE`` 0 (a worker killed for CPU leaves no core file);
@@ -44,8 +47,9 @@ MAX_TEMPLATES = 256
 
 _HEADER = struct.Struct(">I")
 
-BOOT = ("import sys, types; p = types.ModuleType('rcn_fast'); p.__path__ = [sys.argv[1] + '/rcn_fast']; "
-        "sys.modules['rcn_fast'] = p; from rcn_fast._templates.worker import main; main()")
+BOOT = ("import sys, types; sys.path.extend(sys.argv[2:]); p = types.ModuleType('rcn_fast'); "
+        "p.__path__ = [sys.argv[1] + '/rcn_fast']; sys.modules['rcn_fast'] = p; "
+        "from rcn_fast._templates.worker import main; main()")
 
 
 def encode(message: Any) -> bytes:
@@ -75,7 +79,9 @@ def set_limits() -> None:
     """This process's memory and core limits (module notes)."""
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]  # a lower limit inherited from the parent stays
+    cap = MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_BYTES, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
