@@ -8,7 +8,10 @@ and waits for the answer with ``poll`` until the render's deadline plus
 longer than ..."). A worker that dies while rendering (its kernel CPU
 limit, or anything else) fails the render the same way. The next render
 starts a fresh worker. Up to :data:`MAX_WORKERS` render at once (threads of
-a server); more wait for one, within their own deadline.
+a server); more wait for one, within their own deadline. A render's time
+starts when a worker takes it: starting a worker (once, about a tenth of a
+second) is bounded by :data:`START_SECONDS` instead, so a slow start never
+fails a template.
 
 Each worker is started with ``subprocess.Popen`` (fork and exec: no
 interpreter state is shared, and a parent with threads is safe); a process
@@ -226,9 +229,9 @@ def render(kind: str, source: str, variables: dict[str, Any], seconds: float) ->
     known = POOL.refused.get((kind, tid))
     if known is not None:
         raise known[0](known[1])
-    deadline = time.monotonic() + seconds
-    worker = POOL.acquire(deadline)
+    worker = POOL.acquire(time.monotonic() + seconds)  # waiting for a busy worker counts; starting one does not
     assert worker is not None
+    deadline = time.monotonic() + seconds
     ok = False
     try:
         request = {"id": tid, "kind": kind, "source": None if tid in worker.known else source, "vars": variables,
