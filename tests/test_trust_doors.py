@@ -3,9 +3,11 @@
 path goes around it -- as tests/test_trust_remote_code.py does for
 ``from_pretrained(``.
 
-* templates -- rcn_fast/_templates.py: the only module that imports jinja2,
-  compiles a template or renders a chat; nothing calls a tokenizer's own
-  ``apply_chat_template``;
+* templates -- rcn_fast/_templates/ (the door, its allowlist, its sandbox
+  and its render worker): the only package that imports jinja2, compiles a
+  template or renders a chat; nothing calls a tokenizer's own
+  ``apply_chat_template``, and a task's ``question_template`` is filled by
+  the door's ``fill_fields``, never by ``str.format``;
 * files in folders the user names -- rcn_fast/_files.py: every raw file
   access of the package (``open``, ``Path.read_*`` / ``write_*``,
   ``np.load`` / ``np.save`` ..., ``sqlite3.connect``) either takes its path
@@ -56,17 +58,17 @@ def _called(tree: ast.AST) -> set[str]:
 
 
 def test_the_walk_sees_the_package():
-    assert len(SOURCES) > 150 and "rcn_fast/_templates.py" in SOURCES and "rcn_fast/llm/server/app.py" in SOURCES
+    assert len(SOURCES) > 150 and "rcn_fast/_templates/__init__.py" in SOURCES and "rcn_fast/llm/server/app.py" in SOURCES
 
 
 # ------------------------------------------------------------------ templates
-TEMPLATE_DOOR = "rcn_fast/_templates.py"
+TEMPLATE_DOOR = "rcn_fast/_templates/"
 
 
 def test_only_the_template_door_imports_jinja2_or_renders_a_chat():
     bad = []
     for rel, tree in SOURCES.items():
-        if rel == TEMPLATE_DOOR:
+        if rel.startswith(TEMPLATE_DOOR):
             continue
         for n in ast.walk(tree):
             mods = [a.name for a in n.names] if isinstance(n, ast.Import) else \
@@ -79,7 +81,7 @@ def test_only_the_template_door_imports_jinja2_or_renders_a_chat():
                                                              "render_jinja_template", "Template", "Environment",
                                                              "SandboxedEnvironment", "ImmutableSandboxedEnvironment"):
                 bad.append(f"{rel}:{n.lineno}: calls {ast.unparse(n.func)}(...)")
-    assert not bad, "a template path around rcn_fast/_templates.py:\n" + "\n".join(bad)
+    assert not bad, "a template path around rcn_fast/_templates/:\n" + "\n".join(bad)
 
 
 def test_every_chat_render_goes_through_the_door():
@@ -90,6 +92,15 @@ def test_every_chat_render_goes_through_the_door():
     [method] = [n for n in ast.walk(tok) if isinstance(n, ast.FunctionDef) and n.name == "apply_chat_template"]
     assert "render_chat_template" in _called(method)
     assert "render_task_template" in _called(SOURCES["rcn_fast/eval/tasks/lm_eval.py"])
+
+
+def test_a_question_template_is_filled_by_the_door():
+    """Issue 53 (N6): ``question_template`` is ``{field}`` substitution by the door, not ``str.format``."""
+    loading = SOURCES["rcn_fast/eval/tasks/loading.py"]
+    assert "fill_fields" in _called(loading)
+    formats = [n for n in _calls(loading) if isinstance(n.func, ast.Attribute) and n.func.attr in ("format", "format_map")
+               and "template" in ast.unparse(n.func.value)]
+    assert not formats, [ast.unparse(n) for n in formats]
 
 
 # ------------------------------------------------------------------ files

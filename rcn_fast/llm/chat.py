@@ -24,10 +24,11 @@ nothing before it (:func:`render_closed_turn`). The end-of-turn text is
 found by rendering the same turns with a marker as the final content.
 Without a chat template the turn is the plain pre-fill.
 
-Every chat is rendered through the bounded template door,
+Every chat is rendered through the template door,
 :func:`rcn_fast._templates.chat_prompt` (the tokenizer's template, rendered
-as transformers renders it, within budgets of steps, time, sizes and
-memory); nothing here calls a tokenizer's own ``apply_chat_template``.
+as transformers renders it, held to an allowlist and budgets in a worker
+process under kernel limits); nothing here calls a tokenizer's own
+``apply_chat_template``.
 
 Models whose template has no system role (it raises, or drops the system
 text) get the system instruction as user text: prepended to the first user

