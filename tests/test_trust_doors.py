@@ -256,7 +256,8 @@ FIELD_BUDGETS = {
     "max_tokens": "_int", "max_completion_tokens": "_int", "temperature": "_number", "top_p": "_number", "n": "_int",
     "seed": "_int", "logprobs": "check_k / bool", "top_logprobs": "check_k", "prompt_logprobs": "check_k",
     "echo": "bool", "add_special_tokens": "bool check", "continue_final_message": "bool",
-    "add_generation_prompt": "bool",
+    "add_generation_prompt": "bool", "stream": "stream_options (bool)",
+    "stream_options": "stream_options (an object, only with stream; two bools)",
 }
 
 
@@ -265,7 +266,9 @@ def test_the_server_parses_bodies_only_through_the_door_and_reads_only_budgeted_
     loads = [c for c in _calls(app) if _name(c.func) in ("loads", "load", "JSONDecoder")]
     assert not loads, f"app.py parses JSON around parse_request: {[ast.unparse(c) for c in loads]}"
     [post] = [n for n in ast.walk(app) if isinstance(n, ast.FunctionDef) and n.name == "do_POST"]
-    assert {"parse_request", "check_request_sizes"} <= _called(post)
+    methods = {n.name: n for n in ast.walk(app) if isinstance(n, ast.FunctionDef)}
+    called = _called(post) | {c for m in _called(post) if m in methods for c in _called(methods[m])}
+    assert {"parse_request", "check_request_sizes"} <= called  # in do_POST or the method it hands the body to
     read = set()
     for rel in SERVER:
         for c in _calls(SOURCES[rel]):
