@@ -301,3 +301,30 @@ def test_langchain_chat_openai_invokes_and_streams_from_the_server(server, clien
                        max_retries=0, timeout=300).bind(logprobs=True, top_logprobs=2)
     out = lp.invoke([("user", CHAT[0]["content"])])
     assert len(out.response_metadata["logprobs"]["content"]) == out.usage_metadata["output_tokens"]
+
+
+def test_on_transformers_streams_and_logprobs_match_too(tiny_llm):
+    """The same on the transformers backend (a tiny random-weight Llama):
+    the stream is the whole answer, every token's log-prob is the model's
+    own log-softmax of its prefix (its prompt-log-prob path, float32 up to
+    the batch's padding), the log-probs streamed equal those answered."""
+    pytest.importorskip("transformers")
+    tok = tiny_llm.tokenizer
+    ids = list(tok.encode("Knowledge connects concepts.", add_special_tokens=True))
+    with serve(tiny_llm) as srv:
+        body = {"prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 3}
+        want = whole(srv, "/v1/completions", body)["choices"][0]
+        _, _, events = sse(srv, "/v1/completions", body)
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == want["text"]
+    lp = want["logprobs"]
+    streamed = [x for e in events[:-1] if e["choices"][0]["logprobs"]
+                for x in e["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == lp["token_logprobs"] and len(streamed) == 12
+    got: list[int] = []
+    tiny_llm.generate_ids([ids], GenerationParams(max_new_tokens=12),
+                          on_token=lambda p, s, t, x, top: got.append(t))
+    assert [tok.decode([t]) for t in got] == lp["tokens"]
+    ref = tiny_llm.prompt_logprobs_ids([ids + got], 3, chunk=4, check=lambda: None)[0][len(ids):]
+    assert lp["token_logprobs"] == pytest.approx([e[0] for e in ref], abs=2e-5)
+    for top, (_, want_top) in zip(lp["top_logprobs"], ref):
+        assert top == pytest.approx({tok.decode([t]): v for t, v in reversed(want_top)}, abs=2e-5)
