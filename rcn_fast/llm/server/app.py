@@ -56,36 +56,20 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from rcn_fast._templates import chat_prompt
-from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.server.body import InflightBytes, parse_request, scan_cost
-from rcn_fast.llm.server.completion import Ask, Completion
+from rcn_fast.llm.server.completion import Completion
 from rcn_fast.llm.server.connections import FifoLock, ReadWatchdog, RequestGuard, client_gone, refuse_connection
 from rcn_fast.llm.server.limits import (
-    APIError, Cancelled, ServeLimits, check_k, check_model, check_request_sizes, content_length, logit_bias,
-    longest_token_chars, resolve_context, sampling_params, stream_options,
+    APIError, Cancelled, ServeLimits, check_model, check_request_sizes, content_length, longest_token_chars,
+    resolve_context,
 )
 from rcn_fast.llm.server.metrics import ServerMetrics, log, log_request
 from rcn_fast.llm.server.protocol import ServedModel, is_served_model
 from rcn_fast.llm.server.responses import Shapes
+from rcn_fast.llm.server.routes import chat_ask, completion_ask
 from rcn_fast.llm.server.streaming import EventStream
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
-
-
-def template_error(exc: BaseException) -> bool:
-    """Whether what a chat template raised on a request's messages is the
-    request's fault, HTTP 400 (vLLM's rule: ValueError, TypeError,
-    RuntimeError and jinja2's errors; also SyntaxError and LookupError): the
-    template door's TemplateLimitError and TemplateRenderError are
-    ValueErrors, ``{% include %}`` without a loader is a TypeError, a
-    template nested past Python's compiler a SyntaxError, deep recursion a
-    RecursionError (a RuntimeError); the door turns jinja2's errors into
-    TemplateRenderError, and one that came through would still be known by
-    its base class's name, ``TemplateError`` (only the door imports
-    jinja2). A MemoryError is not the request's fault (HTTP 503)."""
-    return isinstance(exc, (ValueError, TypeError, RuntimeError, SyntaxError, LookupError)) or any(
-        c.__name__ == "TemplateError" for c in type(exc).__mro__)
 
 
 class OpenAIServer(ThreadingHTTPServer):
@@ -239,100 +223,9 @@ class OpenAIServer(ThreadingHTTPServer):
             with self._lock:
                 self.queued -= 1
 
-    # ------------------------------------------------------------ requests -> model work
-
-    def chat_ask(self, body: dict[str, Any]) -> tuple[Ask, str]:
-        """A chat request -> what it asks of the model and its prompt text."""
-        messages = body.get("messages")
-        try:
-            (chat,) = chatlib.validate_chats([messages], "messages")
-        except (TypeError, ValueError) as exc:
-            raise APIError(400, str(exc).replace("messages[0]", "messages")) from None
-        tok = self.llm.tokenizer
-        cont = bool(body.get("continue_final_message", False)) and self.extensions
-        if cont and chat[-1]["role"] != "assistant":
-            raise APIError(400, "continue_final_message needs a final assistant message")
-        try:
-            if cont or not chatlib.has_chat_template(tok):
-                text = chatlib.render_chat(tok, chat, system_role=self.llm.system_role)
-            else:
-                folded = chat if self.llm.system_role else chatlib.fold_system(chat)
-                gen_prompt = bool(body.get("add_generation_prompt", True)) if self.extensions else True
-                text = chat_prompt(tok, folded, add_generation_prompt=gen_prompt)
-        except Exception as exc:  # the chat is the client's: 400, as vLLM
-            if not template_error(exc):
-                raise
-            raise APIError(400, f"messages: {exc}" if isinstance(exc, ValueError) else
-                           f"messages: the chat template failed on them: {type(exc).__name__}: {exc}") from None
-        ids = list(tok.encode(text, add_special_tokens=not chatlib.has_chat_template(tok)))
-        if not ids:
-            raise APIError(400, "messages: the chat encodes to no tokens")
-        want = body.get("logprobs", False)
-        if want is not None and not isinstance(want, bool):
-            raise APIError(400, f"logprobs: expected a bool, got {want!r}"[:200])
-        k = check_k(body, "top_logprobs", self._cap())
-        if k is not None and not want:
-            raise APIError(400, "top_logprobs: needs logprobs=true (as OpenAI and vLLM)")
-        return self._ask([ids], body, chat=True, k=(k or 0) if want else None, echo=False, prompt_k=None), text
-
-    def completion_ask(self, body: dict[str, Any]) -> tuple[Ask, str]:
-        """A completions request -> what it asks of the model and its prompt text."""
-        prompt = body.get("prompt")
-        prompts = self._prompt_ids(prompt, body.get("add_special_tokens", True))
-        k = check_k(body, "logprobs", self._cap())
-        echo = bool(body.get("echo", False)) and self.prompt_logprobs
-        pk = check_k(body, "prompt_logprobs", self._cap()) if self.prompt_logprobs else None
+    def count_prompts(self, n: int) -> None:
         with self._lock:
-            self.prompts_seen += len(prompts)
-        return self._ask(prompts, body, chat=False, k=k, echo=echo, prompt_k=pk), str(prompt)
-
-    def _cap(self) -> int:
-        return len(self.llm.tokenizer) if self.limits.max_logprobs is None else self.limits.max_logprobs
-
-    def _prompt_ids(self, prompt: Any, add_special: Any) -> list[list[int]]:
-        """``prompt`` (string, strings, token ids, lists of token ids) -> token ids per prompt."""
-        tok = self.llm.tokenizer
-        if not isinstance(add_special, bool):
-            raise APIError(400, f"add_special_tokens: expected a bool, got {add_special!r}")
-        if isinstance(prompt, str):
-            items: list[Any] = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            items = [prompt]
-        elif isinstance(prompt, list) and prompt:
-            items = prompt
-        else:
-            raise APIError(400, "prompt: expected a non-empty string, list of strings, token ids or lists of token ids")
-        if not self.token_prompts and not (len(items) == 1 and isinstance(items[0], str)):
-            raise APIError(422, "prompt: this server takes one string prompt (token_prompts=False)")
-        out = []
-        V = len(tok)
-        for i, p in enumerate(items):
-            if isinstance(p, str) and p:
-                out.append(list(tok.encode(p, add_special_tokens=add_special)))
-            elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in p):
-                out.append(list(p))
-            else:
-                raise APIError(400, f"prompt[{i}]: expected a non-empty string or a non-empty list of token ids < {V}")
-        return out
-
-    def _ask(self, prompts: list[list[int]], body: dict[str, Any], *, chat: bool, k: int | None, echo: bool,
-             prompt_k: int | None) -> Ask:
-        params = sampling_params(body, [len(p) for p in prompts], self.limits, self.context)
-        bias = logit_bias(body, len(self.llm.tokenizer))
-        stream, include_usage, continuous = stream_options(body)
-        if stream and prompt_k is not None:
-            raise APIError(400, "prompt_logprobs: not available with stream=true (as vLLM)")
-        echo_lp = echo and k is not None
-        plp_k = max(k or 0, prompt_k or 0) if echo_lp or prompt_k is not None else None
-        if plp_k is not None:
-            entries = sum(len(p) for p in prompts) * params.num_samples * (plp_k + 1)
-            if entries > self.limits.max_logprob_entries:
-                raise APIError(400, f"{'prompt_logprobs' if prompt_k is not None else 'echo'}: the answer would hold "
-                                    f"{entries} prompt log-probs (prompt tokens x n x (top-k + 1)), more than the "
-                                    f"server's max_logprob_entries ({self.limits.max_logprob_entries}); send fewer or "
-                                    f"shorter prompts per request")
-        return Ask(prompts, params, bias, chat, k=k, echo=echo, echo_logprobs=echo_lp, plp_k=plp_k, prompt_k=prompt_k,
-                   stream=stream, include_usage=include_usage, continuous_usage=continuous)
+            self.prompts_seen += n
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -525,7 +418,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise APIError(404, f"no route {self.path}")
             check_model(body, srv.model_name)
             check_request_sizes(body, srv.limits, srv.context, srv.longest_token)
-            ask, self._info["prompt"] = srv.chat_ask(body) if route == ROUTES[0] else srv.completion_ask(body)
+            ask, self._info["prompt"] = chat_ask(srv, body) if route == ROUTES[0] else completion_ask(srv, body)
             del body
             chat = ask.chat
             shapes = Shapes(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import bisect
 import logging
+import reprlib
 import threading
 from typing import Any, Sequence
 
 #: The logger of the request log lines (``python -m rcn_fast.serve`` prints it on stderr).
 log = logging.getLogger("rcn_fast.serve")
+#: Characters of a prompt a log line shows (``--log-prompts``).
+PROMPT_CHARS = 2000
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -142,11 +145,21 @@ class ServerMetrics:
         return "\n".join(out) + "\n"
 
 
+def _shown(prompt: Any) -> str:
+    """A prompt for the log: text as it is, token ids and lists shortened."""
+    if isinstance(prompt, str):
+        return prompt
+    short = reprlib.Repr()
+    short.maxlist, short.maxstring, short.maxlevel = 64, PROMPT_CHARS, 3
+    return short.repr(prompt)
+
+
 def log_request(client: Any, method: str, path: str, status: int, *, prompt_tokens: int, generated: int,
-                latency: float, ttft: float | None = None, stream: bool = False, prompt: str | None = None) -> None:
+                latency: float, ttft: float | None = None, stream: bool = False, prompt: Any = None) -> None:
     """One INFO line of ``rcn_fast.serve`` per request: client, method,
-    path, status, tokens and latency; the prompt text only when given
-    (``--log-prompts``), cut to 2,000 characters."""
+    path, status, tokens and latency; the prompt only when given
+    (``--log-prompts``: a chat's rendered text, a completion's ``prompt``),
+    cut to :data:`PROMPT_CHARS` characters."""
     where = f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else str(client)
     line = (f'{where} "{method} {path[:200]}" {status} prompt_tokens={prompt_tokens} completion_tokens={generated} '
             f"latency={latency:.3f}s")
@@ -155,7 +168,9 @@ def log_request(client: Any, method: str, path: str, status: int, *, prompt_toke
     if stream:
         line += " stream"
     if prompt is not None:
-        line += f" prompt={prompt[:2000]!r}" + (f" (+{len(prompt) - 2000} chars)" if len(prompt) > 2000 else "")
+        text = _shown(prompt)
+        line += f" prompt={text[:PROMPT_CHARS]!r}" + (f" (+{len(text) - PROMPT_CHARS} chars)"
+                                                      if len(text) > PROMPT_CHARS else "")
     log.info(line)
 
 
