@@ -18,7 +18,6 @@ SmolLM2-135M-Instruct GGUF (the native engine), and on the wire.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 from typing import Any
@@ -26,27 +25,16 @@ from typing import Any
 import pytest
 
 from rcn_fast.llm.base import GenerationParams
-from rcn_fast.llm.server.app import make_server
 from rcn_fast.llm.server.streaming import TextStream
+from tests.llm.test_serve_engine import serve
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in two sentences."}]
 PROMPT = "The three largest cities of France are"
 
 
-@contextlib.contextmanager
-def serve(llm: Any, **kw: Any):
-    srv = make_server(llm, "127.0.0.1", 0, model_name="smol", **kw)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
 @pytest.fixture(scope="module")
 def server(smollm2):
-    with serve(smollm2) as srv:
+    with serve(smollm2, "smol") as srv:
         yield srv
 
 
@@ -311,7 +299,7 @@ def test_on_transformers_streams_and_logprobs_match_too(tiny_llm):
     pytest.importorskip("transformers")
     tok = tiny_llm.tokenizer
     ids = list(tok.encode("Knowledge connects concepts.", add_special_tokens=True))
-    with serve(tiny_llm) as srv:
+    with serve(tiny_llm, "smol") as srv:
         body = {"prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 3}
         want = whole(srv, "/v1/completions", body)["choices"][0]
         _, _, events = sse(srv, "/v1/completions", body)

@@ -400,6 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if len(raw) < length:  # closed, or stalled past read_timeout
             self.close_connection = True
+            self._status = 408  # counted as a request timeout (nothing can be answered)
             return None
         self.server.watchdog.disarm(self.connection)
         return raw

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 
 from rcn_fast.llm.server.limits import API_KEY_ENV, Cancelled
 
