@@ -226,3 +226,39 @@ def test_a_stream_is_answered_in_a_thread_of_its_own_connection(llm):
         for t in ts:
             t.join(120)
         assert len(out) == 2 and all(o.count(b"data: [DONE]") == 1 for o in out)
+
+
+def test_a_client_that_stops_reading_a_stream_is_dropped_after_read_timeout(llm):
+    """Every write of a stream is bounded by ``read_timeout`` (the socket's
+    timeout): a client that stops reading is dropped once the buffers
+    between them are full (both kept small here, as on a slow path: the
+    server's send buffer of accepted sockets, the client's receive
+    buffer), its generation stopped and the model freed, long before its
+    tokens are all made."""
+    ids = list(llm.tokenizer.encode(TEXT))
+    with serve(llm, read_timeout=1.0) as srv:
+        accept = srv.get_request
+
+        def small_buffers():
+            sock, addr = accept()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            return sock, addr
+
+        srv.get_request = small_buffers
+        data = json.dumps({"model": "tiny", "stream": True, "prompt": ids, "max_tokens": 480, "temperature": 0,
+                           "logprobs": 20}).encode()
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(60)
+        s.connect(srv.server_address[:2])
+        try:
+            before = KNOBS.forwards
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode()
+                      + b"\r\n\r\n" + data)
+            wait_until(lambda: srv.cancelled == 1, "the stalled stream to be dropped", 120)
+            assert KNOBS.forwards - before < 480  # stopped before its 480 steps
+            wait_until(lambda: not srv._model_lock.locked(), "the model to be free", 10)
+        finally:
+            s.close()
+        srv.get_request = accept
+        assert complete(srv, {"prompt": ids, "max_tokens": 2})[0] == 200
