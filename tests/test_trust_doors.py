@@ -86,7 +86,7 @@ def test_only_the_template_door_imports_jinja2_or_renders_a_chat():
 
 def test_every_chat_render_goes_through_the_door():
     """The chat renderers call the door; the GGUF tokenizer's own apply_chat_template delegates to it."""
-    for rel in ("rcn_fast/llm/chat.py", "rcn_fast/llm/server/app.py"):
+    for rel in ("rcn_fast/llm/chat.py", "rcn_fast/llm/server/routes.py"):
         assert "chat_prompt" in _called(SOURCES[rel]), rel
     tok = SOURCES["rcn_fast/llm/backends/engine/tokenizer.py"]
     [method] = [n for n in ast.walk(tok) if isinstance(n, ast.FunctionDef) and n.name == "apply_chat_template"]
@@ -258,7 +258,9 @@ def test_every_cache_is_located_and_trusted_through_the_door():
 
 
 # ------------------------------------------------------------------ request fields
-SERVER = ("rcn_fast/llm/server/app.py", "rcn_fast/llm/server/limits.py")
+#: the server's modules; the body door (body.py) is the one that parses JSON
+SERVER = tuple(sorted(rel for rel in SOURCES if rel.startswith("rcn_fast/llm/server/")))
+BODY_DOOR = "rcn_fast/llm/server/body.py"
 #: every request field the server reads -> the budget or check it is held to before any work
 FIELD_BUDGETS = {
     "messages": "check_request_sizes (count, characters), validate_chats", "prompt": "check_request_sizes (count, "
@@ -267,16 +269,21 @@ FIELD_BUDGETS = {
     "max_tokens": "_int", "max_completion_tokens": "_int", "temperature": "_number", "top_p": "_number", "n": "_int",
     "seed": "_int", "logprobs": "check_k / bool", "top_logprobs": "check_k", "prompt_logprobs": "check_k",
     "echo": "bool", "add_special_tokens": "bool check", "continue_final_message": "bool",
-    "add_generation_prompt": "bool",
+    "add_generation_prompt": "bool", "stream": "stream_options (bool)",
+    "stream_options": "stream_options (an object, only with stream; two bools)",
 }
 
 
 def test_the_server_parses_bodies_only_through_the_door_and_reads_only_budgeted_fields():
     app = SOURCES["rcn_fast/llm/server/app.py"]
-    loads = [c for c in _calls(app) if _name(c.func) in ("loads", "load", "JSONDecoder")]
-    assert not loads, f"app.py parses JSON around parse_request: {[ast.unparse(c) for c in loads]}"
+    assert BODY_DOOR in SERVER and "rcn_fast/llm/server/routes.py" in SERVER
+    loads = [f"{rel}: {ast.unparse(c)}" for rel in SERVER if rel != BODY_DOOR for c in _calls(SOURCES[rel])
+             if _name(c.func) in ("loads", "load", "JSONDecoder", "raw_decode")]
+    assert not loads, f"the server parses JSON around parse_request: {loads}"
     [post] = [n for n in ast.walk(app) if isinstance(n, ast.FunctionDef) and n.name == "do_POST"]
-    assert {"parse_request", "check_request_sizes"} <= _called(post)
+    methods = {n.name: n for n in ast.walk(app) if isinstance(n, ast.FunctionDef)}
+    called = _called(post) | {c for m in _called(post) if m in methods for c in _called(methods[m])}
+    assert {"parse_request", "check_request_sizes"} <= called  # in do_POST or the method it hands the body to
     read = set()
     for rel in SERVER:
         for c in _calls(SOURCES[rel]):

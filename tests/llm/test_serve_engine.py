@@ -41,8 +41,8 @@ def engine(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serve(llm: Any, **kw: Any):
-    srv = make_server(llm, "127.0.0.1", 0, model_name="tiny", **kw)
+def serve(llm: Any, model_name: str = "tiny", **kw: Any):
+    srv = make_server(llm, "127.0.0.1", 0, model_name=model_name, **kw)
     srv.start()
     try:
         yield srv

@@ -380,7 +380,8 @@ def test_a_full_queue_is_503_with_retry_after(llm):
 
 
 def test_the_model_goes_to_waiting_requests_in_arrival_order():
-    from rcn_fast.llm.server.limits import Cancelled, FifoLock
+    from rcn_fast.llm.server.connections import FifoLock
+    from rcn_fast.llm.server.limits import Cancelled
 
     lock, order, gone = FifoLock(), [], threading.Event()
     lock.acquire()
@@ -437,7 +438,7 @@ def test_a_request_whose_client_leaves_while_queued_leaves_the_queue(llm):
 
 
 def test_api_key_is_required_when_set(llm):
-    from rcn_fast.llm.server.limits import exposure_warning
+    from rcn_fast.llm.server.connections import exposure_warning
 
     ids = list(llm.tokenizer.encode(TEXT))
     with serve(llm, api_key="s3cret") as srv:

@@ -37,7 +37,7 @@ from rcn_fast.llm import seeded
 from rcn_fast.llm.scoring import choice as scoring
 from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
 from rcn_fast.llm.base import check_prompt_ids, context_length, finish_generation, stop_token_ids
-from rcn_fast.llm.backends.logits import FiniteLogitsCheck, LogitBias
+from rcn_fast.llm.backends.logits import FiniteLogitsCheck, LogitBias, TokenReport
 
 HINT = "pip install 'rcn_fast[llm]'"
 
@@ -348,13 +348,18 @@ class HFLLM(LocalBackend):
         sample_ids: Sequence[Sequence[int]] | None = None,
         *,
         logit_bias: dict[int, float] | None = None,
+        logprobs: int | None = None,
+        on_token: Callable[..., None] | None = None,
     ) -> list[list[Generation]]:
         """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
         on transformers, with ``logit_bias``: ``{token id: bias}`` added to
         those logits before sampling or the greedy argmax (checked by
         :func:`rcn_fast.llm.backends.logits.check_logit_bias`). Rows are sorted by
         prompt length and cut into batches of ``batch_size``; sampling uses
-        :class:`rcn_fast.llm.seeded.SeededSampler`."""
+        :class:`rcn_fast.llm.seeded.SeededSampler`. ``on_token`` /
+        ``logprobs``: every token reported as it is chosen
+        (:data:`rcn_fast.llm.server.protocol.OnToken`, by
+        :class:`rcn_fast.llm.backends.logits.TokenReport`)."""
         torch = _torch()
         tf = A.require("transformers", HINT)
         check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
@@ -376,11 +381,16 @@ class HFLLM(LocalBackend):
             rows = [prompt_ids[jobs[j][0]] for j in batch]
             ids, mask, _ = self._pad_left(rows)
             # NaN logits are an error, not text; the bias, then the seeded draw (the greedy argmax takes it)
+            report = None if on_token is None else TokenReport([jobs[j] for j in batch], logprobs, on_token,
+                                                               self.tokenizer, params.stop, stop_ids)
             procs = tf.LogitsProcessorList([FiniteLogitsCheck(f"hf:{self.name}", ids.shape[1])]
+                                           + ([report.raw] if report else [])
                                            + ([LogitBias(logit_bias)] if logit_bias else []))
             if not params.greedy:
                 keys = [seeded.row_key(params.seed, jobs[j][1], rows[k]) for k, j in enumerate(batch)]
                 procs.append(seeded.SeededSampler(keys, ids.shape[1], params.temperature, params.top_p))
+            if report:
+                procs.append(report.chosen)
             with torch.inference_mode():
                 seqs = self.model.generate(
                     input_ids=ids, attention_mask=mask, generation_config=gcfg, logits_processor=procs,

@@ -8,13 +8,18 @@
   an arbitrary token);
 * :class:`LogitBias` -- OpenAI's ``logit_bias``: a number added to the
   logits of chosen token ids before sampling or the greedy argmax
-  (``-100`` bans a token in practice, ``+100`` forces it).
+  (``-100`` bans a token in practice, ``+100`` forces it);
+* :class:`TokenReport` -- reports every generated token as it is chosen,
+  with its log-probability under the model's own (unbiased) logits, for
+  the server's streams and log-probs (:data:`rcn_fast.llm.server.protocol.OnToken`).
+
+:func:`row_ended` is the rule both local backends end a row by.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from rcn_fast._validate import is_number
 
@@ -110,4 +115,72 @@ class LogitBias:
         return out
 
 
-__all__ = ["NonFiniteLogitsError", "FiniteLogitsCheck", "LogitBias", "check_logit_bias", "BIAS_RANGE"]
+def row_ended(tokenizer: Any, toks: Sequence[int], stop: Sequence[str] | None, stop_ids: set[int]) -> bool:
+    """Whether a row that generated ``toks`` has ended: its last token ends
+    generation (``stop_ids``: end of sequence, end of turn, padding) or its
+    text (special tokens skipped) holds one of the ``stop`` strings."""
+    if toks[-1] in stop_ids:
+        return True
+    return bool(stop) and any(s in tokenizer.decode(list(toks), skip_special_tokens=True) for s in stop)
+
+
+class TokenReport:
+    """Reports each token a transformers ``generate`` call chooses, through
+    two logits processors: :meth:`raw` (right after
+    :class:`FiniteLogitsCheck`: it keeps the log-softmax of the model's own
+    logits) and :meth:`chosen` (the last one: the greedy argmax of the
+    final scores is the token generate takes, a :class:`SeededSampler`
+    draw included). A row is reported up to the token that ends it
+    (:func:`row_ended`), never after.
+
+    Parameters
+    ----------
+    rows : list of (int, int)
+        (prompt index, sample index) of each batch row.
+    k : int or None
+        Top log-probs per token (None: no log-probs, ``logprob`` None).
+    on_token : callable
+        ``on_token(prompt, sample, token, logprob, top)``; it may raise to stop.
+    tokenizer, stop, stop_ids
+        As :func:`row_ended`.
+    """
+
+    def __init__(self, rows: Sequence[tuple[int, int]], k: int | None, on_token: Callable[..., None], tokenizer: Any,
+                 stop: Sequence[str] | None, stop_ids: set[int]) -> None:
+        self.rows = list(rows)
+        self.k = k
+        self.on_token = on_token
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.stop_ids = stop_ids
+        self.toks: list[list[int]] = [[] for _ in self.rows]
+        self.ended = [False] * len(self.rows)
+        self._lp: Any = None
+
+    def raw(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        self._lp = torch.log_softmax(scores.float(), dim=-1) if self.k is not None else None
+        return scores
+
+    def chosen(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        picked = torch.argmax(scores, dim=-1).tolist()
+        lp = self._lp
+        tops = None
+        if lp is not None and self.k:
+            tv, ti = torch.topk(lp, min(self.k, lp.shape[1]), dim=-1)
+            tops = (ti.tolist(), tv.tolist())
+        for b, tok in enumerate(picked):
+            if self.ended[b]:
+                continue
+            self.toks[b].append(int(tok))
+            self.ended[b] = row_ended(self.tokenizer, self.toks[b], self.stop, self.stop_ids)
+            top = list(zip(tops[0][b], tops[1][b])) if tops is not None else []
+            self.on_token(*self.rows[b], int(tok), None if lp is None else float(lp[b, tok]), top)
+        return scores
+
+
+__all__ = ["NonFiniteLogitsError", "FiniteLogitsCheck", "LogitBias", "TokenReport", "check_logit_bias", "row_ended",
+           "BIAS_RANGE"]

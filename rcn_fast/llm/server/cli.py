@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import sys
 from typing import NoReturn
 
-from rcn_fast.llm.server.limits import API_KEY_ENV, ServeLimits, exposure_warning
+from rcn_fast.llm.server.connections import exposure_warning
+from rcn_fast.llm.server.limits import API_KEY_ENV, ServeLimits
 
 _D = ServeLimits()
 
@@ -68,7 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests waiting for or holding the model, HTTP 503 above (default %(default)s)")
     ap.add_argument("--max-connections", type=int, default=_D.max_connections,
                     help="connections served at once, HTTP 503 above (default %(default)s)")
+    ap.add_argument("--max-json-nodes", type=int, default=_D.max_json_nodes,
+                    help="JSON values and keys of one request body, counted before it is parsed, HTTP 400 above "
+                         "(default %(default)s)")
+    ap.add_argument("--max-json-depth", type=int, default=_D.max_json_depth,
+                    help="nesting of one request body, HTTP 400 above (default %(default)s)")
+    ap.add_argument("--max-json-string-bytes", type=int, default=_D.max_json_string_bytes,
+                    help="bytes of one request body's strings together, HTTP 400 above (default %(default)s)")
+    ap.add_argument("--max-inflight-bytes", type=int, default=_D.max_inflight_bytes,
+                    help="bytes all requests in flight may hold together (bodies and their parses), HTTP 503 "
+                         "with Retry-After above (default %(default)s)")
+    ap.add_argument("--log-prompts", action="store_true",
+                    help="add each request's prompt text to its log line (default: never logged)")
     return ap
+
+
+def _log_to_stderr() -> None:
+    """The request log (one line per request, logger ``rcn_fast.serve``) on
+    stderr, unless the embedding program configured that logger."""
+    log = logging.getLogger("rcn_fast.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
             max_stop_chars=args.max_stop_chars, max_messages=args.max_messages, max_prompt_chars=args.max_prompt_chars,
             max_body_bytes=args.max_body_bytes, read_timeout=args.read_timeout,
             request_timeout=args.request_timeout, max_queue=args.max_queue,
-            max_connections=args.max_connections, api_key=api_key,
+            max_connections=args.max_connections, api_key=api_key, max_json_nodes=args.max_json_nodes,
+            max_json_depth=args.max_json_depth, max_json_string_bytes=args.max_json_string_bytes,
+            max_inflight_bytes=args.max_inflight_bytes,
         )
     except ValueError as exc:
         _fail(f"{exc} (the option of the same name, see --help)")
@@ -100,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
               f"got a {type(llm).__name__}")
     limit_fields = {f: getattr(limits, f) for f in limits.__dataclass_fields__}
     try:
-        server = make_server(llm, args.host, args.port, model_name=args.name or args.model, **limit_fields)
+        server = make_server(llm, args.host, args.port, model_name=args.name or args.model,
+                             log_prompts=args.log_prompts, **limit_fields)
     except ValueError as exc:
         _fail(str(exc).replace("max_model_len:", "--max-model-len:"))
     except OSError as exc:
@@ -110,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     warning = exposure_warning(args.host, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    _log_to_stderr()
     print(f"serving {args.model} at {server.base_url}", flush=True)
     try:
         server.serve_forever()

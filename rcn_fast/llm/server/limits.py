@@ -1,5 +1,5 @@
-"""Limits of :mod:`rcn_fast.llm.server.app`: what one request may ask for, how long
-a connection may take to send it, and how a running request is stopped.
+"""Limits of :mod:`rcn_fast.llm.server.app`: what one request may ask for
+and how each field is checked (HTTP 400 naming it) before any work.
 
 The server follows vLLM where vLLM has a rule (a prompt longer than the
 context window, or ``max_tokens`` beyond what is left of it, is HTTP 400
@@ -11,38 +11,38 @@ cannot take it over:
   capped; top log-probs are capped for ``logprobs``, ``top_logprobs`` and
   ``prompt_logprobs``; prompt log-probs are computed ``logprob_chunk``
   positions at a time (only the top ``k`` of each position are kept);
-* every string and list of a request has a budget checked before any work
-  (:func:`parse_request`, :func:`check_request_sizes`): ``stop`` strings
-  (``max_stop`` of them, ``max_stop_chars`` characters together, none
-  longer than the context window can hold), ``messages``
-  (``max_messages``), prompts (``max_seqs`` of them, token lists no longer
-  than the context, ``max_prompt_chars`` characters together); a lone
-  UTF-16 surrogate in any string or an integer of more than
-  :data:`MAX_INT_DIGITS` digits is HTTP 400 naming the field, never a 500;
+* the body is measured on its bytes before it is parsed and charged to
+  one server-wide budget (:mod:`rcn_fast.llm.server.body`:
+  ``max_json_nodes``, ``max_json_depth``, ``max_json_string_bytes``,
+  ``max_inflight_bytes``);
+* every string and list the server reads has a budget checked before any
+  work (:func:`check_request_sizes`): ``stop`` strings (``max_stop`` of
+  them, ``max_stop_chars`` characters together, none longer than the
+  context window can hold), ``messages`` (``max_messages``), prompts
+  (``max_seqs`` of them, token lists no longer than the context,
+  ``max_prompt_chars`` characters together);
 * a request body above ``max_body_bytes`` is 413; the request line, headers
   and body must arrive within ``read_timeout`` seconds (a stalled or
-  dripping connection is closed, so is a kept-alive one idle that long);
-  at most ``max_connections`` connections are served at once (more are
-  answered 503 and closed);
+  dripping connection is closed, so is a kept-alive one idle that long;
+  the same timeout bounds every write of an answer or a stream to a client
+  that stops reading); at most ``max_connections`` connections are served
+  at once (more are answered 503 and closed);
 * at most ``max_queue`` requests wait for or hold the model (more are 503
-  with ``Retry-After``); they get it first come, first served; a request holds the model for at most
-  ``request_timeout`` seconds (then HTTP 504) and stops as soon as its
+  with ``Retry-After``); they get it first come, first served; a request
+  (a stream too) holds the model for at most ``request_timeout`` seconds
+  (then HTTP 504, or an error event in a stream) and stops as soon as its
   client disconnects (checked before every forward pass of the model:
   between generated tokens, batches and prompt-log-prob chunks).
+
+:mod:`rcn_fast.llm.server.connections` holds the machinery of the last
+two points.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import math
-import select
-import socket
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rcn_fast._validate import is_int
 from rcn_fast.llm.base import GenerationParams
@@ -119,6 +119,17 @@ class ServeLimits:
         once for prompt log-probs.
     api_key : str or None
         When set, every ``/v1`` request needs ``Authorization: Bearer KEY``.
+    max_json_nodes : int
+        JSON values and keys of one body, counted on its bytes before it is
+        parsed, fields the server never reads included (HTTP 400 above).
+    max_json_depth : int
+        Nesting of one body's arrays and objects (HTTP 400 above).
+    max_json_string_bytes : int
+        Bytes of one body's strings and keys together (HTTP 400 above).
+    max_inflight_bytes : int
+        Bytes all requests in flight may hold together: their bodies and
+        what parsing them can make (:func:`rcn_fast.llm.server.body.parse_cost`);
+        a request past it is HTTP 503 with ``Retry-After``.
     """
 
     max_model_len: int | None = None
@@ -137,10 +148,15 @@ class ServeLimits:
     max_logprob_entries: int = 1_000_000
     logprob_chunk: int = 256
     api_key: str | None = None
+    max_json_nodes: int = 1_000_000
+    max_json_depth: int = 64
+    max_json_string_bytes: int = 4 * 1024 * 1024
+    max_inflight_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_seqs", "max_stop", "max_stop_chars", "max_messages", "max_body_bytes", "max_queue",
-                     "max_connections", "max_logprob_entries", "logprob_chunk"):
+                     "max_connections", "max_logprob_entries", "logprob_chunk", "max_json_nodes", "max_json_depth",
+                     "max_json_string_bytes", "max_inflight_bytes"):
             v = getattr(self, name)
             if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
@@ -172,64 +188,6 @@ def resolve_context(limits: ServeLimits, model_context: int | None, model: str) 
 # ------------------------------------------------------------ request fields
 #: Digits of the longest integer a request may write (a seed is at most 20).
 MAX_INT_DIGITS = 40
-
-
-class OversizedNumber:
-    """An integer of more than :data:`MAX_INT_DIGITS` digits in a request
-    (never converted: :func:`parse_request` answers 400 naming its field)."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"<a number of {self.digits:,} digits>"
-
-
-def _json_int(text: str) -> int | OversizedNumber:
-    return int(text) if len(text) <= MAX_INT_DIGITS else OversizedNumber(len(text.lstrip("-")))
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """The index of the first lone UTF-16 surrogate of ``text`` (None when it has none)."""
-    try:
-        text.encode("utf-8")
-        return None
-    except UnicodeEncodeError as exc:
-        return exc.start
-
-
-def parse_request(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, every value checked before any
-    work: HTTP 400 for invalid JSON, a body that is not an object, a
-    string (or key) holding a lone UTF-16 surrogate (``"\\ud800"``: it
-    cannot be encoded, so no tokenizer can read it) or an integer of more
-    than :data:`MAX_INT_DIGITS` digits -- each naming the field
-    (``messages[0].content``, ``max_tokens``)."""
-    try:
-        body = json.loads(raw or b"{}", parse_int=_json_int)
-    except RecursionError:
-        raise APIError(400, "invalid JSON: nested too deeply") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"invalid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "expected a JSON object")
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        where, v = stack.pop()
-        if isinstance(v, str):
-            at = _lone_surrogate(v)
-            if at is not None:
-                raise APIError(400, f"{where}: invalid text: a lone UTF-16 surrogate {v[at]!r} at character {at}")
-        elif isinstance(v, OversizedNumber):
-            raise APIError(400, f"{where}: expected a number in range, got {v!r}")
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                if _lone_surrogate(k) is not None:
-                    raise APIError(400, f"{where or 'body'}: a key holds a lone UTF-16 surrogate ({k[:40]!r})")
-                stack.append((f"{where}.{k}" if where else k, x))
-        elif isinstance(v, list):
-            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
-    return body
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -407,186 +365,33 @@ def content_length(value: str | list[str] | None, limit: int) -> int:
     return n
 
 
-# ------------------------------------------------------------ binding and keys
+def stream_options(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """A request's ``stream`` (a bool, default false) and its
+    ``stream_options`` (an object, only with ``stream``, as vLLM):
+    ``include_usage`` (a last chunk with the usage and no choices) and
+    vLLM's ``continuous_usage_stats`` (the usage so far in every chunk),
+    both bools -> (stream, include_usage, continuous_usage)."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream: expected a bool, got {stream!r}"[:200])
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False, False
+    if not stream:
+        raise APIError(400, "stream_options: only allowed with stream=true")
+    if not isinstance(opts, dict):
+        raise APIError(400, f"stream_options: expected an object, got {type(opts).__name__}")
+    flags = []
+    for name in ("include_usage", "continuous_usage_stats"):
+        v = opts.get(name, False)
+        if v is not None and not isinstance(v, bool):
+            raise APIError(400, f"stream_options.{name}: expected a bool, got {v!r}"[:200])
+        flags.append(bool(v))
+    return stream, flags[0], flags[1]
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` binds to the loopback interface only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """The warning printed when the server binds to ``host`` beyond loopback
-    without an API key (None when there is nothing to warn about)."""
-    if api_key or is_loopback(host):
-        return None
-    return (f"warning: serving on {host} without an API key: anyone who can reach this address can use the model; "
-            f"set --api-key (or {API_KEY_ENV}), or bind to 127.0.0.1")
-
-
-# ------------------------------------------------------------ connections
-
-
-def client_gone(sock: socket.socket) -> bool:
-    """Whether the peer of ``sock`` has closed or reset the connection
-    (non-blocking; pending pipelined bytes do not count as gone)."""
-    try:
-        ready, _, _ = select.select([sock], [], [], 0)
-        if not ready:
-            return False
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
-        return True
-
-
-def refuse_connection(sock: socket.socket, cap: int) -> None:
-    """Answer a connection over ``max_connections`` with 503 (best effort)."""
-    data = json.dumps({"error": {"message": f"the server is serving its max_connections ({cap}); retry later",
-                                 "type": "server_busy", "code": 503}}).encode()
-    head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-            "Retry-After: 1\r\nConnection: close\r\n\r\n").encode()
-    try:
-        sock.settimeout(1.0)
-        sock.sendall(head + data)
-    except OSError:
-        pass
-
-
-class ReadWatchdog:
-    """Closes connections whose request takes longer than its deadline to
-    arrive: a socket timeout alone bounds each ``recv``, not a client that
-    drips one byte just inside it. One daemon thread for all connections."""
-
-    def __init__(self, interval: float = 0.05) -> None:
-        self._deadlines: dict[socket.socket, float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, name="serve-read-watchdog", daemon=True)
-        self._thread.start()
-
-    def arm(self, sock: socket.socket, seconds: float) -> None:
-        with self._lock:
-            self._deadlines[sock] = time.monotonic() + seconds
-
-    def disarm(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._deadlines.pop(sock, None)
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            now = time.monotonic()
-            with self._lock:
-                late = [s for s, d in self._deadlines.items() if d <= now]
-                for s in late:
-                    del self._deadlines[s]
-            for s in late:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class FifoLock:
-    """A lock granted in arrival order (a plain lock lets any waiter win), so
-    the queued requests hold the model first come, first served. A waiter
-    that gives up (``cancelled()`` true, checked every ``poll`` seconds)
-    leaves the queue with :class:`Cancelled`."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._waiting: deque[object] = deque()
-        self._held = False
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """As ``threading.Lock.acquire`` (in arrival order)."""
-        end = None if timeout < 0 else time.monotonic() + timeout
-        try:
-            self.acquire_unless(lambda: not blocking or (end is not None and time.monotonic() >= end))
-        except Cancelled:
-            return False
-        return True
-
-    def acquire_unless(self, cancelled: Callable[[], bool], poll: float = 0.05) -> None:
-        """Wait for the lock in turn; :class:`Cancelled` ("disconnected")
-        when ``cancelled()`` turns true first."""
-        me = object()
-        with self._cond:
-            self._waiting.append(me)
-            try:
-                while self._held or self._waiting[0] is not me:
-                    if cancelled():
-                        raise Cancelled("disconnected")
-                    self._cond.wait(poll)
-                self._waiting.popleft()
-                self._held = True
-            except BaseException:
-                if me in self._waiting:
-                    self._waiting.remove(me)
-                    self._cond.notify_all()
-                raise
-
-    def release(self) -> None:
-        with self._cond:
-            if not self._held:
-                raise RuntimeError("release of an unlocked FifoLock")
-            self._held = False
-            self._cond.notify_all()
-
-    def locked(self) -> bool:
-        return self._held
-
-
-class RequestGuard:
-    """Stops the model work of one request: :meth:`check` raises
-    :class:`Cancelled` when the client of ``sock`` is gone or the request
-    has held the model for ``budget`` seconds. Installed as a forward
-    pre-hook on the model while the request holds it (:meth:`installed`),
-    so it runs before every forward pass -- every generated token."""
-
-    def __init__(self, sock: socket.socket | None, budget: float) -> None:
-        self.sock = sock
-        self.budget = budget
-        self.started = time.monotonic()
-        self.thread = threading.get_ident()
-
-    def check(self) -> None:
-        if self.sock is not None and client_gone(self.sock):
-            raise Cancelled("disconnected")
-        if time.monotonic() - self.started > self.budget:
-            raise Cancelled("timeout", f"the request ran past the server's request_timeout ({self.budget:g} s); "
-                                       "ask for fewer tokens, samples or prompts per request")
-
-    def installed(self, model: Any) -> Any:
-        """A context manager: the hook on ``model`` (a torch module) for its
-        duration; the check applies only to the thread that made the guard."""
-        guard = self
-
-        def hook(module: Any, args: Any) -> None:
-            if threading.get_ident() == guard.thread:
-                guard.check()
-
-        class _Ctx:
-            def __enter__(self) -> RequestGuard:
-                guard.started = time.monotonic()
-                self.handle = model.register_forward_pre_hook(hook)
-                return guard
-
-            def __exit__(self, *exc: Any) -> None:
-                self.handle.remove()
-
-        return _Ctx()
-
-
-__all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "parse_request",
-           "check_request_sizes", "longest_token_chars", "OversizedNumber", "MAX_INT_DIGITS", "check_k", "sampling_params",
-           "content_length", "check_model", "logit_bias", "is_loopback", "exposure_warning", "client_gone",
-           "refuse_connection", "ReadWatchdog", "FifoLock", "RequestGuard"]
+__all__ = ["API_KEY_ENV", "APIError", "Cancelled", "ServeLimits", "resolve_context", "check_request_sizes",
+           "longest_token_chars", "MAX_INT_DIGITS", "check_k", "sampling_params", "content_length", "check_model", "logit_bias",
+           "stream_options"]

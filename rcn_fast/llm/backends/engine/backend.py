@@ -35,7 +35,7 @@ from rcn_fast.llm.backends.engine.model import NativeLlama
 from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache
 from rcn_fast.llm.backends.engine.runner import Runner
 from rcn_fast.llm.backends.engine.tokenizer import GGUFTokenizer
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, row_ended
 
 #: bumped when the engine's numbers change (part of the identity)
 NUMERICS_VERSION = 1
@@ -259,14 +259,19 @@ class GGUFLLM(LocalBackend):
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
                      sample_ids: Sequence[Sequence[int]] | None = None, *,
-                     logit_bias: dict[int, float] | None = None) -> list[list[Generation]]:
+                     logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                     on_token: Callable[..., None] | None = None) -> list[list[Generation]]:
         """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
         on the engine: rows run with continuous batching and the prefix
         cache; sampling draws with :func:`rcn_fast.llm.seeded.draw` from the
         uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``.
         ``logit_bias``: ``{token id: bias}`` added to those logits before
         sampling or the greedy argmax (checked by
-        :func:`rcn_fast.llm.backends.logits.check_logit_bias`), as transformers'."""
+        :func:`rcn_fast.llm.backends.logits.check_logit_bias`), as transformers'.
+        ``on_token``: each chosen token reported at once, with its float64
+        log-softmax of the step's logits (before the bias) and the top
+        ``logprobs`` when ``logprobs`` is not None
+        (:data:`rcn_fast.llm.server.protocol.OnToken`); it may raise to stop."""
         from rcn_fast.llm import seeded
 
         check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
@@ -290,20 +295,25 @@ class GGUFLLM(LocalBackend):
                 raise NonFiniteLogitsError(f"native:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the model's "
                                            f"logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no text is "
                                            f"generated from broken numbers")
+            lp = _log_softmax(logits) if on_token is not None and logprobs is not None else None
             if len(bias_ids):
                 logits = logits.copy()
                 logits[:, bias_ids] += bias_values
             if keys is None:
-                return np.argmax(logits, axis=1).tolist()
-            import torch
+                picked = np.argmax(logits, axis=1).tolist()
+            else:
+                import torch
 
-            u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
-            return seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
+                u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
+                picked = seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
+            if on_token is not None:
+                for r, (j, t) in enumerate(zip(idx, picked)):
+                    on_token(*jobs[j], int(t), None if lp is None else float(lp[r, t]),
+                             _top(lp[r], logprobs) if lp is not None and logprobs else [])
+            return picked
 
         def done(j: int, toks: list[int]) -> bool:
-            if toks[-1] in stop_ids:
-                return True
-            return bool(params.stop) and any(s in tok.decode(toks, skip_special_tokens=True) for s in params.stop)
+            return row_ended(tok, toks, params.stop, stop_ids)
 
         with self._lock:
             self.runner.warm(rows)  # duplicates too: one prompt's samples share all of it but the last token
