@@ -48,7 +48,8 @@ def chat_ask(srv: Any, body: dict[str, Any]) -> tuple[Ask, str]:
         else:
             folded = chat if srv.llm.system_role else chatlib.fold_system(chat)
             gen_prompt = bool(body.get("add_generation_prompt", True)) if srv.extensions else True
-            text = chat_prompt(tok, folded, add_generation_prompt=gen_prompt)
+            # rendered in the template door's worker, within the request's time (the door caps a render at 2 s)
+            text = chat_prompt(tok, folded, add_generation_prompt=gen_prompt, timeout=srv.limits.request_timeout)
     except Exception as exc:  # the chat is the client's: 400, as vLLM
         if not template_error(exc):
             raise
