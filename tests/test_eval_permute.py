@@ -40,8 +40,8 @@ def test_each_order_is_asked_apart_and_reported_beside_the_plain_figure(tmp_path
     llm = ScriptedLLM()
     doc = _run(tmp_path, tmp_path / "out", 3, llm)
     plain = _run(tmp_path, tmp_path / "plain", 0)
-    assert doc["results"] == {t: {p: {**r, "questions_per_s": doc["results"][t][p]["questions_per_s"],
-                                      "time_s": doc["results"][t][p]["time_s"]} for p, r in by.items()}
+    extra = ("questions_per_s", "time_s", "acc_over_permutations", "permutations")
+    assert doc["results"] == {t: {p: {**r, **{k: doc["results"][t][p][k] for k in extra}} for p, r in by.items()}
                               for t, by in plain["results"].items()}  # the plain figure is unchanged
     orders = {tuple(_options(c)) for kind, c in llm.chats if kind == "score"}
     assert orders == {("red", "green", "blue"), ("green", "blue", "red"), ("blue", "red", "green")}
@@ -49,6 +49,8 @@ def test_each_order_is_asked_apart_and_reported_beside_the_plain_figure(tmp_path
     assert len(files) == 3 and [f.split("-")[1] for f in files if "perm" in f] == ["perm1", "perm2"]
     s = doc["diagnostics"]["tasks"]["mini"]["pipelines"]["vanilla"]["permutations"]
     assert s["k"] == 3 and s["n"] == 5 and s["n_incomplete"] == 0
+    assert doc["results"]["mini"]["vanilla"]["acc_over_permutations"] == s["acc"]
+    assert doc["results"]["mini"]["vanilla"]["permutations"] == 3 and "permutations" not in plain["results"]["mini"]["vanilla"]
     assert s["plain_acc"] == pytest.approx(doc["results"]["mini"]["vanilla"]["acc"])
     # the summary from the records: per question the mean over its 3 orders, the pick read back by its text
     ck = tmp_path / "out" / "checkpoints" / "mini" / "vanilla"

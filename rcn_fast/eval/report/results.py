@@ -285,6 +285,11 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
     }
     records = diagnostics.collect(state)
     doc["diagnostics"] = diagnostics.diagnose(records)
+    for t, d in doc["diagnostics"]["tasks"].items():  # --permute-choices: beside the plain figure
+        for p, pd in d["pipelines"].items():
+            if pd.get("permutations"):
+                results[t][p]["acc_over_permutations"] = pd["permutations"]["acc"]
+                results[t][p]["permutations"] = pd["permutations"]["k"]
     doc["run"] = run_settings(state, doc)
     table = markdown_report(doc)
     _write_atomic(out / files["table"], table)
