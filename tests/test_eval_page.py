@@ -108,7 +108,7 @@ def test_what_a_dataset_or_a_model_wrote_is_escaped(page):
 def test_the_page_stays_small_per_question(page):
     html, tasks = page
     per_q = len(html.encode()) / len(tasks["syn"].questions)
-    # three pipelines with ReConnect's default-size traces: measured about 5.5 KB a question (docs/evaluation.md)
+    # three pipelines with ReConnect's default-size traces: 4.2 KB a question at 10,000 (docs/evaluation.md)
     assert per_q < 8000, per_q
 
 
