@@ -120,3 +120,35 @@ def test_a_document_without_diagnostics_still_renders():
            "configs": {"t": {"metrics": ["acc"]}}}
     html = render_page(doc, {})
     assert "failed: no question could be scored" in html and html.endswith("</html>\n")
+
+
+def test_a_run_writes_its_page_says_where_and_keeps_its_json_if_the_page_fails(tmp_path, capsys, monkeypatch):
+    import json
+
+    from rcn_fast.eval import EvalConfig, evaluate
+    from rcn_fast.eval.report import page as page_mod
+    from tests.pipelines.doubles import ScriptedLLM
+
+    q = tmp_path / "mini.jsonl"
+    q.write_text("\n".join(json.dumps({"id": f"q{i}", "question": {"stem": f"q {i}?", "choices": [
+        {"label": "A", "text": "yes"}, {"label": "B", "text": "no"}]}, "answerKey": "A"}) for i in range(3)) + "\n")
+    out = tmp_path / "out"
+    cfg = EvalConfig(tasks=[str(q)], pipelines=["vanilla"], model="scripted", output_path=str(out), progress=False,
+                     plot=False, log_samples=True)
+    doc = evaluate(cfg, llm=ScriptedLLM())
+    printed = capsys.readouterr().out
+    page = out / doc["files"]["page"]
+    assert page.is_file() and page.name == doc["files"]["results"].replace(".json", ".html")
+    for key, name in [("results", doc["files"]["results"]), ("page", page.name), ("table", doc["files"]["table"]),
+                      ("samples", doc["files"]["samples"][0])]:
+        assert f"{key + ':':9}{out / name}" in printed
+
+    def broken(*a, **k):
+        raise RuntimeError("no page today")
+
+    monkeypatch.setattr(page_mod, "render_page", broken)
+    doc = evaluate(cfg, llm=ScriptedLLM(), print_table=False)
+    err = capsys.readouterr().err
+    assert doc["files"]["page_error"] == "RuntimeError: no page today" and "page" not in doc["files"]
+    assert "the results page could not be written (RuntimeError: no page today)" in err
+    assert json.loads((out / doc["files"]["results"]).read_text())["files"]["page_error"]

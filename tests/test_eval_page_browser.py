@@ -227,6 +227,8 @@ def synthetic(tmp_path_factory):
     rec = tasks["syn"].records["reconnect"][0]["q00000"]
     rec["prediction"]["trace"].append({"stage": "verifier", "type": "mystery", "votes": [1, 2], "note": "</script>x",
                                        "nested": {"deep": {"deeper": [1.5, "two"]}}})
+    retrieve = next(e for e in rec["prediction"]["trace"] if e["type"] == "retrieve")
+    retrieve["passages"][0]["explanations"] = ["an example's own explanation"]  # a field the page does not know
     page = tmp_path_factory.mktemp("page-syn") / "results_syn.html"
     page.write_text(render_page(synthetic_doc(tasks), tasks), encoding="utf-8")
     return tasks, page
@@ -265,8 +267,39 @@ def test_the_pager_the_sampler_and_an_unknown_entry(browser, synthetic):
     ext = next(e for e in trace if e["stage"] == "knowledge_extraction")
     msgs = box.find_elements(By.CSS_SELECTOR, ".stage[data-stage='knowledge_extraction'] .msg pre")
     assert msgs[0].get_attribute("textContent") == ext["prompt"][0]["content"]  # lines quoting passages rebuilt
+    kept = box.find_element(By.CSS_SELECTOR, ".stage[data-type='retrieve'] table.passages tbody tr")
+    assert "an example's own explanation" in kept.get_attribute("textContent")
     mystery = box.find_element(By.CSS_SELECTOR, ".stage[data-type='mystery']")
     keys = [tr.get_attribute("data-key") for tr in mystery.find_elements(By.CSS_SELECTOR, "tr[data-key]")]
     assert keys[:3] == ["votes", "note", "nested"] and "deeper" in keys
     assert "</script>x" in mystery.get_attribute("textContent")
+    _no_console_error(browser)
+
+
+def test_an_open_domain_task(browser, tmp_path):
+    from rcn_fast.data.open_domain import OpenQuestion
+    from rcn_fast.eval.report.diagnostics import TaskRecords, diagnose
+    from rcn_fast.eval.report.page import render_page
+
+    qs = [OpenQuestion(f"o{i}", f"who wrote book {i}?", [f"author {i}"]) for i in range(3)]
+    texts = {"a": ["author 0", "nobody", "author 2"], "b": ["author 0", "author 1", "someone"]}
+    recs = {p: {0: {q.id: {"id": q.id, "seed": 0, "status": "ok", "elapsed_s": 0.1,
+                           "metrics": {"string_em": float(t == q.answers[0]), "exact_match": float(t == q.answers[0])},
+                           "prediction": {"question_id": q.id, "answer_text": t, "answers": q.answers,
+                                          "trace": [{"stage": "answer", "type": "generate", "output": t,
+                                                     "finish_reason": "stop", "prompt": []}]}}
+                    for q, t in zip(qs, ts)}} for p, ts in texts.items()}
+    tasks = {"open": TaskRecords("open", "open", qs, recs)}
+    doc = {"results": {"open": {p: {"string_em": 0.5, "seeds": [0], "n_questions": 3, "n_failed": 0, "n_unlabeled": 0,
+                                    "llm_calls_per_q": 1.0, "tokens_per_q": 9.0} for p in texts}},
+           "configs": {"open": {"metrics": ["string_em", "exact_match"]}}, "diagnostics": diagnose(tasks)}
+    page = tmp_path / "open.html"
+    page.write_text(render_page(doc, tasks), encoding="utf-8")
+    _open(browser, page)
+    cells = [(td.get_attribute("data-pipeline"), td.text, "ok" in td.get_attribute("class").split())
+             for td in browser.find_elements(By.CSS_SELECTOR, "tr.qrow td.pred")]
+    assert cells == [(p, texts[p][i], texts[p][i] == f"author {i}") for i in range(3) for p in texts]
+    for f, n in {"disagree": 2, "any-wrong": 2, "all-wrong": 0}.items():
+        _choose(browser, "filter", f)
+        assert _count(browser) == n, f
     _no_console_error(browser)

@@ -89,3 +89,19 @@ def test_the_flag_and_the_default():
     ns = build_parser().parse_args(["--permute-choices", "4"])
     assert config_from_args(ns).permute_choices == 4
     assert config_from_args(build_parser().parse_args([])).permute_choices == 0
+
+
+def test_a_ray_run_lists_each_sub_run_once_and_each_plans_every_order(tmp_path):
+    from rcn_fast.eval.run.plan import plan
+    from rcn_fast.eval.run.ray_executor import local_config, slices_of
+
+    cfg = EvalConfig(tasks=[str(_task(tmp_path / "mini.jsonl", n=8))], pipelines=["vanilla"], model="scripted",
+                     output_path=str(tmp_path / "out"), progress=False, plot=False, permute_choices=3,
+                     executor="ray", num_shards=2)
+    units = plan(local_config(cfg), tmp_path / "out").units
+    assert sorted(u.permutation for u in units) == [0, 1, 2]
+    slices = slices_of(cfg, units)
+    assert sorted(d["shard_id"] for d in slices) == [0, 1]  # one sub-run per shard, not one per order
+    for d in slices:
+        sub = plan(EvalConfig.from_dict(d), tmp_path / "out").units
+        assert sorted(u.permutation for u in sub) == [0, 1, 2]

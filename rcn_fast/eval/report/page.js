@@ -294,10 +294,18 @@
     box.append(chat(prompt));
   };
 
+  // passages as rows: id, score, text (from the page's passages when the entry has none), and any other field
   function passageTable(ps) {
-    return table(["#", "id", "score", "text"], ps.map((p, k) => {
-      const o = p && typeof p === "object" ? p : { id: p };
-      return [k + 1, o.id, fmt(o.score), o.text !== undefined ? o.text : passageText(o.id) || ""];
+    const objs = ps.map((p) => (p && typeof p === "object" && !Array.isArray(p) ? p : { id: p }));
+    const extra = objs.some((o) => Object.keys(o).some((k) => !["id", "score", "text"].includes(k)));
+    return table(["#", "id", "score", "text", ...(extra ? ["more"] : [])], objs.map((o, k) => {
+      const row = [k + 1, o.id, fmt(o.score), o.text !== undefined ? o.text : passageText(o.id) || ""];
+      if (extra) {
+        const rest = {};
+        for (const key of Object.keys(o)) if (!["id", "score", "text"].includes(key)) rest[key] = o[key];
+        row.push(Object.keys(rest).length ? rest : null);
+      }
+      return row;
     }), "passages");
   }
 

@@ -9,8 +9,16 @@ Written to the output folder:
   pipeline config, library versions, ``rcn_fast.build_info()`` and device
   info; this invocation's LLM usage (``llm_usage``: calls made, answered by
   the cache, sent to the model).
+  ``diagnostics``: what distorts the numbers (label histograms, the
+  majority baseline, label-bias and truncation warnings, accuracy over
+  permuted choices; :mod:`rcn_fast.eval.report.diagnostics`); ``run``:
+  every setting that tells two runs apart (:mod:`rcn_fast.eval.report.settings`).
 * ``results_<timestamp>.md`` -- the table also printed to stdout:
-  ``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |``.
+  ``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q | Q/s |``,
+  then what may distort its numbers and the run's settings.
+* ``results_<timestamp>.html`` -- the results page, one self-contained
+  file (:mod:`rcn_fast.eval.report.page`); a failure to draw it is
+  reported (``files.page_error``, stderr) and never costs the JSON.
 * ``results_<timestamp>.png`` -- accuracy per task and pipeline (bars),
   std over seeds (or the standard error with one seed) as error bars, the
   model, n, seeds and each task's chance level (:mod:`rcn_fast.eval.report.plot`).
@@ -317,7 +325,15 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                 files.setdefault("samples", []).append(name)
     from rcn_fast.eval.report.page import render_page
 
-    _write_atomic(out / files["page"], render_page(doc, records))
+    try:  # the page never costs the run its results JSON
+        html = render_page(doc, records)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON and on stderr
+        files["page_error"] = f"{type(exc).__name__}: {exc}"
+        del files["page"]
+        print(f"rcn_fast.eval: warning: the results page could not be written ({files['page_error']}); the "
+              "results JSON and table are complete", file=sys.stderr, flush=True)
+    else:
+        _write_atomic(out / files["page"], html)
     _write_atomic(out / files["results"], json.dumps(doc, indent=2, ensure_ascii=False, default=str))
     if print_table:
         print(table, end="", flush=True)
