@@ -139,8 +139,14 @@ def from_numpy_like(ref: Any, arr: np.ndarray) -> Any:
     return arr
 
 
+#: How to install torch: any release the extras admit; on a machine without a GPU, the CPU build
+#: (PyPI's Linux wheel is the CUDA one), as docs/gpu.md says.
+TORCH_INSTALL = ("pip install 'torch>=2.11' (on a CPU-only machine the CPU build: "
+                 "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+
+
 def _torch() -> Any:
-    return require("torch", "pip install torch==2.13.0")
+    return require("torch", TORCH_INSTALL)
 
 
 def require(module: str, hint: str) -> Any:

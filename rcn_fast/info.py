@@ -35,7 +35,9 @@ def build_info() -> dict[str, Any]:
     directory rcn_fast was imported from), ``native`` (compiler, SIMD
     compiled and active, CPU features, threads, the module's file; or the
     load error),
-    ``cuda`` (compiled?, usable?, devices, reason), ``packages`` (optional
+    ``cuda`` (compiled?, usable?, devices, reason), ``cuda_stack`` (torch
+    and the CUDA it was built with, the driver, and whether the CUDA module
+    fits them: :mod:`rcn_fast._cuda_versions`), ``packages`` (optional
     package -> importable), ``backends`` (op -> the backend chosen for
     float32 CPU numpy inputs and for CUDA torch inputs of several dtypes and
     sizes, with every other backend's reason; for CUDA inputs also
@@ -45,7 +47,7 @@ def build_info() -> dict[str, Any]:
     import importlib.util
 
     import rcn_fast
-    from rcn_fast import _crossovers, _dispatch, _native
+    from rcn_fast import _crossovers, _cuda_versions, _dispatch, _native
 
     info: dict[str, Any] = {
         "version": rcn_fast.__version__,
@@ -68,6 +70,11 @@ def build_info() -> dict[str, Any]:
     if why:
         cuda["reason"] = why
     info["cuda"] = cuda
+    torch_, driver = _cuda_versions.torch_info(), _cuda_versions.driver_info()
+    module = cuda if cmod is not None and "toolkit" in cuda else None
+    info["cuda_stack"] = {"torch": torch_, "driver": driver,
+                          "checks": [{"check": c, "ok": ok, "why": why}
+                                     for c, ok, why in _cuda_versions.compatibility(torch_, module, driver)]}
 
     info["packages"] = {p: importlib.util.find_spec(p) is not None for p in OPTIONAL_PACKAGES}
 
@@ -133,6 +140,19 @@ def format_info(info: dict[str, Any]) -> str:
         state += f" for sm {cu.get('architectures', '?')} (toolkit {cu.get('toolkit', '?')})"
     lines.append(f"cuda          : {state}; GPU usable: {cu['gpu_usable']}"
                  + (f" - {cu['reason']}" if cu.get("reason") else ""))
+    st = info["cuda_stack"]
+    t, d = st["torch"], st["driver"]
+    if t.get("version") is None:
+        lines.append("torch         : not installed")
+    else:
+        gpus = ", ".join(f"{g['name']} (sm {g['cc']})" for g in t.get("devices", [])) or "none usable"
+        lines.append(f"torch         : {t['version']}, " + (f"CUDA {t['cuda']}; GPUs: {gpus}" if t.get("cuda")
+                                                             else "a CPU build"))
+    lines.append("driver        : " + (f"NVIDIA {d['release'] or '(release unknown)'}, runs CUDA {d['cuda']}"
+                                       if d.get("cuda") else f"none ({d.get('reason', 'no NVIDIA driver')})"))
+    for c in st["checks"]:
+        mark = {True: "ok  ", False: "FAIL", None: "n/a "}[c["ok"]]
+        lines.append(f"  {mark} {c['check']}: {c['why']}")
     pk = info["packages"]
     lines.append("packages      : " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in pk.items()))
     lines.append("backends:")

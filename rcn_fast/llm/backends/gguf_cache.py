@@ -92,7 +92,7 @@ def cache_dir_for(sha256: str) -> Path:
 
 
 def _transformers_version() -> str:
-    return str(A.require("transformers", "pip install 'transformers>=4.56'").__version__)
+    return str(A.require("transformers", "pip install 'transformers>=5.17'").__version__)
 
 
 def verify_entry(entry: Path, source_sha256: str) -> dict[str, Any]:
@@ -185,7 +185,7 @@ def _save_tokenizer(tok: Any, folder: Path) -> None:
         The saved tokenizer loads back different from ``tok`` (the message
         says what differs; the entry is not kept).
     """
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     tok.save_pretrained(str(folder))
     config = folder / "tokenizer_config.json"
     if config.is_file():  # the class the entry is read with (read_tokenizer), not the architecture's
@@ -202,7 +202,7 @@ def read_tokenizer(folder: Path) -> Any:
     """The tokenizer saved in ``folder`` (a cache entry) as it was saved:
     transformers' generic fast tokenizer class reading ``tokenizer.json``
     and ``tokenizer_config.json`` (never the class of the model type)."""
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     return tf.PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
 
 
@@ -232,7 +232,7 @@ def tokenizer_difference(a: Any, b: Any) -> str | None:
 
 
 def _load_entry(entry: Path, cfg: Any) -> tuple[Any, Any]:
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     tok = read_tokenizer(entry)
     model = tf.AutoModelForCausalLM.from_pretrained(
         str(entry), dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn(),
