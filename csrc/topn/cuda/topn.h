@@ -5,11 +5,9 @@
 #include <cstdint>
 
 #include "common/problems.h"
+#include "topn/cuda/topn_launch.h"
 
 namespace rcn_fast::cuda {
-
-// Largest k the selection kernel keeps in shared memory.
-constexpr int64_t kTopnMaxK = 1024;
 
 // The CUDA top-n algorithms (TopnAlgorithm):
 //   Tiled (version 1): scans the corpus in chunks: a tiled float32 score

@@ -10,15 +10,10 @@
 #include <cstdint>
 
 #include "common/problems.h"
+#include "topn/cuda/topn_launch.h"
 #include "topn/topn_block_select.h"
 
 namespace rcn_fast::cuda {
-
-// Candidates a block select offers between two flush checks (256 threads,
-// 4 each), and the threads of the merge (one candidate each a round).
-constexpr int kBlockSelectThreads = 256;
-constexpr int kBlockSelectRound = 1024;
-constexpr int kMergeThreads = 256;
 
 // The version of the GEMM tiles + block select (bench/gpu_results records
 // it as "topn_tiled"; rcn_fast/_crossovers.py ignores measurements of
