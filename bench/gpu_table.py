@@ -36,7 +36,8 @@ BEGIN, END = "<!-- gpu-tables: begin (python bench/gpu_table.py --write) -->", "
 
 # columns of each op's table, in this order (others follow, sorted)
 COLUMNS = {
-    "topn": ("dispatched", "torch_backend", "cuda", "cuda_tiled", "cuda_int8", "recipe", "oneliner", "torch_cuda"),
+    "topn": ("dispatched", "torch_backend", "cuda", "cuda_v1", "cuda_tiled", "cuda_int8", "recipe", "oneliner",
+             "torch_cuda"),
     "sample_subsets": ("cuda", "cuda_gram", "torch_cuda"),
     "llm": ("triton",),
 }

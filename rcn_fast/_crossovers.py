@@ -213,7 +213,9 @@ def nearest_measurements(op: str, ctx: Mapping[str, Any], table: tuple[GpuMeasur
 
 
 def _dtypes(op: str, ctx: Mapping[str, Any]) -> str:
-    return str(ctx.get("dtype")) if op != "topn" else f"{ctx.get('dtype')} (queries {ctx.get('query_dtype', 'float32')})"
+    if op != "topn":
+        return str(ctx.get("dtype"))
+    return f"{ctx.get('dtype')} (queries {ctx.get('query_dtype', 'float32')})"
 
 
 def _what(op: str, ctx: Mapping[str, Any]) -> str:

@@ -380,9 +380,13 @@ def test_gpu_results_recorder(tmp_path, monkeypatch):
     assert data["cuda_kernels"] == {"topn": 2} and data["command"] == "bench/gpu_check.sh"
     conftest.write_gpu_results({"topn GPU N=10 Q=32 float32": {"cuda": 0.003}}, tmp_path, kernels={"topn": 2})
     assert len(json.loads(path.read_text())["groups"]) == 2  # merged with the earlier run
-    # a rebuilt kernel: the figures of the old one are dropped, not mixed in
+    # a rebuilt kernel: the figures of the old one are not mixed in; its file is kept under its date
+    updated = json.loads(path.read_text())["updated"]
     conftest.write_gpu_results({"topn GPU N=10 Q=512 float32": {"cuda": 0.004}}, tmp_path, kernels={"topn": 3})
     assert list(json.loads(path.read_text())["groups"]) == ["topn GPU N=10 Q=512 float32"]
+    kept = tmp_path / f"test-gpu-9000-{updated}.json"
+    assert json.loads(kept.read_text())["cuda_kernels"] == {"topn": 2}
+    assert len(json.loads(kept.read_text())["groups"]) == 2
     # the results folder from the environment (bench/gpu_check.sh --out)
     monkeypatch.setenv(conftest.RESULTS_ENV, str(tmp_path / "elsewhere"))
     assert conftest.write_gpu_results(results, kernels={}).parent == tmp_path / "elsewhere"

@@ -250,7 +250,8 @@ def _gpu_ctx(corpus: Any) -> dict[str, Any]:
     """What the measured crossovers key on beyond dtypes and sizes, for a
     CUDA corpus: its GPU (name, compute capability) and whether its rows are
     16-byte aligned (the tensor-core scan needs it)."""
-    aligned = corpus.data_ptr() % 16 == 0 and (corpus.shape[0] < 2 or corpus.stride(0) * corpus.element_size() % 16 == 0)
+    aligned = corpus.data_ptr() % 16 == 0 and (corpus.shape[0] < 2
+                                               or corpus.stride(0) * corpus.element_size() % 16 == 0)
     return {**_crossovers.gpu_identity(corpus.device), "aligned": bool(aligned)}
 
 
@@ -274,11 +275,12 @@ def cuda_kernel_for(queries: Any, corpus: Any, k: int) -> str:
     return "topn" if not tiled or (scan and n_q < MIN_QUERIES) else "topn_tiled"
 
 
-def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str) -> tuple[Any, Any]:
+def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str, algorithm: int = 0) -> tuple[Any, Any]:
     """Top-k of CUDA tensors (checked by :func:`topn`) with one CUDA kernel:
     ``"topn"`` (the tensor-core scan where it can serve the call, else the
-    tiled kernel of rcn_fast._cuda.topn) or ``"topn_tiled"`` (GEMM tiles and
-    block selects, :func:`rcn_fast.search.cuda_tiled.topn_tiled`)."""
+    tiled kernel of rcn_fast._cuda.topn; ``algorithm``: :data:`CUDA_TILED`
+    forces the tiled kernel, :data:`CUDA_MMA` the scan) or ``"topn_tiled"``
+    (GEMM tiles and block selects, :func:`rcn_fast.search.cuda_tiled.topn_tiled`)."""
     if kernel == "topn_tiled":
         from rcn_fast.search.cuda_tiled import topn_tiled
 
@@ -292,7 +294,7 @@ def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str) -> tuple[Any
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
     stream = torch.cuda.current_stream(corpus.device).cuda_stream
     with torch.cuda.device(corpus.device):
-        mod.topn(queries, corpus, k, scores, ids, stream, CUDA_AUTO)
+        mod.topn(queries, corpus, k, scores, ids, stream, int(algorithm))
     return scores, ids
 
 

@@ -18,7 +18,9 @@ namespace rcn_fast::cuda {
 // The version of the GEMM tiles + block select (bench/gpu_results records
 // it as "topn_tiled"; rcn_fast/_crossovers.py ignores measurements of
 // another version).
-constexpr int kTopnTiledKernelVersion = 1;
+// Version 2 (issue 55): block_select_kernel<TERMS> (no local memory), the
+// stream order of rcn_fast/search/cuda_tiled.py fixed.
+constexpr int kTopnTiledKernelVersion = 2;
 
 // Block (slice, q) selects the k best of columns [slice * w, slice * w + w)
 // of query q's row of the tile (w = slice_cols(R, slices), topn_block_select.h)
