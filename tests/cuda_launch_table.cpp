@@ -8,6 +8,7 @@
 //   cuda_launch_table score Q ROWS          the tiled score kernel's launches
 //   cuda_launch_table int8 Q N SMS          the int8 kernel's launches
 //   cuda_launch_table scan N Q K TERMS D OPTIN SMS   the scan's configuration and grid
+//   cuda_launch_table scans                 the same for each line "N Q K TERMS D OPTIN SMS" of stdin
 //   cuda_launch_table sample B N SUBSETS    the warp sampler's plan
 //   cuda_launch_table gram DTYPE N          the Gram sampler's shared memory (DTYPE 0 f32, 1 f16, 2 bf16)
 #include <cstdio>
@@ -30,6 +31,21 @@ void grids(const std::vector<launch::Grid>& gs) {
     std::printf("%s{\"x\": %lld, \"y\": %lld, \"y0\": %lld}", i ? ", " : "", (long long)gs[i].x, (long long)gs[i].y,
                 (long long)gs[i].y0);
   std::printf("]}\n");
+}
+
+// The scan's configuration and grid for N rows, Q queries, k, terms, d, the
+// opt-in shared memory and the SM count, as one JSON object.
+void scan(long long N, long long Q, long long k, long long terms, long long d, long long optin, long long sms,
+          const char* end = "\n") {
+  const int dpad = int((d + cuda::kScanDepth - 1) / cuda::kScanDepth * cuda::kScanDepth);
+  const cuda::ScanConfig c = cuda::scan_config(Q, k, int(terms), dpad, optin);
+  if (c.nt == 0) {
+    std::printf("{\"nt\": 0}%s", end);
+    return;
+  }
+  const cuda::ScanGrid g = cuda::scan_grid(N, Q, k, c, sms);
+  std::printf("{\"nt\": %d, \"tiles\": %d, \"smem\": %zu, \"S\": %lld, \"slice\": %lld, \"groups\": %lld}%s", c.nt,
+              c.tiles, c.smem, (long long)g.S, (long long)g.slice, (long long)g.groups, end);
 }
 
 }  // namespace
@@ -55,16 +71,16 @@ int main(int argc, char** argv) {
     } else if (what == "int8" && argc == 5) {
       grids(cuda::int8_launches(arg(argv, 2), arg(argv, 3), arg(argv, 4)));
     } else if (what == "scan" && argc == 9) {
-      const long long N = arg(argv, 2), Q = arg(argv, 3), k = arg(argv, 4), d = arg(argv, 6);
-      const int dpad = int((d + cuda::kScanDepth - 1) / cuda::kScanDepth * cuda::kScanDepth);
-      const cuda::ScanConfig c = cuda::scan_config(Q, k, int(arg(argv, 5)), dpad, arg(argv, 7));
-      if (c.nt == 0) {
-        std::printf("{\"nt\": 0}\n");
-        return 0;
+      scan(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), arg(argv, 6), arg(argv, 7), arg(argv, 8));
+    } else if (what == "scans" && argc == 2) {
+      long long v[7];
+      std::printf("[");
+      for (int n = 0; std::scanf("%lld %lld %lld %lld %lld %lld %lld", v, v + 1, v + 2, v + 3, v + 4, v + 5, v + 6) == 7;
+           ++n) {
+        std::printf("%s", n ? ", " : "");
+        scan(v[0], v[1], v[2], v[3], v[4], v[5], v[6], "");
       }
-      const cuda::ScanGrid g = cuda::scan_grid(N, Q, k, c, arg(argv, 8));
-      std::printf("{\"nt\": %d, \"tiles\": %d, \"smem\": %zu, \"S\": %lld, \"slice\": %lld, \"groups\": %lld}\n", c.nt,
-                  c.tiles, c.smem, (long long)g.S, (long long)g.slice, (long long)g.groups);
+      std::printf("]\n");
     } else if (what == "sample" && argc == 5) {
       const cuda::SamplePlan s = cuda::sample_plan(arg(argv, 2), arg(argv, 3), arg(argv, 4));
       std::printf("{\"warps\": %d, \"blocks\": %lld, \"chunk\": %lld, \"per_block_bytes\": %lld}\n", s.warps,

@@ -29,6 +29,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CSRC = REPO / "csrc"
@@ -53,11 +54,17 @@ def nvcc() -> str | None:
 
 
 def ptxas(nvcc_path: str) -> str | None:
-    """ptxas beside nvcc (or on PATH)."""
+    """ptxas beside nvcc, on PATH, or in the toolkit ($CUDA_HOME, /usr/local/cuda)."""
     for cand in (Path(nvcc_path).resolve().parent / "ptxas", Path(nvcc_path).parent / "ptxas"):
         if cand.is_file():
             return str(cand)
-    return shutil.which("ptxas")
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "ptxas").is_file():
+            return str(Path(home) / "bin" / "ptxas")
+    return None
 
 
 # ------------------------------------------------------------------ the build's flags
@@ -270,7 +277,7 @@ def kernels(archs=ARCHS, jobs: int | None = None) -> list[Kernel]:
 
 
 # ------------------------------------------------------------------ the launch table
-def launch_table(*args: str) -> dict:
+def launch_table(*args: str, stdin: str | None = None) -> Any:
     """The launch table (or, with arguments, a launch plan) as
     tests/cuda_launch_table.cpp prints it from the launch headers."""
     tool = nvcc()
@@ -289,7 +296,7 @@ def launch_table(*args: str) -> dict:
         if res.returncode != 0:
             raise AssertionError(f"tests/cuda_launch_table.cpp does not compile:\n{res.stderr[-4000:]}")
         os.replace(tmp, exe)
-    res = subprocess.run([str(exe), *args], capture_output=True, text=True)
+    res = subprocess.run([str(exe), *args], capture_output=True, text=True, input=stdin)
     if res.returncode != 0:
         raise AssertionError(f"cuda_launch_table {' '.join(args)}: {res.stderr}")
     return json.loads(res.stdout)

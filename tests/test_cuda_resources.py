@@ -139,6 +139,56 @@ def _check_chunks(plan: dict, gx_max: int, total_y: int) -> None:
     assert sum(g["y"] for g in launches) == total_y
 
 
+#: 2-d grids whose y is checked where it is computed (file, y expression): why it stays within 65,535.
+CHECKED_Y = {
+    ("csrc/topn/cuda/topn_mma.cu", "unsigned(groups)"): "scan_grid (topn_launch.h) refuses more groups",
+    ("csrc/topn/cuda/topn_block_select.cu", "unsigned(tile.Qt)"): "topn_block_select_cuda refuses Qt > 65,535",
+}
+_DIM3 = re.compile(r"\bdim3\s*\w*\s*\(")
+
+
+def _arguments(text: str, open_at: int) -> list[str]:
+    """The top-level comma-separated arguments of the call whose ``(`` is at ``open_at``."""
+    depth, args, cur = 0, [], ""
+    for c in text[open_at:]:
+        if c == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return args + [cur.strip()]
+        elif c == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += c
+    return args
+
+
+def _grids_in_sources() -> list[tuple[str, str]]:
+    """(file, y expression) of every 2-d grid of csrc/*/cuda/*.cu."""
+    out = []
+    for cu in sorted(cp.CSRC.glob("*/cuda/*.cu")):
+        text = re.sub(r"//[^\n]*", "", cu.read_text())
+        for m in _DIM3.finditer(text):
+            args = _arguments(text, m.end() - 1)
+            if len(args) >= 2:
+                out.append((str(cu.relative_to(cp.REPO)), args[1]))
+    return out
+
+
+def test_every_2d_grid_takes_its_y_from_a_plan():
+    """C4: gridDim.y may not exceed 65,535. Every 2-d grid's y is a plan's
+    (``g.y`` of launch::y_chunks, which splits wider grids over launches) or
+    is refused above the limit where it is computed (CHECKED_Y)."""
+    grids = _grids_in_sources()
+    assert grids
+    bad = [f"{f}: gridDim.y = {y}" for f, y in grids if "g.y" not in y and (f, y) not in CHECKED_Y]
+    assert not bad, "2-d grids whose y nothing bounds:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("Q", [1, 64, 65, 4_194_240, 4_194_241, 10_000_000])
 def test_the_tiled_kernel_splits_query_tiles_over_launches(Q):
     """C4: ceil(Q / 64) query tiles in gridDim.y overflowed 65,535 above
@@ -161,18 +211,20 @@ def test_every_scan_configuration_fits(table, arch):
     memory and the grid; where none fits, the launcher says so (nt = 0) and
     the call goes to the tiled kernel."""
     optin = cp.SMEM_OPTIN[arch]
+    cases = [(23_500_000, Q, k, terms, d, optin, 132) for terms in (1, 2, 3) for k in (1, 100, 128, 129, 256)
+             for d in (8, 64, 768, 1024, 2048, 4096) for Q in (1, 8, 9, 17, 33, 512, 524_280)]
+    got = cp.launch_table("scans", stdin="".join(" ".join(map(str, c)) + "\n" for c in cases))
+    assert len(got) == len(cases)
+    assert got[cases.index((23_500_000, 1, 100, 1, 768, optin, 132))] == cp.launch_table(
+        "scan", "23500000", "1", "100", "1", "768", str(optin), "132")
     seen = set()
-    for terms in (1, 2, 3):
-        for k in (1, 100, 128, 129, 256):
-            for d in (8, 64, 768, 1024, 2048, 4096):
-                for Q in (1, 8, 9, 17, 33, 512, 524_280):
-                    c = cp.launch_table("scan", "23500000", str(Q), str(k), str(terms), str(d), str(optin), "132")
-                    if c["nt"] == 0:
-                        continue
-                    seen.add(c["nt"])
-                    assert c["smem"] <= min(optin, table["scan_kernel"]["max_dynamic_smem"])
-                    assert 1 <= c["groups"] <= 65535 and 1 <= c["S"] <= 2**31 - 1
-                    assert c["slice"] * c["S"] >= 23_500_000
+    for case, c in zip(cases, got):
+        if c["nt"] == 0:
+            continue
+        seen.add(c["nt"])
+        assert c["smem"] <= min(optin, table["scan_kernel"]["max_dynamic_smem"]), case
+        assert 1 <= c["groups"] <= 65535 and 1 <= c["S"] <= 2**31 - 1, case
+        assert c["slice"] * c["S"] >= 23_500_000, case
     assert seen == {1, 2, 4}
 
 

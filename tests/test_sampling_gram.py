@@ -161,6 +161,25 @@ def test_gpu_gram_sampler_matches_native(dtype, first):
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gram_draws_equal_the_emulation_of_their_arithmetic(dtype):
+    """Issue 55, Y2: compiled with --fmad=false, the Gram kernel rounds as
+    its host emulation does (the Gram matrix through the mma model, the
+    steps without contraction): the same ids; log-probabilities within
+    logf's last bits."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(23)
+    for B, n, d, N, K in [(3, 37, 20, 6, 5), (4, 100, 768, 9, 5)]:
+        q, c = _data(rng, B, n, d, scale=0.5)
+        c = _cast(c, dtype)
+        tc = torch.from_numpy(c.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(c)
+        g_ids, g_lp = _gpu(q, tc.cuda(), N, K, seed=6, first="relevance", tau=0.8)
+        e_ids, e_lp = _emulated(q, c, N, K, tau=0.8, seed=6)
+        np.testing.assert_array_equal(g_ids.cpu().numpy(), e_ids)
+        np.testing.assert_allclose(g_lp.cpu().numpy(), e_lp, rtol=1e-6, atol=1e-6)
+
+
+@requires_gpu
 def test_gpu_gram_sampler_distribution_unaligned_rows_and_errors():
     torch = pytest.importorskip("torch")
     q, e = check_distribution(lambda q, e, draws, k: _gpu(q.cpu().numpy(), e, draws, k, seed=2024)[0][0].cpu().numpy())
