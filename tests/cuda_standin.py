@@ -177,6 +177,9 @@ class _Mode(TorchFunctionMode):
             out = args[0]
             sim.host_ptrs.add(out.untyped_storage().data_ptr())
             return out
+        if name == "cuda":  # x.cuda(): the stand-in's tensors are already "on the GPU"
+            sim.mark_device(args[0])
+            return args[0]
         if name == "numpy" or name == "__array__":
             t = args[0]
             sim.host_read(t, f"{name}()")

@@ -354,6 +354,28 @@ def test_the_draws_step_without_a_gpu_says_why_and_passes(tmp_path, capsys):
     assert "gpu_draws: skipped:" in capsys.readouterr().out and not (tmp_path / "draws").exists()
 
 
+def test_the_draws_step_end_to_end_through_the_gpu_stand_in(tmp_path, monkeypatch, capsys):
+    """bench/gpu_draws.py runs blind on a GPU: here the stand-in of
+    tests/cuda_standin.py plays the GPU (its launchers compute on the CPU),
+    so every step of the script runs: the inputs, the GPU and CPU draws,
+    both emulations, the table, the file, the verdict."""
+    pytest.importorskip("torch")
+    from rcn_fast import _native
+    from tests.cuda_standin import GpuStandIn
+
+    mod, why = _native.cpu_module()
+    if mod is None or not hasattr(mod, "sample_subsets_gram_emulated"):
+        pytest.skip(f"rcn_fast._C with the samplers' test aids is needed: {why}")
+    gd = _load("gpu_draws")
+    with GpuStandIn(monkeypatch, name="NVIDIA Stand-In"):
+        assert gd.main(["--out", str(tmp_path), "--B", "6", "--emulated-B", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| sample_subsets_gram | bfloat16 | uniform | 1.000000 of 54 |" in out
+    data = json.loads((tmp_path / "draws" / "nvidia-stand-in.json").read_text())
+    assert len(data["rows"]) == 12 and data["workload"]["B"] == 6
+    assert all(r["same_as_cpu"] == 1.0 and r["emulated_subsets"] == 27 for r in data["rows"])
+
+
 def test_the_draws_verdict_and_table():
     gd = _load("gpu_draws")
     row = {"kernel": "sample_subsets", "dtype": "float16", "first": "relevance", "subsets": 9000,
