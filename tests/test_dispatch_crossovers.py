@@ -346,8 +346,11 @@ def test_the_h200_runs_are_recorded_as_found():
     version 2 kernels (../shared/gpu/2026-11-27/nvidia-h200.json) as
     recorded; nvidia-h200-2026-11-26.json the version 1 run of the day
     before (../shared/gpu/nvidia-h200.json)."""
-    data = json.loads((BENCH / "gpu_results" / "nvidia-h200.json").read_text())
-    assert data["device"] == "NVIDIA H200" and data["cuda_kernels"] == {"topn": 2, "sample_subsets": 2}
+    # a run of other kernel versions keeps this file as nvidia-h200-<its date>.json (bench/conftest.py)
+    files = sorted((BENCH / "gpu_results").glob("nvidia-h200*.json"))
+    data = next(d for d in map(json.loads, (p.read_text() for p in files))
+                if d["cuda_kernels"] == {"topn": 2, "sample_subsets": 2})
+    assert data["device"] == "NVIDIA H200"
     assert data["groups"]["sample_subsets GPU B=10000 n=100 d=768 K=5 N=9 float16"] == {"cuda": 12.31,
                                                                                         "torch_cuda": 67.152}
     old = json.loads((BENCH / "gpu_results" / "nvidia-h200-2026-11-26.json").read_text())

@@ -55,7 +55,8 @@ def test_defaults_plan_every_step_within_one_device_call(gc):
     assert bench.env["RCN_FAST_GPU_RESULTS"] == str((BENCH / "gpu_results").resolve())
     assert "RCN_FAST_BENCH_QUICK" not in bench.env
     draws = steps[3]
-    assert draws.argv[1].endswith("gpu_draws.py") and draws.argv[-2:] == ["--out", str((BENCH / "gpu_results").resolve())]
+    assert draws.argv[1].endswith("gpu_draws.py")
+    assert draws.argv[-2:] == ["--out", str((BENCH / "gpu_results").resolve())]
     assert steps[4].argv[1].endswith("gpu_table.py") and steps[4].argv[-1] == "--write"
     no_write = gc.plan(gc.parse_args(["--no-write"]), python="py", embed_exists=False)[-1]
     assert "--write" not in no_write.argv
