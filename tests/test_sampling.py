@@ -626,6 +626,19 @@ def test_cuda_matches_native(dtype, first):
         _compare(g_ids.cpu().numpy(), g_lp.cpu().numpy(), h_ids.numpy(), h_lp.numpy(), atol=2e-5)
 
 
+def gpu_draw_cases(dtype, seed):
+    """(q, c, c on the GPU, N, K) of the GPU-vs-emulation draw tests in
+    ``dtype``: an odd size (d % 8 != 0) and the paper's."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    for B, n, d, N, K in [(3, 37, 20, 6, 5), (4, 100, 768, 9, 5)]:
+        q, c = _data(rng, B, n, d, scale=0.5)
+        c = _cast(c, dtype)
+        tc = torch.from_numpy(c.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(c)
+        yield q, c, tc.cuda(), N, K
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("first", ["uniform", "relevance"])
@@ -636,13 +649,9 @@ def test_cuda_draws_equal_the_emulation_of_their_arithmetic(dtype, first):
     torch = pytest.importorskip("torch")
     from rcn_fast.sampling.relevance import run_cuda_kernel
 
-    rng = np.random.default_rng(34)
-    for B, n, d, N, K in [(3, 37, 20, 6, 5), (4, 100, 768, 9, 5)]:
-        q, c = _data(rng, B, n, d, scale=0.5)
-        c = _cast(c, dtype)
-        tc = torch.from_numpy(c.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(c)
-        keys = np.arange(B, dtype=np.int64)
-        g_ids, g_lp = run_cuda_kernel(torch.from_numpy(q).cuda(), tc.cuda(), N, K, 0.7, 11, keys, None,
+    for q, c, tc, N, K in gpu_draw_cases(dtype, 34):
+        (B, n, d), keys = c.shape, np.arange(c.shape[0], dtype=np.int64)
+        g_ids, g_lp = run_cuda_kernel(torch.from_numpy(q).cuda(), tc, N, K, 0.7, 11, keys, None,
                                       first == "relevance", kernel="sample_subsets")
         es = c.dtype.itemsize  # the kernel's 16-byte loads where every row start is 16-byte aligned
         vec = (d * es) % 16 == 0 and (n * d * es) % 16 == 0 and (d * 4) % 16 == 0

@@ -22,7 +22,7 @@ import pytest
 from rcn_fast import _native
 from rcn_fast.sampling import sample_subsets
 from tests.conftest import requires_gpu
-from tests.test_sampling import _cast, _compare, _data, check_distribution, check_edge_cases
+from tests.test_sampling import _cast, _compare, _data, check_distribution, check_edge_cases, gpu_draw_cases
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -167,13 +167,9 @@ def test_gpu_gram_draws_equal_the_emulation_of_their_arithmetic(dtype):
     its host emulation does (the Gram matrix through the mma model, the
     steps without contraction): the same ids; log-probabilities within
     logf's last bits."""
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(23)
-    for B, n, d, N, K in [(3, 37, 20, 6, 5), (4, 100, 768, 9, 5)]:
-        q, c = _data(rng, B, n, d, scale=0.5)
-        c = _cast(c, dtype)
-        tc = torch.from_numpy(c.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(c)
-        g_ids, g_lp = _gpu(q, tc.cuda(), N, K, seed=6, first="relevance", tau=0.8)
+    pytest.importorskip("torch")
+    for q, c, tc, N, K in gpu_draw_cases(dtype, 23):
+        g_ids, g_lp = _gpu(q, tc, N, K, seed=6, first="relevance", tau=0.8)
         e_ids, e_lp = _emulated(q, c, N, K, tau=0.8, seed=6)
         np.testing.assert_array_equal(g_ids.cpu().numpy(), e_ids)
         np.testing.assert_allclose(g_lp.cpu().numpy(), e_lp, rtol=1e-6, atol=1e-6)
