@@ -41,8 +41,9 @@ def build_info() -> dict[str, Any]:
     package -> importable), ``backends`` (op -> the backend chosen for
     float32 CPU numpy inputs and for CUDA torch inputs of several dtypes and
     sizes, with every other backend's reason; for CUDA inputs also
-    ``on_a_gpu``: the choice the measured crossovers make where a GPU is
-    usable, see :mod:`rcn_fast._crossovers`).
+    ``on_a_gpu``: per GPU a recorded run names, the choice its measured
+    crossovers make there, and torch for any other GPU; see
+    :mod:`rcn_fast._crossovers`).
     """
     import importlib.util
 
@@ -91,10 +92,14 @@ def build_info() -> dict[str, Any]:
             entry[label] = {"uses": chosen,
                             "why_not_others": {b: r for b, r in report if r and b != chosen}}
             if ctx["device"] == "cuda" and name in _crossovers.SIZE_KEY:
-                # what a usable GPU would run, from the measured crossovers
-                kernel, why = _crossovers.kernel_choice(name, ctx)
-                entry[label]["on_a_gpu"] = (f"cuda ({kernel}): measured at least as fast as torch" if kernel
-                                            else "torch: " + why)
+                # what each recorded GPU would run, from its measured crossovers (any other GPU: torch)
+                on = {}
+                for gpu in _crossovers.recorded_gpus():
+                    kernel, why = _crossovers.kernel_choice(name, {**ctx, **gpu})
+                    on[gpu["gpu"]] = (f"cuda ({kernel}): measured at least as fast as torch" if kernel
+                                      else "torch: " + why)
+                on["any other GPU"] = "torch: no recorded run on it (bench/gpu_check.sh records one)"
+                entry[label]["on_a_gpu"] = on
         backends[name] = entry
     info["backends"] = backends
     return info
@@ -161,8 +166,8 @@ def format_info(info: dict[str, Any]) -> str:
             lines.append(f"  {op:<16} {label:<28} -> {e['uses'] or 'none'}")
             for b, r in e["why_not_others"].items():
                 lines.append(f"  {'':<16} {'':<28}    {b}: {r}")
-            if "on_a_gpu" in e:
-                lines.append(f"  {'':<16} {'':<28}    with a usable GPU -> {e['on_a_gpu']}")
+            for gpu, choice in e.get("on_a_gpu", {}).items():
+                lines.append(f"  {'':<16} {'':<28}    on {gpu} -> {choice}")
     return "\n".join(lines)
 
 
