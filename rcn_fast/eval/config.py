@@ -275,8 +275,11 @@ class EvalConfig:
         def count(v: Any) -> bool:
             return not isinstance(v, bool) and isinstance(v, int)
 
-        if not count(self.num_shards) or self.num_shards < 1:
-            raise EvalError(f"num_shards: expected a positive integer, got {self.num_shards!r}")
+        from rcn_fast.eval.run.shards import MAX_SHARDS
+
+        if not count(self.num_shards) or not 1 <= self.num_shards <= MAX_SHARDS:
+            raise EvalError(f"num_shards: expected a positive integer of at most {MAX_SHARDS:,}, got "
+                            f"{self.num_shards!r}")
         if self.shard_id is not None and (not count(self.shard_id) or not 0 <= self.shard_id < self.num_shards):
             raise EvalError(f"shard_id: expected an integer in [0, num_shards={self.num_shards}), "
                             f"got {self.shard_id!r}")

@@ -69,8 +69,12 @@ def is_saved(p: Path) -> bool:
 
 
 def split_files(folder: Path, split: str | None) -> list[Path]:
+    """The ``*<split>*.jsonl`` files of a folder, listed from its descriptor (files door)."""
+    from rcn_fast._files import listdir
+
     want = file_split(split)
-    return sorted(p for p in folder.glob("*.jsonl") if want in p.stem)
+    return [folder / n for n in listdir(folder) if n.endswith(".jsonl") and not n.startswith(".")
+            and want in n[:-len(".jsonl")]]
 
 
 def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
