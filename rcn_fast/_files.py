@@ -642,24 +642,31 @@ def open_named(path: str | os.PathLike[str]) -> IO[bytes]:
 
 def refuse_links(root: Root, path: str | os.PathLike[str], *, what: str = "path") -> None:
     """A :class:`LinkError` naming the link when ``path`` under ``root`` or
-    a folder on the way is a symbolic link. A check for a library that
-    opens the file by name itself (sqlite): rcn_fast's own reads and writes
-    open beneath the folder's descriptor instead."""
-    with folder(root, what=what) as f:
-        fd, name = f._parent(path)
+    a folder on the way is a symbolic link (nothing when a part is
+    missing). A check for a library that opens the file by name itself
+    (sqlite): rcn_fast's own reads and writes open beneath the folder's
+    descriptor instead."""
+    try:
+        f = root if isinstance(root, Folder) else Folder(root, what=what)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # no folder yet: no link in it
+    try:
+        try:
+            fd, name = f._parent(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # a folder on the way is missing: no link there (a link on the way is a LinkError)
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            target = os.readlink(name, dir_fd=fd) if _stat.S_ISLNK(st.st_mode) else None
         except FileNotFoundError:
             return
         finally:
             os.close(fd)
-        if _stat.S_ISLNK(st.st_mode):
-            fd, name = f._parent(path)
-            try:
-                target = os.readlink(name, dir_fd=fd)
-            finally:
-                os.close(fd)
+        if target is not None:
             raise f._refusal(Refused("planted", f.rel(path), target), path)
+    finally:
+        if f is not root:
+            f.close()
 
 
 def read_npy(fd: int, *, mmap: bool = True, where: str | os.PathLike[str] = "") -> Any:
@@ -679,16 +686,20 @@ def read_npy(fd: int, *, mmap: bool = True, where: str | os.PathLike[str] = "") 
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
         offset = f.tell()
     except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
-        raise ValueError(f"path: {where} is not a readable .npy file ({type(exc).__name__}: {exc})") from None
+        # numpy's message quotes the header: not echoed (what a file holds never is)
+        raise ValueError(f"path: {where} cannot be read (not a .npy file, or its header is damaged: "
+                         f"{type(exc).__name__})") from None
     finally:
         f.close()
     if dtype.hasobject:
-        raise ValueError(f"path: {where} holds Python objects (a pickle), which rcn_fast never loads")
+        raise ValueError(f"path: {where} cannot be read (it holds Python objects, a pickle, which rcn_fast never "
+                         "loads)")
     count = int(np.prod(shape, dtype=np.int64))
     need = offset + count * dtype.itemsize
     size = os.fstat(fd).st_size
     if size < need:
-        raise ValueError(f"path: {where} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs {need}")
+        raise ValueError(f"path: {where} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs {need}; "
+                         "it cannot be read")
     order = "F" if fortran else "C"
     if count == 0:
         return np.zeros(shape, dtype=dtype, order=order)

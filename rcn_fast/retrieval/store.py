@@ -274,7 +274,7 @@ class CorpusStore:
             elif fd is None:
                 bad.append(f"{name} (missing)")
             elif not isinstance(rec, dict) or not isinstance(rec.get("bytes"), int):
-                bad.append(f"{name} (the manifest's record has no byte count)")
+                bad.append(f"{name} (the manifest's record {rec!r} has no byte count)")
             elif size != int(rec["bytes"]):
                 bad.append(f"{name} ({size} bytes, the manifest records {rec['bytes']}: "
                            "truncated, still being written or replaced)")
