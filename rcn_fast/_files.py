@@ -651,6 +651,8 @@ def refuse_links(root: Root, path: str | os.PathLike[str], *, what: str = "path"
     except (FileNotFoundError, NotADirectoryError):
         return  # no folder yet: no link in it
     try:
+        if os.path.normpath(f.rel(path) or ".") == ".":
+            return  # the folder itself (the user named it)
         try:
             fd, name = f._parent(path)
         except (FileNotFoundError, NotADirectoryError):

@@ -89,7 +89,7 @@ def assignment_file(base: Path, shard_id: int, num_shards: int) -> Path:
 
 def _read_ids(path: Path) -> set[str]:
     """The ids an assignment file lists (read through the files door, at
-    most :data:`MAX_ASSIGNMENT_BYTES`); empty when unreadable."""
+    most :data:`MAX_ASSIGNMENT_BYTES`); empty when unreadable or absent."""
     try:
         data = json.loads(read_text(path.parent, path.name, what="checkpoint", limit=MAX_ASSIGNMENT_BYTES,
                                     links=False))
@@ -99,14 +99,17 @@ def _read_ids(path: Path) -> set[str]:
     return {str(i) for i in ids} if isinstance(ids, list) else set()
 
 
-def record_assignment(base: Path, shard_id: int, num_shards: int, ids: Iterable[str]) -> None:
+def record_assignment(base: Path, shard_id: int, num_shards: int, ids: Iterable[str], *,
+                      root: Root | None = None) -> None:
     """Add ``ids`` to the questions shard ``shard_id`` of ``num_shards`` was
-    given (written atomically; the union over the shard's runs)."""
+    given (written atomically beneath ``root``, the output folder --
+    default the checkpoint's folder --, following no link; the union over
+    the shard's runs)."""
     path = assignment_file(base, shard_id, num_shards)
     ids = _read_ids(path) | {str(i) for i in ids}
-    root = base.parent  # its checkpoint's folder (checked by the Checkpoint for links above it)
+    root = base.parent if root is None else root
     make_dirs(root, path.parent, what="checkpoint")
-    write_atomic(root, path.name, json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
+    write_atomic(root, path, json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
                  what="checkpoint")
 
 
@@ -166,7 +169,8 @@ def merge_guard(cfg: Any, units: Iterable[Any]) -> None:
     if cfg.shard_id is not None:
         if cfg.num_shards > 1:
             for u in units:
-                record_assignment(u.checkpoint.base_path, cfg.shard_id, cfg.num_shards, (q.id for q in u.questions))
+                record_assignment(u.checkpoint.base_path, cfg.shard_id, cfg.num_shards, (q.id for q in u.questions),
+                                  root=u.checkpoint.root)
         return
     problems = []
     for u in units:

@@ -239,7 +239,7 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
         qs, total = _read_limited(spec, path, split, limit)
         where = str(path)
     else:
-        p = Path(str(spec.dataset)).expanduser()
+        p = Path(str(spec.dataset))  # ~ is not expanded (a task file's data lies in its own folder)
         if p.is_dir() and not is_saved(p) and split_files(p, split) and _jsonl_layout_fits(spec, p, split):
             qs, total = _read_limited(spec, p, split, limit)  # a folder of JSON-lines split files in rcn_fast's layouts
             where = str(split_files(p, split)[0])

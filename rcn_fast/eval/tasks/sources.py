@@ -82,7 +82,7 @@ def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
     from rcn_fast._arrays import require
 
     datasets = require("datasets", 'pip install datasets  (or pip install "rcn_fast[eval]")')
-    p = Path(str(spec.dataset)).expanduser()
+    p = Path(str(spec.dataset))  # ~ is not expanded (a task file's data lies in its own folder)
     if p.is_dir() and is_saved(p):  # a save_to_disk folder
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):

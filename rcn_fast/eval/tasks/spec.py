@@ -137,7 +137,11 @@ def normalize_name(name: str) -> str:
 
 
 def package_path(path: str) -> Path:
-    p = Path(path).expanduser()
+    """A task's ``local`` path: absolute (a user's task file made it so, a
+    file given on the command line was resolved), or relative to the
+    package (a packaged task's). ``~`` is not expanded: a task file's data
+    lies in its own folder."""
+    p = Path(path)
     return p if p.is_absolute() else PACKAGE_DIR / p
 
 
@@ -209,19 +213,19 @@ def own_data_files(folder: Path, value: Any, where: str) -> Any:
             raise TaskError(f"{field_}: {v!r}: {exc}") from None
         return str(f.path / rel)
 
-    def walk(v: Any, f: Folder) -> Any:
+    def convert(v: Any, f: Folder) -> Any:
         if isinstance(v, dict):
-            return {k: walk(x, f) for k, x in v.items()}
+            return {k: convert(x, f) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             out: list[Any] = []
             for x in v:
-                got = walk(x, f)
+                got = convert(x, f)
                 out.extend(got if isinstance(got, list) and not isinstance(x, (list, tuple, dict)) else [got])
             return out
         return one(v, f)
 
     with Folder(folder, what=field_) as f:
-        return walk(value, f)
+        return convert(value, f)
 
 
 def own_file(folder: Path, value: str, where: str) -> str:
@@ -321,7 +325,7 @@ def local_dataset_folder(spec: TaskSpec) -> Path | None:
     a hub id, or when the task reads a ``url`` or ``local`` file instead."""
     if not spec.dataset or spec.url or spec.local:
         return None
-    p = Path(str(spec.dataset)).expanduser()
+    p = Path(str(spec.dataset))  # a folder named on the command line was resolved there; ~ is never expanded
     return p if p.is_dir() else None
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from rcn_fast._arrays import optional_available, require
 from rcn_fast._cache_dirs import cache_dir as folder_of_cache
 from rcn_fast._cache_dirs import trusted_cache
-from rcn_fast._files import Folder
+from rcn_fast._files import Folder, read_text
 from rcn_fast.model_files import model_fingerprint
 from rcn_fast.retrieval.encoders.base import (
     DTYPE_ALIASES, EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig,
@@ -480,7 +480,7 @@ class OnnxEncoder(Encoder):
             raise ValueError("quantize: int8 dynamic quantisation runs on the CPU provider only; use device='cpu'")
         self.onnx_path = export_onnx(self.model_dir, pooling=config.pooling, cache_dir=config.cache_dir,
                                      quantize=config.quantize, verify=verify_export)
-        meta = json.loads((self.onnx_path.parent / "export.json").read_text())
+        meta = json.loads(read_text(self.onnx_path.parent, "export.json", what="cache_dir", limit=1 << 20))
         self.input_names = tuple(meta["inputs"])
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
