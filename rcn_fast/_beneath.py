@@ -253,7 +253,9 @@ def _walk(dirfd: int, rel: str, flags: int, mode: int, *, links: bool, create_di
                 try:
                     target = os.readlink(name, dir_fd=cur)
                 except OSError:
-                    if exc.errno == errno.ELOOP:  # a link swapped back for a file meanwhile: try the step again
+                    # not a link (now): a link swapped back for a file or folder meanwhile (the open said ELOOP,
+                    # or ENOTDIR for a link where a folder was asked): try the step again, a bounded number of times
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                         hops += 1
                         if hops <= MAX_LINKS:
                             pending.append(name)
