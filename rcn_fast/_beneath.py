@@ -36,6 +36,9 @@ import fcntl
 import os
 import platform
 import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -286,6 +289,64 @@ def _walk(dirfd: int, rel: str, flags: int, mode: int, *, links: bool, create_di
             os.close(fd)
 
 
+class WalkLimitError(OSError, ValueError):
+    """A walk of a folder went past its entry or depth limit: refused (the
+    message names the folder and the limit), never passed unchecked."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of :meth:`Folder.walk`: ``rel`` (``/``-separated, relative
+    to the folder walked from), ``kind`` (``"file"``, ``"dir"``, ``"link"``
+    or ``"other"``), its ``lstat`` and, for a link, its ``target``."""
+
+    rel: str
+    kind: str
+    stat: os.stat_result
+    target: str | None = None
+
+
+def names(fd: int, limit: int, where: Path) -> list[str]:
+    """The names in the folder open as ``fd`` (unsorted); past ``limit`` a :class:`WalkLimitError`."""
+    out = []
+    with os.scandir(fd) as it:
+        for e in it:
+            out.append(e.name)
+            if len(out) > limit:
+                raise WalkLimitError(f"path: {where} holds more than {limit:,} entries; rcn_fast walks at most that "
+                                     "many (refused, not checked in part)")
+    return out
+
+
+def walk_fd(fd: int, prefix: str, where: Path, seen: list[int], limit: int, hidden: bool,
+            depth: int, max_depth: int = 64) -> Iterator[Entry]:
+    """The entries under the folder open as ``fd``, depth first in name order, from descriptors
+    (``fstatat``, ``openat(O_NOFOLLOW)``), never following a link; ``seen[0]`` counts them."""
+    for name in sorted(names(fd, limit - seen[0], where)):
+        seen[0] += 1
+        if seen[0] > limit:
+            raise WalkLimitError(f"path: {where} holds more than {limit:,} entries; rcn_fast walks at most that "
+                                 "many (refused, not checked in part)")
+        if not hidden and name.startswith("."):
+            continue
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        rel = prefix + name
+        if stat.S_ISLNK(st.st_mode):
+            yield Entry(rel, "link", st, os.readlink(name, dir_fd=fd))
+        elif stat.S_ISDIR(st.st_mode):
+            yield Entry(rel, "dir", st)
+            if depth <= 0:
+                raise WalkLimitError(f"path: {where} nests folders more than {max_depth} levels deep ({rel}); "
+                                     "refused, not checked in part")
+            sub = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
+            try:
+                yield from walk_fd(sub, rel + "/", where, seen, limit, hidden, depth - 1, max_depth)
+            finally:
+                os.close(sub)
+        else:
+            yield Entry(rel, "file" if stat.S_ISREG(st.st_mode) else "other", st)
+
+
 def _raise(err: int, what: str, rel: str) -> int:
     raise OSError(err, what, rel)
 
@@ -305,4 +366,5 @@ def link_out(dirfd: int, rel: str, anchors: tuple[str, ...] = ()) -> Refused | N
     return None
 
 
-__all__ = ["open_beneath", "link_out", "openat2_available", "Refused", "SUPPORTED", "MAX_LINKS"]
+__all__ = ["open_beneath", "link_out", "openat2_available", "names", "walk_fd", "Entry", "Refused", "WalkLimitError",
+           "SUPPORTED", "MAX_LINKS"]

@@ -25,6 +25,10 @@ as the file or as a folder on the way (``checkpoints -> /elsewhere``) is a
 link and refuse (:class:`WalkLimitError`) past their entry limit instead
 of stopping silently.
 
+Data read, written and mapped from those descriptors (arrays, whole files,
+the files a reader is given) is :mod:`rcn_fast._file_data`'s; the
+resolver is :mod:`rcn_fast._beneath`'s.
+
 Every function takes the root as a path or as an open :class:`Folder`
 (hot paths open the root once and pass it); a path under the root is a
 name relative to it, a path written from where the root is written
@@ -36,18 +40,25 @@ root swapped before it is opened, platforms without ``openat``).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import fnmatch
-import io
-import mmap as _mmap
 import os
 import stat as _stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Union
 
-from rcn_fast._beneath import O_CLOEXEC, O_DIRECTORY, O_NOFOLLOW, O_PATH, Refused, open_beneath
+from rcn_fast._beneath import (
+    O_CLOEXEC,
+    O_DIRECTORY,
+    O_NOFOLLOW,
+    O_PATH,
+    Entry,
+    Refused,
+    WalkLimitError,
+    open_beneath,
+    walk_fd,
+)
+from rcn_fast._beneath import names as _names
 
 #: entries a walk, glob or link check visits at most before it refuses
 MAX_WALK_ENTRIES = 100_000
@@ -62,23 +73,6 @@ class LinkError(OSError, ValueError):
     rcn_fast writes; the message names the link and the folder. An
     ``OSError`` (a file-system refusal, as the CLIs report one) and a
     ``ValueError`` (the error of a bad store or folder argument)."""
-
-
-class WalkLimitError(OSError, ValueError):
-    """A walk of a folder went past its entry or depth limit: refused (the
-    message names the folder and the limit), never passed unchecked."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One entry of :meth:`Folder.walk`: ``rel`` (``/``-separated, relative
-    to the folder walked from), ``kind`` (``"file"``, ``"dir"``, ``"link"``
-    or ``"other"``), its ``lstat`` and, for a link, its ``target``."""
-
-    rel: str
-    kind: str
-    stat: os.stat_result
-    target: str | None = None
 
 
 Root = Union[str, "os.PathLike[str]", "Folder"]
@@ -293,7 +287,7 @@ class Folder:
         prefix = "" if prefix == "." else prefix
         seen = [0]
         try:
-            yield from _walk_fd(top, f"{prefix}/" if prefix else "", self.full(path), seen, limit, hidden, depth)
+            yield from walk_fd(top, f"{prefix}/" if prefix else "", self.full(path), seen, limit, hidden, depth, depth)
         finally:
             os.close(top)
 
@@ -412,51 +406,6 @@ class Folder:
 
 
 # -------------------------------------------------------------------- helpers
-def _names(fd: int, limit: int, where: Path) -> list[str]:
-    out = []
-    with os.scandir(fd) as it:
-        for e in it:
-            out.append(e.name)
-            if len(out) > limit:
-                raise WalkLimitError(f"path: {where} holds more than {limit:,} entries; rcn_fast walks at most that "
-                                     "many (refused, not checked in part)")
-    return out
-
-
-def _walk_fd(fd: int, prefix: str, where: Path, seen: list[int], limit: int, hidden: bool,
-             depth: int) -> Iterator[Entry]:
-    for name in sorted(_names(fd, limit - seen[0], where)):
-        seen[0] += 1
-        if seen[0] > limit:
-            raise WalkLimitError(f"path: {where} holds more than {limit:,} entries; rcn_fast walks at most that "
-                                 "many (refused, not checked in part)")
-        if not hidden and name.startswith("."):
-            continue
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        rel = prefix + name
-        if _stat.S_ISLNK(st.st_mode):
-            yield Entry(rel, "link", st, os.readlink(name, dir_fd=fd))
-        elif _stat.S_ISDIR(st.st_mode):
-            yield Entry(rel, "dir", st)
-            if depth <= 0:
-                raise WalkLimitError(f"path: {where} nests folders more than {MAX_WALK_DEPTH} levels deep ({rel}); "
-                                     "refused, not checked in part")
-            sub = os.open(name, os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, dir_fd=fd)
-            try:
-                yield from _walk_fd(sub, rel + "/", where, seen, limit, hidden, depth - 1)
-            finally:
-                os.close(sub)
-        else:
-            yield Entry(rel, "file" if _stat.S_ISREG(st.st_mode) else "other", st)
-
-
-def map_fd(fd: int) -> "_mmap.mmap | None":
-    """A read-only map of the whole file open as ``fd`` (None when empty):
-    the bytes of that descriptor's file, whatever its name points at later."""
-    size = os.fstat(fd).st_size
-    return _mmap.mmap(fd, size, access=_mmap.ACCESS_READ) if size else None
-
-
 def _magic(part: str) -> bool:
     return any(c in part for c in "*?[")
 
@@ -598,48 +547,6 @@ def check_links(path: str | os.PathLike[str], *, root: Root | None = None, what:
                     raise r._refusal(why, e.rel)
 
 
-_CONFINED: "contextvars.ContextVar[Folder | None]" = contextvars.ContextVar("rcn_fast_files_confined", default=None)
-
-
-@contextlib.contextmanager
-def confined(root: str | os.PathLike[str] | None, *, what: str = "path") -> Iterator[None]:
-    """Within the block, :func:`open_named` opens files under ``root`` (a
-    task file's folder: its question files) beneath its descriptor; None
-    changes nothing (files the user names are opened as named)."""
-    if root is None:
-        yield
-        return
-    with Folder(root, what=what) as f:
-        token = _CONFINED.set(f)
-        try:
-            yield
-        finally:
-            _CONFINED.reset(token)
-
-
-def open_named(path: str | os.PathLike[str]) -> IO[bytes]:
-    """A file a reader was given (a question file), open for reading:
-    beneath the folder of the enclosing :func:`confined` block when it lies
-    under it (links leading out refused), else as named (the user named
-    it: its links are followed)."""
-    f = _CONFINED.get()
-    if f is not None:
-        p = os.path.abspath(os.fspath(path))
-        base = str(f.path).rstrip(os.sep)
-        if p == base or p.startswith(base + os.sep):
-            return f.open_read(p)
-    fd = os.open(os.fspath(path), os.O_RDONLY | O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        if not _stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EISDIR if _stat.S_ISDIR(os.fstat(fd).st_mode) else errno.EINVAL,
-                          "not a regular file", os.fspath(path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def refuse_links(root: Root, path: str | os.PathLike[str], *, what: str = "path") -> None:
     """A :class:`LinkError` naming the link when ``path`` under ``root`` or
     a folder on the way is a symbolic link (nothing when a part is
@@ -671,107 +578,6 @@ def refuse_links(root: Root, path: str | os.PathLike[str], *, what: str = "path"
             f.close()
 
 
-def read_npy(fd: int, *, mmap: bool = True, where: str | os.PathLike[str] = "") -> Any:
-    """The ``.npy`` array in the file open as ``fd`` (not closed):
-    memory-mapped read-only from the descriptor (``mmap=True``) or read.
-    Object arrays (pickles) are refused; ValueError naming ``where`` for a
-    damaged header or a file shorter than its header says."""
-    import numpy as np
-
-    f = io.FileIO(fd, "rb", closefd=False)
-    try:
-        f.seek(0)
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        offset = f.tell()
-    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
-        # numpy's message quotes the header: not echoed (what a file holds never is)
-        raise ValueError(f"path: {where} cannot be read (not a .npy file, or its header is damaged: "
-                         f"{type(exc).__name__})") from None
-    finally:
-        f.close()
-    if dtype.hasobject:
-        raise ValueError(f"path: {where} cannot be read (it holds Python objects, a pickle, which rcn_fast never "
-                         "loads)")
-    count = int(np.prod(shape, dtype=np.int64))
-    need = offset + count * dtype.itemsize
-    size = os.fstat(fd).st_size
-    if size < need:
-        raise ValueError(f"path: {where} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs {need}; "
-                         "it cannot be read")
-    order = "F" if fortran else "C"
-    if count == 0:
-        return np.zeros(shape, dtype=dtype, order=order)
-    if mmap:  # numpy maps the descriptor of the file object it is given (no open by name)
-        return np.memmap(io.FileIO(fd, "rb", closefd=False), dtype=dtype, mode="r", offset=offset, shape=shape,
-                         order=order)
-    with os.fdopen(os.dup(fd), "rb") as g:
-        g.seek(offset)
-        return np.fromfile(g, dtype=dtype, count=count).reshape(shape, order=order)
-
-
-def load_npy(root: Root, path: str | os.PathLike[str], *, mmap: bool = True, what: str = "path") -> Any:
-    """:func:`read_npy` of ``path`` opened under ``root``."""
-    with folder(root, what=what) as f:
-        fd = f.open_fd(path)
-        try:
-            return read_npy(fd, mmap=mmap, where=f.full(path))
-        finally:
-            os.close(fd)
-
-
-def create_npy(root: Root, path: str | os.PathLike[str], shape: tuple[int, ...], dtype: Any, *,
-               what: str = "path") -> tuple[Any, "_mmap.mmap | None"]:
-    """A new ``.npy`` file ``path`` under ``root`` (created through
-    :meth:`Folder.open_write`, no link followed) of ``shape`` and ``dtype``,
-    and its data as a writable array mapped from that descriptor:
-    ``(array, mmap)`` (``mmap`` None for an empty array; flush it when done)."""
-    import numpy as np
-
-    dtype = np.dtype(dtype)
-    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)}
-    with open_write(root, path, "w+b", what=what) as f:
-        try:
-            np.lib.format.write_array_header_1_0(f, header)
-        except ValueError:  # a header too long for format 1.0
-            f.seek(0)
-            np.lib.format.write_array_header_2_0(f, header)
-        offset = f.tell()
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        f.truncate(offset + nbytes)
-        f.flush()
-        if nbytes == 0:
-            return np.zeros(shape, dtype=dtype), None
-        m = _mmap.mmap(f.fileno(), offset + nbytes, access=_mmap.ACCESS_WRITE)
-    return np.ndarray(shape, dtype=dtype, buffer=m, offset=offset), m
-
-
-def read_fd(fd: int) -> bytes:
-    """The whole file open as ``fd`` (``pread`` from offset 0: the
-    descriptor's offset is not moved)."""
-    out, pos = [], 0
-    while True:
-        block = os.pread(fd, 1 << 26, pos)
-        if not block:
-            return b"".join(out)
-        out.append(block)
-        pos += len(block)
-
-
-def save_npy(root: Root, path: str | os.PathLike[str], arr: Any, *, what: str = "path") -> None:
-    """``np.save`` of ``arr`` into ``path`` under ``root``, atomically
-    (:meth:`Folder.write_atomic`)."""
-    import numpy as np
-
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    write_atomic(root, path, buf.getvalue(), what=what)
-
-
 __all__ = ["LinkError", "WalkLimitError", "Folder", "Entry", "folder", "open_read", "open_fd", "read_bytes",
            "read_text", "stat", "is_file", "open_write", "write_text", "write_atomic", "make_dirs", "replace",
-           "listdir", "glob", "check_links", "refuse_links", "confined", "open_named", "map_fd", "read_fd", "create_npy", "read_npy", "load_npy", "save_npy", "MAX_WALK_ENTRIES",
-           "MAX_WALK_DEPTH"]
+           "listdir", "glob", "check_links", "refuse_links", "MAX_WALK_ENTRIES", "MAX_WALK_DEPTH"]

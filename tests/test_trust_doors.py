@@ -100,7 +100,7 @@ def test_every_chat_render_goes_through_the_door():
 
 # ------------------------------------------------------------------ files
 FILES_DOOR = "rcn_fast/_files.py"
-DOOR_MODULES = {FILES_DOOR, "rcn_fast/_beneath.py"}
+DOOR_MODULES = {FILES_DOOR, "rcn_fast/_beneath.py", "rcn_fast/_file_data.py"}
 #: the door's calls (functions and Folder methods): none returns a path to open again
 DOOR_FUNCS = {"open_read", "open_fd", "read_bytes", "read_text", "is_file", "open_write", "write_text",
               "write_atomic", "make_dirs", "replace", "listdir", "glob", "check_links", "refuse_links", "load_npy",
@@ -270,7 +270,7 @@ def test_nothing_opens_by_name_a_path_the_door_resolved():
     import rcn_fast._files as door
 
     returned = {}
-    for node in ast.walk(SOURCES[FILES_DOOR]):
+    for node in (n for rel in DOOR_MODULES for n in ast.walk(SOURCES[rel])):
         if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.returns is not None:
             returned[node.name] = ast.unparse(node.returns)
     path_like = {n: r for n, r in returned.items() if "Path" in r and n not in ("full", "rel")}
@@ -283,14 +283,17 @@ def test_nothing_opens_by_name_a_path_the_door_resolved():
 
 def test_the_door_opens_beneath_a_descriptor():
     """The mechanism: every open of rcn_fast/_beneath.py's walk starts from a folder descriptor
-    (``dir_fd=``; the one exception probes openat2 on ``/``), and rcn_fast/_files.py opens by name only
-    the folder a user names (``Folder``) and a file a reader was given outside any confined folder."""
+    (``dir_fd=``; the one exception probes openat2 on ``/``), and the door opens by name only the
+    folder a user names (``Folder.__init__``) and a file a reader was given outside any confined folder
+    (``open_named``)."""
     opens = [c for c in _calls(SOURCES["rcn_fast/_beneath.py"]) if ast.unparse(c.func) == "os.open"]
     assert opens and all("dir_fd" in {k.arg for k in c.keywords} or ast.unparse(c.args[0]) == "'/'" for c in opens)
-    named = [c for c in _calls(SOURCES[FILES_DOOR]) if ast.unparse(c.func) == "os.open"
-             and "dir_fd" not in {k.arg for k in c.keywords}]
-    where = {f.name for f in ast.walk(SOURCES[FILES_DOOR]) if isinstance(f, ast.FunctionDef)
-             for c in named if any(c is x for x in ast.walk(f))}
+    where = set()
+    for rel in (FILES_DOOR, "rcn_fast/_file_data.py"):
+        named = [c for c in _calls(SOURCES[rel]) if ast.unparse(c.func) == "os.open"
+                 and "dir_fd" not in {k.arg for k in c.keywords}]
+        where |= {f.name for f in ast.walk(SOURCES[rel]) if isinstance(f, ast.FunctionDef)
+                  for c in named if any(c is x for x in ast.walk(f))}
     assert where == {"__init__", "open_named"}, where
 
 

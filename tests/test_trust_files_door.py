@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import rcn_fast._beneath as B
+import rcn_fast._file_data as D
 import rcn_fast._files as F
 
 OUT = b"outside the root"
@@ -165,26 +166,26 @@ def test_npy_is_mapped_from_the_descriptor_never_unpickled(tmp_path):
                 np.zeros((0, 5), dtype=np.int64), np.arange(5, dtype=np.uint8)):
         np.save(tmp_path / "a.npy", arr)
         for mmap in (True, False):
-            got = F.load_npy(tmp_path, "a.npy", mmap=mmap)
+            got = D.load_npy(tmp_path, "a.npy", mmap=mmap)
             np.testing.assert_array_equal(got, arr)
             assert got.dtype == arr.dtype and (not mmap or got.size == 0 or not got.flags.writeable)
     np.save(tmp_path / "o.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="a pickle"):
-        F.load_npy(tmp_path, "o.npy")
+        D.load_npy(tmp_path, "o.npy")
     np.save(tmp_path / "t.npy", np.arange(100))
     (tmp_path / "t.npy").write_bytes((tmp_path / "t.npy").read_bytes()[:-8])
     with pytest.raises(ValueError, match="truncated"):
-        F.load_npy(tmp_path, "t.npy")
+        D.load_npy(tmp_path, "t.npy")
     (tmp_path / "h.npy").write_bytes(b"\x93NUMPY\x01\x00v\x00{'descr': SECRET_HEADER_TEXT}" + b" " * 100)
     with pytest.raises(ValueError, match="cannot be read") as err:
-        F.load_npy(tmp_path, "h.npy")
+        D.load_npy(tmp_path, "h.npy")
     assert "SECRET_HEADER_TEXT" not in str(err.value)
-    arr, m = F.create_npy(tmp_path, "c.npy", (3, 2), "float16")
+    arr, m = D.create_npy(tmp_path, "c.npy", (3, 2), "float16")
     arr[:] = 7
     m.flush()
     del arr, m
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), np.full((3, 2), 7, dtype=np.float16))
-    F.save_npy(tmp_path, "s.npy", np.arange(4))
+    D.save_npy(tmp_path, "s.npy", np.arange(4))
     np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), np.arange(4))
 
 
@@ -192,10 +193,10 @@ def test_a_mapped_file_is_the_file_opened_whatever_its_name_points_at_later(tmp_
     (tmp_path / "f").write_bytes(b"first")
     fd = F.open_fd(tmp_path, "f")
     try:
-        m = F.map_fd(fd)
+        m = D.map_fd(fd)
         os.replace(tmp_path / "f", tmp_path / "g")
         (tmp_path / "f").write_bytes(b"other")
-        assert bytes(m) == b"first" and F.read_fd(fd) == b"first"
+        assert bytes(m) == b"first" and D.read_fd(fd) == b"first"
     finally:
         os.close(fd)
 
@@ -206,13 +207,13 @@ def test_a_reader_given_a_file_opens_it_beneath_a_confined_folder(tmp_path):
     (tmp_path / "secret").write_text("x")
     (root / "q.jsonl").symlink_to(tmp_path / "secret")
     (tmp_path / "mine.jsonl").symlink_to(tmp_path / "secret")
-    with F.confined(root):
+    with D.confined(root):
         with pytest.raises(F.LinkError, match="q.jsonl leads out of"):
-            F.open_named(root / "q.jsonl")
-        assert F.open_named(tmp_path / "mine.jsonl").read() == b"x"  # outside the folder: as named (the user's)
-    assert F.open_named(root / "q.jsonl").read() == b"x"  # no confinement: a file the user names
-    with F.confined(None):
-        assert F.open_named(root / "q.jsonl").read() == b"x"
+            D.open_named(root / "q.jsonl")
+        assert D.open_named(tmp_path / "mine.jsonl").read() == b"x"  # outside the folder: as named (the user's)
+    assert D.open_named(root / "q.jsonl").read() == b"x"  # no confinement: a file the user names
+    with D.confined(None):
+        assert D.open_named(root / "q.jsonl").read() == b"x"
 
 
 def test_paths_are_taken_relative_to_where_the_root_is_written(tmp_path, monkeypatch):

@@ -125,6 +125,7 @@ def _reads(read: Callable[[], bytes]) -> tuple[int, int]:
 @pytest.mark.parametrize("entry", ["read_bytes", "open_read", "open_fd+mmap", "load_npy", "read_stamped_json",
                                    "open_named", "read_trusted", "Folder.read_text"])
 def test_a_read_never_reaches_the_file_a_swapped_link_leads_to(tmp_path, mechanism, entry):
+    import rcn_fast._file_data as D
     import rcn_fast._files as F
     from rcn_fast._cache_dirs import read_trusted
     from rcn_fast._stamped_json import read_stamped_json
@@ -143,7 +144,7 @@ def test_a_read_never_reaches_the_file_a_swapped_link_leads_to(tmp_path, mechani
         "read_bytes": lambda: F.read_bytes(root, "f"),
         "open_read": lambda: folder.open_read("f").read(),
         "open_fd+mmap": lambda: _mapped(folder, "f"),
-        "load_npy": lambda: F.load_npy(folder, "f").tobytes(),  # mapped from the descriptor
+        "load_npy": lambda: D.load_npy(folder, "f").tobytes(),  # mapped from the descriptor
         "read_stamped_json": lambda: json.dumps(read_stamped_json(root / "f", "x/1", what="x", root=folder)).encode(),
         "open_named": lambda: _named(root),
         "read_trusted": lambda: read_trusted(folder, "f") or b"",
@@ -155,7 +156,7 @@ def test_a_read_never_reaches_the_file_a_swapped_link_leads_to(tmp_path, mechani
 
 
 def _mapped(folder, name: str) -> bytes:
-    from rcn_fast._files import map_fd
+    from rcn_fast._file_data import map_fd
 
     fd = folder.open_fd(name)
     try:
@@ -166,7 +167,7 @@ def _mapped(folder, name: str) -> bytes:
 
 
 def _named(root: Path) -> bytes:
-    from rcn_fast._files import confined
+    from rcn_fast._file_data import confined
     from rcn_fast.data.loaders import read_text
 
     with confined(root):  # a task file's question file: beneath its folder
@@ -207,6 +208,7 @@ def test_a_fingerprint_never_hashes_the_file_a_swapped_link_leads_to(tmp_path, m
 # ------------------------------------------------------------------ writes
 @pytest.mark.parametrize("entry", ["open_write", "write_atomic", "write_text", "save_npy", "append"])
 def test_a_write_never_lands_where_a_swapped_link_leads(tmp_path, mechanism, entry):
+    import rcn_fast._file_data as D
     import rcn_fast._files as F
 
     root, out = _outside(tmp_path)
@@ -217,7 +219,7 @@ def test_a_write_never_lands_where_a_swapped_link_leads(tmp_path, mechanism, ent
         "append": lambda i: _write(F.open_write(root, "f", "ab"), b"a%d" % i),
         "write_atomic": lambda i: F.write_atomic(folder, "f", b"r%d" % i),
         "write_text": lambda i: F.write_text(root, "f", "t%d" % i),
-        "save_npy": lambda i: F.save_npy(folder, "f", np.arange(i % 7)),
+        "save_npy": lambda i: D.save_npy(folder, "f", np.arange(i % 7)),
     }[entry]
     with Swapper(root / "f", out / "secret", FILLER) as sw:
         refused = _writes(write)

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from rcn_fast._files import listdir, open_named
+from rcn_fast._file_data import open_named
+from rcn_fast._files import listdir
 from rcn_fast._jsonl import parse_json_lines
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast._validate import is_int

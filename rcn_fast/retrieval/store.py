@@ -14,20 +14,19 @@ A store is a directory::
                          (``<factory>-<key>.faiss``; see index.faiss_index)
 
 Every file is memory-mapped on open; lookups by row are two offset reads,
-lookups by id one hash and (expected) one or two probes: O(1) both.
-The store folder is opened once (a :class:`rcn_fast._files.Folder`) and
-every file is opened beneath its descriptor, then sized, checked and
-mapped through the descriptor it was opened as (never opened again by
-name): a symbolic link out of the store -- ``texts.bin -> ~/.ssh/id_rsa``
--- is refused naming it, and a file swapped for such a link while the
-store opens is either the file that was opened or refused, never the
-outside file. Opening checks, cheaply and every time: each file's size
-against the manifest (a truncated or replaced file is an error naming
-it), the
-arrays' shapes and dtypes against the manifest, both offset arrays (start
-at 0, never decrease, end at their file's size), the id table (a power of
-two of slots, each row once) and that no embedding row holds a NaN or an
-infinity (named; see :func:`rcn_fast.search.flat_index.check_finite_rows`).
+lookups by id one hash and (expected) one or two probes: O(1) both. The
+store folder is opened once (a :class:`rcn_fast._files.Folder`, kept by
+the store) and every file beneath its descriptor, then sized, checked and
+mapped through the descriptor it was opened as, never by name again: a
+link out of the store (``texts.bin -> ~/.ssh/id_rsa``) is refused naming
+it, and a file swapped for one while the store opens is the file opened
+or refused, never the outside file. Opening checks, cheaply and every
+time: each file's size against the manifest (a truncated or replaced
+file is an error naming it), the arrays' shapes and dtypes against the
+manifest, both offset arrays (start at 0, never decrease, end at their
+file's size), the id table (a power of two of slots, each row once) and
+that no embedding row holds a NaN or an infinity (named; see
+:func:`rcn_fast.search.flat_index.check_finite_rows`).
 Each scan of a whole file (offsets, id table, embeddings) is remembered
 per version of the file (:func:`rcn_fast._hashing.check_once`), so
 reopening an unchanged store costs a few ``stat`` calls. ``verify=True`` also
@@ -39,7 +38,6 @@ naming the passages.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import io
 import json
 import logging
@@ -50,10 +48,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from rcn_fast._arrays import nonfinite_rows, row_list
-from rcn_fast._files import Folder, Root, create_npy, map_fd, open_read, read_fd, read_npy, write_atomic
+from rcn_fast._file_data import create_npy, map_fd, read_fd, read_npy
+from rcn_fast._files import Folder, Root, open_read, write_atomic
 from rcn_fast._hashing import sha256_fd, sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
+from rcn_fast.retrieval.id_table import build_id_table, id_hash
+from rcn_fast.retrieval.id_table import check_id_table as _check_id_table
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -65,51 +66,10 @@ FLAT_INDEX_HEADER = "index.json"
 CHUNK_GLOB = "chunk-*.npz"  # the chunk files a build leaves in parts/ (see chunk_name)
 
 
-# ----------------------------------------------------------------- id hashing
-def id_hash(s: str) -> int:
-    """Stable 63-bit hash of an id (blake2b); the same on every machine."""
-    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little") >> 1
-
-
-def build_id_table(hashes: np.ndarray) -> np.ndarray:
-    """Open-addressing (linear probing) table, size a power of two >= 2n.
-
-    Parameters
-    ----------
-    hashes : int64 [n]
-        ``id_hash`` of every row's id.
-
-    Returns
-    -------
-    int64 [T] with the row stored in its slot, -1 for empty slots.
-    Vectorised: each round places, for every free slot wanted by some
-    unplaced row, the lowest such row; the rest move one slot on.
-    """
-    n = len(hashes)
-    size = 1 << max(3, int(2 * max(n, 1) - 1).bit_length())
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    rows = np.arange(n, dtype=np.int64)
-    pos = hashes.astype(np.int64) & mask
-    while rows.size:
-        free = table[pos] == -1
-        cand_rows, cand_pos = rows[free], pos[free]
-        # first row (in row order) per wanted slot wins it
-        uniq_pos, first = np.unique(cand_pos, return_index=True)
-        table[uniq_pos] = cand_rows[first]
-        placed = np.zeros(rows.size, dtype=bool)
-        placed_idx = np.flatnonzero(free)[first]
-        placed[placed_idx] = True
-        rows, pos = rows[~placed], (pos[~placed] + 1) & mask
-    return table
-
-
 def write_json_atomic(path: Path, obj: Any, *, root: Root | None = None) -> None:
     """``obj`` as JSON at ``path`` (a temporary file, fsync, rename), from
     the descriptor of ``root`` (default: its folder): never through a
     symbolic link planted there (:func:`rcn_fast._files.write_atomic`)."""
-    from rcn_fast._files import write_atomic
-
     path = Path(path)
     write_atomic(path.parent if root is None else root, path.name if root is None else path,
                  json.dumps(obj, indent=2, sort_keys=False) + "\n")
@@ -128,14 +88,9 @@ class CorpusStore:
         self.manifest = manifest
         #: the store folder, open: every file is reached beneath its descriptor (rcn_fast._files)
         self.folder = _folder if _folder is not None else Folder(self.path)
-        fds: dict[str, int | None] = {}
+        self._fds: dict[str, int | None] = self._open_all()
+        fds = self._fds
         try:
-            for name in DATA_FILES:
-                try:
-                    fds[name] = self.folder.open_fd(name)
-                except (FileNotFoundError, NotADirectoryError):
-                    fds[name] = None
-            self._fds = fds
             self.check_sizes()
             mode = "r" if mmap else None
             self.embeddings: np.ndarray = self._load_npy("embeddings.npy", mode)
@@ -153,10 +108,23 @@ class CorpusStore:
                     "ids")
             self.check_arrays(_built=_built)
         finally:
-            self._fds = {}
-            for fd in fds.values():
-                if fd is not None:
-                    os.close(fd)
+            self._close_all()
+
+    def _open_all(self) -> dict[str, int | None]:
+        """A descriptor of each data file (None: missing), opened beneath the store's."""
+        fds: dict[str, int | None] = {}
+        for name in DATA_FILES:
+            try:
+                fds[name] = self.folder.open_fd(name)
+            except (FileNotFoundError, NotADirectoryError):
+                fds[name] = None
+        return fds
+
+    def _close_all(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds = {}
 
     def _load_npy(self, name: str, mode: str | None) -> np.ndarray:
         """The array of the data file ``name`` from its open descriptor,
@@ -180,6 +148,12 @@ class CorpusStore:
         from rcn_fast._hashing import check_once
         from rcn_fast.search.flat_index import check_finite_rows
 
+        if not self._fds:  # called again later: the files opened afresh (checked as the ones now there)
+            self._fds = self._open_all()
+            try:
+                return self.check_arrays(_built=_built)
+            finally:
+                self._close_all()
         fix = "check the store with `python -m rcn_fast.corpus verify` and rebuild it"
         n = len(self)
         if self.embeddings.dtype.name != self.manifest["dtype"]:
@@ -424,22 +398,6 @@ def _check_nondecreasing(off: np.ndarray, where: str, fix: str) -> None:
     if bad.size:
         raise ValueError(f"{where} is damaged: entries {[int(i) + 1 for i in bad[:5]]} are smaller than the entries "
                          f"before them; {fix}")
-
-
-def _check_id_table(table: np.ndarray, n: int, where: str, fix: str, block: int = 1 << 20) -> None:
-    """ValueError naming ``where`` unless the id table holds each of the
-    ``n`` rows once and nothing else but -1 (read ``block`` slots at a time)."""
-    seen = np.zeros(n, dtype=bool)
-    filled = 0
-    for s in range(0, len(table), block):
-        part = np.asarray(table[s : s + block])
-        rows = part[part >= 0]
-        if (part < -1).any() or (rows >= n).any():
-            raise ValueError(f"{where} holds rows outside [-1, {n}); {fix}")
-        seen[rows] = True
-        filled += rows.size
-    if filled != n or not seen.all():
-        raise ValueError(f"{where} holds {filled} rows, not each of the {n} rows once; {fix}")
 
 
 def _bytes_view(fd: int, mmap: bool) -> np.ndarray:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast._files import Folder, read_npy
+from rcn_fast._file_data import read_npy
+from rcn_fast._files import Folder
 from rcn_fast._hashing import sha256_fd
 from rcn_fast._stamped_json import read_stamped_json, write_stamped_json
 from rcn_fast._validate import is_int

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from rcn_fast._files import Folder, Root, folder, read_npy
+from rcn_fast._file_data import read_npy
+from rcn_fast._files import Folder, Root, folder
 from rcn_fast._hashing import sha256_fd
 from rcn_fast._stamped_json import read_stamped_json, write_stamped_json
 from rcn_fast.search.int8_bounded import MAX_DIM, Int8Copy, build_int8, width_of

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from rcn_fast._files import Root, listdir, make_dirs, read_text, write_atomic
+from rcn_fast.eval.config import MAX_SHARDS, EvalError
 
-#: shards an evaluation may be split into (``--num-shards``): names and files beyond it are refused
-MAX_SHARDS = 10_000
 #: bytes a shard's assignment file may hold (ids of its questions)
 MAX_ASSIGNMENT_BYTES = 64 << 20
 _ASSIGNED = re.compile(r"\.shard-(\d{1,9})-of-(\d{1,9})\.assigned\.json$")
@@ -163,8 +162,6 @@ def merge_guard(cfg: Any, units: Iterable[Any]) -> None:
     rcn_fast.eval.config.EvalError
         A merge over an incomplete shard, without ``merge_fill_missing``.
     """
-    from rcn_fast.eval.config import EvalError
-
     units = list(units)
     if cfg.shard_id is not None:
         if cfg.num_shards > 1:

@@ -48,7 +48,8 @@ from typing import Any, Iterable
 
 import yaml
 
-from rcn_fast._files import confined, read_text
+from rcn_fast._file_data import confined
+from rcn_fast._files import read_text
 from rcn_fast._jsonl import parse_json_lines
 from rcn_fast._templates import TemplateRenderError, render_task_template
 from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.sources import check_limit, dataset_rows, is_saved, split_files, take_n
-from rcn_fast._files import confined
+from rcn_fast._file_data import confined
 from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, package_path, task_root
 
 _YES_NO_FIELDS = {"id": "qid", "question": "question", "answer": "answer"}
