@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import os
 import platform
 import stat
@@ -141,7 +140,7 @@ def _regular(fd: int, rel: str, flags: int) -> int:
             raise OSError(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL,
                           "is a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file", rel)
         if not flags & O_NONBLOCK:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_NONBLOCK)
+            os.set_blocking(fd, True)
         return fd
     except BaseException:
         os.close(fd)

@@ -75,6 +75,10 @@ class LinkError(OSError, ValueError):
     ``ValueError`` (the error of a bad store or folder argument)."""
 
 
+def _reopen(path: str, what: str) -> "Folder":
+    return Folder(path, what=what)
+
+
 Root = Union[str, "os.PathLike[str]", "Folder"]
 
 
@@ -139,6 +143,10 @@ class Folder:
 
     def __repr__(self) -> str:
         return f"Folder({str(self.path)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """In another process the folder is opened again by its path (a descriptor is this process's)."""
+        return (_reopen, (str(self.path), self.what))
 
     # ---------------------------------------------------------------- names
     def rel(self, path: str | os.PathLike[str]) -> str:
