@@ -3,6 +3,8 @@ arrays read, written and memory-mapped from the descriptor the door
 opened (never opened again by name), and the files a reader is given.
 
 * :func:`map_fd`, :func:`read_fd` -- the bytes of an open descriptor;
+  :func:`fd_path` -- a path naming that very file, for a library that
+  takes only a path (faiss memory-maps the store's index through it);
 * :func:`read_npy` / :func:`load_npy` -- a ``.npy`` array mapped read-only
   from its descriptor (``np.memmap`` of the file object: numpy never opens
   it by name), or read; object arrays (pickles) refused, a file shorter
@@ -114,6 +116,14 @@ def create_npy(root: Root, path: str | os.PathLike[str], shape: tuple[int, ...],
     return np.ndarray(shape, dtype=dtype, buffer=m, offset=offset), m
 
 
+def fd_path(fd: int) -> str | None:
+    """A path that opens exactly the file open as ``fd`` (``/proc/self/fd/N``
+    on Linux), for a library that takes only a path (faiss); None where the
+    platform has none."""
+    p = f"/proc/self/fd/{fd}"
+    return p if os.path.exists(p) else None
+
+
 def read_fd(fd: int) -> bytes:
     """The whole file open as ``fd`` (``pread`` from offset 0: the
     descriptor's offset is not moved)."""
@@ -178,4 +188,4 @@ def open_named(path: str | os.PathLike[str]) -> IO[bytes]:
         raise
 
 
-__all__ = ["map_fd", "read_fd", "read_npy", "load_npy", "create_npy", "save_npy", "confined", "open_named"]
+__all__ = ["map_fd", "fd_path", "read_fd", "read_npy", "load_npy", "create_npy", "save_npy", "confined", "open_named"]

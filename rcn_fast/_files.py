@@ -429,13 +429,13 @@ def _match(pat: list[str], parts: list[str]) -> bool:
 
 
 @contextlib.contextmanager
-def folder(root: Root, *, what: str = "path") -> Iterator[Folder]:
+def folder(root: Root, *, what: str = "path", create: bool = False) -> Iterator[Folder]:
     """``root`` as a :class:`Folder`: the one given (kept open), or opened
-    here and closed on exit."""
+    here (``create``: made first, as the user named it) and closed on exit."""
     if isinstance(root, Folder):
         yield root
         return
-    f = Folder(root, what=what)
+    f = Folder(root, what=what, create=create)
     try:
         yield f
     finally:
@@ -505,8 +505,9 @@ def write_atomic(root: Root, path: str | os.PathLike[str], data: bytes | str, *,
 
 
 def make_dirs(root: Root, path: str | os.PathLike[str], *, what: str = "path") -> None:
-    """:meth:`Folder.make_dirs` of ``path`` under ``root``."""
-    with folder(root, what=what) as f:
+    """:meth:`Folder.make_dirs` of ``path`` under ``root`` (the root itself
+    made first when missing: the folder the user named)."""
+    with folder(root, what=what, create=True) as f:
         f.make_dirs(path)
 
 

@@ -150,7 +150,6 @@ RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/retrieval/corpus_input.py": (6, _USER_FILE + " (the corpus input); its scan memo through the door"),
     "rcn_fast/retrieval/encoders/base.py": (1, "reads an encoder folder's settings"),
     "rcn_fast/retrieval/encoders/onnx.py": (1, "writes a fresh temporary export folder; " + _CACHE),
-    "rcn_fast/retrieval/index.py": (1, _OWN_FOLDER),
     "rcn_fast/retrieval/st_folder.py": (1, "reads a sentence-transformers folder's settings"),
     "rcn_fast/retrieval/train.py": (13, _OWN_FOLDER + " (training checkpoints)"),
     "rcn_fast/retrieval/train_data.py": (1, _USER_FILE),
