@@ -19,7 +19,7 @@ to transformers): a ``tokenizer.json`` with a WordPiece model, a
 accent and CJK settings agree with the file's normaliser, right
 truncation and padding sides, and special tokens present in the
 vocabulary. Every file is read through the files door
-(:func:`rcn_fast._files.inside`); nothing here runs code from the folder.
+(:func:`rcn_fast._files.read_bytes`, by handle); nothing here runs code from the folder.
 """
 
 from __future__ import annotations
