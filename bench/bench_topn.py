@@ -182,13 +182,16 @@ def test_faiss(benchmark, record, corpora, queries, Q, dtype):
 #   cuda           the tensor-core scan (kernel "topn": rcn_fast._cuda.topn's
 #                  automatic choice, the tiled v1 kernel where the scan
 #                  cannot serve)
+#   cuda_v1        the tiled kernel (version 1) forced for every dtype: what
+#                  kernel "topn" runs where the scan cannot serve (k > 256,
+#                  d % 8 != 0, unaligned rows; always for float32)
 #   cuda_tiled     GEMM tiles + block select (kernel "topn_tiled")
 #   recipe         torch.topk(torch.mm(q, c.T, out_dtype=torch.float32), k):
 #                  the exact recipe of issue 35 (half-precision corpora,
 #                  queries in the corpus dtype)
 #   oneliner       torch.topk(q @ c.T, k): fast, not exact in half precision
 GPU_DTYPES = ("float32", "float16", "bfloat16")
-GPU_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_tiled", "recipe", "oneliner")
+GPU_IMPLS = ("dispatched", "torch_backend", "cuda", "cuda_v1", "cuda_tiled", "recipe", "oneliner")
 CUDA_KERNEL_IMPLS = {"cuda": "topn", "cuda_tiled": "topn_tiled"}
 
 
@@ -242,6 +245,10 @@ def _gpu_impl(impl):
         from rcn_fast.search.topn import run_cuda_kernel
 
         return functools.partial(run_cuda_kernel, kernel=CUDA_KERNEL_IMPLS[impl])
+    if impl == "cuda_v1":
+        from rcn_fast.search.topn import CUDA_TILED, run_cuda_kernel
+
+        return functools.partial(run_cuda_kernel, kernel="topn", algorithm=CUDA_TILED)
     return {"recipe": recipe, "oneliner": oneliner}[impl]
 
 
@@ -269,7 +276,7 @@ def test_gpu_topn(benchmark, record, gpu_corpora, gpu_queries, Q, dtype, qdtype,
         out = _run_cuda(benchmark, fn, q, c, K)
     _extra(benchmark, Q, c)
     record(benchmark.group, impl, benchmark)
-    if impl in ("dispatched", *CUDA_KERNEL_IMPLS):  # the same ids as the default torch path, near-ties aside
+    if impl in ("dispatched", "cuda_v1", *CUDA_KERNEL_IMPLS):  # the default torch path's ids, near-ties aside
         _, ref = rcn_fast.topn(q[:4], c, K, backend="torch")
         ids = out[1] if isinstance(out, tuple) else out.indices
         assert (ids[:4] == ref).float().mean().item() >= 0.99

@@ -95,6 +95,17 @@ def _gpu_name() -> str | None:
         return None
 
 
+def _gpu_capability() -> str | None:
+    """The compute capability of GPU 0 ("9.0"), or None."""
+    try:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(0)
+        return f"{major}.{minor}"
+    except Exception:  # noqa: BLE001 - no torch or no driver
+        return None
+
+
 def _kernel_versions() -> dict[str, int]:
     """The compiled CUDA kernels' versions (rcn_fast._cuda.KERNEL_VERSIONS), or {}."""
     from rcn_fast import _native
@@ -114,10 +125,13 @@ def write_gpu_results(results: dict[str, dict[str, float]], folder: Path | None 
     ``<folder>/<device>.json`` (folder: ``$RCN_FAST_GPU_RESULTS`` or
     bench/gpu_results): mean milliseconds per group and implementation,
     merged into what earlier runs on that device recorded with the same CUDA
-    kernel versions (a file recorded with other versions is replaced: its
-    figures measured kernels that are gone). docs/gpu.md's tables and the
-    dispatcher's table are made from these files by
-    ``python bench/gpu_table.py --write``."""
+    kernel versions. A file recorded with other versions is kept as
+    ``<device>-<its date>.json`` (its figures measured kernels that are gone
+    from the build, so the dispatcher never uses them, but the history
+    stays), and a new file is started. Each file records the GPU's name and
+    compute capability: its records count for that GPU only
+    (rcn_fast/_crossovers.py). docs/gpu.md's tables and the dispatcher's
+    table are made from these files by ``python bench/gpu_table.py --write``."""
     groups = {g: {impl: round(t * 1e3, 3) for impl, t in impls.items()} for g, impls in results.items()
               if " GPU " in f" {g} "}
     name = _gpu_name() if groups else None
@@ -130,13 +144,22 @@ def write_gpu_results(results: dict[str, dict[str, float]], folder: Path | None 
     folder.mkdir(parents=True, exist_ok=True)
     path = results_path(name, folder)
     old = json.loads(path.read_text()) if path.exists() else {}
-    if old.get("cuda_kernels") != kernels:
+    if old and old.get("cuda_kernels") != kernels:
+        keep = path.with_name(f"{path.stem}-{old.get('updated', 'earlier')}.json")
+        n = 2
+        while keep.exists():
+            keep = path.with_name(f"{path.stem}-{old.get('updated', 'earlier')}-{n}.json")
+            n += 1
+        path.rename(keep)
         old = {}
     data = {"groups": {}, **old}
     data["groups"].update(groups)
     data.update({"device": name, "updated": datetime.date.today().isoformat(), "unit": "ms (mean)",
                  "rcn_fast": rcn_fast.__version__, "cuda_kernels": kernels,
                  "command": command or os.environ.get(COMMAND_ENV) or data.get("command") or "python -m pytest bench/"})
+    capability = _gpu_capability()
+    if capability:
+        data["capability"] = capability
     data.pop("note", None)
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path

@@ -1,23 +1,42 @@
 """One prepared device check (bench/gpu_check.sh runs this): build the
-extension for the GPU, run the GPU tests and the GPU benchmarks, record the
-figures in bench/gpu_results/<device>.json and print docs/gpu.md's tables.
+extension for the GPU, run the GPU tests, time every CUDA kernel against its
+torch peer, compare the samplers' draws with the CPU's, record the figures
+in bench/gpu_results/<device>.json and print docs/gpu.md's tables.
 
-Made for one H100 or H200 in one device call (at most 9 minutes, under the
-10 minutes one call may run) with only what a CUDA 13 / torch 2.11 image has
-(nothing is fetched). The benchmarks time every CUDA path against its torch
-peer in that one call: the top-n scan and GEMM tiles (and the int8 bounded
-scan), the two samplers, label scoring, and the corpus embedding.
+Made to run blind on one H100 or H200 in one device call (at most 9
+minutes, under the 10 minutes one call may run) with only what a CUDA 13 /
+torch 2.11 image has (nothing is fetched, nothing asks a question). The
+steps, in order:
+
+* build: ``pip install -e .`` with RCN_FAST_CUDA=ON for ``--arch`` (90);
+* tests: the GPU tests (``-m gpu``): every kernel against the CPU, the
+  samplers' draws against the emulation of their arithmetic;
+* bench: every kernel, old and new, timed against its torch peer in the
+  same run: top-n by the tensor-core scan (``cuda``), the tiled kernel it
+  falls back to (``cuda_v1``, forced for every dtype), the GEMM tiles
+  (``cuda_tiled``), the int8 bounded scan (``cuda_int8``), the default
+  (``dispatched``) and the torch backend and recipes; the warp and Gram
+  samplers; the Triton label scoring;
+* draws: bench/gpu_draws.py, the CPU-vs-GPU draw comparison of both
+  samplers (issue 55, Y2): printed, and written to
+  ``gpu_results/draws/<device>.json``;
+* embed: the corpus embedding (E5-base shape) against sentence-transformers;
+* tables: docs/gpu.md's tables and the dispatcher's table
+  (rcn_fast/_gpu_measurements.json) regenerated from the files, so kernels
+  measured faster become the default on that GPU at once (python
+  bench/gpu_table.py --write). Its time is kept in reserve: it runs even
+  when the steps before it ran long.
+
 ``--paper-scale`` adds a step that times top-n over the paper's store size
 (23.5M x 768 float16 resident: 36 GB; an H200, or it skips with the reason);
 run it in a call of its own (``--skip build --skip tests --skip bench --skip
-embed --paper-scale``) when the default steps already fill one. With the default results folder,
-the last step also updates docs/gpu.md's tables and the dispatcher's table
-(rcn_fast/_gpu_measurements.json) from the files, so the kernels measured
-faster become the default at once (python bench/gpu_table.py --write). Each step runs with its own
-timeout, never beyond what is left of the total budget; a step that fails or
-times out is reported and the next ones still run (the benchmarks record what
-they measured even when the tests failed). Exit status: 0 when every step
-that ran passed, 1 otherwise, 2 for bad arguments.
+draws --skip embed --paper-scale``) when the default steps already fill one.
+Each step runs with its own timeout, never beyond what is left of the total
+budget; a step that fails or times out is reported and the next ones still
+run (the benchmarks record what they measured even when the tests failed).
+A results file of other kernel versions is kept as
+``<device>-<its date>.json`` (bench/conftest.py). Exit status: 0 when every
+step that ran passed, 1 otherwise, 2 for bad arguments.
 
     bench/gpu_check.sh [--quick] [--out DIR] [--skip-build] [--skip STEP] [--budget S]
                        [--timeout STEP=S] [--arch 90] [--no-write] [--paper-scale] [--dry-run]
@@ -36,13 +55,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-STEP_NAMES = ("build", "tests", "bench", "embed", "paper", "tables")
+STEP_NAMES = ("build", "tests", "bench", "draws", "embed", "paper", "tables")
 # seconds each step may take at most (the total budget caps them too). On the
 # H200 (2026-11-27): build 25 s, tests 18 s, bench 34 s; the embedding pair
 # (two workloads of 3 and 7.6 s a call, setup included) needed more than 60 s;
 # the embed step also runs the command twice in a fresh process (cold start) and
-# once over 200,000 statements (issue 46): about 90 s expected, 240 s at most.
-STEP_TIMEOUTS = {"build": 150, "tests": 120, "bench": 240, "embed": 240, "paper": 300, "tables": 20}
+# once over 200,000 statements (issue 46): about 90 s expected. Issue 55 added
+# the tiled kernel for every dtype to the bench (about 25 s more) and the
+# draws step (about 20 s: the emulation runs 32 host threads).
+STEP_TIMEOUTS = {"build": 150, "tests": 120, "bench": 200, "draws": 60, "embed": 200, "paper": 300, "tables": 20}
+#: Steps whose time is kept in reserve: the steps before them never eat it.
+RESERVED = ("tables",)
 DEFAULT_BUDGET = 540.0  # seconds: one device call may run 600
 BENCH_FILES = ("bench/bench_topn.py", "bench/bench_sampling.py", "bench/bench_llm.py")
 BENCH_SELECT = "gpu or scoring_logits or scoring_hidden"
@@ -129,6 +152,8 @@ def plan(args: argparse.Namespace, python: str = sys.executable, embed_exists: b
                                                     "--benchmark-columns=mean,min,rounds"] + rounds,
              args.timeouts["bench"], bench_env),
     ]
+    steps.append(Step("draws", [python, str(HERE / "gpu_draws.py"), "--out", out], args.timeouts["draws"],
+                      bench_env))
     if embed_exists:
         # two workloads of seconds a call (pedantic: min-rounds calls + one warm-up): two rounds suffice
         embed_rounds = [r for r in rounds if not r.startswith("--benchmark-min-rounds")] + ["--benchmark-min-rounds=2"]
@@ -157,12 +182,14 @@ class Outcome:
 def run_steps(steps: list[Step], budget: float, runner=subprocess.run, clock=time.monotonic,
               log=print) -> list[Outcome]:
     """Run the steps in order, each within min(its timeout, what is left of
-    the budget); steps that no longer fit (less than 5 s left) are skipped.
-    ``runner`` is :func:`subprocess.run`'s signature (tests pass a fake)."""
+    the budget less the timeouts of the reserved steps still to come); steps
+    that no longer fit (less than 5 s left) are skipped. ``runner`` is
+    :func:`subprocess.run`'s signature (tests pass a fake)."""
     start = clock()
     outcomes = []
-    for step in steps:
-        left = budget - (clock() - start)
+    for i, step in enumerate(steps):
+        reserve = sum(s.timeout for s in steps[i + 1:] if s.name in RESERVED)
+        left = budget - (clock() - start) - reserve
         if left < 5:
             outcomes.append(Outcome(step.name, f"skipped: the {budget:g} s budget is spent", 0.0))
             log(f"== {step.name}: skipped (budget spent)")

@@ -7,8 +7,12 @@ the benchmarks, see bench/conftest.py and bench/gpu_check.sh).
     python bench/gpu_table.py --write               # docs/gpu.md's GPU block and rcn_fast/_gpu_measurements.json
 
 A results file: ``{"device", "updated", "unit", "cuda_kernels": {op:
-version}, "groups": {group: {impl: ms}}, ...}``. Group names say the op and
-the workload: ``topn GPU N=<N> Q=<Q> <dtype>[ queries=<dtype>]`` (no
+version}, "groups": {group: {impl: ms}}, ...}``, optionally ``"capability"``
+(the GPU's compute capability, "9.0"), ``"match": "capability"`` (its
+records then count for every GPU of that capability, not only for the GPU
+named: rcn_fast/_crossovers.py) and ``"topn_k"`` / ``"topn_d"`` (the top-n
+workload; default 100 and 768, bench/bench_topn.py's). Group names say the
+op and the workload: ``topn GPU N=<N> Q=<Q> <dtype>[ queries=<dtype>]`` (no
 ``queries=``: float32 queries), ``sample_subsets GPU B=<B> ... <dtype>``,
 ``llm label scoring GPU ...``.
 """
@@ -21,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from rcn_fast._crossovers import KERNELS
+from rcn_fast._crossovers import KERNELS, kernel_algorithm
 
 HERE = Path(__file__).resolve().parent
 FOLDER = HERE / "gpu_results"
@@ -32,7 +36,8 @@ BEGIN, END = "<!-- gpu-tables: begin (python bench/gpu_table.py --write) -->", "
 
 # columns of each op's table, in this order (others follow, sorted)
 COLUMNS = {
-    "topn": ("dispatched", "torch_backend", "cuda", "cuda_tiled", "cuda_int8", "recipe", "oneliner", "torch_cuda"),
+    "topn": ("dispatched", "torch_backend", "cuda", "cuda_v1", "cuda_tiled", "cuda_int8", "recipe", "oneliner",
+             "torch_cuda"),
     "sample_subsets": ("cuda", "cuda_gram", "torch_cuda"),
     "llm": ("triton",),
 }
@@ -49,6 +54,8 @@ COMMANDS = {
     "topn": "python -m pytest bench/bench_topn.py -k gpu --benchmark-only",
     "sample_subsets": "python -m pytest bench/bench_sampling.py -k gpu --benchmark-only",
 }
+#: The top-n workload of bench/bench_topn.py's GPU groups (k, d), where a file does not say.
+TOPN_K, TOPN_D = 100, 768
 _TOPN = re.compile(r"^topn GPU (N=\d+) Q=(\d+) (\w+)(?: queries=(\w+))?$")
 _SAMPLER = re.compile(r"^sample_subsets GPU B=(\d+) (.*) (\w+)$")
 
@@ -151,6 +158,9 @@ def crossover_rows(folder: Path = FOLDER) -> list[dict]:
             peer = next((p for p in PEERS[op] if p in impls), None)
             if peer is None:
                 continue
+            work = {"dtype": dtype, "Q": size}
+            if op == "topn":
+                work.update(k=int(data.get("topn_k", TOPN_K)), d=int(data.get("topn_d", TOPN_D)))
             for kernel, impl in KERNELS[op]:
                 if impl not in impls:
                     continue
@@ -158,7 +168,9 @@ def crossover_rows(folder: Path = FOLDER) -> list[dict]:
                     "op": op, "dtype": dtype, "query_dtype": qdtype, "size": size, "cuda_ms": impls[impl],
                     "torch_ms": impls[peer], "peer": peer, "device": data["device"], "shape": shape,
                     "command": data.get("command") or COMMANDS[op], "kernel_version": int(kernels.get(kernel, 1)),
-                    "source": name, "kernel": kernel,
+                    "source": name, "kernel": kernel, "capability": data.get("capability"),
+                    "match": data.get("match", "name"), "k": work.get("k"), "d": work.get("d"),
+                    "algorithm": kernel_algorithm(op, kernel, work),
                 })
     return rows
 

@@ -33,6 +33,25 @@ def device_of(x: Any) -> str:
     return "cpu"
 
 
+def is_cuda(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor on a CUDA device (the CUDA code paths
+    ask this; tests/cuda_standin.py answers yes for its stand-in tensors)."""
+    return is_torch(x) and x.device.type == "cuda"
+
+
+def on_device(x: Any) -> Any:
+    """The context every launch of rcn_fast's CUDA code runs in:
+    ``torch.cuda.device(x.device)`` for a CUDA tensor ``x`` (the launchers
+    use the current device: its streams, scratch memory and properties), a
+    no-op context for anything else. tests/test_cuda_devices.py checks that
+    every launch site sits inside one."""
+    if not is_cuda(x):
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return sys.modules["torch"].cuda.device(x.device)
+
+
 def dtype_name(x: Any) -> str:
     if is_torch(x):
         return str(x.dtype).removeprefix("torch.")
@@ -139,8 +158,14 @@ def from_numpy_like(ref: Any, arr: np.ndarray) -> Any:
     return arr
 
 
+#: How to install torch: any release the extras admit; on a machine without a GPU, the CPU build
+#: (PyPI's Linux wheel is the CUDA one), as docs/gpu.md says.
+TORCH_INSTALL = ("pip install 'torch>=2.11' (on a CPU-only machine the CPU build: "
+                 "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+
+
 def _torch() -> Any:
-    return require("torch", "pip install torch==2.13.0")
+    return require("torch", TORCH_INSTALL)
 
 
 def require(module: str, hint: str) -> Any:

@@ -35,17 +35,20 @@ def build_info() -> dict[str, Any]:
     directory rcn_fast was imported from), ``native`` (compiler, SIMD
     compiled and active, CPU features, threads, the module's file; or the
     load error),
-    ``cuda`` (compiled?, usable?, devices, reason), ``packages`` (optional
+    ``cuda`` (compiled?, usable?, devices, reason), ``cuda_stack`` (torch
+    and the CUDA it was built with, the driver, and whether the CUDA module
+    fits them: :mod:`rcn_fast._cuda_versions`), ``packages`` (optional
     package -> importable), ``backends`` (op -> the backend chosen for
     float32 CPU numpy inputs and for CUDA torch inputs of several dtypes and
     sizes, with every other backend's reason; for CUDA inputs also
-    ``on_a_gpu``: the choice the measured crossovers make where a GPU is
-    usable, see :mod:`rcn_fast._crossovers`).
+    ``on_a_gpu``: per GPU a recorded run names, the choice its measured
+    crossovers make there, and torch for any other GPU; see
+    :mod:`rcn_fast._crossovers`).
     """
     import importlib.util
 
     import rcn_fast
-    from rcn_fast import _crossovers, _dispatch, _native
+    from rcn_fast import _crossovers, _cuda_versions, _dispatch, _native
 
     info: dict[str, Any] = {
         "version": rcn_fast.__version__,
@@ -68,6 +71,11 @@ def build_info() -> dict[str, Any]:
     if why:
         cuda["reason"] = why
     info["cuda"] = cuda
+    torch_, driver = _cuda_versions.torch_info(), _cuda_versions.driver_info()
+    module = cuda if cmod is not None and "toolkit" in cuda else None
+    info["cuda_stack"] = {"torch": torch_, "driver": driver,
+                          "checks": [{"check": c, "ok": ok, "why": why}
+                                     for c, ok, why in _cuda_versions.compatibility(torch_, module, driver)]}
 
     info["packages"] = {p: importlib.util.find_spec(p) is not None for p in OPTIONAL_PACKAGES}
 
@@ -84,10 +92,14 @@ def build_info() -> dict[str, Any]:
             entry[label] = {"uses": chosen,
                             "why_not_others": {b: r for b, r in report if r and b != chosen}}
             if ctx["device"] == "cuda" and name in _crossovers.SIZE_KEY:
-                # what a usable GPU would run, from the measured crossovers
-                kernel, why = _crossovers.kernel_choice(name, ctx)
-                entry[label]["on_a_gpu"] = (f"cuda ({kernel}): measured at least as fast as torch" if kernel
-                                            else "torch: " + why)
+                # what each recorded GPU would run, from its measured crossovers (any other GPU: torch)
+                on = {}
+                for gpu in _crossovers.recorded_gpus():
+                    kernel, why = _crossovers.kernel_choice(name, {**ctx, **gpu})
+                    on[gpu["gpu"]] = (f"cuda ({kernel}): measured at least as fast as torch" if kernel
+                                      else "torch: " + why)
+                on["any other GPU"] = "torch: no recorded run on it (bench/gpu_check.sh records one)"
+                entry[label]["on_a_gpu"] = on
         backends[name] = entry
     info["backends"] = backends
     return info
@@ -133,6 +145,19 @@ def format_info(info: dict[str, Any]) -> str:
         state += f" for sm {cu.get('architectures', '?')} (toolkit {cu.get('toolkit', '?')})"
     lines.append(f"cuda          : {state}; GPU usable: {cu['gpu_usable']}"
                  + (f" - {cu['reason']}" if cu.get("reason") else ""))
+    st = info["cuda_stack"]
+    t, d = st["torch"], st["driver"]
+    if t.get("version") is None:
+        lines.append("torch         : not installed")
+    else:
+        gpus = ", ".join(f"{g['name']} (sm {g['cc']})" for g in t.get("devices", [])) or "none usable"
+        lines.append(f"torch         : {t['version']}, " + (f"CUDA {t['cuda']}; GPUs: {gpus}" if t.get("cuda")
+                                                             else "a CPU build"))
+    lines.append("driver        : " + (f"NVIDIA {d['release'] or '(release unknown)'}, runs CUDA {d['cuda']}"
+                                       if d.get("cuda") else f"none ({d.get('reason', 'no NVIDIA driver')})"))
+    for c in st["checks"]:
+        mark = {True: "ok  ", False: "FAIL", None: "n/a "}[c["ok"]]
+        lines.append(f"  {mark} {c['check']}: {c['why']}")
     pk = info["packages"]
     lines.append("packages      : " + ", ".join(f"{p} {'yes' if ok else 'no'}" for p, ok in pk.items()))
     lines.append("backends:")
@@ -141,8 +166,8 @@ def format_info(info: dict[str, Any]) -> str:
             lines.append(f"  {op:<16} {label:<28} -> {e['uses'] or 'none'}")
             for b, r in e["why_not_others"].items():
                 lines.append(f"  {'':<16} {'':<28}    {b}: {r}")
-            if "on_a_gpu" in e:
-                lines.append(f"  {'':<16} {'':<28}    with a usable GPU -> {e['on_a_gpu']}")
+            for gpu, choice in e.get("on_a_gpu", {}).items():
+                lines.append(f"  {'':<16} {'':<28}    on {gpu} -> {choice}")
     return "\n".join(lines)
 
 

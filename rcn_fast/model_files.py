@@ -19,6 +19,7 @@ a pointer to the folder's own Python code -- is refused up front
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import importlib.util
@@ -29,7 +30,7 @@ import struct
 from pathlib import Path
 
 from rcn_fast._arrays import require
-from rcn_fast._files import check_links
+from rcn_fast._files import Folder, check_links, read_text
 
 # the settings file the retriever trainer writes into a model folder (not part of the fingerprint)
 SETTINGS_FILE = "rcn_fast_encoder.json"
@@ -84,15 +85,14 @@ def refuse_remote_code(model_dir: str | os.PathLike[str]) -> None:
         (:class:`rcn_fast._files.LinkError`: the link and its target).
     """
     d = Path(model_dir)
-    check_links(d, root=model_folder_root(d), what="model")
+    root = model_folder_root(d)
+    check_links(d, root=root, what="model")
     for name in REMOTE_CODE_FILES:
         f = d / name
-        if not f.is_file():
-            continue
         try:
-            data = json.loads(f.read_text(encoding="utf-8"))
+            data = json.loads(read_text(root, f, what="model", limit=64 << 20))
         except (OSError, ValueError):
-            continue  # transformers reports an unreadable file itself
+            continue  # absent; or unreadable: transformers reports that itself
         if isinstance(data, dict) and data.get("auto_map"):
             raise ValueError(f"model: {f} holds an 'auto_map' ({', '.join(_code_refs(data['auto_map']))}): the "
                              "model needs its own "
@@ -251,23 +251,36 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     Memoised per process on (path, size, mtime) of the files.
     """
     d = Path(model_dir)
-    names = sorted(
-        f.name for f in d.iterdir()
-        if f.is_file() and (f.suffix in (".json", ".txt", ".model", ".safetensors", ".bin")
-                            and not f.name.startswith(".") and f.name != SETTINGS_FILE)
-    )
-    stat_key = tuple((n, (d / n).stat().st_size, (d / n).stat().st_mtime_ns) for n in names)
-    key = (str(d.resolve()), stat_key)
-    if key in _FP_CACHE:
-        return _FP_CACHE[key]
-    h = hashlib.sha256()
-    for n in names:
-        h.update(n.encode() + b"\0")
-        with open(d / n, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    _FP_CACHE[key] = h.hexdigest()
-    return _FP_CACHE[key]
+    with Folder(model_folder_root(d), what="model") as root:  # every file beneath the folder's descriptor
+        fds: dict[str, int] = {}
+        try:
+            for n in root.listdir(d):
+                if Path(n).suffix not in (".json", ".txt", ".model", ".safetensors", ".bin") or n.startswith(".") \
+                        or n == SETTINGS_FILE:
+                    continue
+                try:
+                    fd = root.open_fd(d / n)  # a snapshot's links into blobs/ followed, none out of the folder
+                except OSError as exc:
+                    if exc.errno in (errno.EISDIR, errno.EINVAL):  # a folder, a FIFO ...: not a model file
+                        continue
+                    raise
+                fds[n] = fd
+            names = sorted(fds)
+            stat_key = tuple((n, os.fstat(fds[n]).st_size, os.fstat(fds[n]).st_mtime_ns) for n in names)
+            key = (str(root.path / root.rel(d)), stat_key)
+            if key not in _FP_CACHE:
+                h = hashlib.sha256()
+                for n in names:
+                    h.update(n.encode() + b"\0")
+                    pos = 0
+                    while block := os.pread(fds[n], 1 << 22, pos):
+                        h.update(block)
+                        pos += len(block)
+                _FP_CACHE[key] = h.hexdigest()
+            return _FP_CACHE[key]
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> dict[str, object]:
@@ -399,16 +412,18 @@ def _folder_model_name(path: Path) -> str:
     """A model folder's name: a sentence-transformers folder's model card
     title (``# all-MiniLM-L6-v2``); else the hub id its ``config.json``
     came from (``_name_or_path``); else the folder's own name."""
-    if (path / "modules.json").is_file() and (path / "README.md").is_file():
+    root = model_folder_root(path)
+    if (path / "modules.json").is_file():
         try:
-            for line in (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()[:200]:
-                m = re.fullmatch(r"#\s+(\S+)\s*", line)
-                if m:
-                    return m.group(1)
-        except OSError:
-            pass
+            card = read_text(root, path / "README.md", what="model", limit=1 << 20).splitlines()[:200]
+        except (OSError, ValueError):
+            card = []
+        for line in card:
+            m = re.fullmatch(r"#\s+(\S+)\s*", line)
+            if m:
+                return m.group(1)
     try:
-        origin = json.loads((path / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
+        origin = json.loads(read_text(root, path / "config.json", what="model", limit=64 << 20)).get("_name_or_path")
     except (OSError, ValueError, AttributeError):
         origin = None
     if isinstance(origin, str) and origin.count("/") == 1 and not origin.startswith(("/", ".", "~")):

@@ -33,12 +33,19 @@ def fake_gpu(monkeypatch):
     return mod
 
 
-def _topn_ctx(dtype: str, Q: int, k: int = 100) -> dict:
-    return {"library": "torch", "device": "cuda", "dtype": dtype, "Q": Q, "N": 1_000_000, "d": 768, "k": k}
+H100, H200, A100 = "NVIDIA H100", "NVIDIA H200", "NVIDIA A100-SXM4-80GB"
+#: The kernel versions the recorded H200 run of 2026-11-27 measured (bench/gpu_results/nvidia-h200.json).
+V2 = {"topn": 2, "topn_tiled": 1, "topn_int8": 1, "sample_subsets": 2, "sample_subsets_gram": 1}
 
 
-def _sampler_ctx(dtype: str, B: int) -> dict:
-    return {"library": "torch", "device": "cuda", "dtype": dtype, "B": B, "n": 100, "d": 768, "N": 9, "K": 5}
+def _topn_ctx(dtype: str, Q: int, k: int = 100, gpu: str = H100) -> dict:
+    return {"library": "torch", "device": "cuda", "dtype": dtype, "Q": Q, "N": 1_000_000, "d": 768, "k": k,
+            "gpu": gpu, "aligned": True}
+
+
+def _sampler_ctx(dtype: str, B: int, gpu: str = H100) -> dict:
+    return {"library": "torch", "device": "cuda", "dtype": dtype, "B": B, "n": 100, "d": 768, "N": 9, "K": 5,
+            "gpu": gpu}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -53,24 +60,27 @@ def test_topn_on_cuda_goes_to_torch_where_the_kernel_measured_slower(fake_gpu, d
     assert op.select(ctx, backend="cuda").name == "cuda"
 
 
-def test_sampler_on_cuda_follows_the_measurement_per_dtype(fake_gpu):
+def test_sampler_on_cuda_follows_the_measurement_per_dtype_and_gpu(fake_gpu):
     op = _dispatch.get("sample_subsets")
-    # float32: the version 1 kernel measured faster on the H100 and the H200
-    assert op.select(_sampler_ctx("float32", 1000)).name == "cuda"
-    assert dict(op.report(_sampler_ctx("float32", 1000)))["cuda"] is None
-    # float16: slower on the H100 (13.6 vs 9.7 ms): every nearest run must agree
-    assert op.select(_sampler_ctx("float16", 1000)).name == "torch"
-    assert "measured slower" in dict(op.report(_sampler_ctx("float16", 1000)))["cuda"]
+    # float32: the version 1 kernel measured faster on the H100 and on the H200
+    for gpu in (H100, H200):
+        assert op.select(_sampler_ctx("float32", 1000, gpu)).name == "cuda"
+        assert dict(op.report(_sampler_ctx("float32", 1000, gpu)))["cuda"] is None
+    # float16: slower on the H100 (13.6 vs 9.7 ms), not slower on the H200 at B = 1,000: each GPU its own
+    assert op.select(_sampler_ctx("float16", 1000, H100)).name == "torch"
+    assert "measured slower than torch on NVIDIA H100" in dict(op.report(_sampler_ctx("float16", 1000)))["cuda"]
+    assert op.select(_sampler_ctx("float16", 1000, H200)).name == "cuda"
     # float16 at B = 10,000: slower on the H200 (116.9 vs 75.9 ms)
-    assert "116.9 vs 75.9" in dict(op.report(_sampler_ctx("float16", 10_000)))["cuda"]
-    # bfloat16: faster on the H200 (3.12 vs 14.12 ms)
-    assert op.select(_sampler_ctx("bfloat16", 1000)).name == "cuda"
+    assert "116.9 vs 75.9" in dict(op.report(_sampler_ctx("float16", 10_000, H200)))["cuda"]
+    # bfloat16: faster on the H200 (3.12 vs 14.12 ms), never measured on the H100
+    assert op.select(_sampler_ctx("bfloat16", 1000, H200)).name == "cuda"
+    assert op.select(_sampler_ctx("bfloat16", 1000, H100)).name == "torch"
 
 
 def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
     """A rebuilt kernel (version 3 here) has no recorded run: torch serves
     every CUDA call, with the reason; forcing the kernel still works."""
-    fake_gpu.KERNEL_VERSIONS = {"topn": 3, "sample_subsets": 3}
+    fake_gpu.KERNEL_VERSIONS = {"topn": 3, "sample_subsets": 3}  # (the gpu of the contexts: the H100)
     for op_name, ctx in (("sample_subsets", _sampler_ctx("float32", 1000)),
                          ("sample_subsets", _sampler_ctx("bfloat16", 1000)),
                          ("topn", _topn_ctx("float16", 1)), ("topn", {**_topn_ctx("bfloat16", 32),
@@ -81,8 +91,9 @@ def test_a_new_kernel_version_is_not_picked_until_measured(fake_gpu):
         assert "kernel version 3 not yet measured" in why and "version 1, 2" in why
         assert "not in this build" in why  # the second kernel of each op: not in this (fake) build
         assert op.select(ctx, backend="cuda").name == "cuda"
-    assert _crossovers.KERNEL_VERSIONS == {"topn": 2, "topn_tiled": 1, "topn_int8": 1, "sample_subsets": 2,
-                                           "sample_subsets_gram": 1}
+    # issue 55 rebuilt every kernel: none is measured yet
+    assert _crossovers.KERNEL_VERSIONS == {"topn": 3, "topn_tiled": 2, "topn_int8": 2, "sample_subsets": 3,
+                                           "sample_subsets_gram": 2}
 
 
 def test_the_h200_run_of_the_version_2_kernels_decides(fake_gpu):
@@ -91,18 +102,19 @@ def test_the_h200_run_of_the_version_2_kernels_decides(fake_gpu):
     and 10,000, so it serves; the v2 scan only for a float16 corpus with
     float32 queries at Q = 1 (1.232 vs 1.441 ms); the new kernels (GEMM
     tiles, Gram sampler) have no recorded run: not picked."""
-    fake_gpu.KERNEL_VERSIONS = dict(_crossovers.KERNEL_VERSIONS)
+    fake_gpu.KERNEL_VERSIONS = dict(V2)
     samp = _dispatch.get("sample_subsets")
     for dt in ("float32", "float16", "bfloat16"):
         for b in (1000, 10_000):
-            assert samp.select(_sampler_ctx(dt, b)).name == "cuda"
-            assert _crossovers.kernel_choice("sample_subsets", _sampler_ctx(dt, b)) == ("sample_subsets", "")
+            assert samp.select(_sampler_ctx(dt, b, H200)).name == "cuda"
+            assert _crossovers.kernel_choice("sample_subsets", _sampler_ctx(dt, b, H200)) == ("sample_subsets", "")
     topn = _dispatch.get("topn")
-    assert topn.select({**_topn_ctx("float16", 1), "query_dtype": "float32"}).name == "cuda"
-    assert _crossovers.kernel_choice("topn", {**_topn_ctx("float16", 1), "query_dtype": "float32"})[0] == "topn"
+    assert topn.select({**_topn_ctx("float16", 1, gpu=H200), "query_dtype": "float32"}).name == "cuda"
+    assert _crossovers.kernel_choice("topn", {**_topn_ctx("float16", 1, gpu=H200), "query_dtype": "float32"})[0] \
+        == "topn"
     for dt, qdt, q in (("float16", "float16", 1), ("float16", "float32", 32), ("bfloat16", "float32", 1),
                        ("float32", "float32", 512), ("bfloat16", "bfloat16", 512)):
-        ctx = {**_topn_ctx(dt, q), "query_dtype": qdt}
+        ctx = {**_topn_ctx(dt, q, gpu=H200), "query_dtype": qdt}
         assert topn.select(ctx).name == "torch"
         why = dict(topn.report(ctx))["cuda"]
         assert "measured slower than torch on NVIDIA H200" in why and "topn_tiled: kernel version 1 not yet" in why
@@ -114,7 +126,7 @@ def test_the_fastest_measured_kernel_serves(fake_gpu):
                source="a.json")
     table = (GpuMeasurement("topn", cuda_ms=6.0, torch_ms=7.0, kernel_version=2, kernel="topn", **row),
              GpuMeasurement("topn", cuda_ms=5.0, torch_ms=7.0, kernel_version=1, kernel="topn_tiled", **row))
-    ctx = {**_topn_ctx("float16", 512), "query_dtype": "float16"}
+    ctx = {**_topn_ctx("float16", 512, gpu="GPU A"), "query_dtype": "float16"}
     assert _crossovers.kernel_choice("topn", ctx, table) == ("topn_tiled", "")
     slower_tiles = (table[0], GpuMeasurement("topn", cuda_ms=8.0, torch_ms=7.0, kernel_version=1,
                                              kernel="topn_tiled", **row))
@@ -136,15 +148,67 @@ def test_a_run_of_the_built_version_decides(fake_gpu):
     table = (GpuMeasurement("topn", "float16", 1, 0.3, 0.5, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"),
              GpuMeasurement("topn", "float16", 1, 0.4, 0.5, "GPU B", "N=1000000", "cmd", "float16", 2, "b.json"),
              GpuMeasurement("topn", "float16", 512, 9.0, 7.0, "GPU A", "N=1000000", "cmd", "float16", 2, "a.json"))
-    ctx = {**_topn_ctx("float16", 1), "query_dtype": "float16"}
-    assert cuda_slower_reason("topn", ctx, table, {"topn": 2}) is None  # faster on both devices
+    ctx = {**_topn_ctx("float16", 1, gpu="GPU A"), "query_dtype": "float16"}
+    assert cuda_slower_reason("topn", ctx, table, {"topn": 2}) is None  # faster on GPU A
+    assert cuda_slower_reason("topn", {**ctx, "gpu": "GPU B"}, table, {"topn": 2}) is None  # and on GPU B
     assert "not yet measured" in cuda_slower_reason("topn", {**ctx, "query_dtype": "float32"}, table, {"topn": 2})
     assert "9 vs 7 ms at Q=512" in cuda_slower_reason("topn", {**ctx, "Q": 400}, table, {"topn": 2})
     slower_on_b = table[:1] + (GpuMeasurement("topn", "float16", 1, 0.6, 0.5, "GPU B", "N=1000000", "cmd",
                                               "float16", 2, "b.json"),)
-    assert "GPU B" in cuda_slower_reason("topn", ctx, slower_on_b, {"topn": 2})
+    assert cuda_slower_reason("topn", ctx, slower_on_b, {"topn": 2}) is None  # GPU A's record decides for GPU A
+    assert "GPU B" in cuda_slower_reason("topn", {**ctx, "gpu": "GPU B"}, slower_on_b, {"topn": 2})
     # the fake module's own versions decide when none are given: version 2 of the scan was measured
     assert cuda_slower_reason("topn", ctx, table) is None
+
+
+def test_a_record_counts_only_for_its_gpu(fake_gpu):
+    """Issue 55, C5: the H200's records chose kernels on every GPU (an A100
+    was sent the warp sampler whose launch failed there at 16 subsets). A
+    record counts for the GPU it ran on, by name; one that says so counts
+    for every GPU of its compute capability; an unmeasured GPU runs torch."""
+    fake_gpu.KERNEL_VERSIONS = dict(V2)
+    samp = _dispatch.get("sample_subsets")
+    assert samp.select(_sampler_ctx("float32", 1000, H200)).name == "cuda"
+    ctx = _sampler_ctx("float32", 1000, A100)
+    assert samp.select(ctx).name == "torch"
+    why = dict(samp.report(ctx))["cuda"]
+    assert "on NVIDIA A100-SXM4-80GB" in why and "measured on NVIDIA H200 only" in why
+    assert samp.select({**ctx, "gpu": None}).name == "torch"  # a GPU that cannot be named
+    row = dict(dtype="float16", size=1, device="NVIDIA H100 80GB HBM3", shape="N=1000000", command="cmd",
+               query_dtype="float16", source="a.json", kernel="topn", kernel_version=2, k=100, d=768,
+               algorithm="scan", capability="9.0")
+    by_name = (GpuMeasurement("topn", cuda_ms=1.0, torch_ms=2.0, **row),)
+    by_cc = (GpuMeasurement("topn", cuda_ms=1.0, torch_ms=2.0, match="capability", **row),)
+    tctx = {**_topn_ctx("float16", 1, gpu=H200), "query_dtype": "float16", "capability": "9.0"}
+    assert _crossovers.kernel_choice("topn", tctx, by_name, {"topn": 2})[0] is None
+    assert _crossovers.kernel_choice("topn", {**tctx, "gpu": row["device"]}, by_name, {"topn": 2})[0] == "topn"
+    assert _crossovers.kernel_choice("topn", tctx, by_cc, {"topn": 2})[0] == "topn"  # the same capability
+    assert _crossovers.kernel_choice("topn", {**tctx, "capability": "8.0"}, by_cc, {"topn": 2})[0] is None
+
+
+def test_k_d_and_the_algorithm_key_a_topn_record(fake_gpu):
+    """Issue 55, S4: a record of the tensor-core scan (k = 100, d = 768)
+    counted for calls the scan cannot serve (k > 256, d % 8 != 0: the tiled
+    fallback runs) and for any k. Now the algorithm the call would run, the
+    d % 8 class and a k within K_RATIO of the record's must match."""
+    row = dict(dtype="float16", size=1, device="GPU", shape="N=1000000", command="cmd", query_dtype="float16",
+               source="a.json", kernel="topn", kernel_version=3)
+    ctx0 = {"dtype": "float16", "Q": 1, "k": 100, "d": 768, "gpu": "GPU"}
+    table = (GpuMeasurement("topn", cuda_ms=1.0, torch_ms=2.0, k=100, d=768,
+                            algorithm=_crossovers.topn_algorithm("topn", ctx0), **row),)
+    assert table[0].algorithm == "scan"
+    v = {"topn": 3}
+    assert _crossovers.kernel_choice("topn", {**ctx0, "query_dtype": "float16"}, table, v)[0] == "topn"
+    for change, algo in (({"k": 300}, "tiled_v1"), ({"d": 770}, "tiled_v1"), ({"aligned": False}, "tiled_v1"),
+                         ({"k": 10}, "scan"), ({"k": 401}, "tiled_v1"), ({"dtype": "float32"}, None)):
+        ctx = {**ctx0, "query_dtype": "float16", **change}
+        if algo:
+            assert _crossovers.topn_algorithm("topn", ctx) == algo
+        kernel, why = _crossovers.kernel_choice("topn", ctx, table, v)
+        assert kernel is None and "not yet measured" in why, change
+    for k in (25, 50, 200, 256):
+        assert _crossovers.kernel_choice("topn", {**ctx0, "query_dtype": "float16", "k": k}, table, v)[0] == "topn"
+    assert _crossovers.topn_algorithm("topn_tiled", ctx0) == "gemm_tiles"
 
 
 def test_the_environment_override_still_forces_the_kernel(fake_gpu, monkeypatch):
@@ -162,16 +226,18 @@ def test_nearest_measurement_on_a_log_scale():
         GpuMeasurement("topn", "float32", 1, 1.0, 2.0, "GPU", "s", "cmd"),
         GpuMeasurement("topn", "float32", 512, 9.0, 3.0, "GPU", "s", "cmd"),
     )
-    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 4}, table)] == [1]
-    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 200}, table)] == [512]
+    g = {"gpu": "GPU"}
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 4, **g}, table)] == [1]
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 200, **g}, table)] == [512]
     # just below the geometric midpoint (22.6): the smaller measured size is nearer
-    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 22}, table)] == [1]
-    assert nearest_measurements("topn", {"dtype": "float16", "Q": 4}, table) == []
+    assert [m.size for m in nearest_measurements("topn", {"dtype": "float32", "Q": 22, **g}, table)] == [1]
+    assert nearest_measurements("topn", {"dtype": "float16", "Q": 4, **g}, table) == []
+    assert nearest_measurements("topn", {"dtype": "float32", "Q": 4}, table) == []  # no GPU named: none counts
     v1, v2 = {"topn": 1}, {"topn": 2}
-    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2}, table, v1) is None  # kernel faster
-    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000}, table, v1)
-    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1}, table, v1)
-    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1}, table, v2)
+    assert cuda_slower_reason("topn", {"dtype": "float32", "Q": 2, **g}, table, v1) is None  # kernel faster
+    assert "9 vs 3 ms at Q=512" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1000, **g}, table, v1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "bfloat16", "Q": 1, **g}, table, v1)
+    assert "not yet measured" in cuda_slower_reason("topn", {"dtype": "float32", "Q": 1, **g}, table, v2)
 
 
 def test_the_table_names_device_and_command_for_every_row():
@@ -225,14 +291,15 @@ def test_info_says_what_a_gpu_would_run():
     info = json.loads(res.stdout)
     topn = info["backends"]["topn"]
     assert topn["cpu (numpy float32)"]["uses"] == "native"
-    # the H200 run of the version 2 kernels: the scan serves a float16 corpus (float32 queries) at Q = 1 only
-    assert topn["cuda (torch float16, Q=1)"]["on_a_gpu"].startswith("cuda (topn): measured")
-    for q in (32, 512):
-        assert topn[f"cuda (torch float16, Q={q})"]["on_a_gpu"].startswith("torch: topn: measured slower")
-        assert topn[f"cuda (torch float32, Q={q})"]["on_a_gpu"].startswith("torch:")
+    # per recorded GPU; every kernel was rebuilt by issue 55 and none is measured yet: torch everywhere
+    for label in ("cuda (torch float16, Q=1)", "cuda (torch float32, Q=512)"):
+        on = topn[label]["on_a_gpu"]
+        assert set(on) == {"NVIDIA H100", "NVIDIA H200", "any other GPU"}
+        assert all(v.startswith("torch:") for v in on.values())
+        assert "kernel version 3 not yet measured" in on["NVIDIA H200"]
     samp = info["backends"]["sample_subsets"]
     for dt in ("float32", "float16", "bfloat16"):
-        assert samp[f"cuda (torch {dt}, B=1000)"]["on_a_gpu"].startswith("cuda (sample_subsets): measured")
+        assert samp[f"cuda (torch {dt}, B=1000)"]["on_a_gpu"]["any other GPU"].startswith("torch: no recorded run")
     if not info["cuda"]["gpu_usable"]:
         assert topn["cuda (torch float32, Q=32)"]["uses"] == "torch"
     assert rcn_fast.__version__
@@ -279,8 +346,11 @@ def test_the_h200_runs_are_recorded_as_found():
     version 2 kernels (../shared/gpu/2026-11-27/nvidia-h200.json) as
     recorded; nvidia-h200-2026-11-26.json the version 1 run of the day
     before (../shared/gpu/nvidia-h200.json)."""
-    data = json.loads((BENCH / "gpu_results" / "nvidia-h200.json").read_text())
-    assert data["device"] == "NVIDIA H200" and data["cuda_kernels"] == {"topn": 2, "sample_subsets": 2}
+    # a run of other kernel versions keeps this file as nvidia-h200-<its date>.json (bench/conftest.py)
+    files = sorted((BENCH / "gpu_results").glob("nvidia-h200*.json"))
+    data = next(d for d in map(json.loads, (p.read_text() for p in files))
+                if d["cuda_kernels"] == {"topn": 2, "sample_subsets": 2})
+    assert data["device"] == "NVIDIA H200"
     assert data["groups"]["sample_subsets GPU B=10000 n=100 d=768 K=5 N=9 float16"] == {"cuda": 12.31,
                                                                                         "torch_cuda": 67.152}
     old = json.loads((BENCH / "gpu_results" / "nvidia-h200-2026-11-26.json").read_text())
@@ -313,9 +383,13 @@ def test_gpu_results_recorder(tmp_path, monkeypatch):
     assert data["cuda_kernels"] == {"topn": 2} and data["command"] == "bench/gpu_check.sh"
     conftest.write_gpu_results({"topn GPU N=10 Q=32 float32": {"cuda": 0.003}}, tmp_path, kernels={"topn": 2})
     assert len(json.loads(path.read_text())["groups"]) == 2  # merged with the earlier run
-    # a rebuilt kernel: the figures of the old one are dropped, not mixed in
+    # a rebuilt kernel: the figures of the old one are not mixed in; its file is kept under its date
+    updated = json.loads(path.read_text())["updated"]
     conftest.write_gpu_results({"topn GPU N=10 Q=512 float32": {"cuda": 0.004}}, tmp_path, kernels={"topn": 3})
     assert list(json.loads(path.read_text())["groups"]) == ["topn GPU N=10 Q=512 float32"]
+    kept = tmp_path / f"test-gpu-9000-{updated}.json"
+    assert json.loads(kept.read_text())["cuda_kernels"] == {"topn": 2}
+    assert len(json.loads(kept.read_text())["groups"]) == 2
     # the results folder from the environment (bench/gpu_check.sh --out)
     monkeypatch.setenv(conftest.RESULTS_ENV, str(tmp_path / "elsewhere"))
     assert conftest.write_gpu_results(results, kernels={}).parent == tmp_path / "elsewhere"

@@ -695,7 +695,7 @@ def test_cli_names_the_hub_source_it_cannot_reach(tmp_path, monkeypatch, capsys)
 def test_relative_local_is_relative_to_the_yaml_that_writes_it(tmp_path, monkeypatch):
     """Issue 37: a task YAML's relative ``local:`` is read from the YAML's own folder, an
     ``include:``d file's from that file's folder (not the including file's, not the package,
-    not the working directory)."""
+    not the working directory); issue 53: and never from outside that folder."""
     from rcn_fast.eval import load_task_questions
 
     common = tmp_path / "common"
@@ -706,9 +706,13 @@ def test_relative_local_is_relative_to_the_yaml_that_writes_it(tmp_path, monkeyp
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "t.yaml").write_text("name: t\ninclude: ../common/base.yaml\n", encoding="utf-8")
-    (mine / "u.yaml").write_text("name: u\nlocal: ../common/qs.jsonl\n", encoding="utf-8")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "u.yaml").write_text("name: u\nlocal: ../common/qs.jsonl\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path / "common")  # the working directory plays no part
-    for name in ("t", "u"):
-        spec = resolve_task(name, include_paths=[str(mine)])
-        assert spec.local == str((common / "qs.jsonl").resolve())
-        assert [q.id for q in load_task_questions(spec)] == ["a"]
+    spec = resolve_task("t", include_paths=[str(mine)])
+    assert spec.local == str((common / "qs.jsonl").resolve())
+    assert [q.id for q in load_task_questions(spec)] == ["a"]
+    # issue 53: a task file's data lies in its own folder: a local: climbing out of it is refused, naming it
+    with pytest.raises(TaskError, match=r"u.yaml: local: '../common/qs.jsonl' climbs out of the task file's folder"):
+        resolve_task("u", include_paths=[str(other)])

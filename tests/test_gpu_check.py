@@ -42,7 +42,7 @@ def test_defaults_plan_every_step_within_one_device_call(gc):
     the paper-scale step is opt-in."""
     args = gc.parse_args([])
     steps = gc.plan(args, python="py", embed_exists=False)
-    assert [s.name for s in steps] == ["build", "tests", "bench", "tables"]
+    assert [s.name for s in steps] == ["build", "tests", "bench", "draws", "tables"]
     assert args.budget <= 540 and not args.quick and not args.paper_scale
     build = steps[0]
     assert build.env["RCN_FAST_CUDA"] == "ON" and "--no-build-isolation" in build.argv
@@ -54,7 +54,10 @@ def test_defaults_plan_every_step_within_one_device_call(gc):
     assert bench.argv[bench.argv.index("-k") + 1] == "gpu or scoring_logits or scoring_hidden"
     assert bench.env["RCN_FAST_GPU_RESULTS"] == str((BENCH / "gpu_results").resolve())
     assert "RCN_FAST_BENCH_QUICK" not in bench.env
-    assert steps[3].argv[1].endswith("gpu_table.py") and steps[3].argv[-1] == "--write"
+    draws = steps[3]
+    assert draws.argv[1].endswith("gpu_draws.py")
+    assert draws.argv[-2:] == ["--out", str((BENCH / "gpu_results").resolve())]
+    assert steps[4].argv[1].endswith("gpu_table.py") and steps[4].argv[-1] == "--write"
     no_write = gc.plan(gc.parse_args(["--no-write"]), python="py", embed_exists=False)[-1]
     assert "--write" not in no_write.argv
 
@@ -63,8 +66,9 @@ def test_quick_out_skip_timeouts_and_the_embedding_step(gc, tmp_path):
     args = gc.parse_args(["--quick", "--out", str(tmp_path), "--skip-build", "--skip", "tests",
                           "--timeout", "bench=42", "--arch", "80;90", "--budget", "100"])
     steps = gc.plan(args, python="py", embed_exists=True)
-    assert [s.name for s in steps] == ["bench", "embed", "tables"]
-    bench, embed, tables = steps
+    assert [s.name for s in steps] == ["bench", "draws", "embed", "tables"]
+    bench, draws, embed, tables = steps
+    assert draws.argv[-1] == str(tmp_path)
     assert bench.timeout == 42 and bench.env["RCN_FAST_BENCH_QUICK"] == "1"
     assert bench.env["RCN_FAST_BENCH_GPU_BS"] == "1000" and bench.env["RCN_FAST_GPU_RESULTS"] == str(tmp_path)
     assert "--benchmark-min-rounds=2" in bench.argv
@@ -111,7 +115,7 @@ def test_the_embedding_step_has_the_time_its_pair_needs(gc):
 def test_the_paper_scale_step_is_opt_in(gc, tmp_path):
     assert "paper" not in [s.name for s in gc.plan(gc.parse_args([]), python="py", embed_exists=True)]
     args = gc.parse_args(["--paper-scale", "--skip", "build", "--skip", "tests", "--skip", "bench", "--skip",
-                          "embed", "--out", str(tmp_path)])
+                          "draws", "--skip", "embed", "--out", str(tmp_path)])
     steps = gc.plan(args, python="py", embed_exists=True)
     assert [s.name for s in steps] == ["paper", "tables"]
     paper = steps[0]
@@ -159,6 +163,27 @@ def test_steps_share_the_budget_and_failures_do_not_stop_the_rest(gc):
                                        "skipped: the 100 s budget is spent"]
     assert calls == [("ok", 50, "1"), ("bad", 50, None), ("slow", 80, None)]  # 'slow' capped by what was left
     assert "timed out" in gc.summary(out)
+
+
+def test_the_tables_step_keeps_its_time_whatever_ran_before(gc):
+    """The tables step regenerates docs/gpu.md and the dispatcher's table
+    from what the run recorded: a step before it that runs long is cut
+    short so that the tables still run."""
+    clock = FakeClock()
+    calls = []
+
+    def runner(argv, cwd, env, timeout):
+        calls.append((argv[0], timeout))
+        clock.t += timeout
+        if argv[0] == "slow":
+            raise subprocess.TimeoutExpired(argv, timeout)
+        return subprocess.CompletedProcess(argv, 0)
+
+    steps = [gc.Step("bench", ["slow"], 500), gc.Step("tables", ["t"], 20)]
+    out = gc.run_steps(steps, budget=100, runner=runner, clock=clock, log=lambda *_: None)
+    assert calls == [("slow", 80), ("t", 20)]
+    assert [o.status for o in out] == ["timed out after 80 s", "passed"]
+    assert gc.RESERVED == ("tables",)
 
 
 def test_main_exit_status(gc, monkeypatch, capsys):
@@ -308,7 +333,7 @@ def test_the_bench_step_times_every_cuda_path(gc):
                          cwd=BENCH.parent)
     assert res.returncode == 0, res.stdout + res.stderr
     ids = res.stdout
-    for needle in ("test_gpu_topn[", "cuda_tiled", "test_gpu_topn_int8[", "torch_backend", "recipe",
+    for needle in ("test_gpu_topn[", "cuda_tiled", "cuda_v1", "test_gpu_topn_int8[", "torch_backend", "recipe",
                    "test_gpu_sampler[cuda_gram", "test_gpu_sampler[cuda-", "test_gpu_sampler[torch_cuda"):
         assert needle in ids, needle
     assert "paper_scale" not in ids
@@ -316,3 +341,50 @@ def test_the_bench_step_times_every_cuda_path(gc):
                             "bench/bench_topn.py", "-k", gc.PAPER_SELECT], capture_output=True, text=True,
                            timeout=300, cwd=BENCH.parent)
     assert paper.returncode == 0 and "cuda_int8" in paper.stdout and "cuda_tiled" in paper.stdout
+
+
+# ------------------------------------------------------------------ the draws step (bench/gpu_draws.py)
+
+
+def test_the_draws_step_without_a_gpu_says_why_and_passes(tmp_path, capsys):
+    gd = _load("gpu_draws")
+    rows, why = gd.compare(4, 2)
+    if rows:
+        pytest.skip("a GPU is usable here: the comparison ran")
+    assert why and gd.main(["--out", str(tmp_path), "--B", "4"]) == 0
+    assert "gpu_draws: skipped:" in capsys.readouterr().out and not (tmp_path / "draws").exists()
+
+
+def test_the_draws_step_end_to_end_through_the_gpu_stand_in(tmp_path, monkeypatch, capsys):
+    """bench/gpu_draws.py runs blind on a GPU: here the stand-in of
+    tests/cuda_standin.py plays the GPU (its launchers compute on the CPU),
+    so every step of the script runs: the inputs, the GPU and CPU draws,
+    both emulations, the table, the file, the verdict."""
+    pytest.importorskip("torch")
+    from rcn_fast import _native
+    from tests.cuda_standin import GpuStandIn
+
+    mod, why = _native.cpu_module()
+    if mod is None or not hasattr(mod, "sample_subsets_gram_emulated"):
+        pytest.skip(f"rcn_fast._C with the samplers' test aids is needed: {why}")
+    gd = _load("gpu_draws")
+    with GpuStandIn(monkeypatch, name="NVIDIA Stand-In"):
+        assert gd.main(["--out", str(tmp_path), "--B", "6", "--emulated-B", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| sample_subsets_gram | bfloat16 | uniform | 1.000000 of 54 |" in out
+    data = json.loads((tmp_path / "draws" / "nvidia-stand-in.json").read_text())
+    assert len(data["rows"]) == 12 and data["workload"]["B"] == 6
+    assert all(r["same_as_cpu"] == 1.0 and r["emulated_subsets"] == 27 for r in data["rows"])
+
+
+def test_the_draws_verdict_and_table():
+    gd = _load("gpu_draws")
+    row = {"kernel": "sample_subsets", "dtype": "float16", "first": "relevance", "subsets": 9000,
+           "same_as_cpu": 1.0, "logp_vs_cpu": 1e-7, "emulated_subsets": 432, "same_as_emulation": 1.0,
+           "logp_vs_emulation": 0.0}
+    assert gd.verdict([row]) == []
+    assert "| sample_subsets | float16 | relevance | 1.000000 of 9000 |" in gd.table([row])
+    off = {**row, "same_as_emulation": 431 / 432}
+    assert "differ from the emulation" in gd.verdict([off])[0]
+    few = {**row, "same_as_cpu": 0.99}
+    assert "only 0.9900 of the subsets equal the CPU's" in gd.verdict([few])[0]

@@ -41,6 +41,8 @@ def test_every_row_and_column_is_mapped():
 
 
 def _task_yaml(folder: Path, name: str, questions: Path | None) -> None:
+    """A user's task YAML in ``folder`` (its question file lies beside it: a task file's data lies in its own
+    folder, issue 53)."""
     local = str(questions) if questions is not None else str(folder / "missing.jsonl")
     (folder / f"{name}.yaml").write_text(f"name: {name}\ngroup: in-domain\nkind: multiple_choice\nlocal: {local}\n")
 
@@ -65,7 +67,7 @@ def test_layout_reasons_and_outputs(tmp_path):
     inc = tmp_path / "tasks"
     inc.mkdir()
     for t in ID_TASKS + OOD_TASKS:
-        _task_yaml(inc, t, None if t == "wsc" else _questions(tmp_path / f"{t}.jsonl"))
+        _task_yaml(inc, t, None if t == "wsc" else _questions(inc / f"{t}.jsonl"))
     calls = []
 
     def fake_evaluate(cfg, **kw):
@@ -96,7 +98,7 @@ def test_rows_that_cannot_run_say_why(tmp_path, monkeypatch):
     inc = tmp_path / "tasks"
     inc.mkdir()
     for t in ID_TASKS + OOD_TASKS:
-        _task_yaml(inc, t, _questions(tmp_path / f"{t}.jsonl"))
+        _task_yaml(inc, t, _questions(inc / f"{t}.jsonl"))
     ran = []
 
     def fake_evaluate(cfg, **kw):
@@ -135,7 +137,7 @@ def test_table9_runs_for_real_and_resumes(tmp_path, monkeypatch):
         inc = tmp_path / "tasks"
         inc.mkdir()
         for t in COST_TASKS:
-            _task_yaml(inc, t, _questions(tmp_path / f"{t}.jsonl", n=2))
+            _task_yaml(inc, t, _questions(inc / f"{t}.jsonl", n=2))
         corpus = tmp_path / "facts.jsonl"
         corpus.write_text("".join(json.dumps({"id": f"f{i}", "text": s}) + "\n"
                                   for i, s in enumerate(real_sentences(30))))
@@ -166,7 +168,7 @@ def test_id_and_ood_tasks_retrieve_from_their_own_stores(tmp_path, monkeypatch):
     inc = tmp_path / "tasks"
     inc.mkdir()
     for t in ID_TASKS + OOD_TASKS:
-        _task_yaml(inc, t, _questions(tmp_path / f"{t}.jsonl"))
+        _task_yaml(inc, t, _questions(inc / f"{t}.jsonl"))
     seen = []
 
     def fake_evaluate(cfg, **kw):

@@ -527,13 +527,14 @@ def test_backend_selection():
 # ------------------------------------------------------------------ warp emulation
 
 
-def _emulated(q, c, N, K, *, lanes, tau, seed, first, mask=None):
+def _emulated(q, c, N, K, *, lanes, tau, seed, first, mask=None, vec=True):
     mod, _ = _native.cpu_module()
     B = c.shape[0]
     ids = np.empty((B, N, K), np.int64)
     lp = np.empty((B, N, K), np.float32)
-    mod.sample_subsets(q, c, mask, np.arange(B, dtype=np.int64), tau, seed, first == "relevance",
-                       ids, lp, 0, False, lanes)
+    bf16 = str(c.dtype) == "bfloat16"
+    mod.sample_subsets(q, c.view(np.uint16) if bf16 else c, mask, np.arange(B, dtype=np.int64), tau, seed,
+                       first == "relevance", ids, lp, 0, bf16, lanes, vec)
     return ids, lp
 
 
@@ -572,6 +573,30 @@ def check_edge_cases(run):
     return q, c
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("vec", [True, False])
+def test_the_cpu_draws_equal_an_emulation_of_the_gpus_arithmetic(dtype, vec):
+    """Issue 55, Y2: the same seed draws the same subsets on CPU and GPU.
+    The warp sampler is compiled with --fmad=false (tests/test_cuda_resources.py
+    checks its PTX), so its only difference from the CPU build is the order
+    of its sums: dot products by 8 lanes with FMAs (16-byte packs for
+    aligned rows, vec), softmax totals by 32 lanes. The emulation runs
+    exactly that order on the host (32 threads as the warp); its draws equal
+    the CPU build's. (They could part only where a uniform falls within a
+    rounding error of a CDF boundary, about 1e-6 a draw; bench/gpu_check.sh
+    compares the GPU's draws with the CPU's and with this emulation.)"""
+    rng = np.random.default_rng(33)
+    for B, n, d, N, K in [(3, 37, 20, 6, 5), (2, 100, 64, 9, 5), (2, 130, 130, 4, 8)]:
+        q, c = _data(rng, B, n, d, scale=0.5)
+        c = _cast(c, dtype)
+        for first in ("uniform", "relevance"):
+            g_ids, g_lp = _emulated(q, c, N, K, lanes=32, tau=0.7, seed=11, first=first, vec=vec)
+            h_ids, h_lp = sample_subsets(q, c, N, K, tau=0.7, seed=11, first=first, backend="native",
+                                         return_logprobs=True)
+            np.testing.assert_array_equal(g_ids, h_ids)
+            np.testing.assert_allclose(g_lp, h_lp, rtol=2e-6, atol=2e-6)
+
+
 def test_warp_lane_logic_edge_cases():
     q, c = check_edge_cases(lambda q, c, N, K, tau, mask: _emulated(q, c, N, K, lanes=32, tau=tau, seed=1,
                                                                     first="relevance", mask=mask))
@@ -599,6 +624,40 @@ def test_cuda_matches_native(dtype, first):
                                      backend="native", return_logprobs=True)
         assert g_ids.device.type == "cuda"
         _compare(g_ids.cpu().numpy(), g_lp.cpu().numpy(), h_ids.numpy(), h_lp.numpy(), atol=2e-5)
+
+
+def gpu_draw_cases(dtype, seed):
+    """(q, c, c on the GPU, N, K) of the GPU-vs-emulation draw tests in
+    ``dtype``: an odd size (d % 8 != 0) and the paper's."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    for B, n, d, N, K in [(3, 37, 20, 6, 5), (4, 100, 768, 9, 5)]:
+        q, c = _data(rng, B, n, d, scale=0.5)
+        c = _cast(c, dtype)
+        tc = torch.from_numpy(c.view(np.uint16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(c)
+        yield q, c, tc.cuda(), N, K
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("first", ["uniform", "relevance"])
+def test_cuda_draws_equal_the_emulation_of_their_arithmetic(dtype, first):
+    """Issue 55, Y2: compiled with --fmad=false, the warp sampler's draws
+    are the host emulation's (its lane logic and dot-product order), id for
+    id; the log-probabilities differ at most in logf's last bits."""
+    torch = pytest.importorskip("torch")
+    from rcn_fast.sampling.relevance import run_cuda_kernel
+
+    for q, c, tc, N, K in gpu_draw_cases(dtype, 34):
+        (B, n, d), keys = c.shape, np.arange(c.shape[0], dtype=np.int64)
+        g_ids, g_lp = run_cuda_kernel(torch.from_numpy(q).cuda(), tc, N, K, 0.7, 11, keys, None,
+                                      first == "relevance", kernel="sample_subsets")
+        es = c.dtype.itemsize  # the kernel's 16-byte loads where every row start is 16-byte aligned
+        vec = (d * es) % 16 == 0 and (n * d * es) % 16 == 0 and (d * 4) % 16 == 0
+        e_ids, e_lp = _emulated(q, c, N, K, lanes=32, tau=0.7, seed=11, first=first, vec=vec)
+        np.testing.assert_array_equal(g_ids.cpu().numpy(), e_ids)
+        np.testing.assert_allclose(g_lp.cpu().numpy(), e_lp, rtol=1e-6, atol=1e-6)
 
 
 @requires_gpu

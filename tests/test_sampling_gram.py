@@ -22,7 +22,7 @@ import pytest
 from rcn_fast import _native
 from rcn_fast.sampling import sample_subsets
 from tests.conftest import requires_gpu
-from tests.test_sampling import _cast, _compare, _data, check_distribution, check_edge_cases
+from tests.test_sampling import _cast, _compare, _data, check_distribution, check_edge_cases, gpu_draw_cases
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -158,6 +158,21 @@ def test_gpu_gram_sampler_matches_native(dtype, first):
         h_ids, h_lp = sample_subsets(q, tc.cpu(), N, K, seed=6, first=first, tau=0.8, valid=mask.astype(bool),
                                      backend="native", return_logprobs=True)
         _compare(g_ids.cpu().numpy(), g_lp.cpu().numpy(), h_ids.numpy(), h_lp.numpy(), atol=2e-5)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gram_draws_equal_the_emulation_of_their_arithmetic(dtype):
+    """Issue 55, Y2: compiled with --fmad=false, the Gram kernel rounds as
+    its host emulation does (the Gram matrix through the mma model, the
+    steps without contraction): the same ids; log-probabilities within
+    logf's last bits."""
+    pytest.importorskip("torch")
+    for q, c, tc, N, K in gpu_draw_cases(dtype, 23):
+        g_ids, g_lp = _gpu(q, tc, N, K, seed=6, first="relevance", tau=0.8)
+        e_ids, e_lp = _emulated(q, c, N, K, tau=0.8, seed=6)
+        np.testing.assert_array_equal(g_ids.cpu().numpy(), e_ids)
+        np.testing.assert_allclose(g_lp.cpu().numpy(), e_lp, rtol=1e-6, atol=1e-6)
 
 
 @requires_gpu

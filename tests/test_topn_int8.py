@@ -136,6 +136,60 @@ def test_the_build_refuses_what_it_cannot_bound():
         ib.build_int8(bad)
 
 
+def test_an_offset_view_is_refused_by_the_binding_and_copied_by_the_search():
+    """Issue 55, C3: the scans read the codes 16 bytes and the query codes 4
+    bytes at a time; the binding checked the width but not the start, so an
+    offset view faulted on a GPU (a misaligned address). Both bindings
+    refuse it naming the argument; the search copies such a view."""
+    mod = _native.cpu_module()[0]
+    rng = np.random.default_rng(12)
+    x = _rows(rng, 30, 32)
+    copy = _copy(x)
+    q = rng.standard_normal((3, 32)).astype(np.float32)
+    qcodes, params = ib.query_terms(q, copy.width)
+    buf = np.zeros(copy.codes.nbytes + 32, np.int8)
+    start = (-buf.ctypes.data) % 16 + 1  # one byte past a 16-byte boundary
+    off = buf[start : start + copy.codes.nbytes].reshape(copy.codes.shape)
+    off[...] = copy.codes
+    assert off.flags.c_contiguous and off.ctypes.data % 16 == 1
+    lo = np.empty((3, 30), np.float32)
+    with pytest.raises(ValueError, match="codes: expected a 16-byte aligned start"):
+        mod.topn_int8_intervals(off, copy.rows, qcodes, params, lo, lo.copy())
+    qbuf = np.zeros(qcodes.nbytes + 8, np.int8)
+    qs = (-qbuf.ctypes.data) % 4 + 2
+    qoff = qbuf[qs : qs + qcodes.nbytes].reshape(qcodes.shape)
+    qoff[...] = qcodes
+    with pytest.raises(ValueError, match="qcodes: expected a 4-byte aligned start"):
+        mod.topn_int8_intervals(copy.codes, copy.rows, qoff, params, lo, lo.copy())
+    got = ib.topn_int8_numpy(q, x, ib.Int8Copy(off, copy.rows, copy.dim), 4)
+    ref = ib.topn_exact_numpy(q, x, 4)
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+def test_tiny_values_are_searched_exactly():
+    """Issue 55, W4: the bound on A = fl(s_q s_j) (I1 + I2 / 256) assumes a
+    normal s_q s_j; with values near 3e-21 the product is subnormal, the
+    intervals miss scores and the bounded scan returned other ids than the
+    exact search. servable() now refuses (s_q * min s_j < 2^-100) and the
+    rows are searched exactly."""
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((300, 64)) * 3e-21).astype(np.float32)
+    q = (rng.standard_normal((4, 64)) * 3e-21).astype(np.float32)
+    copy = ib.build_int8(rows)
+    qcodes, params = ib.query_terms(q, copy.width)
+    lo, hi = ib.intervals_reference(copy.codes, copy.rows, qcodes, params)
+    f = np.stack([ib.rescore_reference(np.broadcast_to(v, rows.shape), rows) for v in q])
+    assert ((f < lo) | (f > hi)).any()  # the interval cannot be trusted here
+    assert not ib.servable(q, copy)
+    assert copy.smallest_scale() * float(np.abs(q).max(1).min() / 127) < ib.MIN_SCALE_PRODUCT
+    s, i = rcn_fast.topn(q, ib.Int8Corpus(rows, copy), 5)
+    ref = ib.topn_exact_numpy(q, rows, 5)
+    np.testing.assert_array_equal(i, ref[1])
+    # ordinary values still take the bounded scan
+    big = rows * np.float32(1e20)
+    assert ib.servable(q * np.float32(1e20), ib.build_int8(big))
+
+
 # ------------------------------------------------------------------ the search equals the exact search
 
 

@@ -8,13 +8,19 @@ path goes around it -- as tests/test_trust_remote_code.py does for
   template or renders a chat; nothing calls a tokenizer's own
   ``apply_chat_template``, and a task's ``question_template`` is filled by
   the door's ``fill_fields``, never by ``str.format``;
-* files in folders the user names -- rcn_fast/_files.py: every raw file
-  access of the package (``open``, ``Path.read_*`` / ``write_*``,
-  ``np.load`` / ``np.save`` ..., ``sqlite3.connect``) either takes its path
-  from the door or is counted here per module with the reason it may (a
-  ratchet: a new one fails until it goes through the door or is listed);
-  the eval's output writers take none, and every reader of a store, model
-  folder, task folder or index calls the door;
+* files in folders the user names -- rcn_fast/_files.py (its mechanism in
+  rcn_fast/_beneath.py): files by handle. Every raw file access of the
+  package (``open``, ``Path.read_*`` / ``write_*``, ``np.load`` /
+  ``np.save`` ..., ``sqlite3.connect``) either reads or writes a file object
+  the door opened (or an in-memory buffer), or is counted here per module
+  with the reason it may (a ratchet: a new one fails until it goes through
+  the door or is listed); the door returns no path to open again (issue 53:
+  nothing is checked by name and used by name), nothing opens by name a
+  path it built from a door ``Folder``, and every open of the mechanism
+  starts from a folder's descriptor; the eval's output writers take none,
+  every reader of a store, model folder, task folder or index calls the
+  door, and no task or fingerprint code follows links in a walk or globs
+  by name;
 * caches and memos -- rcn_fast/_cache_dirs.py: every module that locates a
   cache asks :func:`trusted_cache`, and only that module knows the root;
 * request fields -- rcn_fast/llm/server/limits.py: the server parses bodies
@@ -105,7 +111,14 @@ def test_a_question_template_is_filled_by_the_door():
 
 # ------------------------------------------------------------------ files
 FILES_DOOR = "rcn_fast/_files.py"
-DOOR_FUNCS = {"inside", "no_links", "make_dirs", "open_write", "write_text", "check_links"}
+DOOR_MODULES = {FILES_DOOR, "rcn_fast/_beneath.py", "rcn_fast/_file_data.py"}
+#: the door's calls (functions and Folder methods): none returns a path to open again
+DOOR_FUNCS = {"open_read", "open_fd", "read_bytes", "read_text", "is_file", "open_write", "write_text",
+              "write_atomic", "make_dirs", "replace", "listdir", "glob", "check_links", "refuse_links", "load_npy",
+              "save_npy", "create_npy", "read_npy", "map_fd", "open_named", "confined", "read_trusted", "Folder",
+              "folder", "read_stamped_json", "write_stamped_json", "write_json_atomic"}
+#: door calls that return an open file object (a raw call reading or writing it is by handle)
+HANDLE_FUNCS = {"open_read", "open_write", "open_named"}
 PATH_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "tofile"}
 MODULE_FUNCS = {"np": {"load", "save", "savez", "savez_compressed", "memmap", "fromfile"}, "os": {"open"},
                 "sqlite3": {"connect"}, "torch": {"save", "load"}, "gzip": {"open"}, "bz2": {"open"},
@@ -117,16 +130,14 @@ _CACHE = "cache entries, read only when rcn_fast._cache_dirs.trusted_cache allow
 #: module -> (raw file accesses, why they may): the known ones. A new raw access fails the test.
 RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/_crossovers.py": (1, "the package's own crossover table"),
-    "rcn_fast/_hashing.py": (4, "hashes files it is given; its memo files: " + _CACHE),
-    "rcn_fast/_stamped_json.py": (1, "reads the stamp file its callers resolved"),
+    "rcn_fast/_hashing.py": (3, "hashes a file its caller names (sha256_file; content_fingerprint and check_once "
+                                "without a root or descriptor); folders and memos through the door"),
     "rcn_fast/corpus/assemble.py": (7, _OWN_FOLDER),
     "rcn_fast/corpus/leakage.py": (2, _OWN_FOLDER),
     "rcn_fast/corpus/sources.py": (2, _USER_FILE),
     "rcn_fast/data/fetch.py": (1, "hashes a downloaded file; cache entries are checked against their pinned sha256"),
-    "rcn_fast/data/loaders.py": (4, _USER_FILE),
     "rcn_fast/eval/config.py": (2, _USER_FILE + " (a run config)"),
     "rcn_fast/eval/run/loading.py": (1, _USER_FILE + " (a corpus file: its first line)"),
-    "rcn_fast/eval/tasks/lm_eval.py": (1, "reads a task file the user names, or one included through inside()"),
     "rcn_fast/eval/tasks/sources.py": (1, "reads a dataset card of the Hugging Face cache"),
     "rcn_fast/kb/__init__.py": (2, _USER_FILE),
     "rcn_fast/kb/__main__.py": (1, _USER_FILE + " (--out)"),
@@ -137,28 +148,23 @@ RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/llm/backends/engine/gguf_file.py": (1, _USER_FILE + " (a .gguf)"),
     "rcn_fast/llm/backends/engine/tokenizer.py": (1, "writes a fresh private temporary entry; " + _CACHE),
     "rcn_fast/llm/backends/gguf_cache.py": (3, "writes (and reads back) a fresh private temporary entry; " + _CACHE),
-    "rcn_fast/llm/cache.py": (4, "sqlite on the file CallCache checked with no_links (and its -wal/-shm/-journal)"),
-    "rcn_fast/model_files.py": (5, "hashes and reads a model folder after check_links (refuse_remote_code)"),
+    "rcn_fast/llm/cache.py": (4, "sqlite on the file CallCache checked with refuse_links (and its "
+                                 "-wal/-shm/-journal): sqlite opens by name (docs/security.md)"),
+    "rcn_fast/model_files.py": (1, _USER_FILE + " (a .gguf's header)"),
     "rcn_fast/paper/report.py": (2, _USER_FILE + " (--report)"),
     "rcn_fast/paper/run.py": (1, _USER_FILE),
     "rcn_fast/pipelines/config.py": (1, _USER_FILE + " (a pipeline config)"),
     "rcn_fast/prompts/__init__.py": (1, _USER_FILE + " (a prompt file)"),
-    "rcn_fast/retrieval/bm25.py": (2, "reads through inside() after check_links; writes a fresh temporary folder"),
-    "rcn_fast/retrieval/build.py": (2, "the build's own state files in the store being built"),
+    "rcn_fast/retrieval/bm25.py": (2, "writes a fresh temporary folder (bm25s reads the folder by name after "
+                                      "check_links)"),
     "rcn_fast/retrieval/conventions.py": (2, _USER_FILE),
-    "rcn_fast/retrieval/corpus_input.py": (7, _USER_FILE + " (the corpus input); its scan memo: " + _CACHE),
+    "rcn_fast/retrieval/corpus_input.py": (6, _USER_FILE + " (the corpus input); its scan memo through the door"),
     "rcn_fast/retrieval/encoders/base.py": (1, "reads an encoder folder's settings"),
-    "rcn_fast/retrieval/encoders/onnx.py": (2, "writes a fresh temporary export folder; " + _CACHE),
-    "rcn_fast/retrieval/index.py": (1, _OWN_FOLDER),
+    "rcn_fast/retrieval/encoders/onnx.py": (1, "writes a fresh temporary export folder; " + _CACHE),
     "rcn_fast/retrieval/st_folder.py": (1, "reads a sentence-transformers folder's settings"),
-    "rcn_fast/retrieval/store.py": (9, "loads the real paths CorpusStore.files resolved through inside(); the build "
-                                       "writes files it created with open_write and renames over no_links()"),
     "rcn_fast/retrieval/train.py": (13, _OWN_FOLDER + " (training checkpoints)"),
     "rcn_fast/retrieval/train_data.py": (1, _USER_FILE),
     "rcn_fast/retrieval/zebra_kb.py": (1, _OWN_FOLDER),
-    "rcn_fast/search/flat_index.py": (5, "reads through inside(); its save writes a fresh temporary file"),
-    "rcn_fast/search/int8_files.py": (2, "reads through inside(); np.save into a file opened with open_write()"),
-    "rcn_fast/search/records.py": (2, "reads index.json and manifest.json through inside()"),
     "rcn_fast/search/topn.py": (2, "/proc files"),
     "rcn_fast/septa/checkpoint.py": (2, _USER_FILE + " (weights_only checkpoints)"),
     "rcn_fast/septa/predictor.py": (2, _OWN_FOLDER),
@@ -178,18 +184,58 @@ def _through_door(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Call) and _name(node.func) in DOOR_FUNCS
 
 
+def _bound(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names bound to a file object the door opened or to an in-memory buffer, names bound to a door
+    ``Folder``) anywhere in ``tree`` (``with open_write(...) as f``, ``buf = io.BytesIO()``,
+    ``with Folder(p) as root``, ``root: Folder`` ...)."""
+    handles, folders = set(), {"self.folder"}
+
+    def kind(v: ast.AST | None) -> str | None:
+        if isinstance(v, ast.Call):
+            n = _name(v.func)
+            if n in HANDLE_FUNCS or n == "BytesIO":
+                return "handle"
+            if n in ("Folder", "folder", "sub", "from_fd"):
+                return "folder"
+        return None
+
+    for n in ast.walk(tree):
+        pairs: list[tuple[ast.AST, ast.AST | None]] = []
+        if isinstance(n, ast.With):
+            pairs = [(i.optional_vars, i.context_expr) for i in n.items if i.optional_vars is not None]
+        elif isinstance(n, ast.Assign):
+            pairs = [(t, n.value) for t in n.targets]
+        elif isinstance(n, ast.arg) and n.annotation is not None and "Folder" in ast.unparse(n.annotation):
+            folders.add(n.arg)
+        for target, value in pairs:
+            k = kind(value)
+            if isinstance(target, ast.Name) and k == "handle":
+                handles.add(target.id)
+            elif isinstance(target, ast.Name) and k == "folder":
+                folders.add(target.id)
+    return handles, folders
+
+
 def raw_file_accesses(tree: ast.AST) -> list[ast.Call]:
-    """The calls of ``tree`` that open, read or write a file by a path not taken from the door."""
+    """The calls of ``tree`` that open, read or write a file by name: not a door call, not a read or
+    write of a file object the door opened (or of an in-memory buffer)."""
+    handles, folders = _bound(tree)
+
+    def by_handle(arg: ast.AST | None) -> bool:
+        return (isinstance(arg, ast.Call) and _name(arg.func) in HANDLE_FUNCS | {"BytesIO"}) \
+            or (isinstance(arg, ast.Name) and arg.id in handles)
+
     out = []
     for n in _calls(tree):
         f, arg = n.func, (n.args[0] if n.args else None)
         if isinstance(f, ast.Name) and f.id == "open":
-            raw = not _through_door(arg)
+            raw = not by_handle(arg)
         elif isinstance(f, ast.Attribute) and f.attr in PATH_METHODS:
-            raw = not _through_door(f.value) and "resources.files" not in ast.unparse(f.value)
+            raw = not _through_door(f.value) and ast.unparse(f.value) not in folders \
+                and "resources.files" not in ast.unparse(f.value)
         elif isinstance(f, ast.Attribute) and isinstance(f.value, (ast.Name, ast.Attribute)):
             mod = f.value.id if isinstance(f.value, ast.Name) else f.value.attr
-            raw = f.attr in MODULE_FUNCS.get(mod, ()) and not _through_door(arg)
+            raw = f.attr in MODULE_FUNCS.get(mod, ()) and not by_handle(arg)
         else:
             raw = False
         if raw:
@@ -197,8 +243,22 @@ def raw_file_accesses(tree: ast.AST) -> list[ast.Call]:
     return out
 
 
+def names_a_door_path(tree: ast.AST) -> list[ast.Call]:
+    """Raw file accesses whose path is built from what a door ``Folder`` holds (``root.path / x``,
+    ``root.full(x)``, its ``anchors``): a path the door resolved, opened again by name (issue 53)."""
+    _, folders = _bound(tree)
+    bad = []
+    for c in raw_file_accesses(tree):
+        for n in ast.walk(c):
+            if isinstance(n, ast.Attribute) and n.attr in ("path", "full", "anchors") \
+                    and ast.unparse(n.value) in folders:
+                bad.append(c)
+                break
+    return bad
+
+
 def test_every_raw_file_access_is_through_the_door_or_accounted_for():
-    found = {rel: raw_file_accesses(tree) for rel, tree in SOURCES.items() if rel != FILES_DOOR}
+    found = {rel: raw_file_accesses(tree) for rel, tree in SOURCES.items() if rel not in DOOR_MODULES}
     new, fixed = [], []
     for rel, calls in found.items():
         known = RAW_FILE_ACCESS.get(rel, (0, ""))[0]
@@ -214,13 +274,64 @@ def test_every_raw_file_access_is_through_the_door_or_accounted_for():
     assert all(why for _, why in RAW_FILE_ACCESS.values())
 
 
+def test_nothing_opens_by_name_a_path_the_door_resolved():
+    """Issue 53: the door returns no path (its public calls return file objects, descriptors, maps,
+    bytes or nothing), and no module opens by name a path built from a door Folder."""
+    import rcn_fast._files as door
+
+    returned = {}
+    for node in (n for rel in DOOR_MODULES for n in ast.walk(SOURCES[rel])):
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.returns is not None:
+            returned[node.name] = ast.unparse(node.returns)
+    path_like = {n: r for n, r in returned.items() if "Path" in r and n not in ("full", "rel")}
+    assert not path_like, f"door calls returning a path to open again: {path_like}"
+    assert not {"inside", "no_links"} & set(door.__all__) and not hasattr(door, "inside")
+    bad = [f"{rel}:{c.lineno}: {ast.unparse(c)[:70]}" for rel, tree in SOURCES.items() if rel not in DOOR_MODULES
+           for c in names_a_door_path(tree)]
+    assert not bad, "a path the door resolved, opened again by name:\n" + "\n".join(bad)
+
+
+def test_the_door_opens_beneath_a_descriptor():
+    """The mechanism: every open of rcn_fast/_beneath.py's walk starts from a folder descriptor
+    (``dir_fd=``; the one exception probes openat2 on ``/``), and the door opens by name only the
+    folder a user names (``Folder.__init__``) and a file a reader was given outside any confined folder
+    (``open_named``)."""
+    opens = [c for c in _calls(SOURCES["rcn_fast/_beneath.py"]) if ast.unparse(c.func) == "os.open"]
+    assert opens and all("dir_fd" in {k.arg for k in c.keywords} or ast.unparse(c.args[0]) == "'/'" for c in opens)
+    where = set()
+    for rel in (FILES_DOOR, "rcn_fast/_file_data.py"):
+        named = [c for c in _calls(SOURCES[rel]) if ast.unparse(c.func) == "os.open"
+                 and "dir_fd" not in {k.arg for k in c.keywords}]
+        where |= {f.name for f in ast.walk(SOURCES[rel]) if isinstance(f, ast.FunctionDef)
+                  for c in named if any(c is x for x in ast.walk(f))}
+    assert where == {"__init__", "open_named"}, where
+
+
+#: modules that walk or glob task folders and fingerprinted folders: only through the door
+WALKERS = ("rcn_fast/_hashing.py", "rcn_fast/eval/tasks/spec.py", "rcn_fast/eval/tasks/catalog.py",
+           "rcn_fast/eval/tasks/lm_eval.py", "rcn_fast/eval/tasks/sources.py", "rcn_fast/eval/tasks/loading.py",
+           "rcn_fast/data/loaders.py")
+
+
+@pytest.mark.parametrize("rel", WALKERS)
+def test_task_folders_and_fingerprints_never_follow_links_or_glob_by_name(rel):
+    """Issue 53 (N4/N5): no ``os.walk`` (it was ``followlinks=True``), recursive ``glob`` or ``rglob``,
+    no ``expanduser`` of a task file's data paths."""
+    bad = [f"line {c.lineno}: {ast.unparse(c)[:60]}" for c in _calls(SOURCES[rel])
+           if _name(c.func) in ("walk", "rglob", "iglob") and ast.unparse(c.func) != "f.walk"
+           or ast.unparse(c.func) in ("glob.glob", "os.walk")]
+    if rel in ("rcn_fast/eval/tasks/spec.py", "rcn_fast/_hashing.py"):
+        bad += [f"line {c.lineno}: expanduser" for c in _calls(SOURCES[rel]) if _name(c.func) == "expanduser"]
+    assert not bad, f"{rel} walks or globs around the door: {bad}"
+
+
 @pytest.mark.parametrize("rel", OUTPUT_WRITERS)
 def test_the_output_folder_is_written_only_through_the_door(rel):
     tree = SOURCES[rel]
     assert raw_file_accesses(tree) == [] and rel not in RAW_FILE_ACCESS
     assert _called(tree) & DOOR_FUNCS
     opened = {item.optional_vars.id for n in ast.walk(tree) if isinstance(n, ast.With) for item in n.items
-              if _through_door(item.context_expr) and isinstance(item.optional_vars, ast.Name)}
+              if _through_door(item.context_expr) and isinstance(item.optional_vars, ast.Name)} | _bound(tree)[0]
     bad = [f"line {c.lineno}: {ast.unparse(c)[:60]}" for c in _calls(tree)
            if (_name(c.func) in ("mkdir", "makedirs", "savefig") or _name(c.func) in ("replace", "rename")
                and isinstance(c.func, ast.Attribute) and ast.unparse(c.func.value) == "os")
@@ -322,7 +433,11 @@ def test_the_walks_find_a_path_around_each_door():
     around = ast.parse("import jinja2\ntok.apply_chat_template(chat, tokenize=False)\n"
                        "open(out / 'llm_cache.sqlite', 'ab')\n(ck / 'x.jsonl').write_text(s)\nnp.load(p / 'texts.npy')\n"
                        "sqlite3.connect(path)\n")
-    through = ast.parse("open(inside(root, 'x'), 'rb')\nno_links(root, p).read_bytes()\nnp.load(inside(root, 'e.npy'))\n")
+    through = ast.parse("np.load(open_read(root, 'e.npy'))\nread_bytes(root, p)\n"
+                        "with open_write(root, 'x', 'wb') as f:\n    np.save(f, a)\n"
+                        "with Folder(p) as root:\n    root.read_text('index.json')\n")
     assert len(raw_file_accesses(around)) == 4 and raw_file_accesses(through) == []
+    by_name = ast.parse("with Folder(p) as root:\n    np.load(root.path / 'e.npy')\n    open(root.full('x'))\n")
+    assert len(names_a_door_path(by_name)) == 2
     assert {"apply_chat_template"} <= _called(around)
     assert any(isinstance(n, ast.Import) and n.names[0].name == "jinja2" for n in ast.walk(around))

@@ -27,7 +27,7 @@ SECRET = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot really a key, but outside the
 
 # ------------------------------------------------------------------ the door itself
 def test_reads_follow_links_only_inside_the_folder(tmp_path):
-    from rcn_fast._files import check_links, inside
+    from rcn_fast._files import Folder, check_links, read_text
     root, out = tmp_path / "root", tmp_path / "outside"
     (root / "sub").mkdir(parents=True)
     out.mkdir()
@@ -37,20 +37,22 @@ def test_reads_follow_links_only_inside_the_folder(tmp_path):
     (root / "sub" / "up").symlink_to("../real.txt")
     (root / "evil").symlink_to(out / "secret")
     (root / "evildir").symlink_to(out)
-    assert inside(root, "ok") == (root / "real.txt").resolve() == inside(root, "sub/up")
-    assert inside(root, "../outside/secret") == (out / "secret").resolve()  # written outside: the caller's choice
+    assert read_text(root, "ok") == "in" == read_text(root, "sub/up")
+    with pytest.raises(LinkError, match=r"names a file outside .*climbs above"):  # issue 53: never above the root
+        read_text(root, "../outside/secret")
     for name in ("evil", "evildir/secret"):
         with pytest.raises(LinkError, match=rf"what: {root / name} leads out of {root} \(a symbolic link to "):
-            inside(root, name, what="what")
+            read_text(root, name, what="what")
     with pytest.raises(LinkError, match="evil"):
         check_links(root)
     with pytest.raises(LinkError):  # its one link stays inside root, but leads out of sub
         check_links(root / "sub", root=root / "sub")
     check_links(root / "sub", root=root)
+    assert Folder(root).full("sub/up") == root / "sub" / "up"
 
 
 def test_writes_refuse_a_link_planted_at_the_file_or_a_folder_on_the_way(tmp_path, monkeypatch):
-    from rcn_fast._files import make_dirs, no_links, open_write
+    from rcn_fast._files import Folder, make_dirs, open_write, refuse_links
     root, out = tmp_path / "out", tmp_path / "elsewhere"
     root.mkdir()
     out.mkdir()
@@ -58,30 +60,28 @@ def test_writes_refuse_a_link_planted_at_the_file_or_a_folder_on_the_way(tmp_pat
     (root / "file").symlink_to(out / "x")
     for path in ("dir/a.json", "dir", "file"):
         with pytest.raises(LinkError, match=rf"what: {root / path.split('/')[0]} is a symbolic link \(to {out}"):
-            no_links(root, path, what="what")
+            refuse_links(root, path, what="what")
     with pytest.raises(LinkError, match="is a symbolic link"):
         open_write(root, "file", "ab")
     with pytest.raises(LinkError, match="is a symbolic link"):
         make_dirs(root, "dir/sub")
-    import rcn_fast._files as F
-
-    monkeypatch.setattr(F, "no_links", lambda root, path, what="": Path(root) / path)  # a link planted after the check:
-    with pytest.raises(LinkError, match="is a symbolic link"):  # O_NOFOLLOW still refuses it
+    with pytest.raises(LinkError, match="is a symbolic link"):  # no check to step around: the open itself refuses
         open_write(root, "file", "w")
+    with pytest.raises(LinkError, match="dir is a symbolic link"):
+        open_write(root, "dir/new.json", "w")
     assert list(out.iterdir()) == []
-    monkeypatch.undo()
     with open_write(root, "new.txt", "w") as f:
         f.write("ok")
     with open_write(root, "new.txt", "a+") as f:
         f.write("!")
         f.seek(0)
         assert f.read() == "ok!"
-    assert (root / "new.txt").read_text() == "ok!" and no_links(root, "new.txt") == root / "new.txt"
+    assert (root / "new.txt").read_text() == "ok!"
     with pytest.raises(ValueError, match="mode"):
         open_write(root, "new.txt", "r")
     monkeypatch.chdir(tmp_path)  # a root written relative to the working folder, a path written from it or a name
     rel = Path("out")
-    assert no_links(rel, rel / "new.txt") == no_links(rel, "new.txt") == root / "new.txt"
+    assert Folder(rel).full(rel / "new.txt") == Folder(rel).full("new.txt") == root / "new.txt"
     with open_write(rel, rel / "sub.txt", "w") as f:
         f.write("x")
     assert (root / "sub.txt").read_text() == "x" and not (root / "out").exists()
@@ -182,8 +182,9 @@ def test_a_task_files_question_file_linked_out_of_its_folder_is_refused(tmp_path
     (inc / "t.yaml").write_text("name: linked\nlocal: q.jsonl\n")
     with pytest.raises(LinkError, match=rf"task file {inc / 't.yaml'}: local: {inc / 'q.jsonl'} leads out of"):
         resolve_task("linked", include_paths=[str(inc)])
-    (inc / "t.yaml").write_text("name: linked\nlocal: ../other/q.jsonl\n")  # written outside: the author's choice
-    assert resolve_task("linked", include_paths=[str(inc)]).local == str((other / "q.jsonl").resolve())
+    (inc / "t.yaml").write_text("name: linked\nlocal: ../other/q.jsonl\n")  # issue 53: its data lies in its folder
+    with pytest.raises(ValueError, match=r"local: '../other/q.jsonl' climbs out of the task file's folder"):
+        resolve_task("linked", include_paths=[str(inc)])
 
 
 # ------------------------------------------------------------------ the eval's output folder

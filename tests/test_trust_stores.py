@@ -125,7 +125,7 @@ def test_a_build_opens_its_store_without_scanning_what_it_checked(corpus_records
 
     scans = []
     real_rows, real_table = fi.check_finite_rows, store._check_id_table
-    monkeypatch.setattr(fi, "check_finite_rows", lambda *a: scans.append("rows") or real_rows(*a))
+    monkeypatch.setattr(fi, "check_finite_rows", lambda *a, **k: scans.append("rows") or real_rows(*a, **k))
     monkeypatch.setattr(store, "_check_id_table", lambda *a: scans.append("table") or real_table(*a))
     src = write_jsonl(tmp_path / "c.jsonl", corpus_records[:20])
     built = build_corpus(BuildConfig(input=str(src), out=str(tmp_path / "s")), encoder, show_progress=False)

@@ -113,6 +113,11 @@ def test_an_lm_eval_tasks_local_data_is_keyed_by_content(tmp_path):
     assert spec_key(resolve_task("lmt", include_paths=[str(inc)])) != k
 
 
+def _fd_name(fd: int) -> str:
+    """The name of the file open as ``fd`` (what a hash counter records)."""
+    return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+
 def test_files_are_hashed_again_only_when_their_stats_change(tmp_path, monkeypatch):
     import rcn_fast._hashing as h
 
@@ -124,8 +129,8 @@ def test_files_are_hashed_again_only_when_their_stats_change(tmp_path, monkeypat
     for f in d.iterdir():
         os.utime(f, (old, old))
     hashed: list[str] = []
-    real = h.sha256_file
-    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    real = h.sha256_fd
+    monkeypatch.setattr(h, "sha256_fd", lambda fd: hashed.append(_fd_name(fd)) or real(fd))
     first = content_fingerprint(d)  # changed (ctime) just now: within the racy window, not remembered
     assert sorted(hashed) == ["f0.jsonl", "f1.jsonl", "f2.jsonl"]
     hashed.clear()
@@ -152,9 +157,6 @@ def test_files_are_hashed_again_only_when_their_stats_change(tmp_path, monkeypat
 
 def test_files_remembered_in_this_process_are_not_looked_up_on_disk(tmp_path, monkeypatch):
     """The process memo answers first: the memo file is read only when a file misses it."""
-    import builtins
-    from unittest import mock
-
     import rcn_fast._hashing as h
 
     monkeypatch.setattr(h, "RACY_SECONDS", 0.0)
@@ -163,15 +165,16 @@ def test_files_remembered_in_this_process_are_not_looked_up_on_disk(tmp_path, mo
     for i in range(3):
         (d / f"f{i}.jsonl").write_text(f"row {i}\n")
     first = {p: content_fingerprint(p) for p in (d, d / "f1.jsonl")}
-    opened: list[str] = []
-    real_open = builtins.open
-    with mock.patch("builtins.open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k)):
-        assert {p: content_fingerprint(p) for p in first} == first
-        assert opened == []
-        (d / "f2.jsonl").write_text("row two\n")  # one file changed: the folder's memo is read, that file hashed
-        assert content_fingerprint(d) != first[d]
-    data_read = [os.path.basename(f) for f in opened if "content_hashes" not in f]
-    assert data_read == ["f2.jsonl"] and any("content_hashes" in f for f in opened)
+    hashed: list[str] = []
+    memos: list[str] = []
+    real_hash, real_memo = h.sha256_fd, h._read_memo
+    monkeypatch.setattr(h, "sha256_fd", lambda fd: hashed.append(_fd_name(fd)) or real_hash(fd))
+    monkeypatch.setattr(h, "_read_memo", lambda f, what: memos.append(f) or real_memo(f, what))
+    assert {p: content_fingerprint(p) for p in first} == first
+    assert hashed == [] and memos == []
+    (d / "f2.jsonl").write_text("row two\n")  # one file changed: the folder's memo is read, that file hashed
+    assert content_fingerprint(d) != first[d]
+    assert hashed == ["f2.jsonl"] and len(memos) == 1 and "content_hashes" in memos[0]
 
 
 def test_a_model_file_is_hashed_once_for_its_key_and_its_fingerprint(tmp_path, monkeypatch):
@@ -184,8 +187,8 @@ def test_a_model_file_is_hashed_once_for_its_key_and_its_fingerprint(tmp_path, m
     g = tmp_path / "m.gguf"
     g.write_bytes(b"GGUF" + bytes(100))
     hashed: list[str] = []
-    real = h.sha256_file
-    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    real = h.sha256_fd
+    monkeypatch.setattr(h, "sha256_fd", lambda fd: hashed.append(_fd_name(fd)) or real(fd))
     sha = content_fingerprint(g)
     st = g.stat()
     assert file_fingerprint(g) == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
@@ -437,22 +440,22 @@ def test_ordinary_templates_render_as_before():
 
 
 def test_local_data_files_of_a_json_dataset_are_keyed_by_content(tmp_path, monkeypatch):
-    """lm-eval's ``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}`` reads local files too."""
+    """lm-eval's ``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}`` reads local files too
+    (in the task file's own folder: issue 53)."""
     from rcn_fast.eval.tasks.catalog import resolve_task, spec_key
 
     monkeypatch.chdir(tmp_path)
     inc = tmp_path / "lm"
-    (tmp_path / "data").mkdir()
+    (inc / "data").mkdir(parents=True)
     rows = [{"question": f"Q{i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
     for name in ("test.jsonl", "extra-1.jsonl"):
-        (tmp_path / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    inc.mkdir()
+        (inc / "data" / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (inc / "t.yaml").write_text("task: lmjson\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
                                 "dataset_kwargs: {data_files: {test: [data/test.jsonl, 'data/extra-*.jsonl']}}\n"
                                 "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
     k = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
     for name in ("test.jsonl", "extra-1.jsonl"):
-        with open(tmp_path / "data" / name, "a") as f:
+        with open(inc / "data" / name, "a") as f:
             f.write(json.dumps({"question": f"More in {name}?", "choices": ["a", "b"], "label": 0}) + "\n")
         k2 = spec_key(resolve_task("lmjson", include_paths=[str(inc)]))
         assert k2 != k, name
@@ -469,11 +472,10 @@ def test_a_json_dataset_of_local_data_files_is_planned_with_the_hub_unreachable(
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(plan_module, "hub_access", lambda: ("unreachable", "no network in this test"))
-    (tmp_path / "data").mkdir()
-    rows = [{"question": f"Which is {i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
-    (tmp_path / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     inc = tmp_path / "lm"
-    inc.mkdir()
+    (inc / "data").mkdir(parents=True)
+    rows = [{"question": f"Which is {i}?", "choices": ["a", "b"], "label": i % 2} for i in range(3)]
+    (inc / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (inc / "t.yaml").write_text("task: lmjson\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
                                 "dataset_kwargs: {data_files: {test: data/test.jsonl}}\n"
                                 "doc_to_text: '{{question}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
@@ -508,10 +510,10 @@ def test_the_memo_folder_stays_bounded_and_keeps_the_newest(tmp_path, monkeypatc
         assert (memos / name).is_file()  # never the one just written
     # a pruned memo costs one hash, never a wrong fingerprint
     hashed: list[str] = []
-    real = h.sha256_file
-    monkeypatch.setattr(h, "sha256_file", lambda p: hashed.append(os.path.basename(p)) or real(p))
+    real = h.sha256_fd
+    monkeypatch.setattr(h, "sha256_fd", lambda fd: hashed.append(_fd_name(fd)) or real(fd))
     monkeypatch.setattr(h, "_PROCESS_MEMO", {})
-    assert content_fingerprint(files[0]) == real(files[0]) and hashed == ["f0.txt"]
+    assert content_fingerprint(files[0]) == hashlib.sha256(files[0].read_bytes()).hexdigest() and hashed == ["f0.txt"]
     hashed.clear()
     monkeypatch.setattr(h, "_PROCESS_MEMO", {})
-    assert content_fingerprint(files[0]) == real(files[0]) and hashed == []  # remembered again
+    assert content_fingerprint(files[0]) == hashlib.sha256(files[0].read_bytes()).hexdigest() and hashed == []  # remembered again

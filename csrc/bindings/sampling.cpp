@@ -19,11 +19,12 @@ namespace {
 void sample_subsets(const Arrays::Query& query, const AnyArray& cand, nb::object mask_obj,
                     const Arrays::Keys& keys, double tau, uint64_t seed, bool first_relevance,
                     Arrays::SubsetIds ids_out, nb::object logp_obj, int num_threads, bool uint16_is_bf16,
-                    int emulate_lanes) {
+                    int emulate_lanes, bool emulate_vec) {
   bind::run_sample_subsets<nb::device::cpu>(
       query, cand, mask_obj, keys, tau, seed, first_relevance, ids_out, logp_obj, uint16_is_bf16,
       [&](const SamplingProblem& p) {
-        return emulate_lanes > 0 ? sample_subsets_lanes(p, emulate_lanes) : sample_subsets_cpu(p, num_threads);
+        return emulate_lanes > 0 ? sample_subsets_lanes(p, emulate_lanes, emulate_vec)
+                                 : sample_subsets_cpu(p, num_threads);
       });
 }
 
@@ -73,10 +74,11 @@ void bind_sampling(nb::module_& m) {
         nb::arg("mask").none(), nb::arg("keys"), nb::arg("tau"), nb::arg("seed"),
         nb::arg("first_relevance"), nb::arg("ids_out"), nb::arg("logp_out").none(),
         nb::arg("num_threads") = 0, nb::arg("uint16_is_bf16") = false,
-        nb::arg("emulate_lanes") = 0,
+        nb::arg("emulate_lanes") = 0, nb::arg("emulate_vec") = true,
         "Relevance-based subset sampling (ReConnect eqs. 4-6) into preallocated outputs.\n"
         "emulate_lanes > 0 (tests only): run the CUDA kernel's lane-group logic on that many\n"
-        "host threads instead of the CPU kernel.");
+        "host threads instead of the CPU kernel, its dot products in the kernel's order\n"
+        "(emulate_vec: the 16-byte loads of aligned rows, else element by element).");
   m.def(
       "philox_uniform",
       [](uint64_t seed, uint64_t stream, uint32_t subset, uint32_t step) {

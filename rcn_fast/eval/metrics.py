@@ -119,13 +119,15 @@ class Task:
         d = self.record_prediction(question, prediction)
         return type(prediction).from_dict(d) if hasattr(type(prediction), "from_dict") else d
 
-    def check_record(self, question: Any, record: Any, seed: int | None = None) -> None:
+    def check_record(self, question: Any, record: Any, seed: int | None = None, *, scores: bool = False) -> None:
         """Raise :class:`RecordError` unless ``record`` is a valid checkpoint
         record of ``question`` (of seed ``seed`` when given): ``status``
         ``"ok"``, a finite ``elapsed_s`` >= 0, token counts >= 0, a valid
         prediction (:meth:`check_prediction`: the gold beside it the
-        question's gold) and ``metrics`` -- one finite value in [0, 1] per
-        metric -- equal to what the prediction scores against that gold."""
+        question's gold; ``scores``: the pipeline scores its choices, so its
+        log-probs may not be empty) and ``metrics`` -- one finite value in
+        [0, 1] per metric -- equal to what the prediction scores against
+        that gold."""
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
         if str(record.get("id")) != str(question.id):
@@ -143,7 +145,7 @@ class Task:
         cost = pred.get("cost", {})
         if not isinstance(cost, dict) or not all(is_int(v) and v >= 0 for v in cost.values()):
             raise RecordError(f"prediction.cost {str(cost)[:80]}: expected counts (integers >= 0)")
-        self.check_prediction(question, pred)
+        self.check_prediction(question, pred, scores=scores)
         metrics = record.get("metrics")
         if not isinstance(metrics, dict) or set(metrics) != set(self.metrics):
             raise RecordError(f"metrics {str(metrics)[:80]}: expected the values of {list(self.metrics)}")
@@ -154,9 +156,10 @@ class Task:
         if metrics != want:
             raise RecordError(f"metrics {metrics} are not what the prediction scores against the gold ({want})")
 
-    def check_prediction(self, question: Any, prediction: dict[str, Any]) -> None:
+    def check_prediction(self, question: Any, prediction: dict[str, Any], *, scores: bool = False) -> None:
         """Raise :class:`RecordError` unless ``prediction`` (a record's, as
-        :meth:`record_prediction` writes it) is a valid answer to ``question``."""
+        :meth:`record_prediction` writes it) is a valid answer to ``question``
+        (``scores``: by a pipeline that scores its choices)."""
         raise NotImplementedError
 
     def aggregation(self) -> dict[str, Callable[[list[float]], tuple[float, float]]]:
@@ -192,9 +195,11 @@ class ChoiceTask(Task):
             d["answer"] = question.answer
         return d
 
-    def check_prediction(self, question: MCQuestion, prediction: dict[str, Any]) -> None:
+    def check_prediction(self, question: MCQuestion, prediction: dict[str, Any], *, scores: bool = False) -> None:
         """A choice index in range with its label, one log-prob per choice
-        (an empty list: a pipeline that gives no scores) under the rule of
+        (an empty list only from a pipeline that gives no scores: with
+        ``scores``, empty log-probs contradict the pipeline and are refused,
+        issue 53 N13) under the rule of
         fresh label scores (:func:`rcn_fast.llm.scoring.labels.logprob_row_problem`),
         the prediction an argmax of them (a tie, within
         :data:`ARGMAX_TOLERANCE`, may go to any of the tied choices, as the
@@ -209,6 +214,9 @@ class ChoiceTask(Task):
         if prediction.get("label") != labels[p]:
             raise RecordError(f"prediction.label {prediction.get('label')!r} is not choice {p}'s label {labels[p]!r}")
         lp = prediction.get("choice_logprobs")
+        if scores and isinstance(lp, list) and not lp:
+            raise RecordError(f"prediction.choice_logprobs is empty, but the pipeline scores every choice: expected "
+                              f"{n} numbers (one per choice)")
         problem = logprob_row_problem(lp, labels, empty_ok=True)
         if problem is not None and problem[0] == "shape":
             raise RecordError(f"prediction.choice_logprobs {str(lp)[:80]}: expected {n} numbers (one per choice)")
@@ -263,7 +271,7 @@ class OpenTask(Task):
                 a.update(self._match(a["answer_text"], gold))
         return d
 
-    def check_prediction(self, question: OpenQuestion, prediction: dict[str, Any]) -> None:
+    def check_prediction(self, question: OpenQuestion, prediction: dict[str, Any], *, scores: bool = False) -> None:
         """A text answer, the question's gold aliases beside it and their
         matches (each agent's too) what the text scores against them."""
         if not isinstance(prediction.get("answer_text"), str):

@@ -61,6 +61,12 @@ def needs_llm(cls: Any) -> bool:
     return spec_of(cls).needs_llm
 
 
+def scores_choices(cls: Any) -> bool:
+    """Whether a pipeline class's choice predictions carry their log-probs
+    (``spec.scores_choices``; a record without them is then refused)."""
+    return spec_of(cls).scores_choices
+
+
 def may_use_retriever(cls: Any) -> bool:
     """Whether a pipeline class may want the corpus retriever."""
     return retriever_kind(cls) in ("corpus", "optional_corpus")

@@ -69,7 +69,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from rcn_fast._cache_dirs import trusted_cache
-from rcn_fast._files import LinkError, no_links, open_write
+from rcn_fast._files import LinkError, open_write, refuse_links
 from rcn_fast._validate import is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import Cost, CostTracker, Generation, GenerationParams, SampleBackend, check_tags
@@ -183,7 +183,7 @@ class CallCache:
             root.mkdir(parents=True, exist_ok=True)
             p = p / DEFAULT_NAME if p.suffix not in (".sqlite", ".db") else p
             for f in (p, *(Path(f"{p}{x}") for x in ("-wal", "-shm", "-journal"))):
-                no_links(root, f, what="llm cache")  # sqlite would write through a planted link
+                refuse_links(root, f, what="llm cache")  # sqlite would write through a planted link
         except LinkError as exc:
             raise CacheError(str(exc)) from None
         except OSError as exc:

@@ -99,6 +99,12 @@ class PipelineSpec:
     result_key : callable or None
         ``result_key(config) -> dict``: what determines the answers
         besides the config (joins the checkpoint key).
+    scores_choices : bool
+        Whether its multiple-choice predictions carry one log-prob per
+        choice (every built-in pipeline's do: the answer is their argmax).
+        A checkpoint record of such a pipeline with empty
+        ``choice_logprobs`` is refused as a contradicting one is; a
+        pipeline that gives no scores declares False.
     """
 
     needs_llm: bool = True
@@ -109,11 +115,12 @@ class PipelineSpec:
     components: tuple[str, ...] = ()
     check_config: Callable[[Any], None] | None = field(default=None, compare=False)
     result_key: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False)
+    scores_choices: bool = True
 
     def __post_init__(self) -> None:
         if self.retrieves not in RETRIEVES:
             raise ValueError(f"retrieves: expected one of {list(RETRIEVES)}, got {self.retrieves!r}")
-        for f in ("needs_llm", "answers_open"):
+        for f in ("needs_llm", "answers_open", "scores_choices"):
             if not isinstance(getattr(self, f), bool):
                 raise TypeError(f"{f}: expected a bool, got {getattr(self, f)!r}")
         object.__setattr__(self, "stages", tuple(self.stages))

@@ -35,6 +35,7 @@ PyStemmer) to come close. The settings (``k1``, ``b``, ``method``,
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -46,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast._arrays import require
-from rcn_fast._files import check_links, inside
+from rcn_fast._files import check_links, is_file, open_read
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.types import Passage
 from rcn_fast._validate import check_k, check_texts, is_number
@@ -289,17 +290,16 @@ class BM25Index:
             Memory-map the index arrays.
         """
         path = Path(path)
-        mf = inside(path, MANIFEST)  # a symbolic link out of the folder is refused, naming it
-        if not mf.is_file():
+        if not is_file(path, MANIFEST):  # through the files door: a symbolic link out of the folder is refused
             raise FileNotFoundError(f"path: {path} has no {MANIFEST}, so it is not a saved BM25 index")
-        m = read_stamped_json(mf, FORMAT, what="a saved BM25 index")
-        check_links(path)  # bm25s reads the folder's arrays itself
+        m = read_stamped_json(path / MANIFEST, FORMAT, what="a saved BM25 index")
+        check_links(path)  # bm25s reads the folder's arrays itself, by name
         if texts is None:
             if not m.get("texts"):
                 raise ValueError(f"texts: the index at {path} was saved without its passages; "
                                  "pass texts= (or the store)")
             texts_l, ids_l = [], []
-            with open(inside(path, str(m["texts"]), written_outside=False), encoding="utf-8") as f:
+            with io.TextIOWrapper(open_read(path, str(m["texts"])), encoding="utf-8") as f:  # a name from the file
                 for rec in map(json.loads, f):
                     texts_l.append(rec["text"])
                     ids_l.append(rec["id"])

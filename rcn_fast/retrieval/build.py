@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rcn_fast._files import read_text
+from rcn_fast._stamped_json import MAX_STAMP_BYTES
 from rcn_fast.retrieval.build_pipeline import ChunkRecords, embed_chunks, prepare_workers
 from rcn_fast.retrieval.conventions import DEDUP, EmptyInputError, detect_text_field, first_in_chunk
 from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
@@ -264,7 +266,7 @@ def prepare_build(config: BuildConfig, encoder_desc: dict[str, Any]) -> Prepared
     build_file = out / "build.json"
     if build_file.is_file():
         try:
-            prev = json.loads(build_file.read_text(encoding="utf-8"))
+            prev = json.loads(read_text(out, "build.json", limit=MAX_STAMP_BYTES))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"out: {build_file} is not valid JSON ({exc}); pass --overwrite (overwrite=True) "
                              "to start the build over") from None
@@ -411,7 +413,7 @@ def merge_shards(shard_dirs: list[str | os.PathLike[str]], out: str | os.PathLik
         f = Path(d) / "shard.json"
         if not f.is_file():
             raise ValueError(f"shard_dirs: {d} has no shard.json (not a finished shard; rerun its build command)")
-        infos.append(json.loads(f.read_text()))
+        infos.append(json.loads(read_text(d, "shard.json", limit=MAX_STAMP_BYTES)))
     spec = infos[0]["spec"]
     for d, info in zip(shard_dirs[1:], infos[1:]):
         diff = _diff(spec, info["spec"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rcn_fast._arrays import require
-from rcn_fast._cache_dirs import cache_dir, trusted_cache
+from rcn_fast._cache_dirs import cache_dir, read_trusted, trusted_cache
 from rcn_fast._hashing import sha256_file
 from rcn_fast._jsonl import parse_json_lines
 from rcn_fast.retrieval.store import write_json_atomic
@@ -174,9 +174,13 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
            "chunk_size": chunk_size}
     memo_file = _scan_memo_dir() / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest() + ".json")
     memo = memo and trusted_cache(memo_file, what="input scan memo")  # another user could have written it
-    if memo and memo_file.is_file():
+    try:
+        raw = read_trusted(memo_file.parent, memo_file.name, what="input scan memo") if memo else None
+    except (OSError, ValueError):  # a link planted as the memo, a memo too large: scanned again
+        raw = None
+    if raw is not None:  # the memo file itself judged by the fstat of its descriptor (rcn_fast._cache_dirs)
         try:
-            got = json.loads(memo_file.read_text(encoding="utf-8"))
+            got = json.loads(raw)
             if got.get("key") == key:
                 logger.info("input %s: hash and chunk offsets reused from %s", path, memo_file)
                 return got["sha256"], got["bytes"], [ChunkSpan(*s) for s in got["spans"]]

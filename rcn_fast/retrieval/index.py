@@ -28,6 +28,8 @@ import numpy as np
 
 from rcn_fast import _arrays as A
 from rcn_fast._arrays import require
+from rcn_fast._file_data import fd_path, read_fd
+from rcn_fast._files import Folder, open_fd
 from rcn_fast._validate import check_k, is_int
 from rcn_fast.search import FlatIndex
 from rcn_fast.search.topn import check_result_memory
@@ -207,13 +209,8 @@ def faiss_index(store: "CorpusStore", factory: str = "Flat", *, nprobe: int = 16
     root = Path(index_dir) if index_dir is not None else store.path / "faiss"
     path = root / f"{slug}-{key}.faiss"
 
-    if path.is_file():
-        flag = faiss.IO_FLAG_MMAP if ivf is not None else getattr(faiss, "IO_FLAG_MMAP_IFC", 0)
-        try:
-            loaded = faiss.read_index(str(path), flag)
-        except RuntimeError:  # this faiss cannot memory-map the type: read it
-            loaded = faiss.read_index(str(path))
-            flag = 0
+    loaded, flag = _read_faiss(faiss, root, path.name, ivf is not None)
+    if loaded is not None:
         if loaded.ntotal != n or loaded.d != dim:
             raise ValueError(f"faiss_index_dir: {path} holds {loaded.ntotal} vectors of dim {loaded.d}, the store "
                              f"{n} of dim {dim}; delete the file to rebuild it")
@@ -240,23 +237,45 @@ def faiss_index(store: "CorpusStore", factory: str = "Flat", *, nprobe: int = 16
         index.add(block)
     _set_nprobe(faiss, index, nprobe)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{path.name}.{os.getpid()}.tmp"
-        faiss.write_index(index, str(tmp))
-        os.replace(tmp, path)
-        (root / f"{path.name}.json").write_text(json.dumps(
-            {"format": _FAISS_FORMAT, "key": json.loads(key_src), "ntotal": int(index.ntotal), "dim": dim,
-             "faiss": getattr(faiss, "__version__", None)}, indent=2) + "\n")
-        for old in root.glob(f"{glob.escape(slug)}-*.faiss"):  # same factory, an earlier store or sample
-            if old != path:
-                old.unlink(missing_ok=True)
-                Path(f"{old}.json").unlink(missing_ok=True)
+        with Folder(root, create=True, what="faiss_index_dir") as folder:  # beneath its descriptor, no link followed
+            tmp = f".{path.name}.{os.getpid()}.tmp"
+            with folder.open_write(tmp, "wb") as f:
+                f.write(memoryview(faiss.serialize_index(index)))
+            folder.replace(tmp, path.name)
+            folder.write_atomic(f"{path.name}.json", json.dumps(
+                {"format": _FAISS_FORMAT, "key": json.loads(key_src), "ntotal": int(index.ntotal), "dim": dim,
+                 "faiss": getattr(faiss, "__version__", None)}, indent=2) + "\n")
+            for old in folder.glob(f"{glob.escape(slug)}-*.faiss"):  # same factory, an earlier store or sample
+                if old != path.name:
+                    folder.unlink(old)
+                    folder.unlink(f"{old}.json")
         logger.info("saved faiss index %s to %s", factory, path)
     except OSError as exc:
         logger.warning("could not save the faiss index to %s (%s); it is kept in memory only and will be "
                        "trained again at the next load (pass faiss_index_dir= a writable directory)", path, exc)
         return index, None
     return index, path
+
+
+def _read_faiss(faiss: Any, root: Path, name: str, ivf: bool) -> tuple[Any, int]:
+    """(the saved index ``root/name`` or None when there is none, the read flag): opened beneath the
+    folder's descriptor (files door) and read from that descriptor -- memory-mapped through its
+    ``/proc/self/fd`` path where the platform has one, else read into memory."""
+    try:
+        fd = open_fd(root, name, what="faiss_index_dir")
+    except (FileNotFoundError, NotADirectoryError):
+        return None, 0
+    try:
+        path = fd_path(fd)
+        flag = (faiss.IO_FLAG_MMAP if ivf else getattr(faiss, "IO_FLAG_MMAP_IFC", 0)) if path else 0
+        if path and flag:
+            try:
+                return faiss.read_index(path, flag), flag
+            except RuntimeError:  # this faiss cannot memory-map the type: read it
+                pass
+        return faiss.deserialize_index(np.frombuffer(read_fd(fd), dtype=np.uint8)), 0
+    finally:
+        os.close(fd)
 
 
 def _set_nprobe(faiss: Any, index: Any, nprobe: int) -> None:

@@ -14,16 +14,19 @@ A store is a directory::
                          (``<factory>-<key>.faiss``; see index.faiss_index)
 
 Every file is memory-mapped on open; lookups by row are two offset reads,
-lookups by id one hash and (expected) one or two probes: O(1) both.
-Opening checks, cheaply and every time: every data file is inside the
-store (its real path: a symbolic link out of it -- ``texts.bin ->
-~/.ssh/id_rsa`` -- is refused naming it, :func:`rcn_fast._files.inside`),
-its size against the manifest (a truncated or replaced file is an error
-naming it), the
-arrays' shapes and dtypes against the manifest, both offset arrays (start
-at 0, never decrease, end at their file's size), the id table (a power of
-two of slots, each row once) and that no embedding row holds a NaN or an
-infinity (named; see :func:`rcn_fast.search.flat_index.check_finite_rows`).
+lookups by id one hash and (expected) one or two probes: O(1) both. The
+store folder is opened once (a :class:`rcn_fast._files.Folder`, kept by
+the store) and every file beneath its descriptor, then sized, checked and
+mapped through the descriptor it was opened as, never by name again: a
+link out of the store (``texts.bin -> ~/.ssh/id_rsa``) is refused naming
+it, and a file swapped for one while the store opens is the file opened
+or refused, never the outside file. Opening checks, cheaply and every
+time: each file's size against the manifest (a truncated or replaced
+file is an error naming it), the arrays' shapes and dtypes against the
+manifest, both offset arrays (start at 0, never decrease, end at their
+file's size), the id table (a power of two of slots, each row once) and
+that no embedding row holds a NaN or an infinity (named; see
+:func:`rcn_fast.search.flat_index.check_finite_rows`).
 Each scan of a whole file (offsets, id table, embeddings) is remembered
 per version of the file (:func:`rcn_fast._hashing.check_once`), so
 reopening an unchanged store costs a few ``stat`` calls. ``verify=True`` also
@@ -35,7 +38,7 @@ naming the passages.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
+import io
 import json
 import logging
 import os
@@ -45,10 +48,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from rcn_fast._arrays import nonfinite_rows, row_list
-from rcn_fast._files import inside, no_links, open_write
-from rcn_fast._hashing import sha256_file
+from rcn_fast._file_data import create_npy, map_fd, read_fd, read_npy
+from rcn_fast._files import Folder, Root, open_read, write_atomic
+from rcn_fast._hashing import sha256_fd, sha256_file
 from rcn_fast._stamped_json import read_stamped_json
 from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
+from rcn_fast.retrieval.id_table import build_id_table, id_hash
+from rcn_fast.retrieval.id_table import check_id_table as _check_id_table
 
 logger = logging.getLogger("rcn_fast.retrieval")
 
@@ -60,54 +66,13 @@ FLAT_INDEX_HEADER = "index.json"
 CHUNK_GLOB = "chunk-*.npz"  # the chunk files a build leaves in parts/ (see chunk_name)
 
 
-# ----------------------------------------------------------------- id hashing
-def id_hash(s: str) -> int:
-    """Stable 63-bit hash of an id (blake2b); the same on every machine."""
-    return int.from_bytes(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest(), "little") >> 1
-
-
-def build_id_table(hashes: np.ndarray) -> np.ndarray:
-    """Open-addressing (linear probing) table, size a power of two >= 2n.
-
-    Parameters
-    ----------
-    hashes : int64 [n]
-        ``id_hash`` of every row's id.
-
-    Returns
-    -------
-    int64 [T] with the row stored in its slot, -1 for empty slots.
-    Vectorised: each round places, for every free slot wanted by some
-    unplaced row, the lowest such row; the rest move one slot on.
-    """
-    n = len(hashes)
-    size = 1 << max(3, int(2 * max(n, 1) - 1).bit_length())
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    rows = np.arange(n, dtype=np.int64)
-    pos = hashes.astype(np.int64) & mask
-    while rows.size:
-        free = table[pos] == -1
-        cand_rows, cand_pos = rows[free], pos[free]
-        # first row (in row order) per wanted slot wins it
-        uniq_pos, first = np.unique(cand_pos, return_index=True)
-        table[uniq_pos] = cand_rows[first]
-        placed = np.zeros(rows.size, dtype=bool)
-        placed_idx = np.flatnonzero(free)[first]
-        placed[placed_idx] = True
-        rows, pos = rows[~placed], (pos[~placed] + 1) & mask
-    return table
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """``obj`` as JSON at ``path`` (a temporary file, fsync, rename), never
-    through a symbolic link planted in its folder (:mod:`rcn_fast._files`)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open_write(path.parent, tmp, "w", what="path") as f:
-        f.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, no_links(path.parent, path, what="path"))
+def write_json_atomic(path: Path, obj: Any, *, root: Root | None = None) -> None:
+    """``obj`` as JSON at ``path`` (a temporary file, fsync, rename), from
+    the descriptor of ``root`` (default: its folder): never through a
+    symbolic link planted there (:func:`rcn_fast._files.write_atomic`)."""
+    path = Path(path)
+    write_atomic(path.parent if root is None else root, path.name if root is None else path,
+                 json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 # ---------------------------------------------------------------------- store
@@ -117,26 +82,58 @@ class CorpusStore:
     Use :meth:`open`. Rows are 0..len-1 in input order.
     """
 
-    def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True, *, _built: bool = False) -> None:
+    def __init__(self, path: Path, manifest: dict[str, Any], mmap: bool = True, *, _built: bool = False,
+                 _folder: Folder | None = None) -> None:
         self.path = Path(path)
         self.manifest = manifest
-        #: the real file of each data file: a symbolic link out of the store is refused (rcn_fast._files.inside)
-        self.files = {name: inside(self.path, name) for name in DATA_FILES}
-        self.check_sizes()
-        mode, f = "r" if mmap else None, self.files
-        self.embeddings: np.ndarray = _load_npy(f["embeddings.npy"], mode)
-        self._text_off = _load_npy(f["text_offsets.npy"], mode)
-        self._id_off = _load_npy(f["id_offsets.npy"], mode)
-        self._id_table = _load_npy(f["id_table.npy"], mode)
-        self._texts = _bytes_view(f["texts.bin"], mmap)
-        self._ids = _bytes_view(f["ids.bin"], mmap)
-        n = int(manifest["count"])
-        if self.embeddings.shape != (n, int(manifest["dim"])) or len(self._text_off) != n + 1 \
-                or len(self._id_off) != n + 1:
-            raise ValueError(
-                f"path: {self.path} is inconsistent: manifest says {n} rows of dim {manifest['dim']}, files hold "
-                f"embeddings {self.embeddings.shape}, {len(self._text_off) - 1} texts, {len(self._id_off) - 1} ids")
-        self.check_arrays(_built=_built)
+        #: the store folder, open: every file is reached beneath its descriptor (rcn_fast._files)
+        self.folder = _folder if _folder is not None else Folder(self.path)
+        self._fds: dict[str, int | None] = self._open_all()
+        fds = self._fds
+        try:
+            self.check_sizes()
+            mode = "r" if mmap else None
+            self.embeddings: np.ndarray = self._load_npy("embeddings.npy", mode)
+            self._text_off = self._load_npy("text_offsets.npy", mode)
+            self._id_off = self._load_npy("id_offsets.npy", mode)
+            self._id_table = self._load_npy("id_table.npy", mode)
+            self._texts = _bytes_view(fds["texts.bin"], mmap)
+            self._ids = _bytes_view(fds["ids.bin"], mmap)
+            n = int(manifest["count"])
+            if self.embeddings.shape != (n, int(manifest["dim"])) or len(self._text_off) != n + 1 \
+                    or len(self._id_off) != n + 1:
+                raise ValueError(
+                    f"path: {self.path} is inconsistent: manifest says {n} rows of dim {manifest['dim']}, files hold "
+                    f"embeddings {self.embeddings.shape}, {len(self._text_off) - 1} texts, {len(self._id_off) - 1} "
+                    "ids")
+            self.check_arrays(_built=_built)
+        finally:
+            self._close_all()
+
+    def _open_all(self) -> dict[str, int | None]:
+        """A descriptor of each data file (None: missing), opened beneath the store's."""
+        fds: dict[str, int | None] = {}
+        for name in DATA_FILES:
+            try:
+                fds[name] = self.folder.open_fd(name)
+            except (FileNotFoundError, NotADirectoryError):
+                fds[name] = None
+        return fds
+
+    def _close_all(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds = {}
+
+    def _load_npy(self, name: str, mode: str | None) -> np.ndarray:
+        """The array of the data file ``name`` from its open descriptor,
+        any failure a ValueError naming it."""
+        try:
+            return read_npy(self._fds[name], mmap=mode is not None, where=self.path / name)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; check the store with `python -m rcn_fast.corpus verify` and restore the file "
+                             "or rebuild the store") from None
 
     def check_arrays(self, *, _built: bool = False) -> None:
         """The cheap checks of every open (module notes): dtypes, offsets,
@@ -151,6 +148,12 @@ class CorpusStore:
         from rcn_fast._hashing import check_once
         from rcn_fast.search.flat_index import check_finite_rows
 
+        if not self._fds:  # called again later: the files opened afresh (checked as the ones now there)
+            self._fds = self._open_all()
+            try:
+                return self.check_arrays(_built=_built)
+            finally:
+                self._close_all()
         fix = "check the store with `python -m rcn_fast.corpus verify` and rebuild it"
         n = len(self)
         if self.embeddings.dtype.name != self.manifest["dtype"]:
@@ -161,8 +164,8 @@ class CorpusStore:
             if off.dtype != np.int64 or off.ndim != 1:
                 raise ValueError(f"path: {self.path}/{name} holds {off.dtype}{list(off.shape)}, expected int64 "
                                  f"[{n + 1}]; {fix}")
-            check_once(self.files[name], "nondecreasing-offsets",
-                       lambda: _check_nondecreasing(off, f"path: {self.path}/{name}", fix))
+            check_once(self.path / name, "nondecreasing-offsets",
+                       lambda: _check_nondecreasing(off, f"path: {self.path}/{name}", fix), fd=self._fds[name])
             if int(off[0]) != 0 or int(off[-1]) != len(blob):
                 raise ValueError(f"path: {self.path}/{name} is damaged: it runs from {int(off[0])} to {int(off[-1])}, "
                                  f"not 0 to {len(blob)} (the size of {blob_name}); {fix}")
@@ -172,9 +175,10 @@ class CorpusStore:
             raise ValueError(f"path: {self.path}/id_table.npy holds {table.dtype}{list(table.shape)}, expected int64 "
                              f"slots, a power of two above {n}; {fix}")
         if not _built:
-            check_once(self.files["id_table.npy"], f"id-table-rows/{n}",
-                       lambda: _check_id_table(table, n, f"path: {self.path}/id_table.npy", fix))
-            check_finite_rows(self.files["embeddings.npy"], self.embeddings, fix)
+            check_once(self.path / "id_table.npy", f"id-table-rows/{n}",
+                       lambda: _check_id_table(table, n, f"path: {self.path}/id_table.npy", fix),
+                       fd=self._fds["id_table.npy"])
+            check_finite_rows(self.path / "embeddings.npy", self.embeddings, fix, fd=self._fds["embeddings.npy"])
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = False) -> "CorpusStore":
@@ -203,16 +207,26 @@ class CorpusStore:
             with the manifest. The message names the files.
         """
         path = Path(path)
-        mf = path / MANIFEST
-        if not mf.is_file():
-            hint = ""
-            if (path / "shard.json").is_file():
-                hint = " (one finished shard of a sharded build: join the shards with `python -m rcn_fast.corpus merge`)"
-            elif (path / "build.json").is_file():
-                hint = " (an unfinished build: run the same build command again to resume)"
-            raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store{hint}")
-        manifest = read_manifest(inside(path, MANIFEST))
-        store = cls(path, manifest, mmap=mmap)
+        try:
+            root = Folder(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store "
+                                    "(no such folder)") from None
+        try:
+            if not root.is_file(MANIFEST):
+                hint = ""
+                if root.is_file("shard.json"):
+                    hint = (" (one finished shard of a sharded build: join the shards with `python -m rcn_fast.corpus "
+                            "merge`)")
+                elif root.is_file("build.json"):
+                    hint = " (an unfinished build: run the same build command again to resume)"
+                raise FileNotFoundError(f"path: {path} has no manifest.json, so it is not a finished corpus store"
+                                        f"{hint}")
+            manifest = read_manifest(path / MANIFEST, root=root)
+            store = cls(path, manifest, mmap=mmap, _folder=root)
+        except BaseException:
+            root.close()
+            raise
         if verify:
             store.verify()
         return store
@@ -227,15 +241,16 @@ class CorpusStore:
         bad = []
         for name in DATA_FILES:
             rec = files.get(name)
-            f = self.files[name]
+            fd = self._fds.get(name)
+            size = os.fstat(fd).st_size if fd is not None else None
             if rec is None:
                 bad.append(f"{name} (not in the manifest)")
-            elif not f.is_file():
+            elif fd is None:
                 bad.append(f"{name} (missing)")
             elif not isinstance(rec, dict) or not isinstance(rec.get("bytes"), int):
                 bad.append(f"{name} (the manifest's record {rec!r} has no byte count)")
-            elif f.stat().st_size != int(rec["bytes"]):
-                bad.append(f"{name} ({f.stat().st_size} bytes, the manifest records {rec['bytes']}: "
+            elif size != int(rec["bytes"]):
+                bad.append(f"{name} ({size} bytes, the manifest records {rec['bytes']}: "
                            "truncated, still being written or replaced)")
         if bad:
             raise ValueError(f"path: {self.path} does not match its manifest: {', '.join(bad)}; restore the files "
@@ -246,13 +261,18 @@ class CorpusStore:
         from the manifest."""
         bad = []
         for name, rec in self.manifest["files"].items():
-            f = inside(self.path, name)
-            if not f.is_file():
+            try:
+                fd = self.folder.open_fd(name)  # a name from the manifest: never a file outside the store
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 bad.append(f"{name} (missing)")
-            elif not isinstance(rec, dict) or "sha256" not in rec or "bytes" not in rec:
-                bad.append(f"{name} (the manifest records no checksum)")
-            elif f.stat().st_size != rec["bytes"] or sha256_file(f) != rec["sha256"]:
-                bad.append(f"{name} (checksum mismatch)")
+                continue
+            try:
+                if not isinstance(rec, dict) or "sha256" not in rec or "bytes" not in rec:
+                    bad.append(f"{name} (the manifest records no checksum)")
+                elif os.fstat(fd).st_size != rec["bytes"] or sha256_fd(fd) != rec["sha256"]:
+                    bad.append(f"{name} (checksum mismatch)")
+            finally:
+                os.close(fd)
         if bad:
             raise ValueError(f"path: {self.path} does not match its manifest: {', '.join(bad)}")
 
@@ -337,7 +357,7 @@ class CorpusStore:
             "encoder": {k: enc.get(k) for k in ("model", "backend", "quantize", "pooling", "normalize",
                                                 "query_prefix", "passage_prefix", "max_length")},
             "input": m.get("input"), "bytes": size, "built_at": m.get("built_at"), "shards": m.get("shards", 1),
-            "faiss_indexes": sorted(f.name for f in (self.path / "faiss").glob("*.faiss")),
+            "faiss_indexes": [n.rpartition("/")[2] for n in self.folder.glob("faiss/*.faiss")],
         }
 
     def __repr__(self) -> str:
@@ -347,11 +367,13 @@ class CorpusStore:
 _MANIFEST_KEYS = {"count": int, "dim": int, "dtype": str, "files": dict}
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The parsed ``manifest.json`` of a store; ValueError naming the file
+def read_manifest(path: Path, *, root: Root | None = None) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of a store (read beneath ``root``,
+    default its folder, through the files door); ValueError naming the file
     when it is not UTF-8 JSON, holds another format, or lacks a key the
     store needs (or has it with the wrong type)."""
-    manifest = read_stamped_json(path, FORMAT, what="a finished corpus store", fix="; restore it or rebuild the store")
+    manifest = read_stamped_json(path, FORMAT, what="a finished corpus store", fix="; restore it or rebuild the store",
+                                 root=root)
     for key, typ in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
             got = "no such key" if key not in manifest else f"a {type(manifest[key]).__name__}"
@@ -378,38 +400,13 @@ def _check_nondecreasing(off: np.ndarray, where: str, fix: str) -> None:
                          f"before them; {fix}")
 
 
-def _check_id_table(table: np.ndarray, n: int, where: str, fix: str, block: int = 1 << 20) -> None:
-    """ValueError naming ``where`` unless the id table holds each of the
-    ``n`` rows once and nothing else but -1 (read ``block`` slots at a time)."""
-    seen = np.zeros(n, dtype=bool)
-    filled = 0
-    for s in range(0, len(table), block):
-        part = np.asarray(table[s : s + block])
-        rows = part[part >= 0]
-        if (part < -1).any() or (rows >= n).any():
-            raise ValueError(f"{where} holds rows outside [-1, {n}); {fix}")
-        seen[rows] = True
-        filled += rows.size
-    if filled != n or not seen.all():
-        raise ValueError(f"{where} holds {filled} rows, not each of the {n} rows once; {fix}")
-
-
-def _load_npy(path: Path, mode: str | None) -> np.ndarray:
-    """np.load, with any failure (a damaged header: numpy raises ValueError,
-    SyntaxError, tokenize.TokenError ...) a ValueError naming the file."""
-    try:
-        return np.load(path, mmap_mode=mode)
-    except Exception as exc:
-        raise ValueError(f"path: {path} cannot be read ({type(exc).__name__}: {exc}); check the store with "
-                         "`python -m rcn_fast.corpus verify` and restore the file or rebuild the store") from None
-
-
-def _bytes_view(path: Path, mmap: bool) -> np.ndarray:
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=np.uint8)
+def _bytes_view(fd: int, mmap: bool) -> np.ndarray:
+    """The bytes of the file open as ``fd``: mapped read-only from the
+    descriptor (``mmap``), or read."""
     if mmap:
-        return np.memmap(path, dtype=np.uint8, mode="r")
-    return np.fromfile(path, dtype=np.uint8)
+        m = map_fd(fd)
+        return np.zeros(0, dtype=np.uint8) if m is None else np.frombuffer(m, dtype=np.uint8)
+    return np.frombuffer(read_fd(fd), dtype=np.uint8)
 
 
 def texts_to_blob(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -445,15 +442,10 @@ def write_chunk(parts: Path, c: int, ids: list[str], texts: list[str], emb: Any,
                          "nothing was written")
     tblob, tlen = texts_to_blob(texts)
     iblob, ilen = texts_to_blob(ids)
-    name = chunk_name(c)
-    tmp = parts / f".{name}.tmp.{os.getpid()}.npz"
-    with open_write(parts, tmp, "wb", what="path") as f:
-        np.savez(f, emb=stored, text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
-                 hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)),
-                 dropped=np.int64(dropped))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, no_links(parts, name, what="path"))
+    buf = io.BytesIO()
+    np.savez(buf, emb=stored, text_blob=tblob, text_len=tlen, id_blob=iblob, id_len=ilen,
+             hashes=np.fromiter((id_hash(i) for i in ids), dtype=np.int64, count=len(ids)), dropped=np.int64(dropped))
+    write_atomic(parts, chunk_name(c), buf.getvalue())  # beneath the folder's descriptor, no link followed
 
 
 def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, model_dir: str | None,
@@ -484,7 +476,7 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
     """
     digests, dropped = [], 0
     for p in chunk_files:
-        with np.load(p) as z:
+        with _chunk(p) as z:
             digests.append(text_digests(z["text_blob"], z["text_len"]) if spec.get("dedup") else
                            np.zeros(len(z["text_len"])))
             dropped += int(z["dropped"]) if "dropped" in z.files else 0
@@ -496,16 +488,33 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         logger.info("dropped %d exact duplicate passage(s) of %d (the first of each text kept; "
                     "--keep-duplicates / keep_duplicates=True keeps them)", dropped, total)
     n, dim, dtype = int(sum(counts)), int(spec["encoder"]["dim"]), spec["dtype"]
-    open_write(out, ".embeddings.npy.tmp", "wb", what="path").close()  # created here, never through a link
-    emb = np.lib.format.open_memmap(out / ".embeddings.npy.tmp", mode="w+", dtype=dtype, shape=(n, dim))
+    root = Folder(out)
+    try:
+        return _join(root, chunk_files, counts, masks, spec, n, dim, dtype, dropped, model_dir=model_dir,
+                     shards=shards, executor=executor)
+    except BaseException:
+        root.close()
+        raise
+
+
+def _chunk(p: Path) -> Any:
+    """The ``.npz`` chunk file ``p`` (of the build's ``parts/``), opened
+    through the files door (no pickles: ``allow_pickle`` stays off)."""
+    return np.load(open_read(p.parent, p.name))
+
+
+def _join(root: Folder, chunk_files: list[Path], counts: list[int], masks: list[Any], spec: dict[str, Any], n: int,
+          dim: int, dtype: str, dropped: int, *, model_dir: str | None, shards: int, executor: str) -> CorpusStore:
+    """The join of :func:`write_store`, every file written beneath ``root``'s descriptor."""
+    out = root.path
+    emb, emb_map = create_npy(root, ".embeddings.npy.tmp", (n, dim), dtype)
     t_off = np.zeros(n + 1, dtype=np.int64)
     i_off = np.zeros(n + 1, dtype=np.int64)
     hashes = np.zeros(n, dtype=np.int64)
     row = 0
-    with open_write(out, ".texts.bin.tmp", "wb", what="path") as tf, \
-            open_write(out, ".ids.bin.tmp", "wb", what="path") as idf:
+    with root.open_write(".texts.bin.tmp", "wb") as tf, root.open_write(".ids.bin.tmp", "wb") as idf:
         for p, k, m in zip(chunk_files, counts, masks):
-            with np.load(p) as npz:
+            with _chunk(p) as npz:
                 z = npz if m is None or m.all() else select_rows(npz, m)
                 emb[row:row + k] = z["emb"]
                 bad = nonfinite_rows(emb[row:row + k])  # the rows as stored: the store's open need not scan them
@@ -518,20 +527,25 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
                 i_off[row + 1:row + k + 1] = i_off[row] + np.cumsum(z["id_len"])
                 hashes[row:row + k] = z["hashes"]
             row += k
-    emb.flush()
-    del emb
-    _check_unique_ids(hashes, out / ".ids.bin.tmp", i_off)
+    if emb_map is not None:
+        emb_map.flush()
+    del emb, emb_map
+    _check_unique_ids(hashes, lambda: np.frombuffer(root.read_bytes(".ids.bin.tmp"), dtype=np.uint8), i_off)
     table = build_id_table(hashes)
     for name, arr in (("text_offsets.npy", t_off), ("id_offsets.npy", i_off), ("id_table.npy", table)):
-        with open_write(out, f".{name}.tmp", "wb", what="path") as f:
+        with root.open_write(f".{name}.tmp", "wb") as f:
             np.save(f, arr)
     for name in ("embeddings.npy", "texts.bin", "ids.bin", "text_offsets.npy", "id_offsets.npy", "id_table.npy"):
-        os.replace(out / f".{name}.tmp", no_links(out, name, what="path"))
+        root.replace(f".{name}.tmp", name)
     write_json_atomic(out / FLAT_INDEX_HEADER, {"format": FLAT_INDEX_FORMAT, "dim": dim, "metric": "ip",
-                                           "dtype": dtype, "count": n})
-    files = {name: {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
-             for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy",
-                          "id_table.npy")}
+                                                "dtype": dtype, "count": n}, root=root)
+    files = {}
+    for name in ("embeddings.npy", "texts.bin", "text_offsets.npy", "ids.bin", "id_offsets.npy", "id_table.npy"):
+        fd = root.open_fd(name)
+        try:
+            files[name] = {"bytes": os.fstat(fd).st_size, "sha256": sha256_fd(fd)}
+        finally:
+            os.close(fd)
     manifest = {
         "format": FORMAT, "count": n, "dim": dim, "dtype": dtype,
         "encoder": {**spec["encoder"], "model_dir": model_dir},
@@ -540,19 +554,20 @@ def write_store(out: Path, chunk_files: list[Path], spec: dict[str, Any], *, mod
         "duplicates_dropped": dropped if spec.get("dedup") else None,
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    write_json_atomic(out / MANIFEST, manifest)
+    write_json_atomic(out / MANIFEST, manifest, root=root)
     logger.info("wrote corpus store %s: %d passages, dim %d, %s", out, n, dim, dtype)
-    return CorpusStore(out, read_manifest(out / MANIFEST), _built=True)  # its rows and id table checked above
+    # its rows and id table checked above
+    return CorpusStore(out, read_manifest(out / MANIFEST, root=root), _built=True, _folder=root)
 
 
-def _check_unique_ids(hashes: np.ndarray, ids_file: Path, offsets: np.ndarray) -> None:
-    """ValueError naming the first id two rows share."""
+def _check_unique_ids(hashes: np.ndarray, ids_bytes: Any, offsets: np.ndarray) -> None:
+    """ValueError naming the first id two rows share (``ids_bytes()``: the ids' bytes, read only then)."""
     order = np.argsort(hashes, kind="stable")
     sh = hashes[order]
     same = np.flatnonzero(sh[1:] == sh[:-1])
     if not same.size:
         return
-    blob = np.fromfile(ids_file, dtype=np.uint8)
+    blob = ids_bytes()
 
     def id_at(r: int) -> str:
         return bytes(blob[offsets[r]:offsets[r + 1]]).decode("utf-8")

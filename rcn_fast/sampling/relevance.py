@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast import _dispatch, _native
+from rcn_fast import _crossovers, _dispatch, _native
 from rcn_fast.sampling.reference import sample_subsets_reference
 from rcn_fast._validate import is_integral, is_real
 
@@ -154,6 +154,8 @@ def sample_subsets(
         "N": N,
         "K": K,
     }
+    if ctx["device"] == "cuda":  # only records of this GPU count (rcn_fast._crossovers)
+        ctx.update(_crossovers.gpu_identity(cand_emb.device))
     ids, logp = SAMPLE_SUBSETS(
         ctx,
         backend,
@@ -261,11 +263,10 @@ def cuda_kernel_for(cand: Any) -> str:
     for candidates ``cand`` [B, n, d]: the fastest one a recorded run
     measured at least as fast as torch there; else (``backend="cuda"``) the
     Gram sampler where it can serve (n <= 128), the warp sampler otherwise."""
-    from rcn_fast import _crossovers
-
     mod, _ = _native.cuda_module()
     gram = mod is not None and hasattr(mod, "SAMPLER_GRAM_MAX_N") and int(cand.shape[1]) <= mod.SAMPLER_GRAM_MAX_N
-    kernel, _ = _crossovers.kernel_choice("sample_subsets", {"dtype": A.dtype_name(cand), "B": int(cand.shape[0])})
+    kernel, _ = _crossovers.kernel_choice("sample_subsets", {"dtype": A.dtype_name(cand), "B": int(cand.shape[0]),
+                                                             **_crossovers.gpu_identity(cand.device)})
     if kernel is not None and (kernel != "sample_subsets_gram" or gram):
         return kernel
     return "sample_subsets_gram" if gram else "sample_subsets"

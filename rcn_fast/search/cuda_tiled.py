@@ -24,16 +24,27 @@ Qt, k]`` buffer. Then one block a query merges its lists
 (``topn_merge_lists``). No host synchronisation; the scores of a tile are the
 only buffer that grows with the corpus, and it is bounded.
 
+Stream order (as FAISS's Distance.cu prepares the queries on the main stream
+before ``streamWait``): each query tile's left side (the split of float32
+queries into terms, a kernel on the current stream) is enqueued first, then
+the side streams wait for the current stream, so their GEMMs and selects
+read finished terms and scales and run after the previous tile's merge;
+the current stream waits for both before the merge. Everything runs under
+the inputs' device (``torch.cuda.device``), so the merge and the split use
+that device's stream on any GPU (issue 55: W1, C2).
+
 The dispatcher runs this kernel (``topn_tiled`` in
-:mod:`rcn_fast._crossovers`) only where a recorded GPU run measured it at
-least as fast as the torch backend; ``backend="cuda"`` runs it for ``Q >=``
-:data:`MIN_QUERIES` or where the tensor-core scan cannot serve the call.
+:mod:`rcn_fast._crossovers`) only where a recorded run on the same GPU
+measured it at least as fast as the torch backend; ``backend="cuda"`` runs
+it for ``Q >=`` :data:`MIN_QUERIES` (16) or where the tensor-core scan
+cannot serve the call.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rcn_fast import _arrays as A
 from rcn_fast import _native
 from rcn_fast.search.torch_backend import mm_f32, mm_out_dtype_supported, split_query
 
@@ -46,8 +57,14 @@ MIN_SLICE_COLS = 4096
 #: Blocks the slices of a tile aim at, per multiprocessor.
 BLOCKS_PER_SM = 2
 #: ``backend="cuda"`` picks the GEMM tiles from this many queries (below,
-#: the tensor-core scan where it can serve).
-MIN_QUERIES = 64
+#: the tensor-core scan where it can serve). 16 (issue 55, S1): from 16
+#: queries the scan takes query groups of 16 or 32 in 88-137 KB of shared
+#: memory a block (one block, 4 warps, an SM at d = 768) and reads the corpus
+#: once per group without double buffering, where a GEMM reads it once per
+#: 512 queries; the GEMM tiles run on cuBLAS. Chosen over redesigning the
+#: scan's buffers because the GEMM tiles and their block select are tested
+#: on the host and need no new kernel.
+MIN_QUERIES = 16
 
 _STREAMS: dict[int, tuple[Any, Any]] = {}
 _SMS: dict[int, int] = {}
@@ -116,31 +133,30 @@ def topn_tiled(queries: Any, corpus: Any, k: int) -> tuple[Any, Any]:
     split = ct != "float32" and queries.dtype != corpus.dtype
     terms = {"float16": 2, "bfloat16": 3}[ct] if split else 1
     out_ok = ct != "float32" and mm_out_dtype_supported(torch, dev, corpus.dtype)
-    side = _streams(torch, dev)
-    sms = multiprocessors(torch, dev)
-    qt, rows, slices = tile_shape(n_q, n, terms, sms)
-    n_tiles = -(-n // rows)
-    cur = torch.cuda.current_stream(dev)
-    for st in side:
-        st.wait_stream(cur)
-    for q0 in range(0, n_q, qt):
-        q1 = min(n_q, q0 + qt)
-        lhs, scales = _lhs(torch, queries[q0:q1], ct, split)
-        part_s = torch.empty((n_tiles * slices, q1 - q0, k), dtype=torch.float32, device=dev)
-        part_i = torch.empty((n_tiles * slices, q1 - q0, k), dtype=torch.int64, device=dev)
-        for j in range(n_tiles):
-            r0 = j * rows
-            block = corpus[r0 : r0 + rows]
-            st = side[j % 2]
-            with torch.cuda.stream(st):
-                s = mm_f32(torch, lhs, block, out_ok) if ct != "float32" else torch.mm(lhs, block.T)
-                mod.topn_block_select(s, terms, scales, int(block.shape[0]), k, r0, slices, part_s, part_i,
-                                      j * slices, st.cuda_stream)
-        for st in side:
-            cur.wait_stream(st)
-        mod.topn_merge_lists(part_s, part_i, out_s[q0:q1], out_i[q0:q1], cur.cuda_stream)
-        for st in side:  # the next query tile's GEMMs may not run before this merge read its lists
-            st.wait_stream(cur)
+    with A.on_device(corpus):
+        side = _streams(torch, dev)
+        sms = multiprocessors(torch, dev)
+        qt, rows, slices = tile_shape(n_q, n, terms, sms)
+        n_tiles = -(-n // rows)
+        cur = torch.cuda.current_stream(dev)
+        for q0 in range(0, n_q, qt):
+            q1 = min(n_q, q0 + qt)
+            lhs, scales = _lhs(torch, queries[q0:q1], ct, split)  # on cur
+            part_s = torch.empty((n_tiles * slices, q1 - q0, k), dtype=torch.float32, device=dev)
+            part_i = torch.empty((n_tiles * slices, q1 - q0, k), dtype=torch.int64, device=dev)
+            for st in side:  # after the split (and the previous tile's merge) were enqueued
+                st.wait_stream(cur)
+            for j in range(n_tiles):
+                r0 = j * rows
+                block = corpus[r0 : r0 + rows]
+                st = side[j % 2]
+                with torch.cuda.stream(st):
+                    s = mm_f32(torch, lhs, block, out_ok) if ct != "float32" else torch.mm(lhs, block.T)
+                    mod.topn_block_select(s, terms, scales, int(block.shape[0]), k, r0, slices, part_s, part_i,
+                                          j * slices, st.cuda_stream)
+            for st in side:
+                cur.wait_stream(st)
+            mod.topn_merge_lists(part_s, part_i, out_s[q0:q1], out_i[q0:q1], cur.cuda_stream)
     return out_s, out_i
 
 

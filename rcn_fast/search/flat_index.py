@@ -15,7 +15,6 @@ and serves ``search(..., int8=True)`` by the exact int8 bounded scan
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from rcn_fast import _arrays as A
-from rcn_fast._files import inside
-from rcn_fast._hashing import sha256_file
-from rcn_fast._stamped_json import read_stamped_json
+from rcn_fast._file_data import read_npy
+from rcn_fast._files import Folder
+from rcn_fast._hashing import sha256_fd
+from rcn_fast._stamped_json import read_stamped_json, write_stamped_json
 from rcn_fast._validate import is_int
 from rcn_fast.search.records import file_record
 from rcn_fast.search.topn import topn
@@ -176,21 +176,17 @@ class FlatIndex:
         place; ``index.json`` (written the same way, last) records its size
         and sha256.
         """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "embeddings.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(self.embeddings))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path / "embeddings.npy")
-        emb = path / "embeddings.npy"
-        meta = {"format": _FORMAT, "dim": self.dim, "metric": self.metric,
-                "dtype": self.dtype, "count": len(self),
-                "files": {"embeddings.npy": {"bytes": emb.stat().st_size, "sha256": sha256_file(emb)}}}
-        tmp_meta = path / ".index.json.tmp"
-        tmp_meta.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp_meta, path / "index.json")
+        with Folder(path, create=True) as root:  # every file beneath its descriptor, no link followed
+            tmp = f".embeddings.npy.{os.getpid()}.tmp"
+            with root.open_write(tmp, "w+b") as f:
+                np.save(f, np.ascontiguousarray(self.embeddings))
+                f.flush()
+                os.fsync(f.fileno())
+                record = {"bytes": os.fstat(f.fileno()).st_size, "sha256": sha256_fd(f.fileno())}
+            root.replace(tmp, "embeddings.npy")
+            meta = {"format": _FORMAT, "dim": self.dim, "metric": self.metric,
+                    "dtype": self.dtype, "count": len(self), "files": {"embeddings.npy": record}}
+            write_stamped_json(Path(path) / "index.json", meta, root=root)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], mmap: bool = True, *, verify: bool = False) -> "FlatIndex":
@@ -219,9 +215,19 @@ class FlatIndex:
             (named; :func:`check_finite_rows`). The message names the file.
         """
         path = Path(path)
-        head = inside(path, "index.json")  # a symbolic link out of the folder is refused, naming it
+        try:
+            root = Folder(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"path: {path} has no index.json (not a FlatIndex directory)") from None
+        with root:  # every file beneath the folder's descriptor (rcn_fast._files)
+            return cls._load(root, mmap=mmap, verify=verify)
+
+    @classmethod
+    def _load(cls, root: Folder, *, mmap: bool, verify: bool) -> "FlatIndex":
+        path = root.path
+        head = path / "index.json"
         meta = read_stamped_json(head, _FORMAT, what="a FlatIndex directory",
-                                 fix="; restore it or save the index again")
+                                 fix="; restore it or save the index again", root=root)
         missing = [key for key in ("dim", "metric", "dtype", "count") if key not in meta]
         if missing:
             raise ValueError(f"path: {head} lacks the key(s) {missing}; restore it or save the index again")
@@ -232,46 +238,51 @@ class FlatIndex:
                              "again") from None
         if not is_int(meta["count"]) or meta["count"] < 0:
             raise ValueError(f"path: {head} holds count {meta['count']!r}, expected an int >= 0")
-        emb = inside(path, "embeddings.npy")
-        if not emb.is_file():
-            raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)")
-        record = file_record(path, meta)
-        size = emb.stat().st_size
-        if record is not None and "bytes" in record and size != int(record["bytes"]):
-            raise ValueError(f"path: {emb} holds {size} bytes, the record says {record['bytes']}: truncated, "
-                             "still being written or replaced; restore it or save the index again")
-        _check_npy_length(emb, size)
-        if verify:
-            if record is None or "sha256" not in record:
-                raise ValueError(f"path: {head} records no checksum of embeddings.npy (saved by an older "
-                                 "version), so it cannot be verified; save the index again")
-            if sha256_file(emb) != record["sha256"]:
-                raise ValueError(f"path: {emb} does not match its recorded sha256 (corrupted or replaced)")
+        emb = path / "embeddings.npy"
         try:
-            data = np.load(emb, mmap_mode="r" if mmap else None)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"path: {emb} cannot be read ({exc}); restore it or save the index again") from None
-        if data.shape != (meta["count"], meta["dim"]) or data.dtype.name != meta["dtype"]:
-            raise ValueError(
-                f"path: embeddings.npy is {data.dtype}{list(data.shape)} but index.json says "
-                f"{meta['dtype']}[{meta['count']}, {meta['dim']}]"
-            )
-        check_finite_rows(emb, data, "restore it or save the index again")
+            fd = root.open_fd("embeddings.npy")
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"path: {path} has no embeddings.npy (the index matrix)") from None
+        try:
+            record = file_record(root, meta)
+            size = os.fstat(fd).st_size
+            if record is not None and "bytes" in record and size != int(record["bytes"]):
+                raise ValueError(f"path: {emb} holds {size} bytes, the record says {record['bytes']}: truncated, "
+                                 "still being written or replaced; restore it or save the index again")
+            if verify:
+                if record is None or "sha256" not in record:
+                    raise ValueError(f"path: {head} records no checksum of embeddings.npy (saved by an older "
+                                     "version), so it cannot be verified; save the index again")
+                if sha256_fd(fd) != record["sha256"]:
+                    raise ValueError(f"path: {emb} does not match its recorded sha256 (corrupted or replaced)")
+            try:
+                data = read_npy(fd, mmap=mmap, where=emb)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"{exc}; restore it or save the index again") from None
+            if data.shape != (meta["count"], meta["dim"]) or data.dtype.name != meta["dtype"]:
+                raise ValueError(
+                    f"path: embeddings.npy is {data.dtype}{list(data.shape)} but index.json says "
+                    f"{meta['dtype']}[{meta['count']}, {meta['dim']}]"
+                )
+            check_finite_rows(emb, data, "restore it or save the index again", fd=fd)
+        finally:
+            os.close(fd)
         index = cls(meta["dim"], meta["metric"], meta["dtype"])
         index._data, index._n = data, int(meta["count"])
         from rcn_fast.search.int8_files import load_int8_copy
 
-        index.int8 = load_int8_copy(path, mmap=mmap, verify=verify)
+        index.int8 = load_int8_copy(root, mmap=mmap, verify=verify)
         return index
 
     def __repr__(self) -> str:
         return f"FlatIndex(dim={self.dim}, metric={self.metric!r}, dtype={self.dtype!r}, n={len(self)})"
 
 
-def check_finite_rows(path: Path, data: np.ndarray, fix: str) -> None:
+def check_finite_rows(path: Path, data: np.ndarray, fix: str, *, fd: int | None = None) -> None:
     """ValueError naming ``path`` and the rows when the matrix ``data``
-    (read from ``path``) holds a NaN or an infinity: such a row scores NaN
-    and search would silently skip it.
+    (read from ``path``; from the descriptor ``fd`` when given, whose
+    ``fstat`` keys the memo) holds a NaN or an infinity: such a row scores
+    NaN and search would silently skip it.
 
     Every row is scanned (in blocks, on the values' bits:
     :func:`rcn_fast._arrays.nonfinite_rows`), once per version of the
@@ -291,7 +302,7 @@ def check_finite_rows(path: Path, data: np.ndarray, fix: str) -> None:
             raise ValueError(f"path: {path} holds NaN or infinite values in rows {A.row_list(bad)}: the file is "
                              f"damaged (search would skip those rows); {fix}")
 
-    check_once(path, "finite-rows", scan)
+    check_once(path, "finite-rows", scan, fd=fd)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -304,20 +315,3 @@ def _normalize(x: np.ndarray) -> np.ndarray:
         return (x64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
-def _check_npy_length(path: Path, size: int) -> None:
-    """ValueError naming ``path`` when it is not a .npy file or is shorter
-    than its header says."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-            offset = f.tell()
-    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
-        raise ValueError(f"path: {path} is not a readable .npy file ({type(exc).__name__}: {exc})") from None
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if size < need:
-        raise ValueError(f"path: {path} is truncated: {size} bytes, its header ({dtype}{list(shape)}) needs "
-                         f"{need}; restore it or save the index again")

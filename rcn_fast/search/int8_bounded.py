@@ -56,7 +56,14 @@ it keeps a superset of the candidates, filtered by ``T`` at the end.
 
 What it needs: finite rows (the build refuses others) and finite query
 values whose bounds stay far from float32's range (else the call is served
-by the exact search on the rows). Its cost: one read of the int8 codes
+by the exact search on the rows): ``nu`` times the largest row bound below
+:data:`MAX_PRODUCT` (no overflow), and ``s_q`` times the smallest row scale
+at least :data:`MIN_SCALE_PRODUCT` (``2^-100``). The three-roundings bound on
+``A`` holds only while ``fl(s_q s_j)`` is a normal float32: a subnormal
+product (``max|q| max|x_j| < 127^2 2^-126``, about 1.9e-34) is off by up to
+``2^-150`` absolute, which ``|I1 + I2 / 256|`` (up to ``2^24``) turns into
+an error far above ``eta``; the interval could then miss the score (issue
+55, W4). With ``s_q s_j >= 2^-100``, ``A`` is normal or exactly 0. Its cost: one read of the int8 codes
 (half the bytes of float16) and of 12 bytes a row of bounds, then the
 candidates' rows; the candidates number about k where the k best stand out
 from the rest by more than the interval's width (about ``2 nu e_j``:
@@ -86,6 +93,9 @@ MAX_DIM = 1024
 INFLATE64 = 1.0 + 2.0**-40
 #: A query is served by the exact search when nu * the largest row bound exceeds this.
 MAX_PRODUCT = 1e36
+#: ... or when its scale times the smallest row scale is below this (a
+#: subnormal ``s_q * s_j`` breaks the bound on A; see the module docstring).
+MIN_SCALE_PRODUCT = 2.0**-100
 #: Rows of a chunk of the scan: its intervals take 8 * Q * rows bytes at most this many.
 CHUNK_BYTES = 1 << 30
 
@@ -155,6 +165,7 @@ class Int8Copy:
     rows: Any
     dim: int
     _largest: float | None = field(default=None, repr=False, compare=False)
+    _smallest_scale: float | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.codes.shape[0])
@@ -174,6 +185,17 @@ class Int8Copy:
                 self._largest = float((r[:, 1].astype(np.float64) + r[:, 2]).max()) if len(r) else 0.0
         return self._largest
 
+    def smallest_scale(self) -> float:
+        """The smallest row scale ``s_j`` (for the underflow guard;
+        computed once; 1 for an empty copy)."""
+        if self._smallest_scale is None:
+            r = self.rows
+            if not len(r):
+                self._smallest_scale = 1.0
+            else:
+                self._smallest_scale = float(r[:, 0].min())
+        return self._smallest_scale
+
     def to(self, device: Any) -> "Int8Copy":
         """The copy as torch tensors on ``device``."""
         import torch
@@ -181,7 +203,7 @@ class Int8Copy:
         def move(a: Any) -> Any:
             return (a if A.is_torch(a) else torch.from_numpy(np.ascontiguousarray(a))).to(device)
 
-        return Int8Copy(move(self.codes), move(self.rows), self.dim, self.largest_bound())
+        return Int8Copy(move(self.codes), move(self.rows), self.dim, self.largest_bound(), self.smallest_scale())
 
 
 def quantize_rows(x: Any) -> tuple[Any, Any]:
@@ -275,6 +297,22 @@ def rescore_reference(q: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", np.asarray(q, np.float32), np.asarray(x, dtype=np.float32))
 
 
+def aligned16(a: Any) -> Any:
+    """``a`` (numpy or torch), copied where its first element is not 16-byte
+    aligned: the int8 scans read the codes 16 bytes at a time, and the
+    bindings refuse an unaligned start (an offset view)."""
+    ptr = a.data_ptr() if A.is_torch(a) else a.ctypes.data
+    if ptr % 16 == 0:
+        return a
+    if A.is_torch(a):
+        return a.clone(memory_format=A._torch().contiguous_format)
+    buf = np.empty(a.nbytes + 16, np.uint8)
+    off = (-buf.ctypes.data) % 16
+    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def _native_intervals(codes: np.ndarray, rows: np.ndarray, qcodes: np.ndarray,
                       params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mod, _ = _native.cpu_module()
@@ -282,18 +320,27 @@ def _native_intervals(codes: np.ndarray, rows: np.ndarray, qcodes: np.ndarray,
         return intervals_reference(codes, rows, qcodes, params)
     lo = np.empty((qcodes.shape[0], codes.shape[0]), np.float32)
     hi = np.empty_like(lo)
-    mod.topn_int8_intervals(codes, rows, qcodes, params, lo, hi)
+    mod.topn_int8_intervals(aligned16(np.ascontiguousarray(codes)), rows, aligned16(qcodes), params, lo, hi)
     return lo, hi
 
 
 def servable(queries: np.ndarray, copy: Int8Copy) -> bool:
     """Whether the bounded scan can serve these float32 queries: finite, and
-    bounds far from float32's range."""
+    bounds far from float32's range: no overflow (``nu`` times the largest
+    row bound below :data:`MAX_PRODUCT`) and no subnormal ``s_q * s_j``
+    (each query's scale times the smallest row scale at least
+    :data:`MIN_SCALE_PRODUCT`)."""
     if not np.isfinite(queries).all():
         return False
-    nu = float(np.sqrt(np.einsum("ij,ij->i", queries.astype(np.float64), queries.astype(np.float64))).max()) \
-        if len(queries) else 0.0
-    return nu * copy.largest_bound() < MAX_PRODUCT and math.isfinite(nu)
+    if not len(queries) or not len(copy):
+        return True
+    q64 = queries.astype(np.float64)
+    nu = float(np.sqrt(np.einsum("ij,ij->i", q64, q64)).max())
+    if not (math.isfinite(nu) and nu * copy.largest_bound() < MAX_PRODUCT):
+        return False
+    amax = np.abs(q64).max(1) if q64.shape[1] else np.zeros(len(q64))
+    s_q = np.where(amax > 0, amax / 127.0, 1.0)  # the query scale (1 for a zero query), as query_terms makes it
+    return float(s_q.min()) * copy.smallest_scale() >= MIN_SCALE_PRODUCT
 
 
 def topn_int8_numpy(queries: np.ndarray, rows: np.ndarray, copy: Int8Copy, k: int, *,
@@ -390,7 +437,7 @@ def topn_int8(queries: Any, corpus: Int8Corpus, k: int) -> tuple[Any, Any] | Non
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     rows = A.to_numpy(corpus.rows) if A.is_torch(corpus.rows) else corpus.rows
     plain = copy if not A.is_torch(copy.codes) else Int8Copy(A.to_numpy(copy.codes), A.to_numpy(copy.rows), copy.dim,
-                                                              copy.largest_bound())
+                                                              copy.largest_bound(), copy.smallest_scale())
     s, i = topn_int8_numpy(q_host, rows, plain, k)
     return (A.from_numpy_like(queries, s), A.from_numpy_like(queries, i)) if A.is_torch(queries) else (s, i)
 
@@ -408,35 +455,37 @@ def _topn_int8_cuda(queries: Any, q_host: np.ndarray, corpus: Int8Corpus, k: int
     if mod is None or not hasattr(mod, "topn_int8_intervals"):
         raise RuntimeError(f"the int8 scan on a GPU needs rcn_fast._cuda with topn_int8_intervals: {why}")
     copy, dev = corpus.copy, corpus.copy.codes.device
-    stream = torch.cuda.current_stream(dev).cuda_stream
-    qcodes_h, params_h = query_terms(q_host, copy.width)
-    qcodes = torch.from_numpy(qcodes_h).to(dev, non_blocking=False)
-    params = torch.from_numpy(params_h).to(dev)
-    n_q, n = q_host.shape[0], len(copy)
-    chunk = max(1, CHUNK_BYTES // (8 * max(1, n_q)))
-    sms = multiprocessors(torch, dev)
-    best_s = torch.full((1, n_q, k), float("-inf"), dtype=torch.float32, device=dev)
-    best_i = torch.full((1, n_q, k), -1, dtype=torch.int64, device=dev)
-    cand_q, cand_j, cand_hi = [], [], []
-    for r0 in range(0, n, chunk):
-        r1 = min(n, r0 + chunk)
-        lo = torch.empty((n_q, r1 - r0), dtype=torch.float32, device=dev)
-        hi = torch.empty_like(lo)
-        mod.topn_int8_intervals(copy.codes[r0:r1], copy.rows[r0:r1], qcodes, params, lo, hi, stream)
-        slices = tile_shape(n_q, r1 - r0, 1, sms)[2]
-        part_s = torch.empty((slices + 1, n_q, k), dtype=torch.float32, device=dev)
-        part_i = torch.empty((slices + 1, n_q, k), dtype=torch.int64, device=dev)
-        part_s[0], part_i[0] = best_s[0], best_i[0]
-        mod.topn_block_select(lo, 1, None, r1 - r0, k, r0, slices, part_s, part_i, 1, stream)
-        out_s = torch.empty((n_q, k), dtype=torch.float32, device=dev)
-        out_i = torch.empty((n_q, k), dtype=torch.int64, device=dev)
-        mod.topn_merge_lists(part_s, part_i, out_s, out_i, stream)
-        best_s, best_i = out_s[None], out_i[None]
-        t_run = out_s[:, k - 1]  # -inf until k lower bounds were seen
-        qi, j = (hi >= t_run[:, None]).nonzero(as_tuple=True)
-        cand_q.append(qi)
-        cand_j.append(j + r0)
-        cand_hi.append(hi[qi, j])
+    with A.on_device(copy.codes):  # every launch on the copy's device and its stream (issue 55, C2)
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        qcodes_h, params_h = query_terms(q_host, copy.width)
+        qcodes = torch.from_numpy(qcodes_h).to(dev, non_blocking=False)
+        params = torch.from_numpy(params_h).to(dev)
+        codes = aligned16(copy.codes)
+        n_q, n = q_host.shape[0], len(copy)
+        chunk = max(1, CHUNK_BYTES // (8 * max(1, n_q)))
+        sms = multiprocessors(torch, dev)
+        best_s = torch.full((1, n_q, k), float("-inf"), dtype=torch.float32, device=dev)
+        best_i = torch.full((1, n_q, k), -1, dtype=torch.int64, device=dev)
+        cand_q, cand_j, cand_hi = [], [], []
+        for r0 in range(0, n, chunk):
+            r1 = min(n, r0 + chunk)
+            lo = torch.empty((n_q, r1 - r0), dtype=torch.float32, device=dev)
+            hi = torch.empty_like(lo)
+            mod.topn_int8_intervals(codes[r0:r1], copy.rows[r0:r1], qcodes, params, lo, hi, stream)
+            slices = tile_shape(n_q, r1 - r0, 1, sms)[2]
+            part_s = torch.empty((slices + 1, n_q, k), dtype=torch.float32, device=dev)
+            part_i = torch.empty((slices + 1, n_q, k), dtype=torch.int64, device=dev)
+            part_s[0], part_i[0] = best_s[0], best_i[0]
+            mod.topn_block_select(lo, 1, None, r1 - r0, k, r0, slices, part_s, part_i, 1, stream)
+            out_s = torch.empty((n_q, k), dtype=torch.float32, device=dev)
+            out_i = torch.empty((n_q, k), dtype=torch.int64, device=dev)
+            mod.topn_merge_lists(part_s, part_i, out_s, out_i, stream)
+            best_s, best_i = out_s[None], out_i[None]
+            t_run = out_s[:, k - 1]  # -inf until k lower bounds were seen
+            qi, j = (hi >= t_run[:, None]).nonzero(as_tuple=True)
+            cand_q.append(qi)
+            cand_j.append(j + r0)
+            cand_hi.append(hi[qi, j])
     qi, j, hi = torch.cat(cand_q), torch.cat(cand_j), torch.cat(cand_hi)
     keep = hi >= best_s[0, :, k - 1][qi]
     qi, j = qi[keep], j[keep]
@@ -453,9 +502,14 @@ def _topn_int8_cuda(queries: Any, q_host: np.ndarray, corpus: Int8Corpus, k: int
 def _best_per_query_torch(torch: Any, qi: Any, j: Any, scores: Any, n_q: int, k: int) -> tuple[Any, Any]:
     """:func:`_best_per_query` in torch ops on the candidates' device."""
     dev = scores.device
-    for key, desc in ((j, False), (scores, True), (qi, False)):  # stable sorts: the last key sorts first
-        order = torch.sort(key, stable=True, descending=desc).indices
-        qi, j, scores = qi[order], j[order], scores[order]
+    # stable sorts, the last key first: each sorts the permutation so far (a
+    # loop over a tuple of the keys sorted the reordered arrays by the
+    # original keys' order: found running this path through the stand-in of
+    # tests/cuda_standin.py, issue 55)
+    perm = torch.sort(j, stable=True).indices
+    perm = perm[torch.sort(scores[perm], stable=True, descending=True).indices]
+    perm = perm[torch.sort(qi[perm], stable=True).indices]
+    qi, j, scores = qi[perm], j[perm], scores[perm]
     start = torch.searchsorted(qi, torch.arange(n_q, device=dev))
     pos = torch.arange(qi.shape[0], device=dev) - start[qi]
     take = pos < k

@@ -111,6 +111,8 @@ def topn(queries: Any, corpus: Any, k: int, *, backend: str | None = None) -> tu
         "d": int(corpus.shape[1]),
         "k": kk,
     }
+    if ctx["device"] == "cuda":
+        ctx.update(_gpu_ctx(corpus))
     scores, ids = TOPN(ctx, backend, queries=queries, corpus=corpus, k=kk)
     if kk == k:
         return scores, ids
@@ -244,29 +246,41 @@ def _check_cuda(ctx: Mapping[str, Any]) -> str | None:
 CUDA_AUTO, CUDA_TILED, CUDA_MMA = 0, 1, 2
 
 
+def _gpu_ctx(corpus: Any) -> dict[str, Any]:
+    """What the measured crossovers key on beyond dtypes and sizes, for a
+    CUDA corpus: its GPU (name, compute capability) and whether its rows are
+    16-byte aligned (the tensor-core scan needs it)."""
+    aligned = corpus.data_ptr() % 16 == 0 and (corpus.shape[0] < 2
+                                               or corpus.stride(0) * corpus.element_size() % 16 == 0)
+    return {**_crossovers.gpu_identity(corpus.device), "aligned": bool(aligned)}
+
+
 def cuda_kernel_for(queries: Any, corpus: Any, k: int) -> str:
     """The CUDA kernel (a key of ``rcn_fast._crossovers.KERNELS["topn"]``)
-    for a call: the fastest one a recorded run measured at least as fast as
-    torch there; else, where nothing is measured (``backend="cuda"``), the
-    tensor-core scan for fewer than ``cuda_tiled.MIN_QUERIES`` queries where
-    it can serve, the GEMM tiles otherwise."""
+    for a call: the fastest one a recorded run on this GPU measured at least
+    as fast as torch for the call's dtypes, algorithm, k and size; else,
+    where nothing is measured (``backend="cuda"``), the tensor-core scan for
+    fewer than ``cuda_tiled.MIN_QUERIES`` queries where it can serve, the
+    GEMM tiles otherwise."""
     from rcn_fast.search.cuda_tiled import MIN_QUERIES
 
     ct, qt, n_q = A.dtype_name(corpus), A.dtype_name(queries), int(queries.shape[0])
-    kernel, _ = _crossovers.kernel_choice("topn", {"dtype": ct, "query_dtype": qt, "Q": n_q})
+    ctx = {"dtype": ct, "query_dtype": qt, "Q": n_q, "k": int(k), "d": int(corpus.shape[1]), **_gpu_ctx(corpus)}
+    kernel, _ = _crossovers.kernel_choice("topn", ctx)
     mod, _ = _native.cuda_module()
     tiled = mod is not None and hasattr(mod, "topn_block_select")
     if kernel is not None and (kernel != "topn_tiled" or tiled):
         return kernel
-    scan = ct != "float32" and k <= getattr(mod, "TOPN_MMA_MAX_K", 0) and int(corpus.shape[1]) % 8 == 0
+    scan = _crossovers.topn_algorithm("topn", ctx) == "scan" and k <= getattr(mod, "TOPN_MMA_MAX_K", 0)
     return "topn" if not tiled or (scan and n_q < MIN_QUERIES) else "topn_tiled"
 
 
-def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str) -> tuple[Any, Any]:
+def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str, algorithm: int = 0) -> tuple[Any, Any]:
     """Top-k of CUDA tensors (checked by :func:`topn`) with one CUDA kernel:
     ``"topn"`` (the tensor-core scan where it can serve the call, else the
-    tiled kernel of rcn_fast._cuda.topn) or ``"topn_tiled"`` (GEMM tiles and
-    block selects, :func:`rcn_fast.search.cuda_tiled.topn_tiled`)."""
+    tiled kernel of rcn_fast._cuda.topn; ``algorithm``: :data:`CUDA_TILED`
+    forces the tiled kernel, :data:`CUDA_MMA` the scan) or ``"topn_tiled"``
+    (GEMM tiles and block selects, :func:`rcn_fast.search.cuda_tiled.topn_tiled`)."""
     if kernel == "topn_tiled":
         from rcn_fast.search.cuda_tiled import topn_tiled
 
@@ -280,7 +294,7 @@ def run_cuda_kernel(queries: Any, corpus: Any, k: int, kernel: str) -> tuple[Any
     ids = torch.empty((queries.shape[0], k), dtype=torch.int64, device=corpus.device)
     stream = torch.cuda.current_stream(corpus.device).cuda_stream
     with torch.cuda.device(corpus.device):
-        mod.topn(queries, corpus, k, scores, ids, stream, CUDA_AUTO)
+        mod.topn(queries, corpus, k, scores, ids, stream, int(algorithm))
     return scores, ids
 
 

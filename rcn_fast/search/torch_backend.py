@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rcn_fast import _arrays as A
 from rcn_fast import _native
 from rcn_fast.search.torch_checked import order_by_score_then_id, topn_torch_checked
 
@@ -124,14 +125,22 @@ def split_query(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
     as it is and zero in the others (csrc/topn/topn_select.h splits the
     same way: on CUDA with the extension built, its kernel does the split).
     """
-    n_terms, shift = SPLIT_TERMS[dtype_name]
-    dtype = getattr(torch, dtype_name)
+    n_terms = SPLIT_TERMS[dtype_name][0]
     mod = _split_kernel(q)
     if mod is not None:
-        terms = torch.empty((n_terms * q.shape[0], q.shape[1]), dtype=dtype, device=q.device)
+        terms = torch.empty((n_terms * q.shape[0], q.shape[1]), dtype=getattr(torch, dtype_name), device=q.device)
         scales = torch.empty((n_terms * q.shape[0], 1), dtype=torch.float32, device=q.device)
-        mod.topn_split_queries(q, terms, scales.view(-1), torch.cuda.current_stream(q.device).cuda_stream)
+        with A.on_device(q):
+            mod.topn_split_queries(q, terms, scales.view(-1), torch.cuda.current_stream(q.device).cuda_stream)
         return terms, scales
+    return split_query_torch(torch, q, dtype_name)
+
+
+def split_query_torch(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
+    """:func:`split_query` in torch ops (any device): the same terms and
+    scales as the CUDA kernel."""
+    n_terms, shift = SPLIT_TERMS[dtype_name]
+    dtype = getattr(torch, dtype_name)
     q = q.float()
     finite = torch.isfinite(q)
     amax = torch.where(finite, q.abs(), 0.0).amax(1, keepdim=True)
@@ -150,7 +159,7 @@ def split_query(torch: Any, q: Any, dtype_name: str) -> tuple[Any, Any]:
 
 def _split_kernel(q: Any) -> Any:
     """rcn_fast._cuda when it can split ``q`` (float32, CUDA, unit inner stride), else None."""
-    if q.device.type != "cuda" or str(q.dtype) != "torch.float32" or (q.shape[1] > 1 and q.stride(1) != 1):
+    if not A.is_cuda(q) or str(q.dtype) != "torch.float32" or (q.shape[1] > 1 and q.stride(1) != 1):
         return None
     mod, _ = _native.cuda_module()
     return mod if mod is not None and hasattr(mod, "topn_split_queries") else None
@@ -208,7 +217,7 @@ def device_finisher(corpus: Any, k: int) -> tuple[Any, Any]:
     None); ``(None, None)`` where neither serves (the host-checked path)."""
     if k > FINISH_MAX_K:
         return None, None
-    if corpus.device.type == "cuda":
+    if A.is_cuda(corpus):
         mod, _ = _native.cuda_module()
         if mod is not None and hasattr(mod, "topn_finish_rows"):
             import torch
@@ -232,7 +241,8 @@ def _finish_on_device(torch: Any, finisher: tuple[Any, Any], scorer: _Scorer, s:
     extra = {} if stream is None else {"stream": stream}
     if scorer.mode == "split":
         extra.update(queries=scorer.queries_f32, corpus=block)
-    mod.topn_finish_rows(s, top.values, top.indices, k, start, out_s, out_i, **extra)
+    with A.on_device(s):  # the CUDA finishing launches on s's device, with its stream (issue 55)
+        mod.topn_finish_rows(s, top.values, top.indices, k, start, out_s, out_i, **extra)
     return out_s, out_i
 
 

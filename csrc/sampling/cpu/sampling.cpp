@@ -301,7 +301,11 @@ SamplingResult sample_subsets_cpu(const SamplingProblem& p, int num_threads) {
 // ---------------------------------------------------------------------------
 // Warp emulation (tests only): `lanes` threads run sampling/subset_sampler.h
 // with a group whose collectives reproduce sampling/cuda/sampling.cu's WarpGroup
-// operation by operation (xor butterflies, Hillis-Steele scans).
+// operation by operation (xor butterflies, Hillis-Steele scans), and the dot
+// products in the kernel's order (group_dot8: 8 lanes a dot product, FMAs,
+// 16-byte packs when `vec`). Compiled without FMA contraction, as the CUDA
+// sampler is (--fmad=false), it is the GPU's arithmetic on the host
+// (issue 55, Y2); only logf may differ in its last bit (log-probabilities).
 // ---------------------------------------------------------------------------
 namespace rcn_fast {
 namespace {
@@ -388,9 +392,40 @@ float load_f32(const SamplingProblem& p, int64_t b, int64_t j, int64_t k) {
   }
 }
 
+// dot(x, y) over d elements in the order sampling/cuda/sampling.cu's
+// group_dot<8, kVec> computes it (common/cuda/vec_load.cuh): lane `sub` of
+// 8 takes packs sub, sub + 8, ... of 8 elements (kVec; the last d % 8
+// elements one by one, element tail + sub, tail + sub + 8, ...) or elements
+// sub, sub + 8, ... (not kVec), each an FMA into its own sum; then the xor
+// butterfly over the 8 lanes (s += the partner's s for 4, 2, 1), lane 0's
+// sum. x_at(k) and y_at(k) give the elements as float32.
+template <class X, class Y>
+float group_dot8(const X& x_at, const Y& y_at, int64_t d, bool vec) {
+  constexpr int G = 8;
+  float v[G];
+  for (int sub = 0; sub < G; ++sub) {
+    float s = 0.f;
+    int64_t tail = 0;
+    if (vec) {
+      const int64_t packs = d / 8;
+      for (int64_t c = sub; c < packs; c += G)
+        for (int i = 0; i < 8; ++i) s = std::fma(x_at(c * 8 + i), y_at(c * 8 + i), s);
+      tail = packs * 8;
+    }
+    for (int64_t e = tail + sub; e < d; e += G) s = std::fma(x_at(e), y_at(e), s);
+    v[sub] = s;
+  }
+  for (int o = G / 2; o > 0; o >>= 1) {
+    float nv[G];
+    for (int l = 0; l < G; ++l) nv[l] = v[l] + v[l ^ o];
+    for (int l = 0; l < G; ++l) v[l] = nv[l];
+  }
+  return v[0];
+}
+
 }  // namespace
 
-SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
+SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes, bool vec) {
   SamplingResult res{SamplingStatus::Ok, -1, -1};
   if (lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0)
     throw std::invalid_argument("lanes: expected a power of two in [1, 32]");
@@ -398,8 +433,8 @@ SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
   std::vector<float> rel(size_t(p.B * n));
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t j = 0; j < n; ++j) {
-      float s = 0.f;
-      for (int64_t k = 0; k < d; ++k) s += p.query[b * p.query_stride + k] * load_f32(p, b, j, k);
+      const float s = group_dot8([&](int64_t k) { return p.query[b * p.query_stride + k]; },
+                                 [&](int64_t k) { return load_f32(p, b, j, k); }, d, vec);
       rel[size_t(b * n + j)] = s;
       const bool valid = p.mask == nullptr || p.mask[b * n + j] != 0;
       if (valid && !std::isfinite(s) && res.status == SamplingStatus::Ok)
@@ -434,8 +469,9 @@ SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes) {
             if (dr.index >= 0) {
               elig[size_t(dr.index)] = 0;
               for (int64_t j = 0; j < n; ++j) {
-                float sim = 0.f;
-                for (int64_t k = 0; k < d; ++k) sim += load_f32(p, b, dr.index, k) * load_f32(p, b, j, k);
+                if (!elig[size_t(j)]) continue;  // the kernel adds only to eligible candidates
+                const float sim = group_dot8([&](int64_t k) { return load_f32(p, b, dr.index, k); },
+                                             [&](int64_t k) { return load_f32(p, b, j, k); }, d, vec);
                 acc[size_t(j)] += sim;
               }
             }

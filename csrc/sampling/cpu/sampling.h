@@ -19,8 +19,10 @@ namespace rcn_fast {
 // Test aid for the CUDA launcher, which cannot run without a GPU: the same
 // per-step logic run by `lanes` (1..32) host threads that cooperate like the
 // lanes of a warp (collectives emulate the warp's butterfly reductions and
-// shuffle scans in the same order). Slow; for tests only. logp_out may be
-// null. Returns like sample_subsets_cpu.
-SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes);
+// shuffle scans in the same order), the dot products summed in the kernel's
+// order (8 lanes each, FMAs; `vec`: its 16-byte loads of aligned rows, else
+// element by element). Slow; for tests only. logp_out may be null. Returns
+// like sample_subsets_cpu.
+SamplingResult sample_subsets_lanes(const SamplingProblem& p, int lanes, bool vec = true);
 
 }  // namespace rcn_fast

@@ -24,6 +24,8 @@
 
 #include <algorithm>
 
+#include "sampling/cuda/sampling_launch.h"
+
 #include "sampling/subset_sampler.h"
 #include "sampling/cuda/warp_group.cuh"
 #include "common/cuda/runtime.h"
@@ -32,8 +34,7 @@
 namespace rcn_fast::cuda {
 namespace {
 
-constexpr int kMaxWarps = 16;                               // warps (subsets at once) per block
-constexpr int64_t kScratchBudget = int64_t(256) << 20;      // bytes per chunk
+// block sizes, warps and chunks: sampling/cuda/sampling_launch.h
 
 template <DType T>
 __device__ __forceinline__ const typename Storage<T>::type* cand_row(const SamplingProblem& p,
@@ -48,7 +49,7 @@ constexpr int kDotLanes = 8;
 constexpr int kDotsPerWarp = 32 / kDotLanes;
 
 template <DType T, bool kVec>
-__global__ void rel_kernel(SamplingProblem p, float* __restrict__ rel,
+__global__ void __launch_bounds__(kRelThreads, launch::kMinBlocksPerSm) rel_kernel(SamplingProblem p, float* __restrict__ rel,
                            unsigned long long* __restrict__ bad_candidate) {
   const int64_t b = blockIdx.x;
   const int lane = int(threadIdx.x & 31u), sub = lane % kDotLanes;
@@ -72,8 +73,11 @@ __global__ void rel_kernel(SamplingProblem p, float* __restrict__ rel,
 // Block = up to `warps` subsets of one question, warp w running subset
 // sg * warps + w, where block i of the launch is (question b0 + i / groups,
 // subset group sg = i % groups). Scratch slot of a warp: i * warps + w.
+// __launch_bounds__: a block of 16 warps must fit the register file of every
+// architecture (sm_80 gave sample_kernel<F32, true> 130 registers without
+// it: 512 threads then need more than 65,536 and the launch fails; issue 55, C1).
 template <DType T, bool kVec>
-__global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel, int64_t block0, int64_t groups,
+__global__ void __launch_bounds__(kSampleMaxWarps * 32, launch::kMinBlocksPerSm) sample_kernel(SamplingProblem p, const float* __restrict__ rel, int64_t block0, int64_t groups,
                               float* acc_all, uint8_t* elig_all, float* w_all,
                               unsigned long long* __restrict__ bad_score) {
   const WarpGroup g;
@@ -120,31 +124,31 @@ __global__ void sample_kernel(SamplingProblem p, const float* __restrict__ rel, 
 }
 
 template <DType T, bool kVec>
-void launch_typed(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
-                  int64_t chunk_blocks, int warps, unsigned long long* flags) {
-  rel_kernel<T, kVec><<<unsigned(p.B), 128, 0, stream>>>(p, rel, flags);
+void launch_typed(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch, const SamplePlan& plan,
+                  unsigned long long* flags) {
+  rel_kernel<T, kVec><<<unsigned(p.B), kRelThreads, 0, stream>>>(p, rel, flags);
   check(cudaGetLastError(), "sampler rel kernel");
-  const int64_t n = p.n, slots = chunk_blocks * warps;
+  const int64_t n = p.n, slots = plan.chunk * plan.warps;
   float* acc = reinterpret_cast<float*>(scratch);
   float* w = acc + slots * n;
   uint8_t* elig = reinterpret_cast<uint8_t*>(w + slots * n);
-  const int64_t groups = (p.num_subsets + warps - 1) / warps, blocks = p.B * groups;
-  for (int64_t i0 = 0; i0 < blocks; i0 += chunk_blocks) {
-    const int64_t m = std::min(chunk_blocks, blocks - i0);
-    sample_kernel<T, kVec><<<unsigned(m), unsigned(warps * 32), 0, stream>>>(p, rel, i0, groups, acc, elig, w,
-                                                                             flags + 1);
+  const int64_t groups = (p.num_subsets + plan.warps - 1) / plan.warps;
+  for (int64_t i0 = 0; i0 < plan.blocks; i0 += plan.chunk) {
+    const int64_t m = std::min(plan.chunk, plan.blocks - i0);
+    sample_kernel<T, kVec><<<unsigned(m), unsigned(plan.warps * 32), 0, stream>>>(p, rel, i0, groups, acc, elig, w,
+                                                                                  flags + 1);
     check(cudaGetLastError(), "sampler kernel");
   }
 }
 
 template <DType T>
-void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch,
-            int64_t chunk_blocks, int warps, unsigned long long* flags) {
+void launch(const SamplingProblem& p, cudaStream_t stream, float* rel, uint8_t* scratch, const SamplePlan& plan,
+            unsigned long long* flags) {
   const int64_t es = int64_t(sizeof(typename Storage<T>::type));
   const bool vec = aligned16(p.cand, es, p.cand_stride_n, p.cand_stride_b) &&
                    aligned16(p.query, 4, p.query_stride);
-  if (vec) return launch_typed<T, true>(p, stream, rel, scratch, chunk_blocks, warps, flags);
-  launch_typed<T, false>(p, stream, rel, scratch, chunk_blocks, warps, flags);
+  if (vec) return launch_typed<T, true>(p, stream, rel, scratch, plan, flags);
+  launch_typed<T, false>(p, stream, rel, scratch, plan, flags);
 }
 
 }  // namespace
@@ -160,27 +164,24 @@ SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream
       check(cudaMemsetAsync(p.logp_out, 0, size_t(items * K) * sizeof(float), stream), "cudaMemsetAsync");
     return ok;
   }
-  const int warps = int(std::min<int64_t>(p.num_subsets, kMaxWarps));
-  const int64_t per_block = warps * n * int64_t(2 * sizeof(float) + 1);
-  const int64_t blocks = p.B * ((p.num_subsets + warps - 1) / warps);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, kScratchBudget / per_block));
+  const SamplePlan plan = sample_plan(p.B, n, p.num_subsets);
   float* rel = nullptr;
   uint8_t* scratch = nullptr;
   unsigned long long* flags = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&rel), size_t(p.B * n) * sizeof(float), stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(chunk * per_block), stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&flags), 2 * sizeof(unsigned long long), stream), "cudaMallocAsync");
+  scratch_alloc(&rel, size_t(p.B * n), stream);
+  scratch_alloc(&scratch, size_t(plan.chunk * plan.per_block_bytes), stream);
+  scratch_alloc(&flags, 2, stream);
   check(cudaMemsetAsync(flags, 0xff, 2 * sizeof(unsigned long long), stream), "cudaMemsetAsync");
   switch (p.cand_dtype) {
-    case DType::F32: launch<DType::F32>(p, stream, rel, scratch, chunk, warps, flags); break;
-    case DType::F16: launch<DType::F16>(p, stream, rel, scratch, chunk, warps, flags); break;
-    case DType::BF16: launch<DType::BF16>(p, stream, rel, scratch, chunk, warps, flags); break;
+    case DType::F32: launch<DType::F32>(p, stream, rel, scratch, plan, flags); break;
+    case DType::F16: launch<DType::F16>(p, stream, rel, scratch, plan, flags); break;
+    case DType::BF16: launch<DType::BF16>(p, stream, rel, scratch, plan, flags); break;
   }
   unsigned long long host_flags[2];
   check(cudaMemcpyAsync(host_flags, flags, sizeof host_flags, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  cudaFreeAsync(rel, stream);
-  cudaFreeAsync(scratch, stream);
-  cudaFreeAsync(flags, stream);
+  scratch_free(rel, stream);
+  scratch_free(scratch, stream);
+  scratch_free(flags, stream);
   check(cudaStreamSynchronize(stream), "sampler kernels");
   const unsigned long long none = ~0ull;
   if (host_flags[0] != none)

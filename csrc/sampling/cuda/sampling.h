@@ -17,6 +17,8 @@ SamplingResult sample_subsets_cuda(const SamplingProblem& p, cudaStream_t stream
 
 // The kernel's version (2: issue 35's 16-byte loads and hardware float16
 // conversion); see kTopnKernelVersion.
-constexpr int kSamplingKernelVersion = 2;
+// Version 3 (issue 55): __launch_bounds__(512, 1) (the sm_80 launch at 16
+// warps failed), --fmad=false (the CPU's roundings).
+constexpr int kSamplingKernelVersion = 3;
 
 }  // namespace rcn_fast::cuda

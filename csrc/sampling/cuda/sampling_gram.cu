@@ -20,6 +20,8 @@
 
 #include <algorithm>
 
+#include "sampling/cuda/sampling_launch.h"
+
 #include "common/cuda/mma.cuh"
 #include "common/cuda/runtime.h"
 #include "common/cuda/vec_load.cuh"
@@ -31,11 +33,12 @@ namespace {
 
 namespace gm = gram;
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+// block size and shared memory: sampling/cuda/sampling_launch.h
+constexpr int kThreads = kGramThreads;
+constexpr int kWarps = kGramWarps;
 constexpr int kTilesPerWarp = (gm::kMaxN / 16) * (gm::kMaxN / 8) / kWarps;  // 16
-constexpr int kLdF32 = gm::kSlice + 1;  // staged float32 rows: odd stride, no bank conflicts
-constexpr int kLdHalf = gm::kSlice + gm::kSlicePad;
+constexpr int kLdF32 = kGramLdF32;
+constexpr int kLdHalf = kGramLdHalf;
 
 template <DType T>
 constexpr int stage_ld() { return T == DType::F32 ? kLdF32 : kLdHalf; }
@@ -52,15 +55,8 @@ __device__ __forceinline__ bool warp_tile(int warp, int ti, int npad, int* i0, i
   return true;
 }
 
-template <DType T>
-size_t smem_bytes(int npad) {
-  using S = typename Storage<T>::type;
-  return size_t(npad) * npad * 4 + size_t(npad) * 4 + size_t(gm::kSlice) * 4 +
-         size_t(npad) * stage_ld<T>() * sizeof(S) + size_t(kWarps) * npad * 9;
-}
-
 template <DType T, bool kVec>
-__global__ void __launch_bounds__(kThreads) gram_kernel(SamplingProblem p, int npad, unsigned long long* flags) {
+__global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel(SamplingProblem p, int npad, unsigned long long* flags) {
   using S = typename Storage<T>::type;
   extern __shared__ __align__(16) unsigned char smem[];
   float* G = reinterpret_cast<float*>(smem);
@@ -177,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) gram_kernel(SamplingProblem p, int n
 
 template <DType T, bool kVec>
 void launch_typed(const SamplingProblem& p, int npad, unsigned long long* flags, cudaStream_t stream) {
-  const size_t bytes = smem_bytes<T>(npad);
+  const size_t bytes = gram_smem(T, npad);
   auto kern = gram_kernel<T, kVec>;
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
   kern<<<unsigned(p.B), kThreads, bytes, stream>>>(p, npad, flags);  // one block a question
@@ -218,7 +214,7 @@ SamplingResult sample_subsets_gram_cuda(const SamplingProblem& p, cudaStream_t s
   }
   const int npad = gm::padded_rows(p.n);
   unsigned long long* flags = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&flags), 2 * sizeof(unsigned long long), stream), "cudaMallocAsync");
+  scratch_alloc(&flags, 2, stream);
   check(cudaMemsetAsync(flags, 0xff, 2 * sizeof(unsigned long long), stream), "cudaMemsetAsync");
   switch (p.cand_dtype) {
     case DType::F32: launch<DType::F32>(p, npad, flags, stream); break;
@@ -227,7 +223,7 @@ SamplingResult sample_subsets_gram_cuda(const SamplingProblem& p, cudaStream_t s
   }
   unsigned long long host_flags[2];
   check(cudaMemcpyAsync(host_flags, flags, sizeof host_flags, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  cudaFreeAsync(flags, stream);
+  scratch_free(flags, stream);
   check(cudaStreamSynchronize(stream), "sampler Gram kernel");
   const unsigned long long none = ~0ull;
   if (host_flags[0] != none)

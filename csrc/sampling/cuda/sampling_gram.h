@@ -13,7 +13,8 @@ namespace rcn_fast::cuda {
 // The Gram sampler's version (bench/gpu_results records it as
 // "sample_subsets_gram"; rcn_fast/_crossovers.py ignores measurements of
 // another version).
-constexpr int kSamplingGramKernelVersion = 1;
+// Version 2 (issue 55): --fmad=false (the CPU's roundings).
+constexpr int kSamplingGramKernelVersion = 2;
 
 // Why the Gram sampler cannot serve `p` (nullptr: it can): more than
 // gram::kMaxN candidates, a GPU below compute capability 8.0 for

@@ -5,6 +5,7 @@
 
 #include "topn/cpu/serial_group.h"
 #include "topn/topn_block_select.h"
+#include "topn/topn_order.h"
 #include "topn/topn_select.h"
 
 namespace rcn_fast {
@@ -94,9 +95,73 @@ void topn_block_select_emulated(const topn_select::TermTile& tile, int64_t R, in
   const int64_t S = slices < 1 ? 1 : slices;
   std::vector<float> part_s;
   std::vector<int64_t> part_i;
-  select_slices(tile.Qt, R, S, ts::slice_cols(R, S), k, round, row0,
-                [&](int64_t q, int64_t c0) { return ts::term_row(tile, q, c0); }, part_s, part_i);
+  const int64_t width = ts::slice_cols(R, S);
+  switch (tile.terms) {  // the kernel's instantiations (block_select_kernel<TERMS>)
+    case 1:
+      select_slices(tile.Qt, R, S, width, k, round, row0,
+                    [&](int64_t q, int64_t c0) { return ts::term_row<1>(tile, q, c0); }, part_s, part_i);
+      break;
+    case 2:
+      select_slices(tile.Qt, R, S, width, k, round, row0,
+                    [&](int64_t q, int64_t c0) { return ts::term_row<2>(tile, q, c0); }, part_s, part_i);
+      break;
+    default:
+      select_slices(tile.Qt, R, S, width, k, round, row0,
+                    [&](int64_t q, int64_t c0) { return ts::term_row<3>(tile, q, c0); }, part_s, part_i);
+  }
   merge_all(tile.Qt, S, k, merge_round, part_s, part_i, out_s, out_i);
+}
+
+void topn_tiled_merge_emulated(const float* prev_s, const int64_t* prev_i, const float* chunk, int64_t Q, int64_t k,
+                               int64_t rows, int64_t row0, float* next_s, int64_t* next_i) {
+  const int64_t n = k + rows;
+  std::vector<float> keep_s(size_t(ts::next_pow2(int(k))));
+  std::vector<int64_t> keep_i(keep_s.size());
+  unsigned int hist[256];
+  for (int64_t q = 0; q < Q; ++q) {
+    // candidate i: the running list first, then the chunk in row order
+    auto score = [&](int64_t i) { return i < k ? prev_s[q * k + i] : chunk[q * rows + (i - k)]; };
+    auto id = [&](int64_t i) { return i < k ? prev_i[q * k + i] : row0 + (i - k); };
+    int64_t taken = 0;
+    for (int64_t i = 0; i < n; ++i) taken += topn_key(score(i)) != 0u;
+    const int64_t target = std::min(k, taken);
+    unsigned int prefix = 0u, need = unsigned(target);
+    for (int shift = 24; shift >= 0 && target > 0; shift -= 8) {
+      std::fill(hist, hist + 256, 0u);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t key = topn_key(score(i));
+        if (topn_radix_match(key, prefix, shift)) ++hist[(key >> shift) & 255u];
+      }
+      topn_radix_pick(hist, shift, prefix, need);
+    }
+    int64_t slot = 0;
+    if (target > 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t key = topn_key(score(i));
+        if (key != 0u && key > prefix) {
+          keep_s[size_t(slot)] = score(i);
+          keep_i[size_t(slot++)] = id(i);
+        }
+      }
+      unsigned int ties = 0;
+      for (int64_t i = 0; i < n && ties < need; ++i)
+        if (topn_key(score(i)) == prefix) {
+          keep_s[size_t(slot)] = score(i);
+          keep_i[size_t(slot++)] = id(i);
+          ++ties;
+        }
+    }
+    const int width = ts::next_pow2(int(k));
+    for (int64_t i = target; i < width; ++i) {
+      keep_s[size_t(i)] = -bits_to_float(0x7f800000u);
+      keep_i[size_t(i)] = -1;
+    }
+    ts::bitonic_sort(SerialGroup{}, keep_s.data(), keep_i.data(), width);
+    for (int64_t i = 0; i < k; ++i) {
+      next_s[q * k + i] = i < target ? keep_s[size_t(i)] : -bits_to_float(0x7f800000u);
+      next_i[q * k + i] = i < target ? keep_i[size_t(i)] : -1;
+    }
+  }
 }
 
 }  // namespace rcn_fast

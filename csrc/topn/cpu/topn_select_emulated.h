@@ -31,4 +31,14 @@ int topn_split_queries(const float* q, int64_t Q, int64_t d, int64_t q_stride, D
 void topn_block_select_emulated(const topn_select::TermTile& tile, int64_t R, int64_t k, int64_t row0,
                                 int64_t slices, int round, int merge_round, float* out_s, int64_t* out_i);
 
+// One chunk of the tiled kernel (version 1, topn/cuda/topn.cu's
+// merge_select_kernel) for each of Q queries: the running lists prev [Q, k]
+// (ids below the chunk's, in order) and the chunk's scores [Q, rows] (ids
+// row0 + column) give next [Q, k], by the kernel's steps run serially: the
+// admissible count, the radix select of the k-th largest topn_key (4
+// passes of 8 bits), every key above it, then its ties in candidate (= id)
+// order, sorted by (score desc, id asc). 1 <= k <= 1024.
+void topn_tiled_merge_emulated(const float* prev_s, const int64_t* prev_i, const float* chunk, int64_t Q, int64_t k,
+                               int64_t rows, int64_t row0, float* next_s, int64_t* next_i);
+
 }  // namespace rcn_fast

@@ -25,26 +25,26 @@
 namespace rcn_fast::cuda {
 namespace {
 
-constexpr int TILE = 64;      // queries x corpus rows per score block
-constexpr int TK = 16;        // depth slice staged in shared memory
-constexpr int SCORE_THREADS = 256;
-constexpr int SELECT_THREADS = 256;
+// block sizes and grids: topn/cuda/topn_launch.h
+constexpr int TILE = kScoreTile;
+constexpr int TK = kScoreDepth;
 
+// Block (x, y) scores query tile q_tile0 + y against corpus tile x.
 template <DType QT, DType CT>
-__global__ void score_block_kernel(const void* __restrict__ queries, int64_t qstride,
-                                   const void* __restrict__ corpus, int64_t cstride,
-                                   int64_t Q, int64_t rows, int64_t row0, int64_t d,
-                                   float* __restrict__ out, int64_t out_stride) {
+__global__ void __launch_bounds__(kScoreThreads, launch::kMinBlocksPerSm)
+    score_block_kernel(const void* __restrict__ queries, int64_t qstride, const void* __restrict__ corpus,
+                       int64_t cstride, int64_t Q, int64_t rows, int64_t row0, int64_t d, float* __restrict__ out,
+                       int64_t out_stride, int64_t q_tile0) {
   using QS = typename Storage<QT>::type;
   using CS = typename Storage<CT>::type;
   __shared__ float qs[TK][TILE + 1];
   __shared__ float cs[TK][TILE + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t q0 = int64_t(blockIdx.y) * TILE, c0 = int64_t(blockIdx.x) * TILE;
+  const int64_t q0 = (q_tile0 + int64_t(blockIdx.y)) * TILE, c0 = int64_t(blockIdx.x) * TILE;
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < d; k0 += TK) {
     // stage a TK-deep slice of 64 queries and 64 corpus rows, as float32
-    for (int e = threadIdx.x; e < TK * TILE; e += SCORE_THREADS) {
+    for (int e = threadIdx.x; e < TK * TILE; e += kScoreThreads) {
       const int kk = e % TK, r = e / TK;
       const int64_t kq = k0 + kk;
       const int64_t qrow = q0 + r, crow = c0 + r;
@@ -95,11 +95,11 @@ struct Candidates {
   __device__ int64_t size() const { return k + rows; }
 };
 
-__global__ void merge_select_kernel(const float* __restrict__ prev_s, const int64_t* __restrict__ prev_i,
-                                    const float* __restrict__ chunk, int64_t chunk_stride,
-                                    int64_t k, int64_t rows, int64_t row0,
-                                    float* __restrict__ next_s, int64_t* __restrict__ next_i) {
-  using Scan = cub::BlockScan<int, SELECT_THREADS>;
+__global__ void __launch_bounds__(kSelectThreads, launch::kMinBlocksPerSm)
+    merge_select_kernel(const float* __restrict__ prev_s, const int64_t* __restrict__ prev_i,
+                        const float* __restrict__ chunk, int64_t chunk_stride, int64_t k, int64_t rows, int64_t row0,
+                        float* __restrict__ next_s, int64_t* __restrict__ next_i) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ unsigned int hist[256];
   __shared__ unsigned int s_prefix, s_need;
@@ -128,27 +128,21 @@ __global__ void merge_select_kernel(const float* __restrict__ prev_s, const int6
   for (int shift = 24; shift >= 0 && target > 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
     __syncthreads();
-    const unsigned int hi_mask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
     const unsigned int prefix = s_prefix;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const unsigned int key = topn_key(cand.score(i));
-      if (key != 0u && (key & hi_mask) == (prefix & hi_mask)) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      if (topn_radix_match(key, prefix, shift)) atomicAdd(&hist[(key >> shift) & 255u], 1u);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      unsigned int need = s_need, digit = 255u;
-      for (int b = 255; b >= 0; --b) {
-        if (hist[b] >= need) {
-          digit = unsigned(b);
-          break;
-        }
-        need -= hist[b];
-      }
-      s_prefix = prefix | (digit << shift);
+      unsigned int pre = prefix, need = s_need;
+      topn_radix_pick(hist, shift, pre, need);
+      s_prefix = pre;
       s_need = need;  // how many candidates equal to the final prefix to take
     }
     __syncthreads();
   }
+  __syncthreads();  // (Y1) T is read below even when no pass ran
   const unsigned int T = s_prefix;
   const unsigned int ties_needed = s_need;
 
@@ -199,7 +193,7 @@ __global__ void merge_select_kernel(const float* __restrict__ prev_s, const int6
   }
 }
 
-__global__ void fill_padding_kernel(float* s, int64_t* ids, int64_t n) {
+__global__ void __launch_bounds__(kPadThreads, launch::kMinBlocksPerSm) fill_padding_kernel(float* s, int64_t* ids, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     s[i] = -INFINITY;
@@ -210,9 +204,10 @@ __global__ void fill_padding_kernel(float* s, int64_t* ids, int64_t n) {
 template <DType QT, DType CT>
 void launch_scores(const TopnProblem& p, int64_t row0, int64_t rows, float* out,
                    int64_t out_stride, cudaStream_t stream) {
-  const dim3 grid(unsigned((rows + TILE - 1) / TILE), unsigned((p.Q + TILE - 1) / TILE));
-  score_block_kernel<QT, CT><<<grid, SCORE_THREADS, 0, stream>>>(
-      p.queries, p.query_stride, p.corpus, p.corpus_stride, p.Q, rows, row0, p.d, out, out_stride);
+  // query tiles in y, at most 65,535 a launch (topn_launch.h)
+  for (const launch::Grid& g : score_launches(p.Q, rows))
+    score_block_kernel<QT, CT><<<dim3(unsigned(g.x), unsigned(g.y)), kScoreThreads, 0, stream>>>(
+        p.queries, p.query_stride, p.corpus, p.corpus_stride, p.Q, rows, row0, p.d, out, out_stride, g.y0);
 }
 
 void scores_for_chunk(const TopnProblem& p, int64_t row0, int64_t rows, float* out,
@@ -241,22 +236,23 @@ void topn_cuda(const TopnProblem& p, cudaStream_t stream, TopnAlgorithm algorith
   // running lists: (scores_out, ids_out) and a second buffer, swapped per chunk
   float* run_s[2] = {p.scores_out, nullptr};
   int64_t* run_i[2] = {p.ids_out, nullptr};
-  check(cudaMallocAsync(reinterpret_cast<void**>(&run_s[1]), size_t(total) * sizeof(float), stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&run_i[1]), size_t(total) * sizeof(int64_t), stream), "cudaMallocAsync");
-  fill_padding_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(run_s[0], run_i[0], total);
+  scratch_alloc(&run_s[1], size_t(total), stream);
+  scratch_alloc(&run_i[1], size_t(total), stream);
+  fill_padding_kernel<<<unsigned(launch::ceil_div(total, kPadThreads)), kPadThreads, 0, stream>>>(run_s[0], run_i[0],
+                                                                                                  total);
 
   // chunk rows: bounded so the [Q, chunk] score buffer stays <= 256 MiB
   const int64_t budget = (int64_t(256) << 20) / int64_t(sizeof(float));
   int64_t chunk = std::max<int64_t>(TILE, std::min<int64_t>(int64_t(1) << 18, budget / std::max<int64_t>(p.Q, 1)));
   chunk = std::min<int64_t>(chunk, std::max<int64_t>(p.N, 1));
   float* scores = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&scores), size_t(p.Q * chunk) * sizeof(float), stream), "cudaMallocAsync");
+  scratch_alloc(&scores, size_t(p.Q * chunk), stream);
 
   int cur = 0;
   for (int64_t row0 = 0; row0 < p.N; row0 += chunk) {
     const int64_t rows = std::min<int64_t>(chunk, p.N - row0);
     scores_for_chunk(p, row0, rows, scores, chunk, stream);
-    merge_select_kernel<<<unsigned(p.Q), SELECT_THREADS, 0, stream>>>(
+    merge_select_kernel<<<unsigned(p.Q), kSelectThreads, 0, stream>>>(
         run_s[cur], run_i[cur], scores, chunk, p.k, rows, row0, run_s[1 - cur], run_i[1 - cur]);
     cur = 1 - cur;
   }
@@ -265,9 +261,9 @@ void topn_cuda(const TopnProblem& p, cudaStream_t stream, TopnAlgorithm algorith
     check(cudaMemcpyAsync(p.ids_out, run_i[1], size_t(total) * sizeof(int64_t), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
   }
   check(cudaGetLastError(), "topn kernels");
-  cudaFreeAsync(scores, stream);
-  cudaFreeAsync(run_s[1], stream);
-  cudaFreeAsync(run_i[1], stream);
+  scratch_free(scores, stream);
+  scratch_free(run_s[1], stream);
+  scratch_free(run_i[1], stream);
 }
 
 }  // namespace rcn_fast::cuda

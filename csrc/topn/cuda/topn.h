@@ -5,11 +5,9 @@
 #include <cstdint>
 
 #include "common/problems.h"
+#include "topn/cuda/topn_launch.h"
 
 namespace rcn_fast::cuda {
-
-// Largest k the selection kernel keeps in shared memory.
-constexpr int64_t kTopnMaxK = 1024;
 
 // The CUDA top-n algorithms (TopnAlgorithm):
 //   Tiled (version 1): scans the corpus in chunks: a tiled float32 score
@@ -27,7 +25,9 @@ enum class TopnAlgorithm : int { Auto = 0, Tiled = 1, Mma = 2 };
 // The version of the automatic choice's kernels (bench/gpu_results records
 // it with every measurement; rcn_fast/_crossovers.py ignores measurements of
 // another version).
-constexpr int kTopnKernelVersion = 2;
+// Version 3 (issue 55): __launch_bounds__ from the launch table (the
+// scan's registers changed), -0.0 keyed as +0.0 in the tiled kernel.
+constexpr int kTopnKernelVersion = 3;
 
 void topn_cuda(const TopnProblem& p, cudaStream_t stream, TopnAlgorithm algorithm = TopnAlgorithm::Auto);
 

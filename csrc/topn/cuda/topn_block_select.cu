@@ -15,12 +15,8 @@ namespace {
 
 namespace ts = topn_select;
 
-template <class Id>
-size_t selection_bytes(const ts::Layout& L) {
-  return size_t(L.slots) * (sizeof(float) + sizeof(Id));
-}
-
-__global__ void __launch_bounds__(kBlockSelectThreads)
+template <int TERMS>
+__global__ void __launch_bounds__(kBlockSelectThreads, launch::kMinBlocksPerSm)
     block_select_kernel(ts::TermTile tile, int64_t R, int k, int64_t row0, int64_t width, float* part_s,
                         int64_t* part_i, int64_t slot0) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -33,12 +29,12 @@ __global__ void __launch_bounds__(kBlockSelectThreads)
   const BlockG g;
   if (threadIdx.x == 0) ts::init(run);
   __syncthreads();
-  ts::select_row(g, run, s, id, L, c1 - c0, ts::term_row(tile, q, c0), ts::SliceId{});
+  ts::select_row(g, run, s, id, L, c1 - c0, ts::term_row<TERMS>(tile, q, c0), ts::SliceId{});
   const size_t at = size_t(((slot0 + si) * tile.Qt + q) * k);
   ts::finish(g, run, s, id, L, part_s + at, part_i + at, row0 + c0);
 }
 
-__global__ void __launch_bounds__(kMergeThreads)
+__global__ void __launch_bounds__(kMergeThreads, launch::kMinBlocksPerSm)
     merge_kernel(const float* __restrict__ part_s, const int64_t* __restrict__ part_i, int64_t S, int64_t Q, int k,
                  float* out_s, int64_t* out_i) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -51,7 +47,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 }
 
 template <DType CT>
-__global__ void __launch_bounds__(kBlockSelectThreads) finish_rows_kernel(TopnFinishProblem p) {
+__global__ void __launch_bounds__(kBlockSelectThreads, launch::kMinBlocksPerSm) finish_rows_kernel(TopnFinishProblem p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ ts::Run<uint32_t> run;
   const ts::Layout L = ts::layout(int(p.k), kBlockSelectRound);
@@ -78,9 +74,17 @@ void topn_block_select_cuda(const ts::TermTile& tile, int64_t R, int64_t k, int6
   if (tile.terms < 1 || tile.terms > 3) throw std::invalid_argument("terms: expected 1, 2 or 3");
   const int64_t S = std::max<int64_t>(1, slices), width = ts::slice_cols(R, S);
   if (width >= (int64_t(1) << 32)) throw std::invalid_argument("slices: a slice must have fewer than 2^32 columns");
-  const size_t bytes = selection_bytes<uint32_t>(ts::layout(int(k), kBlockSelectRound));
-  block_select_kernel<<<dim3(unsigned(S), unsigned(tile.Qt)), kBlockSelectThreads, bytes, stream>>>(
-      tile, R, int(k), row0, width, part_s, part_i, slot0);
+  const size_t bytes = block_select_smem(k);
+  const dim3 grid(unsigned(S), unsigned(tile.Qt));
+  if (tile.terms == 1)
+    block_select_kernel<1><<<grid, kBlockSelectThreads, bytes, stream>>>(tile, R, int(k), row0, width, part_s,
+                                                                          part_i, slot0);
+  else if (tile.terms == 2)
+    block_select_kernel<2><<<grid, kBlockSelectThreads, bytes, stream>>>(tile, R, int(k), row0, width, part_s,
+                                                                          part_i, slot0);
+  else
+    block_select_kernel<3><<<grid, kBlockSelectThreads, bytes, stream>>>(tile, R, int(k), row0, width, part_s,
+                                                                          part_i, slot0);
   check(cudaGetLastError(), "topn block select kernel");
 }
 
@@ -88,7 +92,7 @@ void topn_merge_lists_cuda(const float* part_s, const int64_t* part_i, int64_t S
                            float* out_s, int64_t* out_i, cudaStream_t stream) {
   check_k(k);
   if (Q == 0) return;
-  const size_t bytes = selection_bytes<int64_t>(ts::layout(int(k), kMergeThreads));
+  const size_t bytes = merge_smem(k);
   merge_kernel<<<unsigned(Q), kMergeThreads, bytes, stream>>>(part_s, part_i, S, Q, int(k), out_s, out_i);
   check(cudaGetLastError(), "topn merge kernel");
 }
@@ -97,7 +101,7 @@ void topn_finish_rows_cuda(const TopnFinishProblem& p, cudaStream_t stream) {
   check_k(p.k);
   if (p.Q == 0) return;
   if (p.n >= (int64_t(1) << 32)) throw std::invalid_argument("scores: expected fewer than 2^32 columns");
-  const size_t bytes = selection_bytes<uint32_t>(ts::layout(int(p.k), kBlockSelectRound));
+  const size_t bytes = block_select_smem(p.k);
   switch (p.corpus_dtype) {
     case DType::F32: finish_rows_kernel<DType::F32><<<unsigned(p.Q), kBlockSelectThreads, bytes, stream>>>(p); break;
     case DType::F16: finish_rows_kernel<DType::F16><<<unsigned(p.Q), kBlockSelectThreads, bytes, stream>>>(p); break;

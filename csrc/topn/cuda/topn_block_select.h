@@ -10,20 +10,17 @@
 #include <cstdint>
 
 #include "common/problems.h"
+#include "topn/cuda/topn_launch.h"
 #include "topn/topn_block_select.h"
 
 namespace rcn_fast::cuda {
 
-// Candidates a block select offers between two flush checks (256 threads,
-// 4 each), and the threads of the merge (one candidate each a round).
-constexpr int kBlockSelectThreads = 256;
-constexpr int kBlockSelectRound = 1024;
-constexpr int kMergeThreads = 256;
-
 // The version of the GEMM tiles + block select (bench/gpu_results records
 // it as "topn_tiled"; rcn_fast/_crossovers.py ignores measurements of
 // another version).
-constexpr int kTopnTiledKernelVersion = 1;
+// Version 2 (issue 55): block_select_kernel<TERMS> (no local memory), the
+// stream order of rcn_fast/search/cuda_tiled.py fixed.
+constexpr int kTopnTiledKernelVersion = 2;
 
 // Block (slice, q) selects the k best of columns [slice * w, slice * w + w)
 // of query q's row of the tile (w = slice_cols(R, slices), topn_block_select.h)

@@ -8,25 +8,28 @@
 #include "topn/cuda/topn_int8.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "common/cuda/runtime.h"
+#include "topn/cuda/topn_launch.h"
 #include "topn/topn_int8.h"
 
 namespace rcn_fast::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kLanes = 8;  // lanes a row
-constexpr int kMaxGroup = 8;  // queries a block
+// block size, groups, shared memory and grid: topn/cuda/topn_launch.h
+constexpr int kThreads = kInt8Threads;
+constexpr int kLanes = kInt8Lanes;
 
+// Block (x, y) scans rows for query group group0 + y.
 template <int G>
-__global__ void __launch_bounds__(kThreads) int8_kernel(TopnInt8Problem p) {
+__global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) int8_kernel(TopnInt8Problem p, int64_t group0) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int64_t words = p.width / 4, chunks = p.width / 16;
   int32_t* sq = reinterpret_cast<int32_t*>(smem);                         // [G][2][words]
   float* sp = reinterpret_cast<float*>(sq + size_t(G) * 2 * words);       // [G][kQueryParams]
-  const int64_t q0 = int64_t(blockIdx.y) * G;
+  const int64_t q0 = (group0 + int64_t(blockIdx.y)) * G;
   const int nq = p.Q - q0 < G ? int(p.Q - q0) : G;
   const int32_t* qwords = reinterpret_cast<const int32_t*>(p.qcodes + q0 * 2 * p.width);
   for (int64_t i = threadIdx.x; i < int64_t(nq) * 2 * words; i += kThreads) sq[i] = qwords[i];
@@ -87,14 +90,12 @@ void launch(const TopnInt8Problem& p, cudaStream_t stream) {
   int dev = 0, sms = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  const int64_t groups = (p.Q + G - 1) / G;
-  const int64_t rows_per_block = kThreads / kLanes;
-  // about 8 blocks an SM over all query groups, no more than the rows need
-  int64_t blocks = std::max<int64_t>(1, (int64_t(8) * sms + groups - 1) / groups);
-  blocks = std::min<int64_t>(blocks, (p.N + rows_per_block - 1) / rows_per_block);
-  const size_t smem = size_t(G) * 2 * (p.width / 4) * 4 + size_t(G) * topn_int8::kQueryParams * 4;
-  int8_kernel<G><<<dim3(unsigned(blocks), unsigned(groups)), kThreads, smem, stream>>>(p);
-  check(cudaGetLastError(), "topn int8 kernel");
+  const size_t smem = int8_smem(G, p.width);
+  // query groups in y, at most 65,535 a launch (topn_launch.h)
+  for (const launch::Grid& g : int8_launches(p.Q, p.N, sms)) {
+    int8_kernel<G><<<dim3(unsigned(g.x), unsigned(g.y)), kThreads, smem, stream>>>(p, g.y0);
+    check(cudaGetLastError(), "topn int8 kernel");
+  }
 }
 
 }  // namespace
@@ -103,10 +104,14 @@ void topn_int8_intervals_cuda(const TopnInt8Problem& p, cudaStream_t stream) {
   if (p.width % 16 != 0 || p.width > topn_int8::kMaxWidth)
     throw std::invalid_argument("codes: expected a width that is a multiple of 16 and at most 1032");
   if (p.Q == 0 || p.N == 0) return;
-  if (p.Q == 1) return launch<1>(p, stream);
-  if (p.Q == 2) return launch<2>(p, stream);
-  if (p.Q <= 4) return launch<4>(p, stream);
-  launch<kMaxGroup>(p, stream);
+  if (reinterpret_cast<uintptr_t>(p.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(p.qcodes) % 4 != 0)
+    throw std::invalid_argument("codes, qcodes: expected 16- and 4-byte aligned base addresses");
+  switch (int8_group(p.Q)) {
+    case 1: return launch<1>(p, stream);
+    case 2: return launch<2>(p, stream);
+    case 4: return launch<4>(p, stream);
+    default: return launch<kInt8MaxGroup>(p, stream);
+  }
 }
 
 }  // namespace rcn_fast::cuda

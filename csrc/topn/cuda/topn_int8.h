@@ -11,7 +11,8 @@ namespace rcn_fast::cuda {
 
 // The version of the int8 scan (bench/gpu_results records it as
 // "topn_int8"; rcn_fast/_crossovers.py ignores measurements of another).
-constexpr int kTopnInt8KernelVersion = 1;
+// Version 2 (issue 55): launches split over gridDim.y, aligned inputs checked.
+constexpr int kTopnInt8KernelVersion = 2;
 
 void topn_int8_intervals_cuda(const TopnInt8Problem& p, cudaStream_t stream);
 

@@ -40,12 +40,11 @@ namespace {
 
 namespace ts = topn_select;
 
-constexpr int kWarps = 4;        // warps per scan block
-constexpr int kTile = 16;        // corpus rows of one mma tile
-constexpr int kDepth = 64;       // columns of one depth step
-constexpr int kQPad = 8;         // elements of padding per query row in shared memory (bank spread)
-constexpr int64_t kPartialBytes = int64_t(512) << 20;
-constexpr int64_t kMaxSliceRows = int64_t(1) << 31;
+// block size, shared memory and grid: topn/cuda/topn_launch.h
+constexpr int kWarps = kScanWarps;
+constexpr int kTile = kScanTile;
+constexpr int kDepth = kScanDepth;
+constexpr int kQPad = kScanQPad;
 
 __device__ __forceinline__ uint4 load16_or_zero(const uint16_t* p, bool ok) {
   return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
@@ -66,17 +65,8 @@ struct ScanArgs {
   int64_t* part_i;
 };
 
-// Shared memory of a scan block with NT query tiles (qb = 8 NT query
-// columns, of which qsel have a selection).
-struct ScanSmem {
-  static size_t bytes(int terms, int qb, int qsel, int dpad, const ts::Layout& L) {
-    return size_t(terms) * qb * (dpad + kQPad) * 2 + size_t(terms) * qb * 4 +
-           size_t(qsel) * sizeof(ts::Run<uint32_t>) + size_t(qsel) * L.slots * (sizeof(float) + sizeof(uint32_t));
-  }
-};
-
 template <DType CT, int NT, int TERMS>
-__global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
+__global__ void __launch_bounds__(kScanThreads, launch::kMinBlocksPerSm) scan_kernel(ScanArgs a) {
   constexpr int QB = 8 * NT;
   extern __shared__ __align__(16) unsigned char smem[];
   const int qstride = a.dpad + kQPad;
@@ -174,7 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32) scan_kernel(ScanArgs a) {
 
 // Query terms [T, Q, dpad] (zero padded) and scales [T, Q]: one block a row.
 template <DType CT>
-__global__ void split_kernel(const void* __restrict__ queries, DType qt, int64_t qstride, int64_t Q, int d,
+__global__ void __launch_bounds__(kSplitThreads, launch::kMinBlocksPerSm) split_kernel(const void* __restrict__ queries, DType qt, int64_t qstride, int64_t Q, int d,
                              int dpad, uint16_t* __restrict__ terms, float* __restrict__ scales) {
   const int64_t r = blockIdx.x;
   const ts::SplitSpec sp = ts::split_spec(CT, qt);
@@ -210,11 +200,6 @@ __global__ void split_kernel(const void* __restrict__ queries, DType qt, int64_t
     for (int tq = 0; tq < sp.terms; ++tq) scales[tq * Q + r] = scale * ts::pow2f(-sp.shift * tq);
 }
 
-struct Config {
-  int nt, tiles;
-  size_t smem;
-};
-
 int device_optin_smem() {
   int dev = 0, v = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -222,31 +207,16 @@ int device_optin_smem() {
   return v;
 }
 
-// The widest query group whose shared memory fits (NT 4, 2, 1 with 1, 2, 4
-// tiles a warp a round); nt = 0 when none does.
-Config pick_config(const TopnProblem& p, int terms, int dpad) {
-  const size_t limit = std::min<size_t>(size_t(device_optin_smem()), size_t(160) << 10);
-  const int nts[3] = {4, 2, 1};
-  for (int nt : nts) {
-    if (nt > 1 && 8 * (nt / 2) >= p.Q) continue;  // a narrower group already holds every query
-    const int tiles = 4 / nt;
-    const ts::Layout L = ts::layout(int(p.k), kWarps * kTile * tiles);
-    const size_t smem = ScanSmem::bytes(terms, 8 * nt, int(std::min<int64_t>(8 * nt, p.Q)), dpad, L);
-    if (smem <= limit) return Config{nt, tiles, smem};
-  }
-  return Config{0, 0, 0};
-}
-
 template <DType CT, int NT, int TERMS>
-void launch_scan(const ScanArgs& a, const Config& c, int64_t S, int64_t groups, cudaStream_t stream) {
+void launch_scan(const ScanArgs& a, const ScanConfig& c, int64_t S, int64_t groups, cudaStream_t stream) {
   auto kern = scan_kernel<CT, NT, TERMS>;
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(c.smem)),
         "cudaFuncSetAttribute");
-  kern<<<dim3(unsigned(S), unsigned(groups)), kWarps * 32, c.smem, stream>>>(a);
+  kern<<<dim3(unsigned(S), unsigned(groups)), kScanThreads, c.smem, stream>>>(a);
 }
 
 template <DType CT, int TERMS>
-void launch_scan_nt(const ScanArgs& a, const Config& c, int64_t S, int64_t groups, cudaStream_t stream) {
+void launch_scan_nt(const ScanArgs& a, const ScanConfig& c, int64_t S, int64_t groups, cudaStream_t stream) {
   if (c.nt == 4) return launch_scan<CT, 4, TERMS>(a, c, S, groups, stream);
   if (c.nt == 2) return launch_scan<CT, 2, TERMS>(a, c, S, groups, stream);
   launch_scan<CT, 1, TERMS>(a, c, S, groups, stream);
@@ -256,31 +226,22 @@ template <DType CT>
 void run_typed(const TopnProblem& p, cudaStream_t stream) {
   const ts::SplitSpec sp = ts::split_spec(CT, p.query_dtype);
   const int d = int(p.d), dpad = (d + kDepth - 1) / kDepth * kDepth;
-  const Config c = pick_config(p, sp.terms, dpad);
+  const ScanConfig c = scan_config(p.Q, p.k, sp.terms, dpad, device_optin_smem());
   if (c.nt == 0) throw std::logic_error("topn_mma: no configuration fits (topn_mma_unsupported said it fits)");
   const int qb = 8 * c.nt;
   int dev = 0, sms = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  const int64_t round_rows = int64_t(kWarps) * kTile * c.tiles;
-  const int64_t groups = (p.Q + qb - 1) / qb;
-  // slices: about 4 blocks an SM over all query groups, at least a few
-  // rounds each, and the slices' lists within kPartialBytes
-  int64_t S = std::max<int64_t>(1, (int64_t(4) * sms + groups - 1) / groups);
-  S = std::min<int64_t>(S, std::max<int64_t>(1, (p.N + 4 * round_rows - 1) / (4 * round_rows)));
-  S = std::min<int64_t>(S, std::max<int64_t>(1, kPartialBytes / (p.Q * p.k * 12)));
-  S = std::max<int64_t>(S, (p.N + kMaxSliceRows - 1) / kMaxSliceRows);  // offsets in a slice are 32-bit
-  int64_t slice = (p.N + S - 1) / S;
-  slice = std::max<int64_t>(round_rows, (slice + round_rows - 1) / round_rows * round_rows);
-  S = std::max<int64_t>(1, (p.N + slice - 1) / slice);
+  const ScanGrid grid = scan_grid(p.N, p.Q, p.k, c, sms);
+  const int64_t S = grid.S, groups = grid.groups, slice = grid.slice;
 
   uint16_t* terms = nullptr;
   float *scales = nullptr, *part_s = nullptr;
   int64_t* part_i = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&terms), size_t(sp.terms * p.Q * dpad) * 2, stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&scales), size_t(sp.terms * p.Q) * 4, stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&part_s), size_t(S * p.Q * p.k) * 4, stream), "cudaMallocAsync");
-  check(cudaMallocAsync(reinterpret_cast<void**>(&part_i), size_t(S * p.Q * p.k) * 8, stream), "cudaMallocAsync");
+  scratch_alloc(&terms, size_t(sp.terms * p.Q * dpad), stream);
+  scratch_alloc(&scales, size_t(sp.terms * p.Q), stream);
+  scratch_alloc(&part_s, size_t(S * p.Q * p.k), stream);
+  scratch_alloc(&part_i, size_t(S * p.Q * p.k), stream);
   topn_split_queries_cuda(p.queries, p.query_dtype, p.query_stride, p.Q, d, dpad, CT, terms, scales, stream);
 
   ScanArgs a{};
@@ -304,10 +265,10 @@ void run_typed(const TopnProblem& p, cudaStream_t stream) {
   check(cudaGetLastError(), "topn scan kernel");
 
   topn_merge_lists_cuda(part_s, part_i, S, p.Q, p.k, p.scores_out, p.ids_out, stream);
-  cudaFreeAsync(terms, stream);
-  cudaFreeAsync(scales, stream);
-  cudaFreeAsync(part_s, stream);
-  cudaFreeAsync(part_i, stream);
+  scratch_free(terms, stream);
+  scratch_free(scales, stream);
+  scratch_free(part_s, stream);
+  scratch_free(part_i, stream);
 }
 
 }  // namespace
@@ -325,7 +286,7 @@ const char* topn_mma_unsupported(const TopnProblem& p) {
   if (major < 8) return "compute capability below 8.0";
   const ts::SplitSpec sp = ts::split_spec(p.corpus_dtype, p.query_dtype);
   const int dpad = int((p.d + kDepth - 1) / kDepth * kDepth);
-  if (pick_config(p, sp.terms, dpad).nt == 0) return "queries too wide for shared memory";
+  if (scan_config(p.Q, p.k, sp.terms, dpad, device_optin_smem()).nt == 0) return "queries too wide for shared memory";
   return nullptr;
 }
 
@@ -333,10 +294,10 @@ void topn_split_queries_cuda(const void* queries, DType query_dtype, int64_t que
                              DType corpus_dtype, uint16_t* terms, float* scales, cudaStream_t stream) {
   if (Q == 0) return;
   if (corpus_dtype == DType::F16)
-    split_kernel<DType::F16><<<unsigned(Q), 128, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad, terms,
+    split_kernel<DType::F16><<<unsigned(Q), kSplitThreads, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad, terms,
                                                               scales);
   else if (corpus_dtype == DType::BF16)
-    split_kernel<DType::BF16><<<unsigned(Q), 128, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad,
+    split_kernel<DType::BF16><<<unsigned(Q), kSplitThreads, 0, stream>>>(queries, query_dtype, query_stride, Q, d, dpad,
                                                                terms, scales);
   else
     throw std::invalid_argument("corpus_dtype: expected float16 or bfloat16");

@@ -5,11 +5,9 @@
 #include <cstdint>
 
 #include "common/problems.h"
+#include "topn/cuda/topn_launch.h"
 
 namespace rcn_fast::cuda {
-
-// Largest k of the tensor-core scan (its lists live in shared memory).
-constexpr int64_t kTopnMmaMaxK = 256;
 
 // Why the tensor-core scan cannot serve `p` on the current device (nullptr:
 // it can): float32 corpus, k > kTopnMmaMaxK, d % 8 != 0, corpus rows not

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
@@ -159,15 +160,14 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from rcn_fast._files import no_links, open_write
+    from rcn_fast._files import write_atomic
 
     fig = draw_results(results)
     try:
         path = Path(path)
-        tmp = path.with_name(f".{path.stem}.tmp.png")
-        with open_write(path.parent, tmp, "wb", what="output-path") as f:  # never through a planted link
-            fig.savefig(f, format="png")
-        os.replace(tmp, no_links(path.parent, path, what="output-path"))
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        write_atomic(path.parent, path.name, buf.getvalue(), what="output-path")  # never through a planted link
     finally:
         plt.close(fig)
     return path

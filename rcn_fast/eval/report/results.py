@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rcn_fast._files import no_links, write_text
+from rcn_fast._files import write_atomic
 from rcn_fast._paths import safe_component
 from rcn_fast.eval.metrics import make_task, mean_stderr
 from rcn_fast.eval.report import diagnostics
@@ -204,10 +204,9 @@ def _model_names(spec: Any) -> dict[str, Any]:
 
 def _write_atomic(path: Path, text: str) -> None:
     """``text`` at ``path`` in the output folder (a temporary file, then a
-    rename), never through a symbolic link planted there (:mod:`rcn_fast._files`)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write_text(path.parent, tmp, text, what="output-path")
-    os.replace(tmp, no_links(path.parent, path, what="output-path"))
+    rename, from the folder's descriptor), never through a symbolic link
+    planted there (:func:`rcn_fast._files.write_atomic`)."""
+    write_atomic(path.parent, path.name, text, what="output-path")
 
 
 def chance_level(spec: TaskSpec, questions: list[Any]) -> float | None:

@@ -45,7 +45,7 @@ import warnings
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from rcn_fast._files import make_dirs, no_links, open_write, write_text
+from rcn_fast._files import make_dirs, open_write, read_bytes, read_text, refuse_links, write_atomic
 
 try:
     import fcntl
@@ -109,10 +109,11 @@ class Checkpoint:
         is left out, with a :class:`DamagedRecordWarning`.
     root : Path, optional
         The output folder the file lies in (default: its folder): every
-        read and write goes through :mod:`rcn_fast._files`, so a symbolic
+        read and write opens the file beneath that folder's descriptor
+        through :mod:`rcn_fast._files`, following no link, so a symbolic
         link planted between ``root`` and a file (``checkpoints/``, the
-        file itself) is refused (:class:`rcn_fast._files.LinkError`, naming
-        it) instead of followed.
+        file itself) -- even while the run goes on -- is refused
+        (:class:`rcn_fast._files.LinkError`, naming it) instead of followed.
     """
 
     def __init__(self, path: Path, meta: dict[str, Any], *, shard: tuple[int, int] | None = None,
@@ -129,8 +130,8 @@ class Checkpoint:
         self.records: dict[str, dict[str, Any]] = {}
         self._lines: dict[str, tuple[Path, int]] = {}  # where each record was read
         self._unreadable: dict[Path, list[tuple[int, str | None]]] = {}  # (line, its question id if readable)
-        no_links(self.root, base.parent, what="checkpoint")
-        for other in sibling_files(base):
+        refuse_links(self.root, base.parent, what="checkpoint")  # named at once (every open refuses it too)
+        for other in sibling_files(base, self.root):
             if other != self.path:
                 self._load_other(other)
         self._load()
@@ -139,7 +140,10 @@ class Checkpoint:
     def _load_other(self, path: Path) -> None:
         """Records of a sibling file another process may be appending to:
         whole lines only, nothing repaired."""
-        data = no_links(self.root, path, what="checkpoint").read_bytes()
+        try:
+            data = read_bytes(self.root, path, what="checkpoint", links=False)
+        except FileNotFoundError:  # removed since it was listed
+            return
         self._parse(data[: data.rfind(b"\n") + 1], path)
 
     def _drop_damaged(self) -> None:
@@ -173,12 +177,12 @@ class Checkpoint:
                 f"{which} are answered again: {'; '.join(lines[:3])}{more}"), stacklevel=3)
 
     def _load(self) -> None:
-        if not no_links(self.root, self.path, what="checkpoint").is_file():
-            return
         try:
             f = open_write(self.root, self.path, "r+b", what="checkpoint")
+        except (FileNotFoundError, NotADirectoryError):
+            return
         except PermissionError:  # a read-only file: read it, repair nothing
-            f, data = None, no_links(self.root, self.path, what="checkpoint").read_bytes()
+            f, data = None, read_bytes(self.root, self.path, what="checkpoint", links=False)
             good = data.rfind(b"\n") + 1
             data = data[:good]
         if f is not None:
@@ -220,19 +224,17 @@ class Checkpoint:
         return set(self.records)
 
     def stored_meta(self) -> dict[str, Any]:
-        if no_links(self.root, self.meta_path, what="checkpoint").is_file():
-            try:
-                return json.loads(no_links(self.root, self.meta_path, what="checkpoint").read_text())
-            except json.JSONDecodeError:
-                return {}
-        return {}
+        try:
+            meta = json.loads(read_text(self.root, self.meta_path, what="checkpoint", links=False))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     def write_meta(self, extra: dict[str, Any]) -> None:
         make_dirs(self.root, self.path.parent, what="checkpoint")
         meta = {**self.stored_meta(), **self.meta, **extra}
-        tmp = self.meta_path.with_suffix(f".{os.getpid()}.tmp")  # per process: two runs may share the folder
-        write_text(self.root, tmp, json.dumps(meta, indent=1, default=str), what="checkpoint")
-        os.replace(tmp, no_links(self.root, self.meta_path, what="checkpoint"))
+        # a temporary file per process (two runs may share the folder), renamed from the folder's descriptor
+        write_atomic(self.root, self.meta_path, json.dumps(meta, indent=1, default=str), what="checkpoint")
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         """Append records and make them durable (flush + fsync)."""

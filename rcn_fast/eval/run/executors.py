@@ -50,7 +50,7 @@ def make_record(pred: Any, question: Any, unit: Unit, elapsed: float) -> dict[st
     task = unit.scorer or make_task(unit.task)
     rec = {"id": question.id, "seed": unit.seed, "status": "ok", "metrics": task.process_results(question, pred),
            "elapsed_s": elapsed, "prediction": task.record_prediction(question, pred)}
-    task.check_record(question, rec, unit.seed)
+    task.check_record(question, rec, unit.seed, scores=unit.needs.scores)
     return rec
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rcn_fast._files import inside
+from rcn_fast._files import read_bytes
 from rcn_fast._paths import child_path
 from rcn_fast.eval.run.checkpoint import run_key
 from rcn_fast.eval.config import DEFAULT_ENCODER, DEFAULT_MODEL, MODEL_PACKAGES_HINT, EvalConfig, EvalError, encoder_defaults
@@ -40,7 +40,7 @@ def corpus_key(corpus: str | None) -> Any:
         return None
     p = Path(corpus)
     if p.is_dir() and (p / "manifest.json").is_file():
-        return {"store": hashlib.sha256(inside(p, "manifest.json", what="corpus").read_bytes()).hexdigest()}
+        return {"store": hashlib.sha256(read_bytes(p, "manifest.json", what="corpus")).hexdigest()}
     if p.is_file():
         return {"file": sha_file(p)}
     return {"missing": str(p)}

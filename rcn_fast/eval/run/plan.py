@@ -35,6 +35,7 @@ from rcn_fast.eval.pipeline_needs import (
     pipeline_config_class,
     pipeline_registry,
     retriever_kind,
+    scores_choices,
     spec_of,
     split_pipeline_args,
 )
@@ -56,10 +57,14 @@ class Needs:
         It answers with the LLM (False: a trained pipeline such as SEPTA).
     retriever : {"none", "corpus", "optional_corpus", "example_kb"}
         What it retrieves from (see :func:`rcn_fast.eval.pipeline_needs.retriever_kind`).
+    scores : bool
+        Its choice predictions carry their log-probs (``spec.scores_choices``):
+        a record without them is refused, fresh or read back.
     """
 
     llm: bool
     retriever: str
+    scores: bool = True
 
     @property
     def corpus(self) -> bool:
@@ -73,7 +78,8 @@ class Needs:
 
     @classmethod
     def of(cls, pipeline_cls: Any) -> "Needs":
-        return cls(llm=needs_llm(pipeline_cls), retriever=retriever_kind(pipeline_cls))
+        return cls(llm=needs_llm(pipeline_cls), retriever=retriever_kind(pipeline_cls),
+                   scores=scores_choices(pipeline_cls))
 
 
 @dataclass
@@ -253,7 +259,7 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
         perm = f"perm{permutation}-" if permutation else ""
         path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{perm}{key}.jsonl")
         ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, root=out,
-                        check=record_check(task, qs, seed), meta={
+                        check=record_check(task, qs, seed, scores=needs.scores), meta={
                         "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                         "model": llm_key if needs.llm else None,
                         **({"pipeline_key": extra} if extra is not None else {}),
@@ -267,17 +273,18 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
     return units
 
 
-def record_check(task: Task, questions: list[Any], seed: int) -> Any:
+def record_check(task: Task, questions: list[Any], seed: int, *, scores: bool = True) -> Any:
     """The check of every record read back from a unit's checkpoint: the
     task's own check of a fresh record (:meth:`Task.check_record`) against
-    the question it answers; records of questions not in this run (another
-    ``--limit``) are left as they are."""
+    the question it answers (``scores``: the pipeline scores its choices,
+    so empty log-probs are refused); records of questions not in this run
+    (another ``--limit``) are left as they are."""
     by_id = {q.id: q for q in questions}
 
     def check(record: dict[str, Any]) -> None:
         q = by_id.get(str(record.get("id")))
         if q is not None:
-            task.check_record(q, record, seed)
+            task.check_record(q, record, seed, scores=scores)
 
     return check
 

@@ -23,15 +23,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from rcn_fast._files import make_dirs, no_links, write_text
+from rcn_fast._files import Root, listdir, make_dirs, read_text, write_atomic
+from rcn_fast.eval.config import MAX_SHARDS, EvalError
 
-_ASSIGNED = re.compile(r"\.shard-(\d+)-of-(\d+)\.assigned\.json$")
+#: bytes a shard's assignment file may hold (ids of its questions)
+MAX_ASSIGNMENT_BYTES = 64 << 20
+_ASSIGNED = re.compile(r"\.shard-(\d{1,9})-of-(\d{1,9})\.assigned\.json$")
+_SHARD_FILE = re.compile(r"\.shard-\d{1,9}-of-\d{1,9}")
+
+
+class ShardFileWarning(UserWarning):
+    """A file beside a checkpoint that names a shard rcn_fast would never
+    write (a count past :data:`MAX_SHARDS`, a shard id past its count, a
+    file too large): left out, with its name."""
 
 
 def shard_of(question_id: str, num_shards: int) -> int:
@@ -53,10 +64,20 @@ def shard_file(base: Path, shard_id: int, num_shards: int) -> Path:
     return base.with_name(f"{base.stem}.shard-{shard_id:04d}-of-{num_shards:04d}{base.suffix}")
 
 
-def sibling_files(base: Path) -> list[Path]:
-    """``base`` and every shard file beside it (any shard count), sorted."""
-    found = [base] if base.is_file() else []
-    found += sorted(p for p in base.parent.glob(f"{base.stem}.shard-*-of-*{base.suffix}") if p.is_file())
+def sibling_files(base: Path, root: Root | None = None) -> list[Path]:
+    """``base`` and every shard file beside it (any shard count), sorted:
+    the names listed from the descriptor of their folder beneath ``root``
+    (default: that folder), through the files door (each is opened through
+    it again)."""
+    try:
+        names = listdir(base.parent if root is None else root, "" if root is None else base.parent,
+                        what="checkpoint")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = [base] if base.name in names else []
+    head = base.stem + ".shard-"
+    found += [base.with_name(n) for n in names if n.startswith(head) and n.endswith(base.suffix)
+              and _SHARD_FILE.fullmatch(n[len(base.stem):len(n) - len(base.suffix)])]
     return found
 
 
@@ -66,24 +87,29 @@ def assignment_file(base: Path, shard_id: int, num_shards: int) -> Path:
 
 
 def _read_ids(path: Path) -> set[str]:
+    """The ids an assignment file lists (read through the files door, at
+    most :data:`MAX_ASSIGNMENT_BYTES`); empty when unreadable or absent."""
     try:
-        data = json.loads(no_links(path.parent, path, what="checkpoint").read_text(encoding="utf-8"))
+        data = json.loads(read_text(path.parent, path.name, what="checkpoint", limit=MAX_ASSIGNMENT_BYTES,
+                                    links=False))
     except (OSError, ValueError):
         return set()
-    return {str(i) for i in data.get("ids", [])} if isinstance(data, dict) else set()
+    ids = data.get("ids", []) if isinstance(data, dict) else []
+    return {str(i) for i in ids} if isinstance(ids, list) else set()
 
 
-def record_assignment(base: Path, shard_id: int, num_shards: int, ids: Iterable[str]) -> None:
+def record_assignment(base: Path, shard_id: int, num_shards: int, ids: Iterable[str], *,
+                      root: Root | None = None) -> None:
     """Add ``ids`` to the questions shard ``shard_id`` of ``num_shards`` was
-    given (written atomically; the union over the shard's runs)."""
+    given (written atomically beneath ``root``, the output folder --
+    default the checkpoint's folder --, following no link; the union over
+    the shard's runs)."""
     path = assignment_file(base, shard_id, num_shards)
     ids = _read_ids(path) | {str(i) for i in ids}
-    root = base.parent  # its checkpoint's folder (checked by the Checkpoint for links above it)
+    root = base.parent if root is None else root
     make_dirs(root, path.parent, what="checkpoint")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_text(root, tmp, json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
-               what="checkpoint")
-    os.replace(tmp, no_links(root, path, what="checkpoint"))
+    write_atomic(root, path, json.dumps({"shard_id": shard_id, "num_shards": num_shards, "ids": sorted(ids)}),
+                 what="checkpoint")
 
 
 def shard_gaps(base: Path, pending: Iterable[str]) -> list[dict[str, Any]]:
@@ -98,22 +124,30 @@ def shard_gaps(base: Path, pending: Iterable[str]) -> list[dict[str, Any]]:
         return []
     gaps: list[dict[str, Any]] = []
     ran: dict[int, set[int]] = {}
-    for f in sorted(base.parent.glob(f"{base.stem}.shard-*-of-*.assigned.json")):
-        m = _ASSIGNED.search(f.name)
-        if m is None or not f.name.startswith(base.stem + "."):
+    try:
+        names = listdir(base.parent, what="checkpoint")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for name in names:
+        m = _ASSIGNED.search(name)
+        if m is None or name != base.stem + m.group(0):
             continue
         sid, n = int(m.group(1)), int(m.group(2))
+        if not 1 <= n <= MAX_SHARDS or sid >= n:  # no run writes it: a planted name costs nothing (issue 53, N9)
+            warnings.warn(ShardFileWarning(
+                f"checkpoint {base.parent / name}: names shard {sid} of {n}, which no run writes (at most "
+                f"{MAX_SHARDS:,} shards, ids below the count); left out"), stacklevel=2)
+            continue
         ran.setdefault(n, set()).add(sid)
-        missing = len(_read_ids(f) & pending)
+        missing = len(_read_ids(base.parent / name) & pending)
         if missing:
             gaps.append({"shard_id": sid, "num_shards": n, "missing": missing, "file": shard_file(base, sid, n),
                          "ran": True})
     for n, sids in ran.items():
-        for sid in sorted(set(range(n)) - sids):
-            missing = sum(1 for q in pending if shard_of(q, n) == sid)
-            if missing:
-                gaps.append({"shard_id": sid, "num_shards": n, "missing": missing, "file": shard_file(base, sid, n),
-                             "ran": False})
+        per_shard = Counter(shard_of(q, n) for q in pending)  # one pass per shard count, not one per shard
+        for sid in sorted(set(per_shard) - sids):
+            gaps.append({"shard_id": sid, "num_shards": n, "missing": per_shard[sid], "file": shard_file(base, sid, n),
+                         "ran": False})
     return gaps
 
 
@@ -128,13 +162,12 @@ def merge_guard(cfg: Any, units: Iterable[Any]) -> None:
     rcn_fast.eval.config.EvalError
         A merge over an incomplete shard, without ``merge_fill_missing``.
     """
-    from rcn_fast.eval.config import EvalError
-
     units = list(units)
     if cfg.shard_id is not None:
         if cfg.num_shards > 1:
             for u in units:
-                record_assignment(u.checkpoint.base_path, cfg.shard_id, cfg.num_shards, (q.id for q in u.questions))
+                record_assignment(u.checkpoint.base_path, cfg.shard_id, cfg.num_shards, (q.id for q in u.questions),
+                                  root=u.checkpoint.root)
         return
     problems = []
     for u in units:
@@ -154,4 +187,4 @@ def merge_guard(cfg: Any, units: Iterable[Any]) -> None:
 
 
 __all__ = ["shard_of", "shard_file", "sibling_files", "assignment_file", "record_assignment", "shard_gaps",
-           "merge_guard"]
+           "merge_guard", "ShardFileWarning", "MAX_SHARDS", "MAX_ASSIGNMENT_BYTES"]

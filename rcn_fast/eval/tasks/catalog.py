@@ -61,7 +61,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from rcn_fast._files import inside
+from rcn_fast._files import Folder
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.loading import load_task_questions, split_inline_choices
 from rcn_fast.eval.tasks.sources import check_limit, hub_load_args, is_layout_root, layout_file, layout_hint, layout_tasks
@@ -74,7 +74,10 @@ from rcn_fast.eval.tasks.spec import (
     TaskError,
     TaskSpec,
     normalize_name,
+    own_data_files,
+    own_file,
     read_task_yaml,
+    written_path,
     spec_key,
     task_corpus,
 )
@@ -88,16 +91,23 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path in seen:
         raise TaskError(f"task file {path}: include cycle ({' -> '.join(map(str, seen + (path,)))})")
     data = read_task_yaml(path, included_from=seen[-1] if seen else None)
-    if path.parent != TASKS_DIR:  # a user's file: its relative paths are relative to it, included or not
-        for k in ("local", "corpus"):
-            v = data.get(k)
-            if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
-                data[k] = str(inside(path.parent, v, what=f"task file {path}: {k}"))  # no link out of the folder
+    if path.parent != TASKS_DIR:  # a user's file: its paths are relative to it, included or not
+        v = data.get("local")
+        if isinstance(v, str) and v:  # its data lies in its own folder (checked through the files door)
+            data["local"] = own_file(path.parent, v, f"task file {path}: local")
+        v = data.get("corpus")
+        if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
+            data["corpus"] = written_path(path, "corpus", v)
+        dk = data.get("dataset_kwargs")
+        if isinstance(dk, dict) and dk.get("data_files") is not None:
+            data["dataset_kwargs"] = {**dk, "data_files": own_data_files(path.parent, dk["data_files"],
+                                                                         f"task file {path}")}
     inc = data.pop("include", None)
     if inc is not None:
-        base = _read_yaml(inside(path.parent, str(inc), what=f"task file {path}: include"), seen + (path,))
+        base = _read_yaml(Path(written_path(path, "include", str(inc))), seen + (path,))
         data = {**base, **data}
     return data
+
 
 
 def spec_from_dict(data: dict[str, Any], source: str) -> TaskSpec:
@@ -179,7 +189,9 @@ def _task_files(include_paths: Sequence[str] = ()) -> dict[str, Path]:
         folder = Path(d).expanduser()
         if not folder.is_dir():
             raise TaskError(f"include_path: {d} is not a folder (expected a folder of task YAML files)")
-        for f in sorted([*folder.rglob("*.yaml"), *folder.rglob("*.yml")]):
+        with Folder(folder, what="include_path") as root:  # a bounded walk, links not followed into folders
+            found = sorted({*root.glob("**/*.yaml"), *root.glob("**/*.yml")})
+        for f in (folder / rel for rel in found):
             name = lm_eval_tasks.scan(f) if lm_eval_tasks.is_lm_eval_file(f) else _read_yaml(f).get("name")
             if isinstance(name, str) and name:  # files without a name are include fragments
                 files.setdefault(normalize_name(name), f)

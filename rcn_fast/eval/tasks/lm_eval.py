@@ -48,12 +48,23 @@ from typing import Any, Iterable
 
 import yaml
 
-from rcn_fast._files import inside
+from rcn_fast._file_data import confined
+from rcn_fast._files import read_text
 from rcn_fast._jsonl import parse_json_lines
 from rcn_fast._templates import TemplateRenderError, render_task_template
 from rcn_fast.eval.tasks.limits import BoundedLoader, TaskLimitError, load_yaml
 from rcn_fast.eval.tasks.sources import dataset_rows, take_n
-from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, read_task_yaml
+from rcn_fast.eval.tasks.spec import (
+    MAX_TASK_FILE_BYTES,
+    TaskCountWarning,
+    TaskError,
+    TaskSpec,
+    own_data_files,
+    own_file,
+    read_task_yaml,
+    task_root,
+    written_path,
+)
 
 #: Keys of lm-eval's format that change which questions are read: a file using them is skipped.
 _UNSUPPORTED = ("process_docs", "doc_to_image", "doc_to_audio", "custom_dataset", "class")
@@ -87,7 +98,7 @@ def _load(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     data = read_task_yaml(path, _Loader, seen[-1] if seen else None)
     inc = data.pop("include", None)
     if isinstance(inc, str):
-        data = {**_load(inside(path.parent, inc, what=f"task file {path}: include"), seen + (path,)), **data}
+        data = {**_load(Path(written_path(path, "include", inc)), seen + (path,)), **data}
     return data
 
 
@@ -101,8 +112,9 @@ def is_lm_eval_file(path: Path) -> bool:
     ``!function`` value, and no rcn_fast ``name``; template fragments
     included); read leniently (``!function`` tags are markers)."""
     try:
-        data = load_yaml(path.read_text(encoding="utf-8", errors="replace"), _Loader)
-    except (OSError, yaml.YAMLError):  # the task file reader reports it, naming the file
+        text = read_text(path.parent, path.name, what=f"task file {path}", limit=MAX_TASK_FILE_BYTES)
+        data = load_yaml(text, _Loader)
+    except (OSError, ValueError, yaml.YAMLError):  # the task file reader reports it, naming the file
         return False
     return isinstance(data, dict) and "name" not in data and (
         any(k in data for k in _LM_EVAL_KEYS) or any(isinstance(v, _Function) for v in data.values()))
@@ -160,9 +172,11 @@ def spec_from_file(path: Path) -> TaskSpec:
         raise TaskError(f"task file {path}: dataset_kwargs must be a mapping, got {type(dk).__name__}")
     dk = dict(dk)
     revision = dk.pop("revision", None)
+    if dk.get("data_files") is not None:  # its data lies in its own folder (issue 53): checked, made absolute
+        dk["data_files"] = own_data_files(path.parent, dk["data_files"], f"task file {path}")
     src = str(data["dataset_path"])
-    local = inside(path.parent, src, what=f"task file {path}: dataset_path") if src.endswith((".jsonl", ".json")) \
-        else None
+    local = Path(own_file(path.parent, src, f"task file {path}: dataset_path")) \
+        if src.endswith((".jsonl", ".json")) else None
     if local is not None and not local.is_file():
         raise TaskError(f"task file {path}: dataset_path {src} does not exist (looked for {local})")
     templates = {k: data[k] for k in ("doc_to_text", "doc_to_choice", "doc_to_target")}
@@ -252,7 +266,8 @@ def load_questions(spec: TaskSpec, limit: int | float | None, split: str) -> tup
     templates = dict(spec.lm_eval or {})
     if spec.local:
         path = Path(spec.local)
-        rows = list(_jsonl_rows(path))
+        with confined(task_root(spec, path)):  # beneath the task file's folder (files door)
+            rows = list(_jsonl_rows(path))
         total = len(rows)
         rows = rows[:take_n(total, limit)]
         where = str(path)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable
 from rcn_fast._templates import TemplateLimitError, TemplateRenderError, fill_fields
 from rcn_fast.eval.tasks import lm_eval as lm_eval_tasks
 from rcn_fast.eval.tasks.sources import check_limit, dataset_rows, is_saved, split_files, take_n
-from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, package_path
+from rcn_fast._file_data import confined
+from rcn_fast.eval.tasks.spec import TaskCountWarning, TaskError, TaskSpec, package_path, task_root
 
 _YES_NO_FIELDS = {"id": "qid", "question": "question", "answer": "answer"}
 
@@ -182,12 +183,14 @@ def _read_limited(spec: TaskSpec, path: Path, split: str | None, limit: int | fl
     a JSON array is parsed whole."""
     from rcn_fast.data.loaders import count_records, split_file
 
-    total = None if limit is None else count_records(split_file(path, split) or path)
-    if total is None:
-        qs = _read_file(spec, path, split)
-        return qs[:take_n(len(qs), limit)], len(qs)
-    n = take_n(total, limit)
-    return _read_file(spec, path, split, limit=max(n, 1))[:n], total
+    # a task file's data is read beneath its folder, a folder's files beneath it (rcn_fast._files)
+    with confined(task_root(spec, path) or (path if path.is_dir() else None), what=f"task {spec.name!r}"):
+        total = None if limit is None else count_records(split_file(path, split) or path)
+        if total is None:
+            qs = _read_file(spec, path, split)
+            return qs[:take_n(len(qs), limit)], len(qs)
+        n = take_n(total, limit)
+        return _read_file(spec, path, split, limit=max(n, 1))[:n], total
 
 
 def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, split: str | None = None) -> list[Any]:
@@ -239,7 +242,7 @@ def load_task_questions(spec: TaskSpec, *, limit: int | float | None = None, spl
         qs, total = _read_limited(spec, path, split, limit)
         where = str(path)
     else:
-        p = Path(str(spec.dataset)).expanduser()
+        p = Path(str(spec.dataset))  # ~ is not expanded (a task file's data lies in its own folder)
         if p.is_dir() and not is_saved(p) and split_files(p, split) and _jsonl_layout_fits(spec, p, split):
             qs, total = _read_limited(spec, p, split, limit)  # a folder of JSON-lines split files in rcn_fast's layouts
             where = str(split_files(p, split)[0])
@@ -261,7 +264,10 @@ def _jsonl_layout_fits(spec: TaskSpec, folder: Path, split: str | None) -> bool:
     """Whether a folder's ``*<split>*.jsonl`` is in rcn_fast's own layout for
     the task's kind (CommonsenseQA records for multiple choice) rather than
     a copy of the dataset's raw files."""
-    return spec.kind != "multiple_choice" or _has_csqa_question(split_files(folder, split)[0])
+    if spec.kind != "multiple_choice":
+        return True
+    with confined(folder, what=f"task {spec.name!r}"):  # its files beneath the folder's descriptor
+        return _has_csqa_question(split_files(folder, split)[0])
 
 
 def _has_csqa_question(path: Path) -> bool:

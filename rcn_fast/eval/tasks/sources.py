@@ -69,8 +69,12 @@ def is_saved(p: Path) -> bool:
 
 
 def split_files(folder: Path, split: str | None) -> list[Path]:
+    """The ``*<split>*.jsonl`` files of a folder, listed from its descriptor (files door)."""
+    from rcn_fast._files import listdir
+
     want = file_split(split)
-    return sorted(p for p in folder.glob("*.jsonl") if want in p.stem)
+    return [folder / n for n in listdir(folder) if n.endswith(".jsonl") and not n.startswith(".")
+            and want in n[:-len(".jsonl")]]
 
 
 def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
@@ -78,7 +82,7 @@ def dataset_rows(spec: TaskSpec, split: str) -> tuple[Any, str]:
     from rcn_fast._arrays import require
 
     datasets = require("datasets", 'pip install datasets  (or pip install "rcn_fast[eval]")')
-    p = Path(str(spec.dataset)).expanduser()
+    p = Path(str(spec.dataset))  # ~ is not expanded (a task file's data lies in its own folder)
     if p.is_dir() and is_saved(p):  # a save_to_disk folder
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):

@@ -59,7 +59,7 @@ from typing import Any, Callable
 
 from rcn_fast import _arrays as A
 from rcn_fast._cache_dirs import trusted_cache
-from rcn_fast._hashing import sha256_file
+from rcn_fast._hashing import sha256_fd, sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def cache_dir_for(sha256: str) -> Path:
 
 
 def _transformers_version() -> str:
-    return str(A.require("transformers", "pip install 'transformers>=4.56'").__version__)
+    return str(A.require("transformers", "pip install 'transformers>=5.17'").__version__)
 
 
 def verify_entry(entry: Path, source_sha256: str) -> dict[str, Any]:
@@ -117,32 +117,50 @@ def verify_entry(entry: Path, source_sha256: str) -> dict[str, Any]:
         transformers version, or a file is missing, unlisted, of another
         size or checksum, or not a data file.
     """
+    from rcn_fast._cache_dirs import stat_problem
+    from rcn_fast._files import Folder
     from rcn_fast._stamped_json import read_stamped_json
 
     try:
-        meta = read_stamped_json(entry / MANIFEST, CACHE_FORMAT, what="a GGUF cache entry", arg="cache")
-    except (OSError, ValueError) as exc:
-        raise StaleEntry(str(exc)) from None
-    files = meta.get("files")
-    source = meta.get("source")
-    if not isinstance(files, dict) or not isinstance(source, dict) or not files:
-        raise StaleEntry(f"{entry / MANIFEST} lists no files or no source")
-    if source.get("sha256") != source_sha256:
-        raise StaleEntry(f"{entry} was converted from another file (sha256 {source.get('sha256')!r})")
-    if meta.get("transformers") != _transformers_version():
-        raise StaleEntry(f"{entry} was converted by transformers {meta.get('transformers')!r}, "
-                         f"this is {_transformers_version()}")
-    present = {p.name for p in entry.iterdir()} - {MANIFEST}
-    if present != set(files):
-        raise StaleEntry(f"{entry} holds {sorted(present ^ set(files))} beyond or short of its manifest")
-    for name, want in files.items():
-        f = entry / name
-        if not f.is_file() or f.is_symlink() or not name.endswith(_DATA_SUFFIXES):
-            raise StaleEntry(f"{f} is not a plain data file")
-        if not isinstance(want, dict) or f.stat().st_size != want.get("size"):
-            raise StaleEntry(f"{f} has another size than its manifest records")
-        if sha256_file(f) != want.get("sha256"):
-            raise StaleEntry(f"{f} does not match its checksum")
+        root = Folder(entry, what="cache")
+    except OSError as exc:
+        raise StaleEntry(f"{entry} cannot be opened ({exc})") from None
+    with root:  # every file opened beneath the entry's descriptor, no link followed, judged by its own fstat
+        try:
+            meta = read_stamped_json(entry / MANIFEST, CACHE_FORMAT, what="a GGUF cache entry", arg="cache", root=root)
+        except (OSError, ValueError) as exc:
+            raise StaleEntry(str(exc)) from None
+        files = meta.get("files")
+        source = meta.get("source")
+        if not isinstance(files, dict) or not isinstance(source, dict) or not files:
+            raise StaleEntry(f"{entry / MANIFEST} lists no files or no source")
+        if source.get("sha256") != source_sha256:
+            raise StaleEntry(f"{entry} was converted from another file")
+        if meta.get("transformers") != _transformers_version():
+            raise StaleEntry(f"{entry} was converted by another transformers version, this is "
+                             f"{_transformers_version()}")
+        present = set(root.listdir()) - {MANIFEST}
+        if present != set(files):
+            raise StaleEntry(f"{entry} holds {len(present ^ set(files))} file(s) beyond or short of its manifest")
+        for name, want in files.items():
+            f = entry / name
+            if not name.endswith(_DATA_SUFFIXES):
+                raise StaleEntry(f"{f} is not a plain data file")
+            try:
+                fd = root.open_fd(name, links=False)
+            except OSError:
+                raise StaleEntry(f"{f} is not a plain data file") from None
+            try:
+                st = os.fstat(fd)
+                why = stat_problem(st)
+                if why is not None:  # the opened file itself: another user's file in a private entry (issue 53, N7)
+                    raise StaleEntry(f"{f} {why}")
+                if not isinstance(want, dict) or st.st_size != want.get("size"):
+                    raise StaleEntry(f"{f} has another size than its manifest records")
+                if sha256_fd(fd) != want.get("sha256"):
+                    raise StaleEntry(f"{f} does not match its checksum")
+            finally:
+                os.close(fd)
     if not any(n.endswith(".safetensors") for n in files) or "config.json" not in files:
         raise StaleEntry(f"{entry} has no config.json or no safetensors weights")
     return meta
@@ -185,7 +203,7 @@ def _save_tokenizer(tok: Any, folder: Path) -> None:
         The saved tokenizer loads back different from ``tok`` (the message
         says what differs; the entry is not kept).
     """
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     tok.save_pretrained(str(folder))
     config = folder / "tokenizer_config.json"
     if config.is_file():  # the class the entry is read with (read_tokenizer), not the architecture's
@@ -202,7 +220,7 @@ def read_tokenizer(folder: Path) -> Any:
     """The tokenizer saved in ``folder`` (a cache entry) as it was saved:
     transformers' generic fast tokenizer class reading ``tokenizer.json``
     and ``tokenizer_config.json`` (never the class of the model type)."""
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     return tf.PreTrainedTokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
 
 
@@ -232,7 +250,7 @@ def tokenizer_difference(a: Any, b: Any) -> str | None:
 
 
 def _load_entry(entry: Path, cfg: Any) -> tuple[Any, Any]:
-    tf = A.require("transformers", "pip install 'transformers>=4.56'")
+    tf = A.require("transformers", "pip install 'transformers>=5.17'")
     tok = read_tokenizer(entry)
     model = tf.AutoModelForCausalLM.from_pretrained(
         str(entry), dtype=cfg.resolved_dtype(), attn_implementation=cfg.resolved_attn(),

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from rcn_fast import _arrays as A
 from rcn_fast._validate import is_number
 
-TORCH_HINT = "pip install 'rcn_fast[llm]' (torch==2.13.0)"
+TORCH_HINT = "pip install 'rcn_fast[llm]' (torch>=2.11; on a CPU-only machine install the CPU build first: docs/gpu.md)"
 
 #: A log-probability above this is "positive" (room for float rounding of 0).
 LOGPROB_TOLERANCE = 1e-3

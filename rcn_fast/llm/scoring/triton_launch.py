@@ -3,7 +3,8 @@
 (:func:`check_triton_logits`, :func:`check_triton_hidden`: Triton present,
 CUDA tensors or the interpreter asked for by name, the label tile within
 the kernel's limit) and the launches themselves (:func:`run_triton_logits`,
-:func:`run_triton_hidden`), every kernel argument passed by name. The
+:func:`run_triton_hidden`), every kernel argument passed by name, each
+launch under its inputs' device (Triton launches on the current device). The
 dispatch between these and the torch references is in
 :mod:`rcn_fast.llm.scoring.choice`."""
 
@@ -80,14 +81,15 @@ def run_triton_logits(logits: Any, label_ids: Any) -> tuple[Any, Any]:
     arg = torch.empty((B,), dtype=torch.int64, device=logits.device)
     if B == 0:
         return out, arg
-    K.choice_logprobs_logits_kernel[(B,)](
-        logits_ptr=logits, stride_lb=logits.stride(0), stride_lv=logits.stride(1),
-        ids_ptr=label_ids, stride_ib=label_ids.stride(0), stride_ic=label_ids.stride(1),
-        stride_is=label_ids.stride(2),
-        out_ptr=out, stride_ob=out.stride(0), stride_oc=out.stride(1),
-        arg_ptr=arg, C=C, S=S,
-        BLOCK_C=next_pow2(C), BLOCK_S=next_pow2(S),
-    )
+    with A.on_device(logits):  # Triton launches on the current device and its stream (issue 55, C4)
+        K.choice_logprobs_logits_kernel[(B,)](
+            logits_ptr=logits, stride_lb=logits.stride(0), stride_lv=logits.stride(1),
+            ids_ptr=label_ids, stride_ib=label_ids.stride(0), stride_ic=label_ids.stride(1),
+            stride_is=label_ids.stride(2),
+            out_ptr=out, stride_ob=out.stride(0), stride_oc=out.stride(1),
+            arg_ptr=arg, C=C, S=S,
+            BLOCK_C=next_pow2(C), BLOCK_S=next_pow2(S),
+        )
     return out, arg
 
 
@@ -104,17 +106,18 @@ def run_triton_hidden(hidden: Any, weight: Any, label_ids: Any, bias: Any = None
     if cs > MAX_TILE_HIDDEN:  # the dispatch never sends these here
         raise ValueError(f"label_ids: C={C}, S={S} exceed the hidden kernel's tile ({cs} > {MAX_TILE_HIDDEN})")
     block_h = max(16, min(next_pow2(H), 4096 // cs))
-    K.choice_logprobs_hidden_kernel[(B,)](
-        hidden_ptr=hidden, stride_hb=hidden.stride(0), stride_hh=hidden.stride(1),
-        weight_ptr=weight, stride_wv=weight.stride(0), stride_wh=weight.stride(1),
-        bias_ptr=bias if bias is not None else hidden,  # never read without HAS_BIAS
-        ids_ptr=label_ids, stride_ib=label_ids.stride(0), stride_ic=label_ids.stride(1),
-        stride_is=label_ids.stride(2),
-        out_ptr=out, stride_ob=out.stride(0), stride_oc=out.stride(1),
-        arg_ptr=arg, C=C, S=S, H=H,
-        HAS_BIAS=bias is not None,
-        BLOCK_C=next_pow2(C), BLOCK_S=next_pow2(S), BLOCK_H=block_h,
-    )
+    with A.on_device(hidden):  # Triton launches on the current device and its stream (issue 55, C4)
+        K.choice_logprobs_hidden_kernel[(B,)](
+            hidden_ptr=hidden, stride_hb=hidden.stride(0), stride_hh=hidden.stride(1),
+            weight_ptr=weight, stride_wv=weight.stride(0), stride_wh=weight.stride(1),
+            bias_ptr=bias if bias is not None else hidden,  # never read without HAS_BIAS
+            ids_ptr=label_ids, stride_ib=label_ids.stride(0), stride_ic=label_ids.stride(1),
+            stride_is=label_ids.stride(2),
+            out_ptr=out, stride_ob=out.stride(0), stride_oc=out.stride(1),
+            arg_ptr=arg, C=C, S=S, H=H,
+            HAS_BIAS=bias is not None,
+            BLOCK_C=next_pow2(C), BLOCK_S=next_pow2(S), BLOCK_H=block_h,
+        )
     return out, arg
 
 

@@ -68,7 +68,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 QUANTIZE = (None, "int8")
 EXPORT_VERSION = 1  # bump when the exported graph changes
-TORCH_HINT = "pip install 'rcn_fast[torch]' transformers  (torch==2.13.0, CPU wheels on CPU machines)"
+TORCH_HINT = ("pip install 'rcn_fast[torch]' transformers  (torch>=2.11; on a CPU-only machine install the CPU "
+              "build first: docs/gpu.md)")
 ONNX_HINT = "pip install 'rcn_fast[onnx]'  (onnx, onnxruntime, onnxscript; onnxruntime-gpu for CUDA)"
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rcn_fast._arrays import require
-from rcn_fast._files import LinkError, inside
+from rcn_fast._files import LinkError, Folder, read_bytes, read_text
 from rcn_fast.model_files import model_folder_root
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -67,11 +67,11 @@ class ModelConfig:
 
 def _json_object(model_dir: Path, name: str) -> dict[str, Any]:
     """The JSON object in the file ``name`` of a model folder, read through
-    the files door (:func:`rcn_fast._files.inside`: a link leading out of
-    the folder is refused)."""
+    the files door (:mod:`rcn_fast._files`: beneath the folder's
+    descriptor, a link leading out of the folder refused)."""
     path = model_dir / name
     try:
-        data = json.loads(inside(model_folder_root(model_dir), path, what="model").read_text(encoding="utf-8"))
+        data = json.loads(read_text(model_folder_root(model_dir), path, what="model", limit=64 << 20))
     except LinkError:  # a ValueError naming the link: as it is
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -184,22 +184,28 @@ def weight_files(model_dir: str | os.PathLike[str]) -> list[Path] | None:
         files = sorted({str(v) for v in (_json_object(d, index.name).get("weight_map") or {}).values()})
         if not files or any(Path(f).name != f for f in files):
             raise ValueError(f"model: {index} lists no weight files, or names outside the folder")
-        missing = [f for f in files if not (d / f).is_file()]
+        with Folder(model_folder_root(d), what="model") as root:
+            missing = [f for f in files if not root.is_file(d / f)]  # a link out of the folder raises here
         if missing:
             raise ValueError(f"model: {index} lists {missing} which are not in {d}")
-        return [inside(model_folder_root(d), d / f, what="model") for f in files]
+        return [d / f for f in files]
     single = d / "model.safetensors"
-    return [inside(model_folder_root(d), single, what="model")] if single.is_file() else None
+    with Folder(model_folder_root(d), what="model") as root:
+        return [single] if root.is_file(single) else None
 
 
 def load_weights(files: list[Path], device: Any = "cpu") -> dict[str, Any]:
-    """Every tensor of the safetensors ``files`` (torch tensors on
-    ``device``), by name. safetensors holds tensors only: nothing in it
-    executes."""
+    """Every tensor of the safetensors ``files`` (of one model folder, as
+    :func:`weight_files` lists them; torch tensors on ``device``), by name,
+    each read through the files door beneath the model folder (a link out
+    of it refused) and parsed from those bytes. safetensors holds tensors
+    only: nothing in it executes."""
     st = require("safetensors.torch", "pip install safetensors")
     out: dict[str, Any] = {}
     for f in files:
-        out.update(st.load_file(str(f), device=str(device)))
+        f = Path(f)
+        for name, t in st.load(read_bytes(model_folder_root(f.parent), f, what="model")).items():
+            out[name] = t.to(device) if str(device) != "cpu" else t
     return out
 
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ import numpy as np
 from rcn_fast._arrays import optional_available, require
 from rcn_fast._cache_dirs import cache_dir as folder_of_cache
 from rcn_fast._cache_dirs import trusted_cache
+from rcn_fast._files import Folder, read_text
 from rcn_fast.model_files import model_fingerprint
 from rcn_fast.retrieval.encoders.base import (
     DTYPE_ALIASES, EXPORT_VERSION, ONNX_HINT, POOLINGS, TORCH_HINT, Encoder, EncoderConfig,
@@ -86,9 +88,18 @@ _HASHED: set[tuple[str, tuple[tuple[str, int, int], ...]]] = set()
 
 
 def _file_records(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    from rcn_fast._hashing import sha256_file
+    """Size and sha256 of each file, opened beneath the folder's descriptor (no link followed)."""
+    from rcn_fast._hashing import sha256_fd
 
-    return {n: {"size": (folder / n).stat().st_size, "sha256": sha256_file(folder / n)} for n in sorted(names)}
+    out = {}
+    with Folder(folder, what="cache_dir") as root:
+        for n in sorted(names):
+            fd = root.open_fd(n, links=False)
+            try:
+                out[n] = {"size": os.fstat(fd).st_size, "sha256": sha256_fd(fd)}
+            finally:
+                os.close(fd)
+    return out
 
 
 def write_export_checksums(folder: str | os.PathLike[str], names: list[str] | None = None) -> dict[str, Any]:
@@ -109,8 +120,9 @@ def write_export_checksums(folder: str | os.PathLike[str], names: list[str] | No
     folder = Path(folder)
     files: dict[str, Any] = {}
     if names is None:
-        names = [p.name for p in folder.iterdir() if p.is_file() and p.name != EXPORT_CHECKSUMS
-                 and not p.name.startswith(".")]
+        with Folder(folder, what="cache_dir") as root:
+            names = [n for n in root.listdir() if n != EXPORT_CHECKSUMS and not n.startswith(".")
+                     and stat.S_ISREG(root.stat(n, links=False).st_mode)]
     else:
         files = dict(_read_checksums(folder).get("files", {}))
     files.update(_file_records(folder, names))
@@ -129,10 +141,11 @@ def _read_checksums(folder: Path) -> dict[str, Any]:
 
 def _signature(folder: Path, files: dict[str, Any]) -> tuple[str, tuple[tuple[str, int, int], ...]]:
     sig = []
-    for name in sorted(files):
-        st = (folder / name).stat()
-        sig.append((name, st.st_size, st.st_mtime_ns))
-    return str(folder.resolve()), tuple(sig)
+    with Folder(folder, what="cache_dir") as root:
+        for name in sorted(files):
+            st = root.stat(name, links=False)
+            sig.append((name, st.st_size, st.st_mtime_ns))
+        return str(root.anchors[-1]), tuple(sig)
 
 
 def export_problem(folder: str | os.PathLike[str], *, verify: bool = False) -> str | None:
@@ -157,22 +170,31 @@ def export_problem(folder: str | os.PathLike[str], *, verify: bool = False) -> s
     if not isinstance(files, dict) or "model.onnx" not in files:
         return f"its {EXPORT_CHECKSUMS} does not list model.onnx"
     for name, want in sorted(files.items()):
-        p = folder / name
         if not isinstance(want, dict) or Path(name).name != name or name.startswith("."):
             return f"its {EXPORT_CHECKSUMS} has a bad entry {name!r}"
-        if not p.is_file():
-            return f"{name} is missing"
-        size = p.stat().st_size
-        if size != want.get("size"):
-            return f"{name} is {size} bytes, {want.get('size')} were exported (truncated or overwritten)"
-    sig = _signature(folder, files)
-    if verify or sig not in _HASHED:
-        from rcn_fast._hashing import sha256_file
+    with Folder(folder, what="cache_dir") as root:  # each file beneath the folder's descriptor, no link followed
+        fds: dict[str, int] = {}
+        try:
+            for name, want in sorted(files.items()):
+                try:
+                    fds[name] = root.open_fd(name, links=False)
+                except OSError:  # missing, a link or not a regular file
+                    return f"{name} is missing"
+                size = os.fstat(fds[name]).st_size
+                if size != want.get("size"):
+                    return f"{name} is {size} bytes, {want.get('size')} were exported (truncated or overwritten)"
+            sig = (str(root.anchors[-1]), tuple((n, os.fstat(fds[n]).st_size, os.fstat(fds[n]).st_mtime_ns)
+                                                for n in sorted(files)))
+            if verify or sig not in _HASHED:
+                from rcn_fast._hashing import sha256_fd
 
-        for name, want in sorted(files.items()):
-            if sha256_file(folder / name) != want.get("sha256"):
-                return f"{name} does not match its sha256 (damaged on disk)"
-        _HASHED.add(sig)
+                for name, want in sorted(files.items()):
+                    if sha256_fd(fds[name]) != want.get("sha256"):
+                        return f"{name} does not match its sha256 (damaged on disk)"
+                _HASHED.add(sig)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
     return None
 
 
@@ -458,7 +480,7 @@ class OnnxEncoder(Encoder):
             raise ValueError("quantize: int8 dynamic quantisation runs on the CPU provider only; use device='cpu'")
         self.onnx_path = export_onnx(self.model_dir, pooling=config.pooling, cache_dir=config.cache_dir,
                                      quantize=config.quantize, verify=verify_export)
-        meta = json.loads((self.onnx_path.parent / "export.json").read_text())
+        meta = json.loads(read_text(self.onnx_path.parent, "export.json", what="cache_dir", limit=1 << 20))
         self.input_names = tuple(meta["inputs"])
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

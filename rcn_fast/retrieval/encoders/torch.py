@@ -124,9 +124,12 @@ class CudaQueue:
         """``out`` copied to the host once the device gets there; the
         Pending waits for that copy."""
         host = self.torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-        host.copy_(out, non_blocking=True)
+        host.copy_(out, non_blocking=True)  # on the current stream of out's device
         done = self.torch.cuda.Event()
-        done.record()
+        # recorded on that stream: Event.record() alone records on the current
+        # device's stream, which never sees this copy when the encoder runs on
+        # another GPU (issue 55, W3)
+        done.record(self.torch.cuda.current_stream(out.device))
 
         def wait() -> np.ndarray:
             done.synchronize()

@@ -19,7 +19,7 @@ to transformers): a ``tokenizer.json`` with a WordPiece model, a
 accent and CJK settings agree with the file's normaliser, right
 truncation and padding sides, and special tokens present in the
 vocabulary. Every file is read through the files door
-(:func:`rcn_fast._files.inside`); nothing here runs code from the folder.
+(:func:`rcn_fast._files.read_bytes`, by handle); nothing here runs code from the folder.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rcn_fast._files import LinkError, inside
+from rcn_fast._files import LinkError, read_bytes
 from rcn_fast.model_files import model_folder_root
 
 #: tokenizer_config.json keys the direct path reproduces (others send the folder to transformers)
@@ -51,12 +51,12 @@ def _read(model_dir: Path, name: str) -> bytes | None:
     """The bytes of ``model_dir/name`` through the files door, None where
     the file is absent (a link out of the folder raises)."""
     path = model_dir / name
-    if not path.exists() and not path.is_symlink():
-        return None
     try:
-        return inside(model_folder_root(model_dir), path, what="model").read_bytes()
+        return read_bytes(model_folder_root(model_dir), path, what="model", limit=256 << 20)
     except LinkError:
         raise
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     except OSError as exc:
         raise ValueError(f"model: {path} is not readable ({exc})") from None
 
