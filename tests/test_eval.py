@@ -186,7 +186,7 @@ def test_end_to_end_reports(files, tiny_hf, tiny_encoder, capsys):
     table = (out / doc["files"]["table"]).read_text()
     assert table in printed
     rows = [ln for ln in table.splitlines() if ln.startswith(f"| {task} |")]
-    assert table.splitlines()[0] == "| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |"
+    assert table.splitlines()[0] == "| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q | Q/s |"
     assert len(rows) == 3
     for ln, p in zip(rows, ["vanilla", "single_retrieval", "reconnect"]):
         cells = [c.strip() for c in ln.strip("|").split("|")]

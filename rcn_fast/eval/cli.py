@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
       "file systems without POSIX locks)")
     a("--merge-fill-missing", action="store_true", default=None, help="a merging run (no shard flags) answers "
       "the questions a shard was given but did not finish (default: refuse, naming the shard)")
+    a("--permute-choices", type=int, metavar="K", help="diagnostic of label bias (never the default): ask every "
+      "multiple-choice question again under K-1 cyclic permutations of its choices (K orders with the plain "
+      "one, K times the model calls) and report accuracy over the orders beside the plain figure")
     a("--no-progress", action="store_true", help="no progress bars")
     a("--no-plot", action="store_true", help="no PNG chart")
     a("--no-leak-check", action="store_true", help="do not check --corpus for evaluated questions (the check "
@@ -133,6 +136,7 @@ def config_from_args(ns: argparse.Namespace) -> EvalConfig:
         "num_shards": ns.num_shards, "shard_id": ns.shard_id, "executor": ns.executor,
         "ray_address": ns.ray_address, "ray_num_cpus": ns.ray_num_cpus, "ray_num_gpus": ns.ray_num_gpus,
         "cache_path": ns.cache_path, "cache_journal": ns.cache_journal, "merge_fill_missing": ns.merge_fill_missing,
+        "permute_choices": ns.permute_choices,
     }
     for k, v in flags.items():
         if v is not None:

@@ -138,6 +138,14 @@ class EvalConfig:
         merge is refused, naming the shard and how many it misses (a merge
         makes no model call); questions no shard was given (a larger
         ``limit``) are answered either way.
+    permute_choices : int
+        A diagnostic of label bias, never the default: 0 (off), or K >= 2 to
+        ask every multiple-choice question again under cyclic permutations
+        of its choices (shifts 1 .. K-1; a question with n < K choices in
+        its n orders) and report accuracy over the orders beside the plain
+        figure (:mod:`rcn_fast.eval.run.permute`; Zheng et al. 2023). Each
+        order is a run of its own (K times the model calls), checkpointed
+        apart from the plain one.
 
     Every setting is checked for its type (a path is a string, a switch
     is true or false: ``"no"`` or ``"false"`` in quotes are refused).
@@ -175,6 +183,7 @@ class EvalConfig:
     cache_path: str | None = None
     cache_journal: str = "wal"
     merge_fill_missing: bool = False
+    permute_choices: int = 0
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -241,6 +250,12 @@ class EvalConfig:
                                          or self.threads < 1):
             raise EvalError(f"threads: expected a positive integer, got {self.threads!r}")
         self.output_path = os.fspath(self.output_path)
+        from rcn_fast.eval.run.permute import check_permute_choices
+
+        try:
+            check_permute_choices(self.permute_choices)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
         self._check_scale_out()
         if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
             raise EvalError(f"device: expected cpu, cuda (cuda:N) or auto, got {self.device!r}")

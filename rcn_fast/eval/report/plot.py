@@ -44,18 +44,66 @@ def bar_data(results: dict[str, Any]) -> tuple[list[str], list[str], dict[str, l
     return tasks, pipelines, heights, errors
 
 
-def _short(text: str, width: int = 70) -> str:
-    """``text`` cut in the middle to at most ``width`` characters."""
-    return text if len(text) <= width else text[: width // 2 - 1] + "…" + text[-(width // 2 - 1):]
+#: The most lines the model spec may take in a chart title; a longer spec gives way to the model's name.
+MAX_SPEC_LINES = 3
 
 
-def plot_labels(results: dict[str, Any]) -> dict[str, Any]:
-    """What the chart says besides its bars.
+def wrap_spec(text: str, width: int) -> list[str]:
+    """``text`` (a model spec: a URL, a path, a hub id) in lines of at most
+    ``width`` characters, broken after ``/``, ``#``, ``:``, ``,``, ``=``, ``-``
+    or ``_`` where it can be (else anywhere): nothing is left out."""
+    width = max(int(width), 8)
+    parts, cur = [], ""
+    for ch in text:
+        cur += ch
+        if ch in "/#:,=-_ ":
+            parts.append(cur)
+            cur = ""
+    if cur:
+        parts.append(cur)
+    lines, line = [], ""
+    for part in parts:
+        while len(part) > width:  # a piece longer than a line: broken anywhere
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(part[:width])
+            part = part[width:]
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    if line:
+        lines.append(line)
+    return lines
+
+
+def model_caption(results: dict[str, Any], width: int = 70) -> list[str]:
+    """The model line(s) of a chart title: ``model: <spec>`` wrapped at
+    ``width`` (:func:`wrap_spec`, never cut), with its name when the spec
+    does not hold it; a spec over :data:`MAX_SPEC_LINES` lines gives way to
+    the name and "(full spec in the report)". No model: no line."""
+    model = results.get("model") if isinstance(results.get("model"), dict) else {}
+    spec, name = model.get("spec"), model.get("name")
+    if not spec:
+        return []
+    spec = str(spec)
+    named = f" ({name})" if name and str(name) not in spec else ""
+    lines = wrap_spec(f"model: {spec}{named}", width)
+    if len(lines) <= MAX_SPEC_LINES:
+        return lines
+    short = str(name) if name else spec[: width // 2] + " … " + spec[-(width // 2):]
+    return wrap_spec(f"model: {short} (full spec in the report)", width)[:MAX_SPEC_LINES]
+
+
+def plot_labels(results: dict[str, Any], width: int = 70) -> dict[str, Any]:
+    """What the chart says besides its bars (``width``: the characters a title line may take).
 
     Returns
     -------
     dict
-        ``title`` (metric, model), ``subtitle`` (questions and seeds),
+        ``title`` (the metric), ``model`` (the model's lines,
+        :func:`model_caption`), ``subtitle`` (questions and seeds),
         ``ticks`` (task names with their question counts), ``chance``
         (``{task: chance level or None}``, from the results' ``chance``),
         ``errors`` (what the error bars are), ``failed`` (``{task:
@@ -64,7 +112,6 @@ def plot_labels(results: dict[str, Any]) -> dict[str, Any]:
     """
     tasks, pipelines, heights, _ = bar_data(results)
     metrics = sorted({results["configs"][t]["metrics"][0] for t in tasks})
-    model = results.get("model", {}).get("spec") if isinstance(results.get("model"), dict) else None
     seeds = sorted({len(r.get("seeds", [])) for t in tasks for r in results["results"][t].values()})
     n_q = [max((int(r.get("n_questions", 0)) for r in results["results"][t].values()), default=0) for t in tasks]
     n_word = f"n = {n_q[0]} questions" if len(set(n_q)) == 1 and n_q else "n = " + ", ".join(map(str, n_q))
@@ -72,8 +119,8 @@ def plot_labels(results: dict[str, Any]) -> dict[str, Any]:
     failed = {t: {p: int(results["results"][t].get(p, {}).get("n_failed", 0)) for p in pipelines
                   if math.isnan(heights[p][i])} for i, t in enumerate(tasks)}
     return {
-        "title": f"{' / '.join(metrics) or 'score'} by task and pipeline"
-                 + (f" — {_short(str(model))}" if model else ""),
+        "title": f"{' / '.join(metrics) or 'score'} by task and pipeline",
+        "model": model_caption(results, width),
         "subtitle": f"{n_word} per task, {seed_word}",
         "ticks": [f"{t}\n(n={n})" for t, n in zip(tasks, n_q)],
         "chance": {t: (results.get("chance") or {}).get(t) for t in tasks},
@@ -87,7 +134,8 @@ def plot_results(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write a PNG: grouped bars of the main metric (accuracy, or StringEM
     for open-domain tasks) per task, one colour per pipeline.
 
-    The title names the metric and the model, the subtitle the questions
+    The title names the metric and the model (its whole spec, wrapped:
+    :func:`model_caption`), the subtitle the questions
     per task and the seeds; a dashed line marks each task's chance level
     (1 / choices, when the results give it); every bar carries its value
     on a white label drawn over the chance line (a 0.0 bar is a marker on the axis), a pipeline with no value says
@@ -132,11 +180,12 @@ def draw_results(results: dict[str, Any]) -> Any:
     from matplotlib.lines import Line2D
 
     tasks, pipelines, heights, errors = bar_data(results)
-    lab = plot_labels(results)
     n_p = max(len(pipelines), 1)
     width = 0.8 / n_p
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 1.0 * len(tasks) * max(1.0, n_p / 3)), 4.4), dpi=100)
-    ax.set_title(lab["title"] + "\n" + lab["subtitle"], fontsize=9)
+    fig_w = max(5.0, 1.6 + 1.0 * len(tasks) * max(1.0, n_p / 3))
+    lab = plot_labels(results, width=int(fig_w * 13))  # about 13 characters an inch at 9 points
+    fig, ax = plt.subplots(figsize=(fig_w, 4.4 + 0.15 * len(lab["model"])), dpi=100)
+    ax.set_title("\n".join([lab["title"], *lab["model"], lab["subtitle"]]), fontsize=9)
     handles: list[Any] = []
     value_size = 7 if len(tasks) * n_p <= 12 else 5
     for j, p in enumerate(pipelines):
@@ -183,4 +232,5 @@ def draw_results(results: dict[str, Any]) -> Any:
     return fig
 
 
-__all__ = ["plot_results", "draw_results", "plot_labels", "bar_data", "PALETTE"]
+__all__ = ["plot_results", "draw_results", "plot_labels", "bar_data", "model_caption", "wrap_spec", "PALETTE",
+           "MAX_SPEC_LINES"]

@@ -9,8 +9,16 @@ Written to the output folder:
   pipeline config, library versions, ``rcn_fast.build_info()`` and device
   info; this invocation's LLM usage (``llm_usage``: calls made, answered by
   the cache, sent to the model).
+  ``diagnostics``: what distorts the numbers (label histograms, the
+  majority baseline, label-bias and truncation warnings, accuracy over
+  permuted choices; :mod:`rcn_fast.eval.report.diagnostics`); ``run``:
+  every setting that tells two runs apart (:mod:`rcn_fast.eval.report.settings`).
 * ``results_<timestamp>.md`` -- the table also printed to stdout:
-  ``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |``.
+  ``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q | Q/s |``,
+  then what may distort its numbers and the run's settings.
+* ``results_<timestamp>.html`` -- the results page, one self-contained
+  file (:mod:`rcn_fast.eval.report.page`); a failure to draw it is
+  reported (``files.page_error``, stderr) and never costs the JSON.
 * ``results_<timestamp>.png`` -- accuracy per task and pipeline (bars),
   std over seeds (or the standard error with one seed) as error bars, the
   model, n, seeds and each task's chance level (:mod:`rcn_fast.eval.report.plot`).
@@ -43,6 +51,9 @@ from typing import Any
 from rcn_fast._files import write_atomic
 from rcn_fast._paths import safe_component
 from rcn_fast.eval.metrics import make_task, mean_stderr
+from rcn_fast.eval.report import diagnostics
+from rcn_fast.eval.report.settings import run_settings, settings_markdown
+from rcn_fast.eval.report.table import TABLE_HEAD, fmt as _fmt, settings_notes, table_notes, table_rows
 from rcn_fast.eval.tasks.spec import TaskSpec
 
 SCHEMA = "rcn_fast.eval.results/1"
@@ -112,73 +123,22 @@ def aggregate(units: list[Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- tables
-def _fmt(v: Any, nd: int = 4) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:.{nd}f}"
-
-
 def markdown_table(results: dict[str, Any]) -> str:
-    """``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |``.
+    """``| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q | Q/s |``
+    (:func:`rcn_fast.eval.report.table.table_rows`) and the notes under it.
 
     With several seeds the Value cell reads ``mean ± std (k seeds)``.
     """
-    lines = ["| Tasks | Pipeline | Metric | Value | Stderr | Calls/q | Tokens/q |",
-             "|---|---|---|---:|---:|---:|---:|"]
-    for task, by_pipe in results["results"].items():
-        for pipe, r in by_pipe.items():
-            for m in results["configs"][task]["metrics"]:
-                val = _fmt(r.get(m))
-                if len(r["seeds"]) > 1 and r.get(m) is not None:
-                    val = f"{val} ± {_fmt(r.get(f'{m}_std'))} ({len(r['seeds'])} seeds)"
-                lines.append(f"| {task} | {pipe} | {m} | {val} | ± {_fmt(r.get(f'{m}_stderr'))} | "
-                             f"{_fmt(r['llm_calls_per_q'], 2)} | {_fmt(r['tokens_per_q'], 1)} |")
-    notes = settings_notes(results)
-    for task, by_pipe in results["results"].items():
-        for pipe, r in by_pipe.items():
-            if r["n_failed"]:
-                notes.append(f"{task} / {pipe}: {r['n_failed']} question(s) failed (see \"failures\" in the JSON; "
-                             f"rerun the same command to retry them)")
-            if r["n_unlabeled"]:
-                notes.append(f"{task} / {pipe}: {r['n_unlabeled']} question(s) have no gold answer (not scored)")
+    lines = ["| " + " | ".join(TABLE_HEAD) + " |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    notes = table_notes(results)
     return "\n".join(lines + ([""] + [f"* {n}" for n in notes] if notes else [])) + "\n"
-
-
-def settings_notes(results: dict[str, Any]) -> list[str]:
-    """What a reader of the table must know about how it was made: the
-    model's own name and quantisation, and each setting a task file gives a
-    pipeline in place of its default (the demo's reduced ReConnect), with the
-    value the run used and the default it replaced."""
-    from rcn_fast.eval.pipeline_needs import pipeline_config_class
-
-    notes = []
-    model = results.get("model", {})
-    if model.get("name") and model.get("name") != model.get("spec"):
-        quant = f", {model['quantisation']}" if model.get("quantisation") else ""
-        notes.append(f"model: {model['name']}{quant} ({model['spec']})")
-    for task, conf in results["configs"].items():
-        for pipe, args in (conf.get("pipeline_args") or {}).items():
-            used = results.get("pipelines", {}).get(task, {}).get(pipe, {}).get("config")
-            if pipe not in results["results"].get(task, {}) or not isinstance(used, dict):
-                continue
-            try:
-                defaults = pipeline_config_class(pipe)()
-            except Exception:  # noqa: BLE001 - a pipeline whose config needs arguments: values only
-                defaults = None
-            shown = []
-            for key in args:
-                value = used.get(key, args[key])
-                value = Path(value).name if key == "prompts" and isinstance(value, str) else value
-                default = getattr(defaults, key, None) if defaults is not None else None
-                shown.append(f"{key}={value}" + (f" (default {default})" if default is not None else ""))
-            notes.append(f"{task} / {pipe}: the task file's settings in place of the defaults: "
-                         f"{', '.join(shown)} (--pipeline-args overrides them)")
-    return notes
 
 
 def task_summary_line(spec: TaskSpec, units: list[Any]) -> str:
     """One line per task: each pipeline's main metric (named by its units' label), n and speed."""
     parts = []
+    units = [u for u in units if not getattr(u, "permutation", 0)]  # --permute-choices orders: in the reports
     for p in dict.fromkeys(u.pipeline for u in units):
         pu = [u for u in units if u.pipeline == p]
         r = aggregate(pu)
@@ -284,7 +244,7 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
     pipeline_configs: dict[str, Any] = {}
     llm_identity = state.llm_identity
     for spec in state.tasks:
-        units = [u for u in state.units if u.task.name == spec.name]
+        units = [u for u in state.units if u.task.name == spec.name and not getattr(u, "permutation", 0)]
         results[spec.name] = {}
         for p in cfg.pipelines:
             pu = [u for u in units if u.pipeline == p]
@@ -306,7 +266,10 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                  "generated_tokens": n["generated_tokens"]}
     else:
         usage = {"loaded": False, "calls": 0, "cached_calls": 0, "model_calls": 0}
-    files = {"results": f"results_{stamp}.json", "table": f"results_{stamp}.md"}
+    for u in state.units:  # the failures of the --permute-choices orders, named by their shift
+        if getattr(u, "permutation", 0):
+            failures.extend({**f, "permutation": u.permutation} for f in u.failures)
+    files = {"results": f"results_{stamp}.json", "table": f"results_{stamp}.md", "page": f"results_{stamp}.html"}
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "results": results,
@@ -327,7 +290,15 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
         "output_path": str(out.resolve()),
         "files": files,
     }
-    table = markdown_table(doc)
+    records = diagnostics.collect(state)
+    doc["diagnostics"] = diagnostics.diagnose(records)
+    for t, d in doc["diagnostics"]["tasks"].items():  # --permute-choices: beside the plain figure
+        for p, pd in d["pipelines"].items():
+            if pd.get("permutations"):
+                results[t][p]["acc_over_permutations"] = pd["permutations"]["acc"]
+                results[t][p]["permutations"] = pd["permutations"]["k"]
+    doc["run"] = run_settings(state, doc)
+    table = markdown_report(doc)
     _write_atomic(out / files["table"], table)
     if cfg.plot:
         from rcn_fast.eval.report.plot import plot_results
@@ -351,13 +322,42 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
                 name = sample_file_name(spec.name, p, stamp)
                 _write_atomic(out / name, "".join(x + "\n" for x in lines))
                 files.setdefault("samples", []).append(name)
+    from rcn_fast.eval.report.page import render_page
+
+    try:  # the page never costs the run its results JSON
+        html = render_page(doc, records)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON and on stderr
+        files["page_error"] = f"{type(exc).__name__}: {exc}"
+        del files["page"]
+        print(f"rcn_fast.eval: warning: the results page could not be written ({files['page_error']}); the "
+              "results JSON and table are complete", file=sys.stderr, flush=True)
+    else:
+        _write_atomic(out / files["page"], html)
     _write_atomic(out / files["results"], json.dumps(doc, indent=2, ensure_ascii=False, default=str))
     if print_table:
         print(table, end="", flush=True)
-        print(f"\nresults: {out / files['results']}" + (f"\nplot:    {out / files['plot']}" if "plot" in files else ""),
-              flush=True)
+        print("\n" + where_written(out, files), flush=True)
     return doc
 
 
-__all__ = ["aggregate", "markdown_table", "write_reports", "task_summary_line", "mean_stderr", "sample_std",
+def markdown_report(doc: dict[str, Any]) -> str:
+    """The ``.md`` report: the table (:func:`markdown_table`), what may
+    distort its numbers (:func:`rcn_fast.eval.report.diagnostics.markdown_sections`)
+    and the run's settings (:func:`rcn_fast.eval.report.settings.settings_markdown`)."""
+    md = markdown_table(doc)
+    if doc.get("diagnostics"):
+        md += diagnostics.markdown_sections(doc["diagnostics"])
+    if doc.get("run"):
+        md += settings_markdown(doc["run"])
+    return md
+
+
+def where_written(out: Path, files: dict[str, Any]) -> str:
+    """The lines the end of a run prints: where its reports are."""
+    rows = [("results", files["results"]), ("table", files["table"]), ("page", files.get("page")),
+            ("plot", files.get("plot"))] + [("samples", s) for s in files.get("samples", [])]
+    return "\n".join(f"{k + ':':9}{out / v}" for k, v in rows if v)
+
+
+__all__ = ["aggregate", "markdown_table", "markdown_report", "where_written", "write_reports", "task_summary_line", "mean_stderr", "sample_std",
            "versions", "device_info", "sample_line", "sample_file_name", "chance_level", "SCHEMA"]

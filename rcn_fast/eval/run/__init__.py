@@ -7,5 +7,7 @@
 * :mod:`~rcn_fast.eval.run.executors` -- running units in this process;
 * :mod:`~rcn_fast.eval.run.ray_executor` -- ``--executor ray``;
 * :mod:`~rcn_fast.eval.run.shards` -- which questions a shard answers;
-* :mod:`~rcn_fast.eval.run.checkpoint` -- durable per-question records.
+* :mod:`~rcn_fast.eval.run.checkpoint` -- durable per-question records;
+* :mod:`~rcn_fast.eval.run.permute` -- ``--permute-choices``: questions
+  under cyclic permutations of their choices.
 """

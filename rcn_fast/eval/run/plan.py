@@ -40,6 +40,7 @@ from rcn_fast.eval.pipeline_needs import (
     split_pipeline_args,
 )
 from rcn_fast.eval.metrics import Task, make_task
+from rcn_fast.eval.run.permute import permuted_questions, skip_reason
 from rcn_fast.eval.run.shards import shard_of
 from rcn_fast.eval.tasks.sources import LOCAL_DATA_HINT, hub_access, needs_hub
 from rcn_fast.eval.tasks.catalog import (TaskError, TaskSpec, expand_task_folders, resolve_task, spec_key,
@@ -107,11 +108,13 @@ class Unit:
     scorer: Task | None = None
     entry: str = ""
     label: str = ""  # what progress lines call the run (a --paper row: "RECONNECT (N=5)"); "" = the pipeline
+    permutation: int = 0  # --permute-choices: the shift of its questions' choices (0: the plain order)
 
     @property
     def display(self) -> str:
-        """The run's name in progress lines: its ``label``, else its pipeline."""
-        return self.label or self.pipeline
+        """The run's name in progress lines: its ``label``, else its pipeline
+        (and the shift of a permuted unit's choices)."""
+        return (self.label or self.pipeline) + (f" (choices shifted {self.permutation})" if self.permutation else "")
 
     def reopen(self) -> None:
         """Read the checkpoint again (after other processes appended to it:
@@ -214,15 +217,21 @@ def plan(cfg: EvalConfig, out: Path) -> Plan:
             raise EvalError(f"task {spec.name!r}: duplicate question ids {dup} (ids key the cache and checkpoints)")
         questions[spec.name] = qs
         tkey = spec_key(spec)
+        orders = {0: qs}
+        if cfg.permute_choices > 1 and skip_reason(spec) is None:  # a diagnostic: each order is a unit of its own
+            orders.update(permuted_questions(qs, cfg.permute_choices))
         for p in cfg.pipelines:
-            units.extend(_units_of(cfg, out, spec, task, p, registry[p], qs, tkey, corpus,
-                                   {**spec.pipeline_args.get(p, {}), **user_args[p]}, llm_key, entry))
+            for shift, oqs in orders.items():
+                units.extend(_units_of(cfg, out, spec, task, p, registry[p], oqs, tkey, corpus,
+                                       {**spec.pipeline_args.get(p, {}), **user_args[p]}, llm_key, entry, shift))
     return Plan(specs, questions, units)
 
 
 def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cls: Any, qs: list[Any], tkey: str,
-              corpus: str | None, settings: dict[str, Any], llm_key: Any, entry: str) -> list[Unit]:
-    """The units of one task x pipeline, one per seed, with their checkpoints open."""
+              corpus: str | None, settings: dict[str, Any], llm_key: Any, entry: str,
+              permutation: int = 0) -> list[Unit]:
+    """The units of one task x pipeline, one per seed, with their checkpoints open
+    (``permutation``: the shift of ``qs``' choices, keyed and named apart)."""
     from rcn_fast.pipelines.config import config_to_dict
 
     ccls = pipeline_config_class(p)
@@ -245,19 +254,22 @@ def _units_of(cfg: EvalConfig, out: Path, spec: TaskSpec, task: Task, p: str, cl
             "encoder": [cfg.encoder, cfg.encoder_args] if (uses_corpus or uses_kb) else None,
             "kb": {"file": sha_file(Path(cfg.kb))} if uses_kb and cfg.kb else None,
             **({"pipeline_key": extra} if extra is not None else {}),
+            **({"permutation": permutation} if permutation else {}),
         })
-        path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{key}.jsonl")
+        perm = f"perm{permutation}-" if permutation else ""
+        path = child_path(out, "checkpoints", spec.name, p, f"seed{seed}-{perm}{key}.jsonl")
         ck = Checkpoint(path, shard=(cfg.shard_id, cfg.num_shards) if cfg.sharded else None, root=out,
                         check=record_check(task, qs, seed, scores=needs.scores), meta={
                         "task": spec.name, "pipeline": p, "seed": seed, "key": key, "config": cdict,
                         "model": llm_key if needs.llm else None,
-                        **({"pipeline_key": extra} if extra is not None else {})})
+                        **({"pipeline_key": extra} if extra is not None else {}),
+                        **({"permutation": permutation} if permutation else {})})
         done = ck.done()
         mine = qs if not cfg.sharded else [q for q in qs if shard_of(q.id, cfg.num_shards) == cfg.shard_id]
         units.append(Unit(task=spec, pipeline=p, seed=seed, settings={**settings, "seed": seed}, config=cdict,
                           checkpoint=ck, questions=mine, pending=[q for q in mine if q.id not in done],
                           needs=needs, corpus=corpus if uses_corpus else None,
-                          kb=cfg.kb if uses_kb else None, scorer=task, entry=entry))
+                          kb=cfg.kb if uses_kb else None, scorer=task, entry=entry, permutation=permutation))
     return units
 
 

@@ -129,7 +129,9 @@ def local_config(cfg: EvalConfig) -> EvalConfig:
 def slices_of(cfg: EvalConfig, units: list[Any]) -> list[dict[str, Any]]:
     """The sub-runs (as EvalConfig dicts) of the planned ``units`` that have
     questions left: one per task x pipeline x seed, times ``num_shards``
-    shards, each with ``executor="local"`` and a ``shard_id``."""
+    shards, each with ``executor="local"`` and a ``shard_id`` (a sub-run
+    plans and answers every order of ``permute_choices`` of its task x
+    pipeline x seed: each is listed once)."""
     from rcn_fast.eval.run.shards import shard_of
 
     out = Path(cfg.output_path).expanduser()
@@ -143,7 +145,8 @@ def slices_of(cfg: EvalConfig, units: list[Any]) -> list[dict[str, Any]]:
             d.update(executor="local", tasks=[u.entry], pipelines=[u.pipeline], seeds=[u.seed],
                      num_shards=cfg.num_shards, shard_id=shard, progress=False, plot=False, threads=threads,
                      output_path=str(out))
-            slices.append(d)
+            if d not in slices:
+                slices.append(d)
     return slices
 
 

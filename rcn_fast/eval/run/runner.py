@@ -56,12 +56,35 @@ class RunState:
     corpora: dict[str, str] = field(default_factory=dict)
     torch_threads: int | None = None  # the threads the questions ran with (None: none ran)
     usage_before: Any = None  # the LLM's cost total before this run (a model shared with earlier runs)
+    encoders: dict[str, Any] = field(default_factory=dict)  # corpus -> what its retriever encoded with (loaded ones)
 
 
 def score_prediction(pred: Any, question: Any, task: TaskSpec) -> dict[str, float | None]:
     """Per-question metric values (1.0 / 0.0; None without a gold answer): the task's
     :meth:`~rcn_fast.eval.metrics.Task.process_results`."""
     return make_task(task).process_results(question, pred)
+
+
+def encoders_used(comps: Components) -> dict[str, Any]:
+    """``{corpus: the encoder's description}`` of the retrievers this run
+    loaded (its ``describe()``, else its class name), and under ``"*"`` the
+    encoder it was given or loaded for corpora embedded here; empty when
+    none was."""
+    def describe(enc: Any) -> dict[str, Any]:
+        try:
+            d = enc.describe() if hasattr(enc, "describe") else {}
+        except Exception:  # noqa: BLE001 - never lose the reports over a description
+            d = {}
+        d = d if isinstance(d, dict) else {}
+        d.setdefault("model", type(enc).__name__)
+        return {k: d.get(k) for k in ("model", "backend", "pooling", "normalize", "query_prefix", "dim")
+                if d.get(k) is not None}
+
+    out = {corpus: describe(r.encoder) for corpus, r in getattr(comps, "_retrievers", {}).items()
+           if getattr(r, "encoder", None) is not None}
+    if getattr(comps, "_encoder", None) is not None:
+        out["*"] = describe(comps._encoder)
+    return out
 
 
 def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = None, encoder: Any = None,
@@ -145,7 +168,8 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
     comps = local.components
     state = RunState(config=cfg, out=out, units=planned.units, tasks=planned.tasks, questions=planned.questions,
                      llm=comps._llm, llm_identity=getattr(comps._llm, "identity", None), started=started,
-                     corpora=comps.corpora, torch_threads=local.threads_used, usage_before=usage_before)
+                     corpora=comps.corpora, torch_threads=local.threads_used, usage_before=usage_before,
+                     encoders=encoders_used(comps))
     return reports.write_reports(state, print_table=print_table)
 
 
