@@ -130,6 +130,7 @@ _CACHE = "cache entries, read only when rcn_fast._cache_dirs.trusted_cache allow
 #: module -> (raw file accesses, why they may): the known ones. A new raw access fails the test.
 RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/_crossovers.py": (1, "the package's own crossover table"),
+    "rcn_fast/_cuda_versions.py": (1, "the kernel's /proc/driver/nvidia/version (the driver's release), no user folder"),
     "rcn_fast/_hashing.py": (3, "hashes a file its caller names (sha256_file; content_fingerprint and check_once "
                                 "without a root or descriptor); folders and memos through the door"),
     "rcn_fast/corpus/assemble.py": (7, _OWN_FOLDER),
