@@ -28,6 +28,11 @@ line that is not JSON stays in the file; it is named while its question
 again it is not warned about on every later load (a line whose id cannot
 be read is always named).
 
+Records written before issue 54 name the predicted label ``label`` and the
+gold index ``answer``: they are read with today's names (``pred_label``,
+``gold``; :func:`rcn_fast.eval.metrics.upgrade_record`), so they resume as
+they are.
+
 Shards (``--num-shards S --shard-id I``) append to their own files beside
 the unsharded one (:mod:`rcn_fast.eval.run.shards`); every checkpoint also
 reads the records of its siblings (the unsharded file and every shard file
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from rcn_fast._files import make_dirs, no_links, open_write, write_text
+from rcn_fast.eval.metrics import upgrade_record
 
 try:
     import fcntl
@@ -213,7 +219,7 @@ class Checkpoint:
                 self._unreadable.setdefault(path, []).append((n, _damaged_id(line)))
                 continue
             if isinstance(rec, dict) and "id" in rec:
-                self.records[str(rec["id"])] = rec
+                self.records[str(rec["id"])] = upgrade_record(rec)  # former field names mapped
                 self._lines[str(rec["id"])] = (path, n)
 
     def done(self) -> set[str]:
