@@ -355,10 +355,23 @@ def write_reports(state: Any, *, print_table: bool = True) -> dict[str, Any]:
     _write_atomic(out / files["results"], json.dumps(doc, indent=2, ensure_ascii=False, default=str))
     if print_table:
         print(table, end="", flush=True)
-        print(f"\nresults: {out / files['results']}" + (f"\nplot:    {out / files['plot']}" if "plot" in files else ""),
-              flush=True)
+        print("\n" + "\n".join(written_lines(out, files)), flush=True)
     return doc
 
 
-__all__ = ["aggregate", "markdown_table", "write_reports", "task_summary_line", "mean_stderr", "sample_std",
+def written_lines(out: Path, files: dict[str, Any]) -> list[str]:
+    """Where the run's files are, one line each (``results:``, ``table:``,
+    ``plot:``, the page and every samples file: each entry of ``files``
+    that names files; ``plot_error`` says why there is no chart)."""
+    lines = []
+    for key, value in files.items():
+        if key.endswith("_error"):
+            lines.append(f"{key.replace('_', ' ')}: {value}")
+            continue
+        for name in value if isinstance(value, list) else [value]:
+            lines.append(f"{key + ':':8s} {out / name}")
+    return lines
+
+
+__all__ = ["aggregate", "markdown_table", "write_reports", "written_lines", "task_summary_line", "mean_stderr", "sample_std",
            "versions", "device_info", "sample_line", "sample_file_name", "chance_level", "SCHEMA"]

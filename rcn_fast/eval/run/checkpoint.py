@@ -97,6 +97,34 @@ def _damaged_id(line: str) -> str | None:
     return str(qid)
 
 
+def parse_lines(data: bytes) -> Iterator[tuple[int, Any, str]]:
+    """``(line number, record or None when the line is not JSON, line)``
+    for each non-empty line of a checkpoint file's bytes; records with the
+    former prediction field names mapped (:func:`rcn_fast.eval.metrics.upgrade_record`)."""
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.decode("utf-8", errors="replace")
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            yield n, None, line
+            continue
+        yield n, upgrade_record(rec), line
+
+
+def read_records(root: Path, path: Path) -> dict[str, dict[str, Any]]:
+    """The records of a checkpoint file under ``root``, read only (nothing
+    repaired, no lock taken): the last valid JSON record of each question
+    id, whole lines only. For readers of a finished run (``show``)."""
+    data = no_links(root, path, what="checkpoint").read_bytes()
+    out: dict[str, dict[str, Any]] = {}
+    for _, rec, _ in parse_lines(data[: data.rfind(b"\n") + 1]):
+        if isinstance(rec, dict) and "id" in rec:
+            out[str(rec["id"])] = rec
+    return out
+
+
 class Checkpoint:
     """Append-only store of the records of one task x pipeline x seed.
 
@@ -209,17 +237,12 @@ class Checkpoint:
         return data
 
     def _parse(self, data: bytes, path: Path) -> None:
-        for n, raw in enumerate(data.split(b"\n"), 1):
-            line = raw.decode("utf-8", errors="replace")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):  # a damaged line: its question is answered again
+        for n, rec, line in parse_lines(data):
+            if rec is None:  # a damaged line: its question is answered again
                 self._unreadable.setdefault(path, []).append((n, _damaged_id(line)))
                 continue
             if isinstance(rec, dict) and "id" in rec:
-                self.records[str(rec["id"])] = upgrade_record(rec)  # former field names mapped
+                self.records[str(rec["id"])] = rec
                 self._lines[str(rec["id"])] = (path, n)
 
     def done(self) -> set[str]:
@@ -261,4 +284,4 @@ class Checkpoint:
             self.records[str(r["id"])] = r
 
 
-__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key"]
+__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key", "parse_lines", "read_records"]
