@@ -21,6 +21,7 @@ from rcn_fast.pipelines import (
     load_config,
     question_key,
 )
+from tests.pipelines.compare import assert_same_prediction
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of
 
 
@@ -354,19 +355,7 @@ def test_question_key_is_stable():
 def _same(a: Prediction, b: Prediction) -> None:
     """Equal predictions; passage scores (informational) may differ in the
     last float bit, since the search kernel blocks queries by batch."""
-    da, db = a.to_dict(), b.to_dict()
-
-    def scores(d: dict) -> list[float]:  # the passages' scores and the trace's, popped (the sampler's too)
-        out = [p.pop("score") for p in d["passages"]]
-        for e in d["trace"]:
-            if e["type"] == "retrieve":
-                out += [x for row in e.pop("scores") for x in row] + [p.pop("score") for p in e["passages"]]
-            if e["type"] == "sample":
-                out += e.pop("relevance") + e.pop("probability") + [x for r in e.pop("draw_probability") for x in r]
-        return out
-
-    np.testing.assert_allclose(scores(da), scores(db), rtol=1e-6, atol=1e-6)
-    assert da == db
+    assert_same_prediction(a, b)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "single_retrieval", "reconnect"])

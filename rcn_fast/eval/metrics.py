@@ -137,9 +137,12 @@ class Task:
         ``"ok"``, a finite ``elapsed_s`` >= 0, token counts >= 0, a valid
         prediction (:meth:`check_prediction`: the gold beside it the
         question's gold) and ``metrics`` -- one finite value in [0, 1] per
-        metric -- equal to what the prediction scores against that gold."""
+        metric -- equal to what the prediction scores against that gold.
+        A record with the former field names (``label``, ``answer``) is
+        read with today's (:func:`upgrade_record`)."""
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+        record = upgrade_record(record)
         if str(record.get("id")) != str(question.id):
             raise RecordError(f"id {record.get('id')!r} is not the question's ({question.id!r})")
         if record.get("status") != "ok":
@@ -212,6 +215,7 @@ class ChoiceTask(Task):
         RR vote's tie rules send it), and the question's gold beside it."""
         from rcn_fast.llm.scoring.labels import logprob_row_problem
 
+        prediction = upgrade_prediction(prediction)
         n = len(question.choices)
         p = prediction.get("pred")
         if not is_int(p) or not 0 <= p < n:
