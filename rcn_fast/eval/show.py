@@ -67,7 +67,7 @@ def find_results(run: str | os.PathLike[str]) -> tuple[Path, Path, dict[str, Any
     else:
         raise ShowError(f"{path}: no such file or folder")
     try:
-        doc = json.loads(res.read_text(encoding="utf-8"))
+        doc = json.loads(inside(folder, res.name, what="results", written_outside=False).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ShowError(f"{res}: not a results file rcn_fast wrote ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("pipelines"), dict):
@@ -110,8 +110,7 @@ def find_question(folder: Path, doc: dict[str, Any], task: str, qid: str) -> tup
         if not str(name).startswith(f"samples_{task}_"):
             continue
         try:
-            path = inside(folder, name, what="samples", written_outside=False)
-            with open(path, encoding="utf-8") as f:
+            with open(inside(folder, name, what="samples", written_outside=False), encoding="utf-8") as f:
                 for line in f:
                     if f'"doc_id": {json.dumps(qid)}' in line:
                         d = json.loads(line).get("doc") or {}
