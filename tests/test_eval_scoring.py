@@ -127,7 +127,8 @@ def test_pipelines_never_receive_gold_answers(tmp_path, blind):
             rec = json.loads(line)
             if "id" in rec:
                 recs[rec["id"]] = rec
-    assert [recs[f"q{i}"]["prediction"]["answer"] for i in range(4)] == [0, 1, 2, 3]
+    assert [recs[f"q{i}"]["prediction"]["gold"] for i in range(4)] == [0, 1, 2, 3]
+    assert [recs[f"q{i}"]["prediction"]["gold_label"] for i in range(4)] == ["A", "B", "C", "D"]
     assert [recs[f"q{i}"]["metrics"] for i in range(4)] == [{"acc": 1.0}] + [{"acc": 0.0}] * 3
     assert recs["o1"]["prediction"]["answers"] == ["Iron"] and recs["o1"]["prediction"]["string_em"] is True
     assert recs["o2"]["metrics"] == {"string_em": 0.0, "exact_match": 0.0}
@@ -256,8 +257,11 @@ def test_ray_executor_does_not_call_evaluate_again(tmp_path, blind, monkeypatch)
 # ------------------------------------------------------------ checkpoints written before this change
 #: The checkpoint the code before issue 28's item 2 wrote for ``--tasks demo --pipelines blind_first
 #: --limit 3 --seeds 0`` (pipelines then got the gold and copied it into ``answer``); its key pins the
-#: checkpoint key's recipe.
-OLD_KEY = "3577ce3586836a16"
+#: checkpoint key's recipe. Issue 54 gave every pipeline config ``answer_render`` (the one answer turn of
+#: all pipelines), so every config's key changed (it was 3577ce3586836a16): a pipeline whose answer turn
+#: changed must not reuse its former answers. The records keep the former field names (``label``,
+#: ``answer``) and resume as they are.
+OLD_KEY = "67f457c8ea53731a"
 
 
 def _old_line(i: int, gold: int) -> str:
@@ -304,7 +308,8 @@ def test_a_checkpoint_written_before_resumes_and_records_are_unchanged(tmp_path,
     for r in upgraded.values():
         r["prediction"]["gold_label"] = "ABCD"[r["prediction"]["gold"]]
     assert fresh == upgraded
-    assert [old[f"demo-0{i}"]["prediction"]["answer"] for i in range(1, 6)] == gold
+    assert [upgrade_record(old[f"demo-0{i}"])["prediction"]["gold"] for i in range(1, 6)] == gold
+    assert all("gold" in old[f"demo-0{i}"]["prediction"] for i in (4, 5))  # appended with today's names
 
 
 # ------------------------------------------------------------ no import circle under eval/ and data/
