@@ -52,7 +52,7 @@ Examples
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -60,7 +60,7 @@ import numpy as np
 from rcn_fast._validate import is_int
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.pipelines.base import Prediction, QuestionCost, StageRunner
-from rcn_fast.pipelines.knowledge import has_embeddings
+from rcn_fast.pipelines.knowledge import has_embeddings, passage_refs
 from rcn_fast.pipelines.rag import OpenPrediction
 from rcn_fast.pipelines.reconnect import ReConnect, ReConnectConfig
 from rcn_fast.pipelines.reconnect_stages import ReConnectState, pool_passages
@@ -240,7 +240,8 @@ def as_question(q: QuestionInput, index: int) -> MCQuestion | OpenQuestion:
 
 def as_passage(p: PassageInput, where: str, rank: int) -> Passage:
     """One given passage -> :class:`Passage` (a str gets id ``"<rank>"``
-    and score 0; a mapping needs ``text``)."""
+    and score 0 until :func:`connect` gives it the encoder's relevance; a
+    mapping needs ``text``)."""
     if isinstance(p, Passage):
         return p
     if isinstance(p, str):
@@ -291,6 +292,11 @@ class GivenPassages:
             return np.zeros((0, int(getattr(self.encoder, "dim", 0) or 0)), np.float32)
         return np.stack([np.asarray(r, np.float32) for r in rows])
 
+    def remember(self, passages: Sequence[Passage], rows: np.ndarray) -> None:
+        """Keep ``rows`` as the embeddings of ``passages`` (not encoded again)."""
+        for p, row in zip(passages, rows):
+            self.given[id(p)] = np.asarray(row, np.float32)
+
     def retrieve_embeddings(self, query_emb: Any, k: int) -> list[list[Passage]]:  # pragma: no cover - unused
         raise RuntimeError("given passages are not searched; the pool is the passages given")
 
@@ -304,26 +310,47 @@ class _NoEmbeddings:
 
 class GivenPool(Stage):
     """Connection's retrieval stage with ``passages=``: each question's pool
-    is the passages given for it (exact duplicate texts removed), and the
-    question query is embedded only when the sampler needs it."""
+    is the passages given for it (exact duplicate texts removed). With an
+    encoder, the question query and the pool are embedded here (one call
+    each for the batch; the sampler reuses the passages' rows) and each
+    pool passage's relevance ``dot(e_q, e_j)`` is recorded in the trace
+    (a ``retrieve`` entry, ``source: "given"``); a passage given without a
+    score of its own (a str, a mapping without ``score``) takes it as its
+    ``score``."""
 
     name = "retrieval"
     reads = ("question",)
     writes = ("passages", "query_embedding", "trace")
 
-    def __init__(self, given: dict[str, list[Passage]]) -> None:
+    def __init__(self, given: dict[str, list[Passage]], unscored: frozenset[int] = frozenset()) -> None:
         self.given = given
+        self.unscored = unscored  # id() of the given passages that came without a score
 
     def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
         pipe = runner.pipeline
-        for st in states:
-            st.passages = pool_passages([self.given[st.id]])
-            st.trace.append({"stage": "retrieval", "type": "given", "given": len(self.given[st.id]),
-                             "pool": [p.id for p in st.passages]})
-        c = pipe.config
-        if has_embeddings(pipe.source) and c.knowledge_connection and c.knowledge_extraction and c.sampling != "random":
-            for st, e in zip(states, pipe.source.embed_queries([pipe.question_query(st.question) for st in states])):
-                st.query_embedding = e
+        src = pipe.source
+        pools = [pool_passages([self.given[st.id]]) for st in states]
+        rel: list[np.ndarray | None] = [None] * len(states)
+        if has_embeddings(src) and states:
+            qemb = src.embed_queries([pipe.question_query(st.question) for st in states])
+            flat = [p for pool in pools for p in pool]
+            rows = src.passage_embeddings(flat)
+            off = 0
+            for b, (st, pool) in enumerate(zip(states, pools)):
+                st.query_embedding = qemb[b]
+                mine = rows[off : off + len(pool)]
+                off += len(pool)
+                rel[b] = mine @ np.asarray(qemb[b], np.float32)
+                scored = [replace(p, score=float(r)) if id(p) in self.unscored else p for p, r in zip(pool, rel[b])]
+                src.remember(scored, mine)
+                pools[b] = scored
+        for st, pool, r in zip(states, pools, rel):
+            st.passages = pool
+            st.trace.append({"stage": "retrieval", "type": "retrieve", "source": "given",
+                             "query": pipe.question_query(st.question), "given": len(self.given[st.id]),
+                             "pool": [p.id for p in pool],
+                             "passages": passage_refs(pool, [None] * len(pool) if r is None else
+                                                      [float(x) for x in r])})
 
 
 class KeepConnection(Stage):
@@ -344,14 +371,16 @@ class KeepConnection(Stage):
 
 
 def connection_stages(stages: Sequence[Stage], *, given: dict[str, list[Passage]] | None,
-                      kept: dict[str, dict[str, Any]], answer: bool) -> tuple[Stage, ...]:
+                      kept: dict[str, dict[str, Any]], answer: bool,
+                      unscored: frozenset[int] = frozenset()) -> tuple[Stage, ...]:
     """ReConnect's stage list (under its ablations) as :func:`connect` runs
     it: with given passages :class:`GivenPool` in place of query expansion
     and retrieval; :class:`KeepConnection` before the answer; no answer
     stage unless ``answer``."""
     out = tuple(stages)
     if given is not None:
-        out = replace_stage(tuple(s for s in out if s.name != "query_expansion"), "retrieval", GivenPool(given))
+        out = replace_stage(tuple(s for s in out if s.name != "query_expansion"), "retrieval",
+                            GivenPool(given, unscored))
     out = insert_stage(out, KeepConnection(kept), before="answer")
     return out if answer else remove_stages(out, "answer")
 
@@ -360,13 +389,14 @@ class _Connector(ReConnect):
     """ReConnect whose stage list is :func:`connection_stages`'s."""
 
     def __init__(self, llm: Any, config: ReConnectConfig, *, retriever: Any, prompts: Any, answer: bool,
-                 given: dict[str, list[Passage]] | None) -> None:
-        self.given, self.answer = given, answer
+                 given: dict[str, list[Passage]] | None, unscored: frozenset[int] = frozenset()) -> None:
+        self.given, self.answer, self.unscored = given, answer, unscored
         self.kept: dict[str, dict[str, Any]] = {}
         super().__init__(llm, config, retriever=retriever, prompts=prompts)
 
     def declared_stages(self) -> tuple[Stage, ...]:
-        return connection_stages(super().declared_stages(), given=self.given, kept=self.kept, answer=self.answer)
+        return connection_stages(super().declared_stages(), given=self.given, kept=self.kept, answer=self.answer,
+                                 unscored=self.unscored)
 
 
 # -------------------------------------------------------------- entry point
@@ -405,7 +435,9 @@ def connect(
         Exactly one of ``retriever`` and ``passages``.
     passages : sequence of B sequences, optional
         Already-retrieved passages per question: :class:`Passage`, str or
-        ``{"text"[, "id", "score", "meta"]}``.
+        ``{"text"[, "id", "score", "meta"]}``. With ``encoder``, the trace
+        records each one's relevance to the question (``dot(e_q, e_j)``),
+        which is also the ``score`` of those given without one.
     encoder : EncoderLike, optional
         With ``passages``: embeds the questions and passages for the
         relevance sampler (``encode_queries`` / ``encode_passages``).
@@ -461,6 +493,7 @@ def connect(
     if not isinstance(answer, bool):
         raise TypeError(f"answer: expected a bool, got {answer!r}")
     given: list[list[Passage]] | None = None
+    unscored: set[int] = set()  # id() of the given passages without a score of their own
     if passages is not None:
         if isinstance(passages, (str, Mapping)) or len(passages) != len(qs):
             raise ValueError(f"passages: expected one list of passages per question ({len(qs)}), got "
@@ -470,6 +503,8 @@ def connect(
             if isinstance(plist, (str, Mapping)):
                 raise TypeError(f"passages[{b}]: expected a list of passages, got a single {type(plist).__name__}")
             given.append([as_passage(p, f"passages[{b}][{r}]", r) for r, p in enumerate(plist)])
+            unscored.update(id(g) for p, g in zip(plist, given[-1])
+                            if isinstance(p, str) or (isinstance(p, Mapping) and p.get("score") is None))
         emb_of: dict[int, np.ndarray] = {}
         if passage_embeddings is not None:
             if len(passage_embeddings) != len(qs):
@@ -494,7 +529,8 @@ def connect(
             raise ValueError("passage_embeddings: only with passages= (a retriever supplies its own)")
         source = retriever
     pipe = _Connector(llm, config, retriever=source, prompts=prompts, answer=answer,
-                      given=None if given is None else {q.id: g for q, g in zip(qs, given)})
+                      given=None if given is None else {q.id: g for q, g in zip(qs, given)},
+                      unscored=frozenset(unscored))
     preds: list[Any] = [None] * len(qs)
     for kind in (MCQuestion, OpenQuestion):  # a mixed batch: each kind is its own batch, rejoined in order
         where = [i for i, q in enumerate(qs) if isinstance(q, kind)]

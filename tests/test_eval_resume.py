@@ -113,7 +113,7 @@ def test_sigkill_mid_run_then_resume(tmp_path, one_torch_thread):
         for f in (root / "checkpoints").rglob("*.jsonl"):
             for line in f.read_text().splitlines():
                 r = json.loads(line)
-                got[(f.parent.name, r["id"])] = (r["prediction"]["label"], r["prediction"]["knowledge"])
+                got[(f.parent.name, r["id"])] = (r["prediction"]["pred_label"], r["prediction"]["knowledge"])
         return got
 
     assert preds(out) == preds(tmp_path / "fresh")

@@ -87,7 +87,7 @@ def _records(out: Path) -> dict:
         for line in f.read_text().splitlines():
             r = json.loads(line)
             p = r["prediction"]
-            got[(f.parent.name, r["id"])] = (p["label"], p["knowledge"], [round(x, 4) for x in p["choice_logprobs"]])
+            got[(f.parent.name, r["id"])] = (p["pred_label"], p["knowledge"], [round(x, 4) for x in p["choice_logprobs"]])
     return got
 
 

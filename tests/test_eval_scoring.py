@@ -22,6 +22,7 @@ import pytest
 from rcn_fast.data import MCQuestion, OpenQuestion
 from rcn_fast.eval import EvalConfig, evaluate
 from rcn_fast.eval.tasks.catalog import get_task
+from rcn_fast.eval.metrics import upgrade_record
 from rcn_fast.pipelines import CONFIGS, PIPELINES, OpenPrediction, Prediction, register
 from rcn_fast.pipelines.config import PipelineConfig
 from rcn_fast.pipelines.spec import PipelineSpec
@@ -66,8 +67,8 @@ class BlindFirst:
                 if q.answer is not None and self.check_gold:
                     raise AssertionError(f"the gold answer {q.answer} reached the pipeline ({q.id})")
                 lp = [0.0] + [-math.inf] * (len(q.choices) - 1)
-                out.append(Prediction(question_id=q.id, pred=0, label=q.labels[0], choice_logprobs=lp,
-                                      answer=q.answer))  # as the built-in pipelines copy it
+                out.append(Prediction(question_id=q.id, pred=0, pred_label=q.labels[0], choice_logprobs=lp,
+                                      gold=q.answer, gold_label=q.answer_label))  # as the built-in pipelines copy it
         return out
 
     def run(self, question: Any) -> Any:
@@ -126,7 +127,8 @@ def test_pipelines_never_receive_gold_answers(tmp_path, blind):
             rec = json.loads(line)
             if "id" in rec:
                 recs[rec["id"]] = rec
-    assert [recs[f"q{i}"]["prediction"]["answer"] for i in range(4)] == [0, 1, 2, 3]
+    assert [recs[f"q{i}"]["prediction"]["gold"] for i in range(4)] == [0, 1, 2, 3]
+    assert [recs[f"q{i}"]["prediction"]["gold_label"] for i in range(4)] == ["A", "B", "C", "D"]
     assert [recs[f"q{i}"]["metrics"] for i in range(4)] == [{"acc": 1.0}] + [{"acc": 0.0}] * 3
     assert recs["o1"]["prediction"]["answers"] == ["Iron"] and recs["o1"]["prediction"]["string_em"] is True
     assert recs["o2"]["metrics"] == {"string_em": 0.0, "exact_match": 0.0}
@@ -141,12 +143,13 @@ def test_choice_task_scores_accuracy():
     task = make_task(get_task("demo"))
     assert isinstance(task, ChoiceTask) and task.metrics == ("acc",) and task.main_metric == "acc"
     q = MCQuestion("x", "Which is a fruit?", ["stone", "apple", "cloud"], answer=1)
-    right = Prediction("x", pred=1, label="B", choice_logprobs=[-3.0, -0.1, -4.0])
-    wrong = Prediction("x", pred=2, label="C", choice_logprobs=[-3.0, -4.0, -0.1])
+    right = Prediction("x", pred=1, pred_label="B", choice_logprobs=[-3.0, -0.1, -4.0])
+    wrong = Prediction("x", pred=2, pred_label="C", choice_logprobs=[-3.0, -4.0, -0.1])
     assert task.process_results(q, right) == {"acc": 1.0} and task.process_results(q, wrong) == {"acc": 0.0}
     assert task.process_results(MCQuestion("x", "Which?", ["a", "b"]), right) == {"acc": None}  # no gold
     assert task.unlabeled(q).answer is None and q.answer == 1  # the pipeline's copy; the task keeps the gold
-    assert task.record_prediction(q, wrong)["answer"] == 1 and scored(q, wrong).answer == 1
+    assert task.record_prediction(q, wrong)["gold"] == 1 and scored(q, wrong).gold == 1
+    assert task.record_prediction(q, wrong)["gold_label"] == "B" and scored(q, wrong).gold_label == "B"
     assert score(q, right) == {"acc": 1.0}
     mean, se = task.aggregation()["acc"]([1.0, 0.0, 0.0, 1.0])
     assert mean == 0.5 and se == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))
@@ -254,8 +257,11 @@ def test_ray_executor_does_not_call_evaluate_again(tmp_path, blind, monkeypatch)
 # ------------------------------------------------------------ checkpoints written before this change
 #: The checkpoint the code before issue 28's item 2 wrote for ``--tasks demo --pipelines blind_first
 #: --limit 3 --seeds 0`` (pipelines then got the gold and copied it into ``answer``); its key pins the
-#: checkpoint key's recipe.
-OLD_KEY = "3577ce3586836a16"
+#: checkpoint key's recipe. Issue 54 gave every pipeline config ``answer_render`` (the one answer turn of
+#: all pipelines), so every config's key changed (it was 3577ce3586836a16): a pipeline whose answer turn
+#: changed must not reuse its former answers. The records keep the former field names (``label``,
+#: ``answer``) and resume as they are.
+OLD_KEY = "67f457c8ea53731a"
 
 
 def _old_line(i: int, gold: int) -> str:
@@ -296,8 +302,14 @@ def test_a_checkpoint_written_before_resumes_and_records_are_unchanged(tmp_path,
     evaluate(EvalConfig(**cfg, limit=3, output_path=str(tmp_path / "fresh")), print_table=False)
     fresh = _records(tmp_path / "fresh" / ck.relative_to(tmp_path / "out"))
     old = _records(ck)
-    assert fresh == {k: old[k] for k in ("demo-01", "demo-02", "demo-03")}
-    assert [old[f"demo-0{i}"]["prediction"]["answer"] for i in range(1, 6)] == gold
+    # issue 54: the same records under today's names (label -> pred_label, answer -> gold, gold_label added)
+    assert all("label" not in r["prediction"] and "gold_label" in r["prediction"] for r in fresh.values())
+    upgraded = {k: upgrade_record(old[k]) for k in ("demo-01", "demo-02", "demo-03")}
+    for r in upgraded.values():
+        r["prediction"]["gold_label"] = "ABCD"[r["prediction"]["gold"]]
+    assert fresh == upgraded
+    assert [upgrade_record(old[f"demo-0{i}"])["prediction"]["gold"] for i in range(1, 6)] == gold
+    assert all("gold" in old[f"demo-0{i}"]["prediction"] for i in (4, 5))  # appended with today's names
 
 
 # ------------------------------------------------------------ no import circle under eval/ and data/

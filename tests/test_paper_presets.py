@@ -57,7 +57,9 @@ def _questions(path: Path, n: int = 2) -> Path:
 
 
 def _corpus(path: Path) -> str:
-    """A one-passage corpus file (the stand-in evaluations never read it; ``--paper`` checks it is there)."""
+    """A one-passage corpus file (the stand-in evaluations never read it; ``--paper`` checks it is there and
+    that the store build can read it: a ``.jsonl`` name, issue 54)."""
+    path = path.with_suffix(".jsonl")
     path.write_text('{"id": "p0", "text": "Plants need light."}\n')
     return str(path)
 

@@ -309,7 +309,7 @@ def test_all_agents_combine_by_mean_probability(retriever):
     pr = _build("activerag", "all", llm, retriever).run(QS[0])
     per = agent_results(pr)
     assert list(per) == list(ACTIVERAG_AGENTS)
-    assert [per[a]["label"] for a in ACTIVERAG_AGENTS] == ["B", "B", "A", "C"]
+    assert [per[a]["pred_label"] for a in ACTIVERAG_AGENTS] == ["B", "B", "A", "C"]
     rows = np.array([per[a]["choice_logprobs"] for a in ACTIVERAG_AGENTS], dtype=np.float64)
     want = np.log(np.exp(rows).mean(axis=0))
     np.testing.assert_allclose(pr.choice_logprobs, want, rtol=1e-6, atol=1e-9)

@@ -77,7 +77,7 @@ def tiny_retriever(tiny_encoder):
 def _check(preds, questions, *, generations: int) -> None:
     assert len(preds) == len(questions)
     for q, p in zip(questions, preds):
-        assert p.question_id == q.id and 0 <= p.pred < len(q.choices) and p.label == q.labels[p.pred]
+        assert p.question_id == q.id and 0 <= p.pred < len(q.choices) and p.pred_label == q.labels[p.pred]
         assert len(p.choice_logprobs) == len(q.choices)
         assert all(x <= 0.0 for x in p.choice_logprobs)
         assert p.cost.generations == generations and p.cost.scoring_passes == 1

@@ -41,8 +41,8 @@ RECONNECT_STAGES = ("query_expansion", "knowledge_extraction", "knowledge_aggreg
     ("knowledge_extraction", {"documents": "* d1"}, "Explanations:\n*"),
     ("knowledge_aggregation", {"explanations": "* e1"}, "Aggregated Explanation:\n*"),
     ("reconnect_answer", {"knowledge": "* k1"}, "Answer:"),
-    ("answer", {}, "Answer: "),
-    ("answer_with_knowledge", {"knowledge": "* k1"}, "Answer: "),
+    ("answer", {}, "Answer:"),  # issue 54: every answer prompt's pre-fill (its end: answer_render)
+    ("answer_with_knowledge", {"knowledge": "* k1"}, "Answer:"),
     ("example_generation", {}, "Explanations:\n* "),
 ])
 def test_every_stage_has_the_understand_exchange_and_a_prefill(stage, extra, prefill):
@@ -89,7 +89,7 @@ def test_user_file_overrides_part_of_a_stage(tmp_path):
     p = load_prompts(f)
     chat = p.chat("answer", Q)
     assert chat[0]["content"] == "Pick from A, B and C."
-    assert chat[-1]["content"] == "Answer: "  # not overridden
+    assert chat[-1]["content"] == "Answer:"  # not overridden
     assert "(A) light" in chat[2]["content"]
     g = tmp_path / "p.json"
     g.write_text(json.dumps({"list_item": "- {text}"}))

@@ -14,6 +14,7 @@ import pytest
 from rcn_fast import MCQuestion
 from rcn_fast.llm.seeded import sample_seed
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, Prediction, ReConnectConfig, build
+from tests.pipelines.compare import assert_same_prediction
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, _h, _question_line, stage_of
 
 
@@ -42,11 +43,7 @@ def _subsets(p: Prediction) -> list[list[str]]:
 def _same(a: Prediction, b: Prediction) -> None:
     """Equal predictions; passage scores (informational) may differ in the
     last float bit, since the search kernel blocks queries by batch."""
-    da, db = a.to_dict(), b.to_dict()
-    sa = [p.pop("score") for p in da["passages"]]
-    sb = [p.pop("score") for p in db["passages"]]
-    np.testing.assert_allclose(sa, sb, rtol=1e-6, atol=1e-6)
-    assert da == db
+    assert_same_prediction(a, b)
 
 
 def _extractions(p: Prediction) -> list[dict]:

@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 from rcn_fast.data import MCQuestion, OpenQuestion  # noqa: E402
 from rcn_fast.eval.metrics import score, scored  # noqa: E402 - correctness is the task's scoring
 from rcn_fast.pipelines import ABLATIONS, InMemoryRetriever, OpenPrediction, ReConnectConfig, build  # noqa: E402
+from tests.pipelines.compare import assert_same_prediction  # noqa: E402
 from tests.pipelines.doubles import FACTS, HashEncoder, ScriptedLLM, stage_of  # noqa: E402
 from tests.torch_state import pinned_torch_threads  # noqa: E402
 
@@ -192,7 +193,7 @@ def test_batching_errors_and_round_trip(retriever):
     together = pipe.run_batch(open_questions())
     for q, p in zip(open_questions(), together):  # a question's prediction does not depend on its batch
         alone = build("reconnect", llm=ScriptedLLM(), retriever=retriever).run(q)
-        assert alone.to_dict() == p.to_dict()
+        assert_same_prediction(alone, p)
     d = json.loads(json.dumps(together[0].to_dict()))
     assert OpenPrediction.from_dict(d).to_dict() == together[0].to_dict()
     with pytest.raises(TypeError, match="expected all MCQuestion or all OpenQuestion, got a mix"):

@@ -260,6 +260,12 @@ def test_closed_turn_rendering_checks_and_keys(retriever):
 def test_shared_answer_turn_is_a_named_option(retriever):
     llm = ScriptedLLM()
     build("reconnect", llm=llm, retriever=retriever, answer_turn="shared").run(Q3)
+    chat = [c for kind, c in llm.chats if kind == "score"][-1]
+    assert "explanations" in chat[0]["content"] and "labelled A, B and C" in chat[0]["content"]  # the shared prompt
+    # issue 54: its answer turn ends as every pipeline's (answer_render); "trailing_space" is its former "Answer: "
+    assert chat[-1]["content"] == "Answer:"
+    llm = ScriptedLLM()
+    build("reconnect", llm=llm, retriever=retriever, answer_turn="shared", answer_render="trailing_space").run(Q3)
     assert [c for kind, c in llm.chats if kind == "score"][-1][-1]["content"] == "Answer: "
     with pytest.raises(ValueError, match="answer_turn"):
         ReConnectConfig(answer_turn="open")

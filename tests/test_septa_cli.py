@@ -123,7 +123,7 @@ def test_cli_align_kill_resume_build_train_and_pipeline(tmp_path, tiny_bert, cap
     for pr, q in zip(preds, qs):
         assert len(pr.choice_logprobs) == 3
         assert math.isclose(sum(math.exp(x) for x in pr.choice_logprobs), 1.0, rel_tol=1e-6)
-        assert pr.pred == int(np.argmax(pr.choice_logprobs)) and pr.label == q.labels[pr.pred]
+        assert pr.pred == int(np.argmax(pr.choice_logprobs)) and pr.pred_label == q.labels[pr.pred]
         assert pr.cost.llm_calls == 0
         ret = [t for t in pr.trace if t["type"] == "retrieve"]
         assert len(ret) == 3 and all(len(t["subgraph_ids"]) == 3 for t in ret)

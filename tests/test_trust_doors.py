@@ -178,7 +178,7 @@ OUTPUT_WRITERS = ("rcn_fast/eval/run/checkpoint.py", "rcn_fast/eval/run/shards.p
                   "rcn_fast/eval/report/plot.py")
 FOLDER_READERS = ("rcn_fast/retrieval/store.py", "rcn_fast/search/flat_index.py", "rcn_fast/retrieval/bm25.py",
                   "rcn_fast/model_files.py", "rcn_fast/eval/tasks/catalog.py", "rcn_fast/eval/tasks/lm_eval.py",
-                  "rcn_fast/eval/run/loading.py", "rcn_fast/llm/cache.py")
+                  "rcn_fast/eval/run/loading.py", "rcn_fast/llm/cache.py", "rcn_fast/eval/show.py")
 
 
 def _through_door(node: ast.AST | None) -> bool:

@@ -72,7 +72,7 @@ DAMAGE = {
     4: _set("prediction.pred", 7),
     5: _set("prediction.choice_logprobs", [0.5, -1.0, -2.0, -3.0]),
     6: _set("elapsed_s", -1.0),
-    7: lambda rec: _set("prediction.answer", (rec["prediction"]["answer"] + 1) % 4)(rec),  # another gold than the
+    7: lambda rec: _set("prediction.gold", (rec["prediction"]["gold"] + 1) % 4)(rec),  # another gold than the
     # task's (its data changed under the same key)
 }
 
@@ -161,14 +161,14 @@ def test_a_fresh_record_is_held_to_the_same_check(tmp_path):
     qn = MCQuestion(id="q0", question="Which?", choices=["a", "b", "c"], answer=1)
     unit = Unit(task=TaskSpec(name="t"), pipeline="vanilla", seed=0, settings={}, config={},
                 checkpoint=Checkpoint(tmp_path / "ck.jsonl", {}), questions=[qn], scorer=ChoiceTask())
-    good = Prediction(question_id="q0", pred=1, label="B", choice_logprobs=[-2.0, -0.2, -3.0])
+    good = Prediction(question_id="q0", pred=1, pred_label="B", choice_logprobs=[-2.0, -0.2, -3.0])
     rec = make_record(good, qn, unit, 0.1)
     assert rec["metrics"] == {"acc": 1.0}
     ChoiceTask().check_record(qn, json.loads(json.dumps(rec)), 0)  # what is written reads back valid
-    for bad in (Prediction(question_id="q0", pred=1, label="B", choice_logprobs=[float("nan"), -0.2, -3.0]),
-                Prediction(question_id="q0", pred=1, label="B", choice_logprobs=[-math.inf] * 3),
-                Prediction(question_id="q0", pred=1, label="B", choice_logprobs=[-0.2, -3.0]),
-                Prediction(question_id="q0", pred=3, label="D", choice_logprobs=[-2.0, -0.2, -3.0])):
+    for bad in (Prediction(question_id="q0", pred=1, pred_label="B", choice_logprobs=[float("nan"), -0.2, -3.0]),
+                Prediction(question_id="q0", pred=1, pred_label="B", choice_logprobs=[-math.inf] * 3),
+                Prediction(question_id="q0", pred=1, pred_label="B", choice_logprobs=[-0.2, -3.0]),
+                Prediction(question_id="q0", pred=3, pred_label="D", choice_logprobs=[-2.0, -0.2, -3.0])):
         with pytest.raises(RecordError):
             make_record(bad, qn, unit, 0.1)
 
@@ -206,12 +206,13 @@ def test_an_edited_pred_whose_log_probs_disagree_is_answered_again_not_counted(t
     assert len(wrong) >= 2 and first["acc"] < 1.0
 
     def forge(rec, logprobs_too=False):
-        gold = rec["prediction"]["answer"]
-        rec["prediction"].update(pred=gold, label="ABCD"[gold])
+        gold = rec["prediction"]["gold"]
+        rec["prediction"].update(pred=gold, pred_label="ABCD"[gold])
         rec["metrics"]["acc"] = 1.0
         if logprobs_too:
             lp = rec["prediction"]["choice_logprobs"]
-            lp[gold], lp[int(np.argmax(lp))] = max(lp), lp[gold]
+            top = int(np.argmax(lp))  # before the swap (a target list assigns left to right)
+            lp[gold], lp[top] = lp[top], lp[gold]
 
     _edit(f, {wrong[0]: forge})
     with pytest.warns(DamagedRecordWarning, match=rf"line {wrong[0] + 1} .*prediction.pred \d .*is not the argmax"):

@@ -31,9 +31,10 @@ worker; ``pip install "rcn_fast[ray]"``) on the cluster at ``--ray-address``
 or ``RAY_ADDRESS`` (a local one when neither is set) and writes the same
 store as the local build; input and ``--out`` must be on a filesystem every
 node sees. Rerunning an interrupted ``build`` with the same arguments
-(either executor) resumes it;
-``--overwrite`` discards what an earlier build left in ``--out`` and starts
-over (after a build failed on bad input that was then fixed, for example).
+(either executor) resumes it; a local build stopped by a record it cannot
+read keeps nothing in ``--out`` (the fixed input is another input: the
+same command then starts over); ``--overwrite`` discards what an earlier
+build with other settings left in ``--out`` and starts over.
 ``--int8-copy`` also writes an int8 copy of the embeddings with the bounds
 of the exact int8 bounded scan (rcn_fast.search.int8_files: the store's
 FlatIndex then searches through it, with the same exact result).

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m rcn_fast.eval",
         description="Evaluate rcn_fast pipelines on commonsense benchmarks (accuracy, cost, speed). "
                     "With no arguments: the embedded offline demo.",
-        epilog="Tasks: python -m rcn_fast.eval --list-tasks. Pipelines: python -m rcn_fast.eval --list-pipelines.",
+        epilog="Tasks: python -m rcn_fast.eval --list-tasks. Pipelines: python -m rcn_fast.eval --list-pipelines. "
+               "One question's answers and traces of a finished run: python -m rcn_fast.eval show RUN_DIR --id Q.",
     )
     a = p.add_argument
     a("--pipelines", nargs="+", metavar="NAME", help="pipelines to run (default: vanilla single_retrieval reconnect)")
@@ -310,8 +311,14 @@ def _all_failed(doc: dict[str, Any]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; returns the exit status."""
-    ns = build_parser().parse_args(argv)
+    """Run the command; returns the exit status. ``show RUN_DIR --id Q``
+    prints one question's records of a finished run (:mod:`rcn_fast.eval.show`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["show"]:
+        from rcn_fast.eval.show import main as show_main
+
+        return show_main(args[1:])
+    ns = build_parser().parse_args(args)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         return _main(ns)

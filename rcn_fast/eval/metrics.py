@@ -13,8 +13,8 @@ A task object
   ``prediction.correct`` used to say is ``process_results(q, p)[task.main_metric]``;
 * writes the gold beside a prediction for the records
   (:meth:`Task.record_prediction`: the prediction's ``to_dict()`` with
-  ``answer`` -- or ``answers``, ``string_em``, ``exact_match`` and each
-  ActiveRAG agent's metrics -- filled in) and :meth:`Task.scored` (the
+  ``gold`` and ``gold_label`` -- or ``answers``, ``string_em``,
+  ``exact_match`` and each ActiveRAG agent's metrics -- filled in) and :meth:`Task.scored` (the
   same as a prediction object);
 * aggregates per-question values (:meth:`Task.aggregation`: mean and
   standard error) and gives the samples' fields and the chance level;
@@ -42,6 +42,7 @@ from rcn_fast.data.open_domain import OpenQuestion, exact_match, string_em
 from rcn_fast.data.questions import MCQuestion
 from rcn_fast.eval.tasks.loading import load_task_questions
 from rcn_fast.eval.tasks.spec import METRICS, TaskSpec
+from rcn_fast.pipelines.records import upgrade_prediction
 
 
 def mean_stderr(values: list[float]) -> tuple[float, float]:
@@ -69,6 +70,17 @@ class RecordError(ValueError):
 
 def _is_metric(v: Any) -> bool:
     return v is None or (is_number(v) and math.isfinite(v) and 0.0 <= v <= 1.0)
+
+
+def upgrade_record(record: Any) -> Any:
+    """A checkpoint record with its prediction's former field names mapped
+    (:func:`rcn_fast.pipelines.base.upgrade_prediction`); anything that is
+    not a record is returned as it is."""
+    if isinstance(record, dict) and isinstance(record.get("prediction"), dict):
+        pred = upgrade_prediction(record["prediction"])
+        if pred is not record["prediction"]:
+            return {**record, "prediction": pred}
+    return record
 
 
 def _as_dict(prediction: Any) -> dict[str, Any]:
@@ -127,9 +139,11 @@ class Task:
         question's gold; ``scores``: the pipeline scores its choices, so its
         log-probs may not be empty) and ``metrics`` -- one finite value in
         [0, 1] per metric -- equal to what the prediction scores against
-        that gold."""
+        that gold. A record with the former field names (``label``,
+        ``answer``) is read with today's (:func:`upgrade_record`)."""
         if not isinstance(record, dict):
             raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+        record = upgrade_record(record)
         if str(record.get("id")) != str(question.id):
             raise RecordError(f"id {record.get('id')!r} is not the question's ({question.id!r})")
         if record.get("status") != "ok":
@@ -190,9 +204,8 @@ class ChoiceTask(Task):
         return {"acc": float(int(pred) == int(question.answer))}
 
     def record_prediction(self, question: MCQuestion, prediction: Any) -> dict[str, Any]:
-        d = _as_dict(prediction)
-        if "answer" in d:
-            d["answer"] = question.answer
+        d = upgrade_prediction(_as_dict(prediction))
+        d["gold"], d["gold_label"] = question.answer, question.answer_label
         return d
 
     def check_prediction(self, question: MCQuestion, prediction: dict[str, Any], *, scores: bool = False) -> None:
@@ -206,13 +219,15 @@ class ChoiceTask(Task):
         RR vote's tie rules send it), and the question's gold beside it."""
         from rcn_fast.llm.scoring.labels import logprob_row_problem
 
+        prediction = upgrade_prediction(prediction)
         n = len(question.choices)
         p = prediction.get("pred")
         if not is_int(p) or not 0 <= p < n:
             raise RecordError(f"prediction.pred {p!r}: expected a choice index in [0, {n})")
         labels = list(question.labels)
-        if prediction.get("label") != labels[p]:
-            raise RecordError(f"prediction.label {prediction.get('label')!r} is not choice {p}'s label {labels[p]!r}")
+        if prediction.get("pred_label") != labels[p]:
+            raise RecordError(f"prediction.pred_label {prediction.get('pred_label')!r} is not choice {p}'s label "
+                              f"{labels[p]!r}")
         lp = prediction.get("choice_logprobs")
         if scores and isinstance(lp, list) and not lp:
             raise RecordError(f"prediction.choice_logprobs is empty, but the pipeline scores every choice: expected "
@@ -226,13 +241,17 @@ class ChoiceTask(Task):
             best = max(range(n), key=lambda i: float(lp[i]))
             raise RecordError(f"prediction.pred {p} ({labels[p]!r}, log-prob {float(lp[p]):.6g}) is not the argmax of "
                               f"its choice_logprobs (choice {best} {labels[best]!r}, {float(lp[best]):.6g})")
-        if "answer" in prediction and prediction["answer"] != question.answer:
-            raise RecordError(f"prediction.answer {prediction['answer']!r}: the task's gold is now "
+        if prediction.get("gold") != question.answer:
+            raise RecordError(f"prediction.gold {prediction.get('gold')!r}: the task's gold is now "
                               f"{question.answer!r} (its data changed)")
+        if "gold_label" in prediction and prediction["gold_label"] != question.answer_label:
+            raise RecordError(f"prediction.gold_label {prediction['gold_label']!r}: the task's gold label is "
+                              f"{question.answer_label!r}")
 
     def sample_fields(self, question: MCQuestion, prediction: dict[str, Any]) -> dict[str, Any]:
-        return {"target": question.answer_label, "prediction": prediction.get("label"),
-                "pred_index": prediction.get("pred"),
+        prediction = upgrade_prediction(prediction)
+        return {"target": question.answer_label, "prediction": prediction.get("pred_label"),
+                "pred_index": prediction.get("pred"), "gold": question.answer,
                 "logprobs": dict(zip(question.labels or [], prediction.get("choice_logprobs", [])))}
 
     def chance(self, questions: list[Any]) -> float | None:
@@ -327,5 +346,5 @@ def scored(question: Any, prediction: Any) -> Any:
     return task_for_question(question).scored(question, prediction)
 
 
-__all__ = ["Task", "ChoiceTask", "OpenTask", "RecordError", "ARGMAX_TOLERANCE", "TASK_TYPES", "make_task",
+__all__ = ["Task", "ChoiceTask", "upgrade_record", "OpenTask", "RecordError", "ARGMAX_TOLERANCE", "TASK_TYPES", "make_task",
            "task_for_question", "score", "scored", "mean_stderr"]

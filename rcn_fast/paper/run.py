@@ -207,7 +207,7 @@ def run_preset(name: str, cfg: Any, *, corpora: Mapping[str, str] | None = None,
     seeds = list(seeds) if seeds else list(DEFAULT_SEEDS)
     entries = task_entries(preset, tasks or (), cfg.include_path)
     for key, corpus in [("corpus", cfg.corpus), *((f"paper-corpus {k}", v) for k, v in corpora.items())]:
-        if corpus is not None and (why := corpus_problem(str(corpus))) is not None:
+        if corpus is not None and (why := corpus_problem(str(corpus), cfg.corpus_text_field)) is not None:
             raise EvalError(f"--{key}: {why}")  # before any row runs, as a plain eval
     task_info, task_reasons = check_tasks(preset.tasks(), cfg, entries)
     tasks_ok = [t for t in preset.tasks() if t not in task_reasons]

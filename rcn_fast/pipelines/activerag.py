@@ -19,8 +19,9 @@ Stages, each run for the whole batch at once (one LLM call per stage):
    reply, then the nexus instruction as the next user turn
    (:func:`continue_chat`); ``"fresh"`` starts a new chat.
 5. Multiple choice: ``answer`` -- one scoring pass per agent over its nexus
-   output (``rag_answer_reasoning``, label log-probabilities at
-   ``"Answer: "``), so ActiveRAG is scored like every other pipeline.
+   output (``rag_answer_reasoning``, label log-probabilities at the
+   ``Answer:`` pre-fill, ended by ``answer_render``), so ActiveRAG is
+   scored like every other pipeline.
    Open domain: StringEM over the whole nexus output (the paper's metric;
    ``answer_extraction="final"`` reads the ``Answer:`` line instead).
 

@@ -1,4 +1,6 @@
-"""The pipeline protocol, the prediction record and the stage runner.
+"""The pipeline protocol, the stage runner and the staged pipeline base
+(the prediction record, :class:`Prediction`, lives in
+:mod:`rcn_fast.pipelines.records` and is re-exported here).
 
 A pipeline is a sequence of stages (declared in its class's ``spec``,
 :mod:`rcn_fast.pipelines.spec`). Each stage runs for the whole batch of
@@ -12,104 +14,18 @@ from __future__ import annotations
 import copy
 import hashlib
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from rcn_fast._validate import check_choice
 from rcn_fast.data import MCQuestion
+from rcn_fast.pipelines.config import ANSWER_RENDERS
+from rcn_fast.pipelines.records import RENAMED_FIELDS, Prediction, QuestionCost, upgrade_prediction
 from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.prompts import PromptSet, load_prompts
 from rcn_fast.retrieval.types import Passage
-
-
-@dataclass
-class QuestionCost:
-    """LLM usage of one question.
-
-    ``llm_calls``, ``prompt_tokens`` and ``generated_tokens`` come from the
-    LLM's cost tracker (tagged with the question id); ``generations`` and
-    ``scoring_passes`` are the rows the pipeline sent (so
-    ``llm_calls == generations + scoring_passes`` for backends that count
-    one call per row).
-    """
-
-    llm_calls: int = 0
-    generations: int = 0
-    scoring_passes: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    cached_calls: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.generated_tokens
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-@dataclass
-class Prediction:
-    """The answer of a pipeline to one question.
-
-    Attributes
-    ----------
-    question_id : str
-    pred : int
-        Index of the predicted choice (argmax of ``choice_logprobs``, first
-        on ties).
-    label : str
-        Label of the predicted choice.
-    choice_logprobs : list of float
-        Log-softmax over the choice labels at the answer position.
-    knowledge : list of str
-        The items given to the answering step (empty for vanilla).
-    passages : list of Passage
-        Every passage retrieved for the question (pooled, deduplicated).
-    trace : list of dict
-        One entry per stage and row: ``stage``, ``type`` (``generate``,
-        ``score``, ``retrieve``, ``sample``) and its inputs/outputs.
-    cost : QuestionCost
-    answer : int or None
-        The gold answer index of the question given (None in an evaluation:
-        pipelines get questions without gold; the task writes it into the
-        records, :meth:`rcn_fast.eval.metrics.Task.record_prediction`).
-        Whether the prediction is correct is the task's scoring:
-        ``rcn_fast.eval.metrics.score(question, prediction)["acc"]``.
-    """
-
-    question_id: str
-    pred: int
-    label: str
-    choice_logprobs: list[float]
-    knowledge: list[str] = field(default_factory=list)
-    passages: list[Passage] = field(default_factory=list)
-    trace: list[dict[str, Any]] = field(default_factory=list)
-    cost: QuestionCost = field(default_factory=QuestionCost)
-    answer: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "question_id": self.question_id,
-            "pred": self.pred,
-            "label": self.label,
-            "choice_logprobs": list(self.choice_logprobs),
-            "knowledge": list(self.knowledge),
-            "passages": [p.to_dict() for p in self.passages],
-            "trace": copy.deepcopy(self.trace),
-            "cost": self.cost.to_dict(),
-            "answer": self.answer,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Prediction":
-        return cls(
-            question_id=d["question_id"], pred=int(d["pred"]), label=d["label"],
-            choice_logprobs=[float(x) for x in d["choice_logprobs"]], knowledge=list(d.get("knowledge", [])),
-            passages=[Passage.from_dict(p) for p in d.get("passages", [])], trace=list(d.get("trace", [])),
-            cost=QuestionCost(**d.get("cost", {})), answer=d.get("answer"),
-        )
 
 
 @runtime_checkable
@@ -168,6 +84,38 @@ def run_in_batches(questions: list[Any], batch_size: int | None, run_chunk: Call
     for s in range(0, len(questions), bs):
         out.extend(run_chunk(questions[s : s + bs]))
     return out
+
+
+def answer_turn(chat: list[dict[str, str]], render: str = "prefill") -> list[dict[str, str]]:
+    """The chat of a label-scoring pass with its answer turn ended by
+    ``render`` (``answer_render``, see
+    :class:`~rcn_fast.pipelines.config.PipelineConfig`): the final
+    assistant turn (the answer prompt's pre-fill) without trailing white
+    space (``Answer:``), then as it is (``"prefill"``), with one space
+    (``"trailing_space"``: ``Answer: ``), or with one space rendered as a
+    complete message and cut at the template's end-of-turn token
+    (``"closed_turn"``, :data:`rcn_fast.llm.chat.CUT_END_OF_TURN`: the
+    ReConnect authors' rule).
+
+    Raises
+    ------
+    ValueError
+        The chat does not end in an assistant turn (a scoring prompt needs
+        a pre-filled answer turn), or an unknown ``render``.
+    """
+    from rcn_fast.llm.chat import CUT_END_OF_TURN
+
+    check_choice(render, "answer_render", ANSWER_RENDERS)
+    if not chat or chat[-1].get("role") != "assistant":
+        raise ValueError("answer_render: the answer prompt needs a pre-filled assistant turn (its last turn)")
+    text = chat[-1]["content"].rstrip()
+    if render == "prefill":
+        last = {"role": "assistant", "content": text}
+    elif render == "trailing_space":
+        last = {"role": "assistant", "content": text + " "}
+    else:
+        last = {"role": "assistant", "content": text + " ", "cut": CUT_END_OF_TURN}
+    return [*chat[:-1], last]
 
 
 @dataclass
@@ -231,11 +179,16 @@ class StageRunner:
     pipeline : optional
         The pipeline the runner works for (``runner.pipeline`` in a
         :class:`~rcn_fast.pipelines.spec.Stage`'s ``run``).
+    answer_render : {"prefill", "closed_turn", "trailing_space"}
+        How the answer turn of every scoring pass ends (:func:`answer_turn`;
+        the pipeline config's ``answer_render``).
     """
 
     def __init__(self, llm: Any, prompts: PromptSet, *, max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, observers: Sequence[StageObserver] = (),
-                 pipeline: Any = None) -> None:
+                 pipeline: Any = None, answer_render: str = "prefill") -> None:
+        check_choice(answer_render, "answer_render", ANSWER_RENDERS)
+        self.answer_render = answer_render
         self.llm = llm
         #: the pipeline whose stages this runner runs (what a Stage's run() reads: config, prompts, sources)
         self.pipeline = pipeline
@@ -382,11 +335,13 @@ class StageRunner:
                    chats: Sequence[Sequence[list[dict[str, str]]]]) -> list[list[list[float]]]:
         """Scoring passes for every chat of every question (one LLM call for
         the batch) -> per question, per chat, log-probabilities over the
-        question's labels."""
+        question's labels. Each chat's answer turn ends by the runner's
+        ``answer_render`` (:func:`answer_turn`): the one rule of every
+        pipeline's answer."""
         flat, labels, tags, owner = [], [], [], []
         for i, (st, cs) in enumerate(zip(states, chats)):
             for c in cs:
-                flat.append(c)
+                flat.append(answer_turn(c, self.answer_render))
                 labels.append(list(st.question.labels))
                 tags.append(st.id)
                 owner.append(i)
@@ -523,7 +478,8 @@ class StagedPipeline:
         """A stage runner with the run's decoding, reporting to :attr:`observers`."""
         c = self.config
         return StageRunner(self.llm, self.prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                           top_p=c.top_p, seed=c.seed, observers=self.observers, pipeline=self)
+                           top_p=c.top_p, seed=c.seed, observers=self.observers, pipeline=self,
+                           answer_render=getattr(c, "answer_render", "prefill"))
 
     def run_stages(self, questions: list[Any],
                    final_stage: Callable[[list[QuestionState], StageRunner], Sequence[Any]]
@@ -556,9 +512,9 @@ class StagedPipeline:
         q = st.question
         pred = int(np.argmax(np.asarray(lp, dtype=np.float64))) if lp else 0
         return Prediction(
-            question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
+            question_id=q.id, pred=pred, pred_label=q.labels[pred], choice_logprobs=lp,
             knowledge=list(st.knowledge), passages=list(st.passages), trace=st.trace, cost=cost,
-            answer=q.answer,
+            gold=q.answer, gold_label=q.answer_label,
         )
 
     def knowledge_stages(self, states: list[QuestionState], runner: StageRunner) -> None:
@@ -574,6 +530,6 @@ class StagedPipeline:
         return runner.score("answer", states, chats)
 
 
-__all__ = ["Prediction", "QuestionCost", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
-           "Answer",
+__all__ = ["Prediction", "QuestionCost", "upgrade_prediction", "RENAMED_FIELDS", "Pipeline", "StagedPipeline", "StageRunner", "StageObserver", "QuestionState",
+           "Answer", "answer_turn",
            "question_key", "run_in_batches", "mc_questions"]

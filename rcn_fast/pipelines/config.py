@@ -21,8 +21,13 @@ from typing import Any, ClassVar
 
 import yaml
 
+from rcn_fast._validate import check_choice
 from rcn_fast._validate import check_int as _int
 from rcn_fast._validate import is_number, unknown_keys
+
+
+#: Endings of the answer turn of a label-scoring pass (``PipelineConfig.answer_render``).
+ANSWER_RENDERS = ("prefill", "closed_turn", "trailing_space")
 
 
 @dataclass
@@ -43,6 +48,24 @@ class PipelineConfig:
     batch_size : int or None
         Questions per batch inside ``run_batch`` (each stage runs for the
         whole batch at once); None = the whole list in one batch.
+    answer_render : {"prefill", "closed_turn", "trailing_space"}
+        How the answer turn of every label-scoring pass ends, the same for
+        every multiple-choice pipeline (the ReConnect authors' code ends
+        its four pipelines' answers alike: the assistant reply
+        ``"Answer: "`` rendered by one ``apply_chat_template`` call and cut
+        by one rule). The turn is the answer prompt's pre-fill without
+        trailing white space (``Answer:``), then: ``"prefill"`` (default)
+        continued as it is -- the ids the reference code scores with
+        Llama-3's template (it trims the reply and cuts the end-of-turn
+        token); ``"closed_turn"`` -- the reference's rule on any chat
+        template: ``Answer: `` rendered as a complete assistant message and
+        cut where the template's end-of-turn token begins
+        (:func:`rcn_fast.llm.chat.render_closed_turn`; with ChatML
+        templates such as SmolLM2's the space stays); ``"trailing_space"``
+        -- the pre-fill ``Answer: `` continued (rcn_fast's former answer
+        turn of vanilla, single retrieval, ZEBRA, RR's fallback and the
+        ActiveRAG family, for comparisons with earlier runs). See
+        docs/FIDELITY.md ("One answer turn").
     """
 
     name: ClassVar[str] = ""
@@ -53,6 +76,7 @@ class PipelineConfig:
     top_p: float = 1.0
     seed: int = 0
     batch_size: int | None = None
+    answer_render: str = "prefill"
 
     def __post_init__(self) -> None:
         if self.prompts is not None and not isinstance(self.prompts, (str, dict, os.PathLike)):
@@ -66,6 +90,7 @@ class PipelineConfig:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         _int(self.seed, "seed", 0)
         _int(self.batch_size, "batch_size", 1, allow_none=True)
+        check_choice(self.answer_render, "answer_render", ANSWER_RENDERS)
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
 

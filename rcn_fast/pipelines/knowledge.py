@@ -67,4 +67,21 @@ def retrieve_batch(adapter: Any, queries: Sequence[str], k: int) -> tuple[list[l
     return adapter.retrieve_embeddings(emb, k), emb
 
 
-__all__ = ["as_embedding_retriever", "has_embeddings", "retrieve_batch"]
+def passage_refs(passages: Sequence[Passage], scores: Sequence[float | None] | None = None, *,
+                 text: bool = False) -> list[dict[str, Any]]:
+    """The ``passages`` field of a ``retrieve`` trace entry:
+    ``[{"id", "score"[, "text"]}]`` per passage, the score the passage's
+    own (the retriever's) unless ``scores`` gives another (None: unknown);
+    ``text`` only when the prediction's ``passages`` will not hold the
+    passage (docs/evaluation.md, "Trace entries")."""
+    out = []
+    for i, p in enumerate(passages):
+        s = p.score if scores is None else scores[i]
+        ref: dict[str, Any] = {"id": p.id, "score": None if s is None else float(s)}
+        if text:
+            ref["text"] = p.text
+        out.append(ref)
+    return out
+
+
+__all__ = ["as_embedding_retriever", "has_embeddings", "retrieve_batch", "passage_refs"]

@@ -12,8 +12,8 @@ batched: one LLM call for all rows of all questions) and ends with a
 Then, by the kind of questions given to ``run_batch``:
 
 * multiple choice (:class:`~rcn_fast.data.MCQuestion`): one scoring pass
-  (``label_logprobs`` at an ``"Answer: "`` pre-fill) per final item, so every
-  pipeline is scored the same way; several items (ActiveRAG ``agent="all"``)
+  (``label_logprobs`` at the ``Answer:`` pre-fill, its end the shared
+  ``answer_render``) per final item, so every pipeline is scored the same way; several items (ActiveRAG ``agent="all"``)
   are combined by :func:`combine_choice_logprobs`. Result: :class:`Prediction`.
 * open domain (:class:`~rcn_fast.data.OpenQuestion`): the answer is
   generated. ``"passages"`` items get one answer generation
@@ -46,7 +46,7 @@ from rcn_fast.data import MCQuestion
 from rcn_fast.data.open_domain import OpenQuestion, normalize_answer
 from rcn_fast.pipelines.base import QuestionCost, QuestionState, StagedPipeline, StageRunner, run_in_batches
 from rcn_fast.pipelines.config import PipelineConfig
-from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+from rcn_fast.pipelines.knowledge import as_embedding_retriever, passage_refs, retrieve_batch
 from rcn_fast.pipelines.simple import QUERY_MODES, question_query
 from rcn_fast.pipelines.spec import PipelineSpec
 from rcn_fast.retrieval.types import Passage
@@ -454,7 +454,8 @@ class RAGPipeline(OpenAnswering):
         for st, q, res in zip(states, queries, results):
             st.passages = list(res)
             st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
-                             "results": [[p.id for p in res]]})
+                             "results": [[p.id for p in res]], "scores": [[float(p.score) for p in res]],
+                             "passages": passage_refs(res)})
 
     @staticmethod
     def _name_rows(states: list[QuestionState], rows: Sequence[Sequence[tuple[str | None, Any]]]) -> None:
@@ -516,7 +517,7 @@ class RAGPipeline(OpenAnswering):
             labels = list(st.question.labels)
             st.trace.append({
                 "stage": "combination", "type": "combine", "method": "mean_probability",
-                "agents": [{"agent": name, "pred": int(np.argmax(s)), "label": labels[int(np.argmax(s))],
+                "agents": [{"agent": name, "pred": int(np.argmax(s)), "pred_label": labels[int(np.argmax(s))],
                             "choice_logprobs": s} for (name, _), s in zip(r, sc)],
                 "choice_logprobs": comb,
             })
@@ -565,7 +566,7 @@ def agent_results(prediction: Any) -> dict[str, Any]:
 
     Returns
     -------
-    dict : agent -> ``{"pred", "label", "choice_logprobs"}`` (multiple
+    dict : agent -> ``{"pred", "pred_label", "choice_logprobs"}`` (multiple
     choice, read from the trace's ``combination`` entry) or
     ``{"answer_text"}`` (open domain; with ``"string_em"`` and
     ``"exact_match"`` once scored by the task,

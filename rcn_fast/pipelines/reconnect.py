@@ -16,8 +16,9 @@ Stages, each run for the whole batch at once:
 5. ``knowledge_aggregation`` (generation, 1 per question).
 6. ``answer`` (one scoring pass per question) with the final explanation,
    prompt ``reconnect_answer`` (pre-fill ``Answer:``; ``answer_turn``;
-   ``answer_render="closed_turn"``, set by ``preset="reference"``: the
-   reference code's end of the answer turn on any chat template).
+   the turn's end is ``answer_render``, shared by every pipeline;
+   ``"closed_turn"``, set by ``preset="reference"``, is the reference
+   code's end of the answer turn on any chat template).
 
 With the defaults (N = 3) a question costs 5 generations and 1 scoring
 pass (6 LLM calls, the paper's Table 9). The ablations of the paper's
@@ -199,24 +200,22 @@ class ReConnectConfig(PipelineConfig):
         (:func:`~rcn_fast.prompts.parse_bullets`, list markers stripped).
     answer_turn : {"reference", "shared"}
         The answering prompt. ``"reference"`` (default): ReConnect's own
-        ``reconnect_answer`` prompt (paper Table 18) whose pre-filled turn
-        is ``Answer:`` continued with no trailing space, the ids the
-        reference code scores with Llama-3's template (it renders the turn
-        as a complete message, the template trims it, and the end-of-turn
-        token is cut). ``"shared"``: the ``answer_with_knowledge`` prompt
-        the other pipelines score with (pre-fill ``Answer: ``), rcn_fast's
-        former ReConnect answer, for comparisons on one footing.
-    answer_render : {"prefill", "closed_turn"}
-        How the answer turn ends the prompt. ``"prefill"`` (default): the
-        prompt's pre-fill continued exactly as written (``Answer:``).
-        ``"closed_turn"`` (set by ``preset="reference"``): the reference
-        code's own rule on any chat template -- the turn ``Answer: `` (the
-        pre-fill and one space, as the reference writes it) rendered as a
-        complete assistant message, cut where the template's end-of-turn
-        token begins (:func:`rcn_fast.llm.chat.render_closed_turn`). The
-        same ids as the default with Llama 3's template (it trims the
-        space); ``Answer: `` with ChatML templates (SmolLM2), whose turns
-        keep it.
+        ``reconnect_answer`` prompt (paper Table 18). ``"shared"``: the
+        ``answer_with_knowledge`` prompt the other pipelines score with
+        (rcn_fast's former ReConnect answer). Either way the pre-filled
+        turn ``Answer:`` ends by ``answer_render``, as every pipeline's.
+    answer_render : {"prefill", "closed_turn", "trailing_space"}
+        How the answer turn ends the prompt: a setting every pipeline
+        shares (:class:`~rcn_fast.pipelines.config.PipelineConfig`), so one
+        ``--pipeline-args answer_render=...`` sets the answer turn of every
+        pipeline of a comparison. ``"prefill"`` (default): ``Answer:``
+        continued as written. ``"closed_turn"`` (set by
+        ``preset="reference"``): the reference code's own rule on any chat
+        template -- the turn ``Answer: `` rendered as a complete assistant
+        message, cut where the template's end-of-turn token begins
+        (:func:`rcn_fast.llm.chat.render_closed_turn`). The same ids as the
+        default with Llama 3's template (it trims the space); ``Answer: ``
+        with ChatML templates (SmolLM2), whose turns keep it.
     preset : {"reference"} or None
         A named set of settings (:data:`PRESETS`): ``"reference"`` = the
         authors' released code where it differs from the paper
@@ -256,7 +255,6 @@ class ReConnectConfig(PipelineConfig):
     knowledge_aggregation: bool = True
     query_parsing: str = "reference"
     answer_turn: str = "reference"
-    answer_render: str = "prefill"
     preset: str | None = None
     answer_extraction: str = "full"
 
@@ -302,7 +300,6 @@ class ReConnectConfig(PipelineConfig):
         check_choice(self.answer_extraction, "answer_extraction", ANSWER_EXTRACTIONS)
         check_choice(self.query_parsing, "query_parsing", QUERY_PARSINGS)
         check_choice(self.answer_turn, "answer_turn", ("reference", "shared"))
-        check_choice(self.answer_render, "answer_render", ("prefill", "closed_turn"))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReConnectConfig":
@@ -444,14 +441,13 @@ class ReConnect(OpenAnswering):
     # ------------------------------------------------------------ the answer
     def answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[list[float]]:
         """Score the labels after ReConnect's answering prompt (one pass per
-        question): ``reconnect_answer`` (pre-fill ``Answer:``, the reference
-        code's rendering) or, with ``answer_turn="shared"``, the
-        ``answer_with_knowledge`` prompt of the other pipelines."""
+        question): ``reconnect_answer`` or, with ``answer_turn="shared"``,
+        the ``answer_with_knowledge`` prompt of the other pipelines; its
+        answer turn ends as every pipeline's (``answer_render``, applied by
+        the runner)."""
         stage = "reconnect_answer" if self.config.answer_turn == "reference" else "answer_with_knowledge"
         chats = [self.prompts.chat(stage, st.question, knowledge=self.prompts.format_list(st.knowledge))
                  for st in states]
-        if self.config.answer_render == "closed_turn":
-            chats = [closed_answer_turn(c) for c in chats]
         return runner.score("answer", states, chats)
 
     def open_answer_stage(self, states: list[QuestionState], runner: StageRunner) -> list[tuple[str, str, dict]]:
@@ -506,20 +502,6 @@ class ReConnect(OpenAnswering):
     @staticmethod
     def num_choices(question: Any) -> int:
         return len(question.choices) if isinstance(question, MCQuestion) else 0
-
-
-def closed_answer_turn(chat: list[dict[str, str]]) -> list[dict[str, str]]:
-    """``answer_render="closed_turn"``: the chat's pre-filled answer turn as
-    the reference code writes it (the pre-fill and one space: ``Answer: ``),
-    to be rendered as a complete assistant message and cut at the
-    template's end-of-turn token (:data:`rcn_fast.llm.chat.CUT_END_OF_TURN`)."""
-    from rcn_fast.llm.chat import CUT_END_OF_TURN
-
-    last = chat[-1]
-    if last["role"] != "assistant":
-        raise ValueError("answer_render='closed_turn': the answer prompt needs a pre-filled assistant turn")
-    text = last["content"] if last["content"][-1:].isspace() else last["content"] + " "
-    return [*chat[:-1], {"role": "assistant", "content": text, "cut": CUT_END_OF_TURN}]
 
 
 __all__ = ["ReConnect", "ReConnectConfig", "ABLATIONS", "ablation_settings", "SAMPLING_STRATEGIES"]

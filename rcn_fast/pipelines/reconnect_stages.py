@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rcn_fast.pipelines.base import Answer, QuestionState, StageRunner, question_key
-from rcn_fast.pipelines.knowledge import has_embeddings, retrieve_batch
+from rcn_fast.pipelines.knowledge import has_embeddings, passage_refs, retrieve_batch
 from rcn_fast.pipelines.spec import Stage, remove_stages, replace_stage
 from rcn_fast.prompts import parse_bullets
 from rcn_fast.retrieval.types import Passage
@@ -128,7 +128,9 @@ class ExplanationRetrieval(Stage):
             st.query_embedding = emb_rows[e - 1] if have_all else None
             st.trace.append({
                 "stage": "retrieval", "type": "retrieve", "queries": flat[s:e], "top_n": k,
-                "results": [[p.id for p in res] for res in res_q], "pool": [p.id for p in st.passages],
+                "results": [[p.id for p in res] for res in res_q],
+                "scores": [[float(p.score) for p in res] for res in res_q], "pool": [p.id for p in st.passages],
+                "passages": passage_refs(st.passages),
             })
 
 
@@ -146,14 +148,15 @@ class QuestionRetrieval(ExplanationRetrieval):
 class RelevanceSampling(Stage):
     """One sampler call for the batch: N subsets of K pooled passages per
     question, by the configured strategy (``sampling``: relevance, random,
-    topk, mmr, cluster)."""
+    topk, mmr, cluster). Each question's trace entry records what the
+    sampler computed (:func:`sample_entry`)."""
 
     name = "sampling"
     reads = ("passages", "query_embedding")
     writes = ("subsets", "trace")
 
     def run(self, states: list[ReConnectState], runner: StageRunner) -> None:  # type: ignore[override]
-        from rcn_fast.sampling import sample
+        from rcn_fast.sampling import sample, sample_subsets
 
         pipe = runner.pipeline
         c, source = pipe.config, pipe.source
@@ -162,9 +165,13 @@ class RelevanceSampling(Stage):
         qemb = np.stack(embs) if states and all(e is not None for e in embs) else None  # type: ignore[arg-type]
         counts = np.array([len(st.passages) for st in states], dtype=np.int64)
         nmax = int(counts.max()) if B else 0
+        keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
+        logp = None
+        with_emb = False
         if nmax == 0:
-            subsets: list[list[list[Passage]]] = [[[] for _ in range(c.num_subsets)] for _ in states]
+            ids = np.full((B, c.num_subsets, 0), -1, dtype=np.int64)
             width = pipe.embedding_width() or 1
+            q, cand = np.zeros((B, 1), np.float32), np.zeros((B, 0, 1), np.float32)
         else:
             if qemb is not None and has_embeddings(source):
                 flat = [p for st in states for p in st.passages]
@@ -178,21 +185,66 @@ class RelevanceSampling(Stage):
                 q = np.asarray(qemb, dtype=np.float32)
                 if c.sampler_input == "normalized":
                     q, cand = _normalize(q), _normalize(cand)
+                with_emb = True
             else:  # "random" needs no embeddings
                 q, cand = np.zeros((B, 1), np.float32), np.zeros((B, nmax, 1), np.float32)
                 width = pipe.embedding_width() or 1
-            keys = np.array([question_key(st.id) for st in states], dtype=np.int64)
-            ids = np.asarray(sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
-                                    valid=counts, tau=c.sampler_tau(width), first=c.first, mmr_lambda=c.mmr_lambda))
-            subsets = [[[st.passages[j] for j in row if j >= 0] for row in ids[b]] for b, st in enumerate(states)]
-        for st, subs in zip(states, subsets):
-            st.subsets = subs
-            entry = {"stage": "sampling", "type": "sample", "strategy": c.sampling, "subset_size": c.subset_k,
-                     "subsets": [[p.id for p in s] for s in subs]}
-            if c.sampling == "relevance":
-                scale = c.resolved_score_scale(width)
-                entry.update(tau=c.tau, score_scale=scale, sampler_tau=c.tau / scale)
-            st.trace.append(entry)
+            if c.sampling == "relevance":  # the sampler itself, with the log-probability of every draw
+                ids, logp = sample_subsets(q, cand, c.num_subsets, c.subset_k, tau=c.sampler_tau(width),
+                                           seed=c.seed, keys=keys, valid=counts, first=c.first,
+                                           return_logprobs=True)
+                ids, logp = np.asarray(ids), np.asarray(logp)
+            else:
+                ids = np.asarray(sample(c.sampling, q, cand, c.num_subsets, c.subset_k, seed=c.seed, keys=keys,
+                                        valid=counts, tau=c.sampler_tau(width), first=c.first,
+                                        mmr_lambda=c.mmr_lambda))
+        for b, st in enumerate(states):
+            n = int(counts[b])
+            st.subsets = [[st.passages[j] for j in row if j >= 0] for row in ids[b]]
+            rel = cand[b, :n] @ q[b] if with_emb else None  # dot(e_q, e_j), float32 as the sampler computes it
+            st.trace.append(sample_entry(c, st, ids[b], None if logp is None else logp[b], rel, width,
+                                         int(keys[b])))
+
+
+def sample_entry(config: Any, st: ReConnectState, ids: np.ndarray, logp: np.ndarray | None,
+                 relevance: np.ndarray | None, width: int, key: int) -> dict[str, Any]:
+    """The ``sample`` trace entry of one question (docs/evaluation.md,
+    "Trace entries"): its pool, each pool passage's relevance
+    ``dot(e_q, e_j)`` on the sampler's vectors and ``softmax(relevance /
+    temperature)`` (the sampler's softmax before any document is chosen),
+    the subsets in draw order and the probability of every draw (the
+    sampler's own log-probabilities; uniform draws ``1 / m``).
+
+    Parameters
+    ----------
+    ids : int [N, K], -1 padded (indices into ``st.passages``)
+    logp : float [N, K] or None, the sampler's log-probability of each draw
+    relevance : float32 [n] or None (no embeddings)
+    """
+    c = config
+    n = len(st.passages)
+    entry: dict[str, Any] = {
+        "stage": "sampling", "type": "sample", "strategy": c.sampling, "subset_size": c.subset_k,
+        "pool": [p.id for p in st.passages],
+        "relevance": None if relevance is None else [float(x) for x in relevance],
+        "probability": None, "temperature": None,
+        "subsets": [[st.passages[j].id for j in row if j >= 0] for row in ids],
+        "draw_probability": None, "seed": c.seed, "key": key,
+    }
+    if c.sampling == "relevance":
+        scale = c.resolved_score_scale(width)
+        temp = c.tau / scale
+        entry.update(tau=c.tau, score_scale=scale, sampler_tau=temp, temperature=temp, first=c.first)
+        if relevance is not None and n:
+            z = np.asarray(relevance, np.float64) / temp
+            w = np.exp(z - z.max())
+            entry["probability"] = [float(x) for x in w / w.sum()]
+        if logp is not None:
+            entry["draw_probability"] = [[float(np.exp(lp)) for j, lp in zip(row, lrow) if j >= 0]
+                                         for row, lrow in zip(ids, logp)]
+    elif c.sampling == "random":  # uniform draws without replacement: the t-th among n - t
+        entry["draw_probability"] = [[1.0 / (n - t) for t, j in enumerate(row) if j >= 0] for row in ids]
+    return entry
 
 
 # ------------------------------------------------------------------ 4. extraction
@@ -357,4 +409,5 @@ def reconnect_stages(stages: Sequence[Stage], config: Any) -> tuple[Stage, ...]:
 __all__ = ["ReConnectState", "QueryExpansion", "ExplanationRetrieval", "QuestionRetrieval", "RelevanceSampling",
            "KnowledgeExtraction", "KnowledgeAggregation", "PassageAggregation", "ExtractionsAsKnowledge",
            "PassagesAsKnowledge", "AnswerScoring", "RECONNECT_STAGES", "reconnect_stages", "pool_passages",
+           "sample_entry",
            "extraction_items", "subsets_repeat", "repeat_decoding"]

@@ -9,7 +9,7 @@ from rcn_fast._validate import check_choice
 from rcn_fast._validate import check_int as _int
 from rcn_fast.pipelines.base import Answer, QuestionState, StagedPipeline, StageRunner
 from rcn_fast.pipelines.config import PipelineConfig
-from rcn_fast.pipelines.knowledge import as_embedding_retriever, retrieve_batch
+from rcn_fast.pipelines.knowledge import as_embedding_retriever, passage_refs, retrieve_batch
 from rcn_fast.pipelines.spec import PipelineSpec, Stage
 
 #: Retrieval queries of a multiple-choice question: its text, or text + options.
@@ -60,7 +60,7 @@ class Vanilla(StagedPipeline):
     Examples
     --------
     >>> p = rcn_fast.pipelines.build("vanilla", llm=llm)          # doctest: +SKIP
-    >>> p.run(question).label                                     # doctest: +SKIP
+    >>> p.run(question).pred_label                                # doctest: +SKIP
     'B'
     """
 
@@ -89,7 +89,8 @@ class QuestionPassages(Stage):
             st.passages = list(res)
             st.knowledge = [p.text for p in res]
             st.trace.append({"stage": "retrieval", "type": "retrieve", "queries": [q],
-                             "results": [[p.id for p in res]]})
+                             "results": [[p.id for p in res]], "scores": [[float(p.score) for p in res]],
+                             "passages": passage_refs(res)})
 
 
 class SingleRetrieval(StagedPipeline):

@@ -81,7 +81,9 @@ class ExampleRetrieval(Stage):
         for st, exs in zip(states, found):
             st.examples = list(exs)
             st.trace.append({"stage": "example_retrieval", "type": "retrieve",
-                             "examples": [ex.id for ex, _ in exs], "scores": [s for _, s in exs]})
+                             "examples": [ex.id for ex, _ in exs], "scores": [float(s) for _, s in exs],
+                             "passages": [{"id": ex.id, "score": float(s), "text": ex.question,
+                                           "explanations": list(ex.explanations)} for ex, s in exs]})
 
 
 class ExampleGeneration(Stage):

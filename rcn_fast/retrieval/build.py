@@ -8,7 +8,9 @@ file in the rcn_fast cache); each chunk is then read on its own
 Each finished chunk is written atomically to
 ``DIR/parts/`` (a ``.npz`` with its embeddings, texts and ids, renamed into
 place only when complete), and ``DIR/build.json`` records the settings.
-Running the same command again skips every chunk already in ``parts/``;
+Running the same command again skips every chunk already in ``parts/``
+(a build stopped by a record it cannot read keeps nothing instead: the
+fixed input is another input);
 settings that differ from ``build.json`` (another input file, encoder,
 dtype, chunk size, ...) are an error, not a silently mixed store. When all
 chunks exist they are joined into the store files and ``manifest.json`` is
@@ -45,7 +47,7 @@ from typing import Any
 from rcn_fast._files import read_text
 from rcn_fast._stamped_json import MAX_STAMP_BYTES
 from rcn_fast.retrieval.build_pipeline import ChunkRecords, embed_chunks, prepare_workers
-from rcn_fast.retrieval.conventions import DEDUP, EmptyInputError, detect_text_field, first_in_chunk
+from rcn_fast.retrieval.conventions import DEDUP, EmptyInputError, InputError, detect_text_field, first_in_chunk
 from rcn_fast.retrieval.corpus_input import FORMATS, ChunkSpan, infer_format, read_chunk, scan_input
 from rcn_fast.retrieval.store import (
     CHUNK_GLOB, DATA_FILES, FLAT_INDEX_HEADER, MANIFEST, CorpusStore, chunk_name, read_manifest, write_chunk,
@@ -338,8 +340,16 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
     ValueError
         ``config.out`` holds a build or store made with other settings
         (the differing settings are listed).
+    InputError
+        A record of the input cannot be read (file and line named). The
+        build's files are then removed from ``config.out`` (and the folder,
+        when this call created it and it is left empty): a fixed input is
+        another input, so nothing of this build could be resumed, and
+        nothing is left to block the rerun. Other failures (an encoder
+        error, a kill) keep the finished chunks: the same command resumes.
     """
     cfg = config
+    fresh = not Path(cfg.out).exists()
     prep = prepare_build(cfg, encoder.describe())
     if prep.store is not None:
         return prep.store
@@ -364,18 +374,25 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
             time.sleep(throttle)
 
     try:
-        computed = embed_chunks(prep.todo, read, encoder, write, batch_size=cfg.batch_size,
-                                workers=prepare_workers(encoder))
-    finally:
-        if bar is not None:
-            bar.close()
-    log_encoded(computed, t0, prep.done_records)
-    return finish_build(prep, cfg)
+        try:
+            computed = embed_chunks(prep.todo, read, encoder, write, batch_size=cfg.batch_size,
+                                    workers=prepare_workers(encoder))
+        finally:
+            if bar is not None:
+                bar.close()
+        log_encoded(computed, t0, prep.done_records)
+        return finish_build(prep, cfg)
+    except InputError as exc:  # the input must change, and every chunk with it: keep nothing that blocks the rerun
+        _clear_build(prep.out, quiet=True)
+        if fresh and prep.out.is_dir() and not any(prep.out.iterdir()):
+            prep.out.rmdir()
+        raise InputError(f"{exc}; the build kept nothing in {prep.out}: fix the input and run the same command "
+                         "again") from None
 
 
-def _clear_build(out: Path) -> bool:
+def _clear_build(out: Path, *, quiet: bool = False) -> bool:
     """Delete what a build or store left in ``out`` (and nothing else);
-    returns whether ``out`` held a build or store."""
+    returns whether ``out`` held a build or store (logged unless ``quiet``)."""
     found = any((out / name).is_file() for name in (MANIFEST, "build.json", "shard.json"))
     for name in (MANIFEST, FLAT_INDEX_HEADER, "build.json", "shard.json", *DATA_FILES):
         (out / name).unlink(missing_ok=True)
@@ -384,7 +401,7 @@ def _clear_build(out: Path) -> bool:
     for sub in ("parts", "faiss"):
         if (out / sub).is_dir():
             shutil.rmtree(out / sub)
-    if found:
+    if found and not quiet:
         logger.warning("overwrite: cleared the earlier build in %s", out)
     return found
 

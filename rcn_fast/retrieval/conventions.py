@@ -30,6 +30,15 @@ TEXT_FIELDS = ("text", "contents")
 DEDUP = "exact-text"  # the build spec's value when duplicates are dropped
 
 
+class InputError(ValueError):
+    """A corpus input file whose content cannot be read as passages (a
+    line that is not UTF-8 or JSON, a record without its id or text, a
+    missing column, a repeated id, a file that changed during the build):
+    the message names the file and the line (row) or records. A build that
+    meets one keeps nothing (the input must change, and with it every
+    chunk's key)."""
+
+
 class EmptyInputError(ValueError):
     """A corpus file that holds no record (``path``: the file)."""
 
@@ -158,4 +167,4 @@ def select_rows(z: Any, mask: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-__all__ = ["TEXT_FIELDS", "DEDUP", "EmptyInputError", "detect_text_field", "first_in_chunk", "text_digests", "keep_mask", "select_rows"]
+__all__ = ["TEXT_FIELDS", "DEDUP", "EmptyInputError", "InputError", "detect_text_field", "first_in_chunk", "text_digests", "keep_mask", "select_rows"]

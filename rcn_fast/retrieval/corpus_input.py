@@ -21,6 +21,7 @@ from rcn_fast._arrays import require
 from rcn_fast._cache_dirs import cache_dir, read_trusted, trusted_cache
 from rcn_fast._hashing import sha256_file
 from rcn_fast._jsonl import parse_json_lines
+from rcn_fast.retrieval.conventions import InputError
 from rcn_fast.retrieval.store import write_json_atomic
 
 logger = logging.getLogger("rcn_fast.retrieval")
@@ -52,7 +53,8 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
     """
     if fmt == "jsonl":
         with open(path, "rb") as f:
-            for lineno, rec in parse_json_lines(enumerate(_decoded_lines(f, path), 1), _not_json(path)):
+            lines = enumerate(_decoded_lines(f, path), 1)
+            for lineno, rec in parse_json_lines(lines, _not_json(path), error=InputError):
                 yield _fields(rec, id_field, text_field, f"{path} line {lineno}")
     elif fmt == "tsv":
         csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -60,7 +62,7 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
             reader = csv.DictReader(_decoded_lines(f, path), delimiter="\t")
             missing = [k for k in (id_field, text_field) if k not in (reader.fieldnames or [])]
             if missing:
-                raise ValueError(f"input: {path} header {reader.fieldnames} lacks the column(s) {missing} "
+                raise InputError(f"input: {path} header {reader.fieldnames} lacks the column(s) {missing} "
                                  "(set id_field / text_field)")
             for rowno, rec in enumerate(reader, 2):
                 yield _fields(rec, id_field, text_field, f"{path} line {rowno}")
@@ -70,7 +72,7 @@ def iter_records(path: str, fmt: str, id_field: str = "id", text_field: str = "t
         names = pf.schema_arrow.names
         missing = [k for k in (id_field, text_field) if k not in names]
         if missing:
-            raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
+            raise InputError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
         row = 0
         for batch in pf.iter_batches(columns=[id_field, text_field], batch_size=8192):
             d = batch.to_pydict()
@@ -95,18 +97,35 @@ def _decode_line(raw: bytes, lineno: int, path: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
+        raise InputError(f"input: {path} line {lineno} is not valid UTF-8 (byte {raw[exc.start]:#04x} at "
                          f"column {exc.start + 1}); convert the file to UTF-8") from None
 
 
 def _fields(rec: Any, id_field: str, text_field: str, where: str) -> tuple[str, str]:
     if not isinstance(rec, dict):
-        raise ValueError(f"input: {where} is a {type(rec).__name__}, expected an object")
+        raise InputError(f"input: {where} is a {type(rec).__name__}, expected an object")
     if id_field not in rec or rec[id_field] is None:
-        raise ValueError(f"input: {where} has no {id_field!r} field (set id_field)")
+        raise InputError(f"input: {where} has no {id_field!r} field (set id_field)")
     if text_field not in rec or not isinstance(rec[text_field], str):
-        raise ValueError(f"input: {where} has no string {text_field!r} field (set text_field)")
+        raise InputError(f"input: {where} has no string {text_field!r} field (set text_field)")
     return str(rec[id_field]), rec[text_field]
+
+
+def check_input(path: str, fmt: str | None = None, id_field: str = "id", text_field: str | None = None) -> int:
+    """Read every record of a corpus input file as the build reads it and
+    return how many there are; :class:`InputError` naming the file and the
+    line (row) of the first one that cannot be read, ``EmptyInputError``
+    for a file without records. ``text_field`` None: ``text``, else
+    FlashRAG's ``contents`` (:func:`rcn_fast.retrieval.conventions.detect_text_field`)."""
+    from rcn_fast.retrieval.conventions import EmptyInputError, detect_text_field
+
+    fmt = fmt or infer_format(path)
+    if text_field is None:
+        text_field = detect_text_field(path, fmt)
+    n = sum(1 for _ in iter_records(path, fmt, id_field, text_field))
+    if n == 0:
+        raise EmptyInputError(path)
+    return n
 
 
 # -------------------------------------------------------------- chunk index
@@ -201,7 +220,7 @@ def scan_input(path: str, fmt: str, chunk_size: int, *, memo: bool = True) -> tu
         raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
     st2 = os.stat(path)
     if (st2.st_size, st2.st_mtime_ns, st2.st_ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns):
-        raise ValueError(f"input: {path} changed while it was being read; rerun once it is complete")
+        raise InputError(f"input: {path} changed while it was being read; rerun once it is complete")
     if memo and st.st_size >= _MEMO_MIN_BYTES and t0 - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > _RACY_S:
         try:
             memo_file.parent.mkdir(parents=True, exist_ok=True)
@@ -294,7 +313,7 @@ def read_chunk(path: str, fmt: str, span: ChunkSpan, id_field: str = "id",
     else:
         raise ValueError(f"format: expected one of {list(FORMATS)}, got {fmt!r}")
     if len(recs) != span.count:
-        raise ValueError(f"input: {path} chunk {span.chunk} holds {len(recs)} records where its scan found "
+        raise InputError(f"input: {path} chunk {span.chunk} holds {len(recs)} records where its scan found "
                          f"{span.count}; the file changed since the build began (pass --overwrite to start over)")
     return [r[0] for r in recs], [r[1] for r in recs]
 
@@ -313,7 +332,7 @@ def _read_jsonl_span(path: str, span: ChunkSpan, id_field: str, text_field: str)
     out = []
     with open(path, "rb") as f:
         lines = ((lineno, _decode_line(raw, lineno, path)) for lineno, raw in _span_lines(f, span))
-        for lineno, rec in parse_json_lines(lines, _not_json(path)):
+        for lineno, rec in parse_json_lines(lines, _not_json(path), error=InputError):
             out.append(_fields(rec, id_field, text_field, f"{path} line {lineno}"))
     return out
 
@@ -324,7 +343,7 @@ def _read_tsv_span(path: str, span: ChunkSpan, id_field: str, text_field: str) -
         header = next(csv.reader(_decoded_lines(f, path), delimiter="\t"), None) or []
         missing = [k for k in (id_field, text_field) if k not in header]
         if missing:
-            raise ValueError(f"input: {path} header {header} lacks the column(s) {missing} "
+            raise InputError(f"input: {path} header {header} lacks the column(s) {missing} "
                              "(set id_field / text_field)")
         # line numbers inside the span only matter for decoding errors
         lines = (_decode_line(raw, lineno, path) for lineno, raw in _span_lines(f, span))
@@ -339,7 +358,7 @@ def _read_parquet_span(path: str, span: ChunkSpan, id_field: str, text_field: st
     names = pf.schema_arrow.names
     missing = [k for k in (id_field, text_field) if k not in names]
     if missing:
-        raise ValueError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
+        raise InputError(f"input: {path} columns {names} lack {missing} (set id_field / text_field)")
     groups, row, first = [], 0, None
     for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
@@ -355,4 +374,5 @@ def _read_parquet_span(path: str, span: ChunkSpan, id_field: str, text_field: st
             for k, (i, t) in enumerate(zip(d[id_field], d[text_field]))]
 
 
-__all__ = ["FORMATS", "ChunkSpan", "infer_format", "iter_records", "read_chunk", "scan_input"]
+__all__ = ["FORMATS", "ChunkSpan", "InputError", "infer_format", "iter_records", "read_chunk", "scan_input",
+           "check_input"]

@@ -52,7 +52,7 @@ from rcn_fast._file_data import create_npy, map_fd, read_fd, read_npy
 from rcn_fast._files import Folder, Root, open_read, write_atomic
 from rcn_fast._hashing import sha256_fd, sha256_file
 from rcn_fast._stamped_json import read_stamped_json
-from rcn_fast.retrieval.conventions import keep_mask, select_rows, text_digests
+from rcn_fast.retrieval.conventions import InputError, keep_mask, select_rows, text_digests
 from rcn_fast.retrieval.id_table import build_id_table, id_hash
 from rcn_fast.retrieval.id_table import check_id_table as _check_id_table
 
@@ -575,7 +575,7 @@ def _check_unique_ids(hashes: np.ndarray, ids_bytes: Any, offsets: np.ndarray) -
     for j in same:
         a, b = int(order[j]), int(order[j + 1])
         if id_at(a) == id_at(b):
-            raise ValueError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
+            raise InputError(f"input: duplicate id {id_at(a)!r} (records {a} and {b}); ids must be unique")
 
 
 __all__ = ["CorpusStore", "build_id_table", "id_hash", "FORMAT", "read_manifest", "sha256_file", "write_json_atomic",

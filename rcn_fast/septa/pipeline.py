@@ -202,8 +202,8 @@ class Septa:
             trace.append({"stage": "predict", "type": "score", "labels": list(q.labels),
                           "scores": [float(x) for x in sc], "logprobs": [float(x) for x in lp]})
             pred = int(np.argmax(lp))
-            preds.append(Prediction(question_id=q.id, pred=pred, label=q.labels[pred],
+            preds.append(Prediction(question_id=q.id, pred=pred, pred_label=q.labels[pred],
                                     choice_logprobs=[float(x) for x in lp], knowledge=knowledge,
                                     passages=sorted(passages.values(), key=lambda p: -p.score), trace=trace,
-                                    cost=QuestionCost(), answer=q.answer))
+                                    cost=QuestionCost(), gold=q.answer, gold_label=q.answer_label))
         return preds

@@ -28,6 +28,11 @@ line that is not JSON stays in the file; it is named while its question
 again it is not warned about on every later load (a line whose id cannot
 be read is always named).
 
+Records written before issue 54 name the predicted label ``label`` and the
+gold index ``answer``: they are read with today's names (``pred_label``,
+``gold``; :func:`rcn_fast.eval.metrics.upgrade_record`), so they resume as
+they are.
+
 Shards (``--num-shards S --shard-id I``) append to their own files beside
 the unsharded one (:mod:`rcn_fast.eval.run.shards`); every checkpoint also
 reads the records of its siblings (the unsharded file and every shard file
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from rcn_fast._files import make_dirs, open_write, read_bytes, read_text, refuse_links, write_atomic
+from rcn_fast.eval.metrics import upgrade_record
 
 try:
     import fcntl
@@ -89,6 +95,34 @@ def _damaged_id(line: str) -> str | None:
     except (ValueError, RecursionError):
         return None
     return str(qid)
+
+
+def parse_lines(data: bytes) -> Iterator[tuple[int, Any, str]]:
+    """``(line number, record or None when the line is not JSON, line)``
+    for each non-empty line of a checkpoint file's bytes; records with the
+    former prediction field names mapped (:func:`rcn_fast.eval.metrics.upgrade_record`)."""
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.decode("utf-8", errors="replace")
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            yield n, None, line
+            continue
+        yield n, upgrade_record(rec), line
+
+
+def read_records(root: Path, path: Path) -> dict[str, dict[str, Any]]:
+    """The records of a checkpoint file under ``root``, read only (nothing
+    repaired, no lock taken): the last valid JSON record of each question
+    id, whole lines only. For readers of a finished run (``show``)."""
+    data = read_bytes(root, path, what="checkpoint", links=False)
+    out: dict[str, dict[str, Any]] = {}
+    for _, rec, _ in parse_lines(data[: data.rfind(b"\n") + 1]):
+        if isinstance(rec, dict) and "id" in rec:
+            out[str(rec["id"])] = rec
+    return out
 
 
 class Checkpoint:
@@ -207,13 +241,8 @@ class Checkpoint:
         return data
 
     def _parse(self, data: bytes, path: Path) -> None:
-        for n, raw in enumerate(data.split(b"\n"), 1):
-            line = raw.decode("utf-8", errors="replace")
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):  # a damaged line: its question is answered again
+        for n, rec, line in parse_lines(data):
+            if rec is None:  # a damaged line: its question is answered again
                 self._unreadable.setdefault(path, []).append((n, _damaged_id(line)))
                 continue
             if isinstance(rec, dict) and "id" in rec:
@@ -257,4 +286,4 @@ class Checkpoint:
             self.records[str(r["id"])] = r
 
 
-__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key"]
+__all__ = ["Checkpoint", "DamagedRecordWarning", "run_key", "parse_lines", "read_records"]

@@ -256,6 +256,25 @@ class LocalExecutor:
                 run_unit(u, self.components, cfg, on_batch=self.on_batch)
             if not cfg.sharded:
                 log(task_summary_line(spec, [u for u in units if u.task.name == spec.name]))
+                for line in truncation_lines(spec, [u for u in units if u.task.name == spec.name]):
+                    log(line)
+
+
+def truncation_lines(spec: Any, units: list[Unit]) -> list[str]:
+    """Per pipeline of a task that generates, how many of its generations
+    stopped at the token limit, stage by stage (:func:`rcn_fast.eval.trace.truncation_line`):
+    printed before the table, so a reader knows how much knowledge was cut."""
+    from rcn_fast.eval.trace import truncation_counts, truncation_line
+
+    out = []
+    for p in dict.fromkeys(u.pipeline for u in units):
+        pu = [u for u in units if u.pipeline == p]
+        ids = {q.id for q in pu[0].questions}
+        preds = [r["prediction"] for u in pu for i, r in u.checkpoint.records.items() if i in ids]
+        line = truncation_line(spec.name, pu[0].display, truncation_counts(preds), pu[0].config.get("max_new_tokens"))
+        if line is not None:
+            out.append(line)
+    return out
 
 
 def shard_summary(cfg: EvalConfig, units: list[Unit]) -> dict[str, Any]:
@@ -300,5 +319,5 @@ def choose_threads(requested: int | None) -> tuple[int | None, str]:
     return idle, f"other work keeps the CPU busy (load average {load:.1f} on {cpus} cores)"
 
 
-__all__ = ["LocalExecutor", "run_unit", "run_slice", "make_record", "shard_summary", "output_folder", "given_llm",
+__all__ = ["truncation_lines", "LocalExecutor", "run_unit", "run_slice", "make_record", "shard_summary", "output_folder", "given_llm",
            "choose_threads", "THROTTLE_ENV"]

@@ -236,7 +236,7 @@ class Components:
         if corpus in self._retrievers:
             return self._retrievers[corpus]
         p = Path(corpus).expanduser()
-        why = corpus_problem(corpus)
+        why = corpus_problem(corpus, self.cfg.corpus_text_field)
         if why is not None:
             raise EvalError(f"corpus: {why}")
         from rcn_fast.retrieval import Retriever
@@ -298,11 +298,17 @@ class Components:
         return self._kb_retriever
 
 
-def corpus_problem(corpus: str) -> str | None:
+#: Corpus files already read whole in this process: (path, size, mtime, text field) -> their problem or None.
+_CHECKED: dict[tuple[str, int, int, str | None], str | None] = {}
+
+
+def corpus_problem(corpus: str, text_field: str | None = None) -> str | None:
     """Why ``corpus`` cannot be a retrieval corpus, or None: it must be a
-    store folder (a ``manifest.json`` inside) or a file holding a non-blank
-    line (read only up to the first one). The one check of a plain eval,
-    ``--paper`` (before any row) and the loader."""
+    store folder (a ``manifest.json`` inside) or a file of passages whose
+    every record the store build can read (read whole, as the build reads
+    it: the first bad line is named with its file and number, before any
+    question is asked; once per file and process). The one check of a
+    plain eval, ``--paper`` (before any row) and the loader."""
     p = Path(corpus).expanduser()
     if not p.exists():
         return (f"{p} does not exist (give a corpus store folder built with `python -m rcn_fast.corpus build`, "
@@ -315,7 +321,18 @@ def corpus_problem(corpus: str) -> str | None:
     with open(p, "rb") as f:
         if not any(line.strip() for line in f):
             return f"{p} is empty (a corpus file holds one passage per line, e.g. {{\"id\": ..., \"text\": ...}})"
-    return None
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, text_field)
+    if key not in _CHECKED:
+        from rcn_fast.retrieval.corpus_input import check_input
+
+        try:
+            check_input(str(p), text_field=text_field)
+            _CHECKED[key] = None
+        except (ValueError, OSError) as exc:
+            msg = str(exc)
+            _CHECKED[key] = msg[len("input: "):] if msg.startswith("input: ") else msg
+    return _CHECKED[key]
 
 
 def is_store(corpus: str | None) -> bool:

@@ -153,7 +153,8 @@ def _check_resources(cfg: EvalConfig, spec: TaskSpec, p: str, cls: Any, corpus: 
     elif kind == "corpus" and corpus is None:
         raise EvalError(f"pipeline {p!r} needs a knowledge corpus for task {spec.name!r}: pass --corpus "
                         f"(a store folder from `python -m rcn_fast.corpus build`, or a .jsonl of passages)")
-    if corpus is not None and may_use_retriever(cls) and (why := corpus_problem(corpus)) is not None:
+    if corpus is not None and may_use_retriever(cls) and (
+            why := corpus_problem(corpus, cfg.corpus_text_field)) is not None:
         raise EvalError(f"corpus: {why}")
 
 

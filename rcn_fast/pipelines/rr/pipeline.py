@@ -13,6 +13,7 @@ import numpy as np
 from rcn_fast.data import MCQuestion
 from rcn_fast.data.yes_no import is_yes_no
 from rcn_fast.pipelines.base import Answer, Prediction, QuestionCost, QuestionState, StagedPipeline, StageRunner
+from rcn_fast.pipelines.knowledge import passage_refs
 from rcn_fast.pipelines.rr.answers import ReasoningPath, make_path
 from rcn_fast.pipelines.spec import PipelineSpec, Stage
 from rcn_fast.pipelines.rr.config import RRConfig, SelfConsistencyConfig
@@ -81,7 +82,7 @@ class SelfConsistency(StagedPipeline):
     Examples
     --------
     >>> p = rcn_fast.pipelines.build("self_consistency", llm=llm, num_paths=10)   # doctest: +SKIP
-    >>> pred = p.run(question); pred.label, pred.trace[-1]["votes"]                  # doctest: +SKIP
+    >>> pred = p.run(question); pred.pred_label, pred.trace[-1]["votes"]                  # doctest: +SKIP
     ('B', [2, 7, 1, 0, 0])
     """
 
@@ -177,8 +178,9 @@ class SelfConsistency(StagedPipeline):
             if p.answer.index == pred and p.explanation and p.explanation not in knowledge:
                 knowledge.append(p.explanation)
         return Prediction(
-            question_id=q.id, pred=pred, label=q.labels[pred], choice_logprobs=lp,
-            knowledge=knowledge, passages=list(st.passages), trace=st.trace, cost=cost, answer=q.answer,
+            question_id=q.id, pred=pred, pred_label=q.labels[pred], choice_logprobs=lp,
+            knowledge=knowledge, passages=list(st.passages), trace=st.trace, cost=cost, gold=q.answer,
+            gold_label=q.answer_label,
         )
 
     def _trace_paths(self, st: QuestionState) -> None:
@@ -348,7 +350,7 @@ class RR(SelfConsistency):
                 p.faithfulness = total
             st.trace.append({"stage": "evidence", "type": "retrieve",
                              "sentences": sum(sum(p.checked) for p in st.paths),
-                             "passages": [x.id for x in st.passages]})
+                             "passages": passage_refs(st.passages)})
 
     def decide(self, st: QuestionState) -> Vote:
         paths: list[ReasoningPath] = st.paths
