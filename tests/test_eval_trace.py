@@ -148,7 +148,7 @@ def test_upgrade_prediction_maps_the_former_names_once():
 def test_end_of_run_prints_truncation_before_the_table_and_every_file_after(run):
     fs, doc, printed = run
     table = printed.index("| Tasks | Pipeline |")
-    line = [x for x in printed.splitlines() if "reconnect: " in x and "stopped at the token limit" in x]
+    line = [x for x in printed.splitlines() if x.startswith("[mini] reconnect: ") and "stopped at the token limit" in x]
     assert len(line) == 1 and printed.index(line[0]) < table
     assert "(max_new_tokens=4): query_expansion " in line[0] and "knowledge_extraction " in line[0]
     cut, total = (int(x) for x in line[0].split(": ", 1)[1].split(" generations")[0].split(" of "))

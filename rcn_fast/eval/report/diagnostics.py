@@ -26,6 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcn_fast.eval.trace import truncation_counts
+from rcn_fast.pipelines.records import upgrade_prediction
+
 #: A label's share of a pipeline's predictions above which it is named (tasks with 4+ choices).
 WARN_SHARE = 0.5
 #: The same for tasks with 2 or 3 choices.
@@ -107,28 +110,30 @@ def collect(state: Any) -> dict[str, TaskRecords]:
 
 # ------------------------------------------------------------------ reading records
 def prediction_of(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's prediction with today's field names (former files' ``label``/``answer`` mapped by
+    :func:`rcn_fast.pipelines.records.upgrade_prediction`, the one place that maps them)."""
     p = record.get("prediction")
-    return p if isinstance(p, dict) else {}
+    return upgrade_prediction(p) if isinstance(p, dict) else {}
 
 
 def predicted_label(record: dict[str, Any], question: Any) -> str | None:
     """The predicted choice's label (``pred`` through the question's
-    labels; else the record's ``pred_label``, or ``label`` in older files)."""
+    labels; else the record's ``pred_label``)."""
     p = prediction_of(record)
     i = p.get("pred")
     labels = list(getattr(question, "labels", None) or [])
     if isinstance(i, int) and 0 <= i < len(labels):
         return labels[i]
-    lab = p.get("pred_label", p.get("label"))
+    lab = p.get("pred_label")
     return lab if isinstance(lab, str) else None
 
 
 def gold_index(question: Any, record: dict[str, Any] | None = None) -> int | None:
-    """The gold choice index: the question's, else the record's ``gold`` (``answer`` in older files)."""
+    """The gold choice index: the question's, else the record's ``gold``."""
     g = getattr(question, "answer", None)
     if g is None and record is not None:
         p = prediction_of(record)
-        g = p.get("gold", p.get("answer"))
+        g = p.get("gold")
     return g if isinstance(g, int) and not isinstance(g, bool) else None
 
 
@@ -136,16 +141,6 @@ def gold_label(question: Any) -> str | None:
     g = gold_index(question)
     labels = list(getattr(question, "labels", None) or [])
     return labels[g] if g is not None and g < len(labels) else None
-
-
-def generations(entry: dict[str, Any]) -> list[Any]:
-    """The finish reasons of one trace entry (a ``generate`` entry's one,
-    a sampled entry's ``finish_reasons``; none for other types)."""
-    if entry.get("type") != "generate":
-        return []
-    if isinstance(entry.get("finish_reasons"), list):
-        return list(entry["finish_reasons"])
-    return [entry.get("finish_reason")]
 
 
 def subsets_repeat(entry: dict[str, Any]) -> bool | None:
@@ -211,7 +206,7 @@ def task_diagnostics(tr: TaskRecords) -> dict[str, Any]:
     by_id = {q.id: q for q in qs}
     for p, by_seed in tr.records.items():
         hist: Counter[str] = Counter()
-        stages: dict[str, dict[str, int]] = {}
+        preds: list[dict[str, Any]] = []
         repeated = sampled = 0
         for recs in by_seed.values():
             for qid, rec in recs.items():
@@ -220,18 +215,13 @@ def task_diagnostics(tr: TaskRecords) -> dict[str, Any]:
                     continue
                 if tr.choice and (lab := predicted_label(rec, q)) is not None:
                     hist[lab] += 1
-                for e in prediction_of(rec).get("trace") or []:
-                    if not isinstance(e, dict):
-                        continue
-                    reasons = generations(e)
-                    if reasons:
-                        s = stages.setdefault(str(e.get("stage")), {"generations": 0, "truncated": 0})
-                        s["generations"] += len(reasons)
-                        s["truncated"] += sum(1 for r in reasons if r == "length")
-                    rep = subsets_repeat(e)
+                preds.append(prediction_of(rec))
+                for e in preds[-1].get("trace") or []:
+                    rep = subsets_repeat(e) if isinstance(e, dict) else None
                     if rep is not None:
                         sampled += 1
                         repeated += int(rep)
+        stages = {s: {"generations": t, "truncated": c} for s, (c, t) in truncation_counts(preds).items()}
         d: dict[str, Any] = {"n_predictions": sum(hist.values()), "truncation": stages}
         if tr.choice:
             d["histogram"] = {lab: hist.get(lab, 0) for lab in labels}
