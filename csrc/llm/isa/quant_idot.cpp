@@ -1,0 +1,432 @@
+// Matrix products of quantised weights with 8-bit activations (llama.cpp's
+// arithmetic; llm/quant_blocks.h is the specification, llm/isa/quant_isa.h
+// the interface), compiled once per SIMD variant (RCN_ISA = generic | avx2 |
+// avx512 | avx512vnni).
+//
+// Each row of x is first quantised (quantize_x: XBlock32 for Q4_0, Q4_1,
+// Q8_0; XBlock256 for Q4_K, Q5_K, Q6_K; bit for bit the reference's in every
+// variant). Then per (x row, weight row) pair and per block, the products
+// are summed exactly in int32 (maddubs + madd, as llama.cpp's AVX2 kernels;
+// one vpdpbusd instead where AVX-512 VNNI has it: the same integers, none of
+// the sums saturates), and the block's int32 lanes are converted and
+// multiply-added into an 8-lane float accumulator with the block's scale;
+// the lanes are summed in a fixed tree at the end. The AVX-512 variants run
+// the same 256-bit code (the weights' read, not the width, bounds a
+// decoding step), so avx2, avx512 and avx512vnni give the same bits. The
+// generic variant is the reference (dot_row_ref).
+//
+// The sequence of operations of a pair depends on nothing but its two rows:
+// not on the tile it is computed in, M, the batch around it or the thread
+// split, so a row's result is the same in every batch.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "llm/quant_blocks.h"
+#include "llm/isa/quant_isa.h"
+
+namespace rcn_fast {
+namespace RCN_ISA {
+namespace {
+
+constexpr int64_t kAheadBytes = 1024;  // weight bytes prefetched ahead in each row
+
+#if defined(__AVX2__)
+
+inline float hsum8(__m256 v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+
+inline int hsum_i32_8(__m256i a) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float f16s(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
+
+// acc + the sums of four u8 x s8 products per int32 lane (bytes 4k..4k+3 -> lane k)
+inline __m256i dp_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// 32 nibbles of qs[16] as bytes 0..15: low nibbles first, then the high ones
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+
+alignas(32) const uint8_t kShufK4[256] = {
+#define RCN_S2(i) i, i + 1, i, i + 1, i, i + 1, i, i + 1, i, i + 1, i, i + 1, i, i + 1, i, i + 1
+    RCN_S2(0),  RCN_S2(0),  RCN_S2(2),  RCN_S2(2),  RCN_S2(4),  RCN_S2(4),  RCN_S2(6),  RCN_S2(6),
+    RCN_S2(8),  RCN_S2(8),  RCN_S2(10), RCN_S2(10), RCN_S2(12), RCN_S2(12), RCN_S2(14), RCN_S2(14)};
+#undef RCN_S2
+// int16 scale i of a register holding 8 int16 scales (twice), in every lane
+inline __m256i scale_k4(__m256i scales, int i) {
+  return _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kShufK4) + i));
+}
+
+alignas(16) const uint8_t kShuf6[128] = {
+#define RCN_S8(i) i, i, i, i, i, i, i, i
+    RCN_S8(0),  RCN_S8(1),  RCN_S8(2),  RCN_S8(3),  RCN_S8(4),  RCN_S8(5),  RCN_S8(6),  RCN_S8(7),
+    RCN_S8(8),  RCN_S8(9),  RCN_S8(10), RCN_S8(11), RCN_S8(12), RCN_S8(13), RCN_S8(14), RCN_S8(15)};
+#undef RCN_S8
+// int8 scales 2i and 2i + 1 (8 lanes each) as 16 int16
+inline __m256i scale_6(__m128i scales, int i) {
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, _mm_load_si128(reinterpret_cast<const __m128i*>(kShuf6) + i)));
+}
+
+// Q4_K/Q5_K: the 8 scales (int16 lanes 0-7, twice) and the 8 mins (as 8 int16) of a super-block
+inline void kscales(const uint8_t* sb, __m256i& scales, __m128i& mins) {
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, sb + kq::kScales, 12);
+  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+  const uint32_t aux = u[1] & kmask1;
+  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+  u[2] = aux;
+  u[0] &= kmask1;
+  const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32(int(u[3]), int(u[2]), int(u[1]), int(u[0])));
+  const __m128i sc = _mm256_castsi256_si128(ms);
+  scales = _mm256_inserti128_si256(_mm256_castsi128_si256(sc), sc, 1);
+  mins = _mm256_extracti128_si256(ms, 1);
+}
+
+inline void prefetch_w(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p + kAheadBytes), _MM_HINT_T0); }
+
+// R x-rows times C weight rows of a 32-element-block type.
+template <QType T, int R, int C>
+inline void itile32(const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K, float (*out)[4]) {
+  constexpr int64_t bytes = qtype_unit_bytes(T);
+  __m256 acc[R][C];
+  float macc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.0f;
+  const int64_t nb = K / kQuantBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    if ((b * bytes) % 64 < bytes)  // the block enters a new cache line: ask for the one kAheadBytes on
+      for (int c = 0; c < C; ++c) prefetch_w(w + c * ws + b * bytes);
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* blk = w + c * ws + b * bytes;
+      __m256i wq;
+      if constexpr (T == QType::Q8_0) wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      else if constexpr (T == QType::Q4_0) wq = _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+      else wq = nibbles32(blk + 4);
+      const float dw = f16s(blk);
+      const __m256i aw = T == QType::Q4_1 ? wq : _mm256_sign_epi8(wq, wq);
+      for (int r = 0; r < R; ++r) {
+        const XBlock32* xb = reinterpret_cast<const XBlock32*>(xq + r * xqs) + b;
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->q));
+        const __m256i sy = T == QType::Q4_1 ? y : _mm256_sign_epi8(y, wq);
+        const __m256i sumi = dp_u8s8(_mm256_setzero_si256(), aw, sy);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sumi), acc[r][c]);
+        if constexpr (T == QType::Q4_1) macc[r][c] += f16s(blk + 2) * xb->s;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = hsum8(acc[r][c]) + macc[r][c];
+}
+
+// R x-rows times C weight rows of a K-quant type (one row of a super-block at a time).
+template <QType T, int R, int C>
+inline void itile256(const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K, float (*out)[4]) {
+  constexpr int64_t bytes = qtype_unit_bytes(T);
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  const int64_t nb = K / kSuperBlock;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* sb = w + c * ws + b * bytes;
+      prefetch_w(sb);
+      if constexpr (bytes > 128) prefetch_w(sb + 128);
+      __m256i sumi[R];
+      for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+      if constexpr (T == QType::Q6_K) {
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kq::kSc6));
+        for (int j = 0; j < 2; ++j) {
+          const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQl6 + 64 * j));
+          const __m256i b2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQl6 + 64 * j + 32));
+          const __m256i bh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQh6 + 32 * j));
+          const __m256i m3 = _mm256_set1_epi8(3);
+          __m256i q[4];
+          q[0] = _mm256_or_si256(_mm256_and_si256(b1, m4), _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4));
+          q[1] = _mm256_or_si256(_mm256_and_si256(b2, m4),
+                                 _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2));
+          q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4),
+                                 _mm256_and_si256(bh, _mm256_set1_epi8(48)));
+          q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m4),
+                                 _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2));
+          __m256i s[4];
+          for (int k = 0; k < 4; ++k) s[k] = scale_6(sc, 4 * j + k);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* y = reinterpret_cast<const XBlock256*>(xq + r * xqs)[b].q + 128 * j;
+            for (int k = 0; k < 4; ++k) {
+              const __m256i yk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 * k));
+              sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s[k], _mm256_maddubs_epi16(q[k], yk)));
+            }
+          }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+        const float d = f16s(sb + kq::kD6);
+        for (int r = 0; r < R; ++r) {
+          const XBlock256& xb = reinterpret_cast<const XBlock256*>(xq + r * xqs)[b];
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+          const __m256i sub = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);  // 32 * sum(sc * bsum): q's offset
+          acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], sub)),
+                                      acc[r][c]);
+        }
+      } else {
+        __m256i scales;
+        __m128i mins;
+        kscales(sb, scales, mins);
+        const uint8_t* qs = sb + (T == QType::Q4_K ? kq::kQs4 : kq::kQs5);
+        __m256i hb = _mm256_setzero_si256();
+        if constexpr (T == QType::Q5_K) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQh5));
+        for (int j = 0; j < 4; ++j) {
+          const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+          __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+          if constexpr (T == QType::Q5_K) {  // bit 2j (low half) and 2j + 1 (high half) of qh, as 16
+            const __m256i one = _mm256_set1_epi8(1);
+            lo = _mm256_add_epi8(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4));
+            hi = _mm256_add_epi8(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4));
+          }
+          const __m256i sl = scale_k4(scales, 2 * j), sh = scale_k4(scales, 2 * j + 1);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* y = reinterpret_cast<const XBlock256*>(xq + r * xqs)[b].q + 64 * j;
+            const __m256i yl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+            const __m256i yh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32));
+            const __m256i pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(lo, yl));
+            const __m256i ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(hi, yh));
+            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(pl, ph));
+          }
+        }
+        const float d = f16s(sb + kq::kD), dmin = f16s(sb + kq::kDmin);
+        for (int r = 0; r < R; ++r) {
+          const XBlock256& xb = reinterpret_cast<const XBlock256*>(xq + r * xqs)[b];
+          const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+          const __m128i s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+          const __m128i prod = _mm_madd_epi16(mins, s32);  // 4 int32: sum of m * (32-element sums)
+          const __m256i p256 = _mm256_inserti128_si256(_mm256_setzero_si256(), prod, 0);
+          acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(xb.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r][c]);
+          acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(-xb.d * dmin), _mm256_cvtepi32_ps(p256), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = hsum8(acc[r][c]);
+}
+
+template <QType T, int R, int C>
+inline void itile(const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K, float (*out)[4]) {
+  if constexpr (qtype_is_kquant(T))
+    itile256<T, R, C>(xq, xqs, w, ws, K, out);
+  else
+    itile32<T, R, C>(xq, xqs, w, ws, K, out);
+}
+
+constexpr int RMAX = 4;
+
+template <QType T, int R>
+inline void itile_c(int C, const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K, float (*out)[4]) {
+  switch (C) {
+    case 1: itile<T, R, 1>(xq, xqs, w, ws, K, out); return;
+    case 2: itile<T, R, 2>(xq, xqs, w, ws, K, out); return;
+    case 3: itile<T, R, 3>(xq, xqs, w, ws, K, out); return;
+    default: itile<T, R, 4>(xq, xqs, w, ws, K, out); return;
+  }
+}
+
+template <QType T, int R>
+inline void itile_c2(int C, const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K,
+                     float (*out)[4]) {
+  if (C == 1)
+    itile<T, R, 1>(xq, xqs, w, ws, K, out);
+  else
+    itile<T, R, 2>(xq, xqs, w, ws, K, out);
+}
+
+// The tile shape (registers): one x row with up to 4 weight rows (decoding:
+// the weight rows share each x load), or up to 4 x rows with up to 2.
+template <QType T>
+inline void itile_rc(int R, int C, const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t ws, int64_t K,
+                     float (*out)[4]) {
+  switch (R) {
+    case 1: itile_c<T, 1>(C, xq, xqs, w, ws, K, out); return;
+    case 2: itile_c2<T, 2>(C, xq, xqs, w, ws, K, out); return;
+    case 3: itile_c2<T, 3>(C, xq, xqs, w, ws, K, out); return;
+    default: itile_c2<T, 4>(C, xq, xqs, w, ws, K, out); return;
+  }
+}
+
+constexpr int kCols(int R) { return R == 1 ? 4 : 2; }
+
+#else  // generic: the reference, pair by pair
+
+constexpr int RMAX = 1;
+constexpr int kCols(int) { return 1; }
+
+template <QType T>
+inline void itile_rc(int, int, const uint8_t* xq, int64_t, const uint8_t* w, int64_t, int64_t K, float (*out)[4]) {
+  out[0][0] = dot_row_ref(T, w, xq, K);
+}
+
+#endif
+
+inline void store(const QGemmArgs& a, int64_t m0, int64_t n0, int R, int C, const float (*t)[4]) {
+  for (int r = 0; r < R; ++r) {
+    float* y = a.y + (m0 + r) * a.y_stride + n0;
+    for (int c = 0; c < C; ++c) {
+      float v = t[r][c];
+      if (a.bias) v += a.bias[n0 + c];
+      y[c] = a.accumulate ? y[c] + v : v;
+    }
+  }
+}
+
+template <QType T>
+void iqgemm_t(const QGemmArgs& a, int64_t n_begin, int64_t n_end) {
+  // x rows in blocks that stay in L2 (~256 KiB of quantised rows), each
+  // block against the whole row range, a tile at a time
+  const int64_t xrb = xq_row_bytes(T, a.K);
+  int64_t MB = (int64_t(1) << 18) / (xrb > 0 ? xrb : 1);
+  MB = MB < RMAX ? RMAX : MB / RMAX * RMAX;
+  for (int64_t m0 = 0; m0 < a.M; m0 += MB) {
+    const int64_t m1 = m0 + MB < a.M ? m0 + MB : a.M;
+    const int R0 = int(m1 - m0 < RMAX ? m1 - m0 : RMAX);
+    const int CM = kCols(R0);
+    for (int64_t n = n_begin; n < n_end; n += CM) {
+      const int C = int(n_end - n < CM ? n_end - n : CM);
+      for (int64_t m = m0; m < m1; m += RMAX) {
+        const int R = int(m1 - m < RMAX ? m1 - m : RMAX);
+        float t[4][4];
+        itile_rc<T>(R, C, a.xq + m * a.xq_stride, a.xq_stride, a.w + n * a.w_stride, a.w_stride, a.K, t);
+        store(a, m, n, R, C, t);
+      }
+    }
+  }
+}
+
+#if defined(__AVX2__)
+inline __m256 vabs(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+inline bool all_finite(__m256 a) {  // a: absolute values
+  return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(3.402823466e38f), _CMP_LE_OQ)) == 0xFF;
+}
+inline float hmax8(__m256 v) {
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+// round half to even (the default rounding mode, as std::nearbyint), to int32
+inline __m256i rint32(__m256 v) { return _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+// 32 int32 (four vectors) -> 32 int8 in order
+inline __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void quantize_row32(const float* x, int64_t K, XBlock32* out) {
+  for (int64_t b = 0; b < K / kQuantBlock; ++b, x += kQuantBlock) {
+    __m256 v[4], mx = _mm256_setzero_ps();
+    bool finite = true;
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + 8 * j);
+      finite = finite && all_finite(vabs(v[j]));
+      mx = _mm256_max_ps(mx, vabs(v[j]));
+    }
+    XBlock32& o = out[b];
+    if (!finite) {
+      o.d = o.s = NAN;
+      std::memset(o.q, 0, sizeof o.q);
+      continue;
+    }
+    const float amax = hmax8(mx);
+    const float d = amax / 127.0f, id = amax >= kTinyActivation ? 127.0f / amax : 0.0f;
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = rint32(_mm256_mul_ps(v[j], _mm256_set1_ps(id)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q), pack32(q[0], q[1], q[2], q[3]));
+    const int sum = hsum_i32_8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    o.d = round_to_half(d);
+    o.s = round_to_half(d * float(sum));
+  }
+}
+
+void quantize_row256(const float* x, int64_t K, XBlock256* out) {
+  for (int64_t b = 0; b < K / kSuperBlock; ++b, x += kSuperBlock) {
+    XBlock256& o = out[b];
+    __m256 mx = _mm256_setzero_ps();
+    bool finite = true;
+    for (int j = 0; j < 32; ++j) {
+      const __m256 a = vabs(_mm256_loadu_ps(x + 8 * j));
+      finite = finite && all_finite(a);
+      mx = _mm256_max_ps(mx, a);
+    }
+    std::memset(o.bsums, 0, sizeof o.bsums);
+    const float amax = hmax8(mx);
+    if (!finite || amax < kTinyActivation) {
+      o.d = finite ? 0.0f : NAN;
+      std::memset(o.q, 0, sizeof o.q);
+      continue;
+    }
+    int first = 0;
+    while (std::fabs(x[first]) != amax) ++first;  // the first value of largest magnitude, with its sign
+    const float iscale = -127.0f / x[first];
+    const __m256 s = _mm256_set1_ps(iscale);
+    const __m256i top = _mm256_set1_epi32(127);
+    for (int j = 0; j < 8; ++j) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) q[k] = _mm256_min_epi32(rint32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * j + 8 * k), s)), top);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + 32 * j), pack32(q[0], q[1], q[2], q[3]));
+      o.bsums[2 * j] = int16_t(hsum_i32_8(_mm256_add_epi32(q[0], q[1])));
+      o.bsums[2 * j + 1] = int16_t(hsum_i32_8(_mm256_add_epi32(q[2], q[3])));
+    }
+    o.d = 1.0f / iscale;
+  }
+}
+#else
+void quantize_row32(const float* x, int64_t K, XBlock32* out) { quantize_x32_ref(x, K, out); }
+void quantize_row256(const float* x, int64_t K, XBlock256* out) { quantize_x256_ref(x, K, out); }
+#endif
+
+}  // namespace
+
+void quantize_x(int qtype, const float* x, int64_t x_stride, int64_t M, int64_t K, uint8_t* out, int64_t out_stride) {
+  const QType t = QType(qtype);
+  for (int64_t m = 0; m < M; ++m) {
+    if (xq_block(t) == kSuperBlock)
+      quantize_row256(x + m * x_stride, K, reinterpret_cast<XBlock256*>(out + m * out_stride));
+    else if (xq_block(t) == kQuantBlock)
+      quantize_row32(x + m * x_stride, K, reinterpret_cast<XBlock32*>(out + m * out_stride));
+  }
+}
+
+void iqgemm(const QGemmArgs& a, int64_t n_begin, int64_t n_end) {
+  switch (QType(a.qtype)) {
+    case QType::Q4_0: iqgemm_t<QType::Q4_0>(a, n_begin, n_end); return;
+    case QType::Q4_1: iqgemm_t<QType::Q4_1>(a, n_begin, n_end); return;
+    case QType::Q8_0: iqgemm_t<QType::Q8_0>(a, n_begin, n_end); return;
+    case QType::Q4_K: iqgemm_t<QType::Q4_K>(a, n_begin, n_end); return;
+    case QType::Q5_K: iqgemm_t<QType::Q5_K>(a, n_begin, n_end); return;
+    case QType::Q6_K: iqgemm_t<QType::Q6_K>(a, n_begin, n_end); return;
+    default: return;  // float weights never come here (qgemm runs them)
+  }
+}
+
+}  // namespace RCN_ISA
+}  // namespace rcn_fast
