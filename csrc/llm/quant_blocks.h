@@ -208,11 +208,12 @@ inline void dequant_row_ref(QType t, const uint8_t* row, int64_t k0, int64_t n, 
 
 // 32 activations for a Q4_0, Q4_1 or Q8_0 block (llama.cpp's q8_0 and q8_1
 // in one layout): q_j = round_half_even(x_j * 127 / amax), d = amax / 127
-// rounded to float16 (as llama.cpp stores it), s = d * sum(q) rounded to
-// float16 (q8_1's, Q4_1's offset term); both kept as floats.
+// rounded to float16 (as llama.cpp stores it; kept as a float), s = d *
+// sum(q) as float16 bits (q8_1's s: Q4_1's offset term), sum = sum(q).
 struct XBlock32 {
   float d;
-  float s;
+  uint16_t s;
+  int16_t sum;
   int8_t q[32];
 };
 // 256 activations for a K-quant super-block (llama.cpp's q8_K, ggml's
@@ -225,7 +226,7 @@ struct XBlock256 {
   int16_t bsums[16];
 };
 static_assert(sizeof(XBlock32) == 40 && sizeof(XBlock256) == 292, "packed activation blocks");
-// A block holding an inf or NaN gets d = s = NaN and q = 0: its products are
+// A block holding an inf or NaN gets d = s = NaN and q = 0, sum = 0: its products are
 // NaN, as the float32 arithmetic's would be (no undefined conversion). A
 // block whose largest magnitude is below kTinyActivation is all zeros
 // (127 / amax would overflow; llama.cpp's float16 d is 0 there anyway).
@@ -254,7 +255,9 @@ inline void quantize_x32_ref(const float* x, int64_t K, XBlock32* out) {
       amax = std::fabs(x[j]) > amax ? std::fabs(x[j]) : amax;
     }
     if (!finite) {
-      o.d = o.s = NAN;
+      o.d = NAN;
+      o.s = 0x7E00;  // NaN
+      o.sum = 0;
       std::memset(o.q, 0, sizeof o.q);
       continue;
     }
@@ -265,7 +268,8 @@ inline void quantize_x32_ref(const float* x, int64_t K, XBlock32* out) {
       sum += o.q[j];
     }
     o.d = round_to_half(d);
-    o.s = round_to_half(d * float(sum));
+    o.s = float_to_half_bits(d * float(sum));
+    o.sum = int16_t(sum);
   }
 }
 
@@ -297,9 +301,18 @@ inline void quantize_x256_ref(const float* x, int64_t K, XBlock256* out) {
 }
 
 // sum_k w[k] * x[k] for one row of K weights of type t and the row's
-// quantised activations xq (xq_row_bytes(t, K) bytes): per block, the
-// integer sum of products, then one float scale (the reference order: block
-// after block, one float accumulator).
+// quantised activations xq (xq_row_bytes(t, K) bytes). The definition of
+// the 8-bit arithmetic, which every implementation (any variant, packed or
+// not, any tile) computes to the same bits: per block, in order, the exact
+// integer sum of products, then one fused multiply-add into a single float
+// accumulator,
+//   Q4_0, Q8_0: acc = fma(float(sum q_w * q_x), dw * dx, acc)   (q_w - 8 for Q4_0)
+//   Q4_1:       the same, then acc = fma(mw, sx, acc)
+//   Q4_K, Q5_K: acc = fma(float(sum_s sc_s * sum q * q_x), dx * d, acc),
+//               then acc = fma(float(sum_s m_s * bsum_s), -dx * dmin, acc)
+//   Q6_K:       acc = fma(float(sum_s sc_s * sum (q - 32) * q_x), dx * d, acc)
+// (dw * dx, dx * d: float32 products; bsum_s the sum of the 32 activations of
+// sub-block s).
 inline float dot_row_ref(QType t, const uint8_t* w, const uint8_t* xq, int64_t K) {
   float acc = 0.0f;
   if (!qtype_is_kquant(t)) {
@@ -315,8 +328,8 @@ inline float dot_row_ref(QType t, const uint8_t* w, const uint8_t* xq, int64_t K
         else q = j < 16 ? (w[4 + j] & 15) : (w[4 + j - 16] >> 4);
         sumi += q * x[b].q[j];
       }
-      acc += float(sumi) * (dw * x[b].d);
-      if (t == QType::Q4_1) acc += half_to_float(read_u16(w + 2)) * x[b].s;
+      acc = std::fma(float(sumi), dw * x[b].d, acc);
+      if (t == QType::Q4_1) acc = std::fma(half_to_float(read_u16(w + 2)), half_to_float(x[b].s), acc);
     }
     return acc;
   }
@@ -345,13 +358,83 @@ inline float dot_row_ref(QType t, const uint8_t* w, const uint8_t* xq, int64_t K
       }
     }
     if (t == QType::Q6_K) {
-      acc += (x[b].d * half_to_float(read_u16(w + kq::kD6))) * float(sumi);
+      acc = std::fma(float(sumi), x[b].d * half_to_float(read_u16(w + kq::kD6)), acc);
     } else {
-      acc += (x[b].d * half_to_float(read_u16(w + kq::kD))) * float(sumi);
-      acc += (-x[b].d * half_to_float(read_u16(w + kq::kDmin))) * float(summ);
+      acc = std::fma(float(sumi), x[b].d * half_to_float(read_u16(w + kq::kD)), acc);
+      acc = std::fma(float(summ), -x[b].d * half_to_float(read_u16(w + kq::kDmin)), acc);
     }
   }
   return acc;
+}
+
+// ---------------------------------------------------------------------------
+// Interleaved copies of Q4_0, Q4_1 and Q8_0 weights (llama.cpp's repacking
+// idea, as its q4_0_8x8 on AVX2): groups of 8 rows, block by block, so one
+// 32-byte vector holds 4 consecutive quants of each of the 8 rows (bytes
+// 4r..4r+3: row r) and the 8 rows' block sums land in the 8 lanes of one
+// vector. Only where the time goes changes: the numbers are dot_row_ref's.
+//
+// A group's block b: {fp16 d[8]; (Q4_1) fp16 m[8]; uint8 v[4 or 8][32]} with
+//   Q4_0, Q4_1: v[k][4r + i] = qs_r[4k + i]  (k < 4: low nibbles are quants
+//               4k + i, high nibbles 16 + 4k + i)
+//   Q8_0:       v[k][4r + i] = q_r[4k + i]   (k < 8)
+// and a group's Q4_K super-block b: {fp16 d[8]; fp16 dmin[8]; uint8 sc[8][8]
+// (sub-block, row); uint8 m[4][8][2] (sub-block pair p, row, 2p / 2p + 1);
+// uint8 v[4][8][32]} with v[p][k][4r + i] = qs_r[32p + 4k + i] (low nibbles:
+// sub-block 2p, high: 2p + 1; quants 4k + i of each): 1184 bytes for 8 x 144.
+constexpr int kPackRows = 8;
+
+constexpr bool qtype_packs(QType t) {
+  return t == QType::Q4_0 || t == QType::Q4_1 || t == QType::Q8_0 || t == QType::Q4_K;
+}
+
+// Bytes of one packed block (super-block for Q4_K) of a group of 8 rows.
+constexpr int64_t packed_block_bytes(QType t) {
+  return t == QType::Q8_0 ? 16 + 256 : t == QType::Q4_1 ? 32 + 128 : t == QType::Q4_K ? 32 + 128 + 1024 : 16 + 128;
+}
+
+// Bytes of the packed copy of the first N / 8 * 8 rows of a [N, K] matrix.
+constexpr int64_t packed_bytes(QType t, int64_t N, int64_t K) {
+  return qtype_packs(t) ? N / kPackRows * (K / qtype_block(t)) * packed_block_bytes(t) : 0;
+}
+
+// Rows [8g, 8g + 8) of w (row_bytes apart) into group g of `out`, for g in [g0, g1).
+inline void pack_groups(QType t, const uint8_t* w, int64_t row_bytes, int64_t K, int64_t g0, int64_t g1,
+                        uint8_t* out) {
+  if (t == QType::Q4_K) {
+    const int64_t nb = K / kSuperBlock, pb = packed_block_bytes(t);
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* o = out + (g * nb + b) * pb;
+        for (int r = 0; r < kPackRows; ++r) {
+          const uint8_t* sb = w + (g * kPackRows + r) * row_bytes + b * 144;
+          std::memcpy(o + 2 * r, sb + kq::kD, 2);
+          std::memcpy(o + 16 + 2 * r, sb + kq::kDmin, 2);
+          for (int s = 0; s < 8; ++s) {
+            uint8_t sc, m;
+            get_scale_min_k4(s, sb + kq::kScales, sc, m);
+            o[32 + 8 * s + r] = sc;
+            o[96 + 16 * (s / 2) + 2 * r + (s % 2)] = m;
+          }
+          for (int p = 0; p < 4; ++p)
+            for (int k = 0; k < 8; ++k) std::memcpy(o + 160 + 256 * p + 32 * k + 4 * r, sb + kq::kQs4 + 32 * p + 4 * k, 4);
+        }
+      }
+    return;
+  }
+  const int64_t nb = K / kQuantBlock, bytes = qtype_unit_bytes(t), pb = packed_block_bytes(t);
+  const int head = t == QType::Q4_1 ? 32 : 16, qoff = t == QType::Q4_1 ? 4 : 2;
+  const int chunks = t == QType::Q8_0 ? 8 : 4;
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* o = out + (g * nb + b) * pb;
+      for (int r = 0; r < kPackRows; ++r) {
+        const uint8_t* blk = w + (g * kPackRows + r) * row_bytes + b * bytes;
+        std::memcpy(o + 2 * r, blk, 2);                                   // d
+        if (t == QType::Q4_1) std::memcpy(o + 16 + 2 * r, blk + 2, 2);  // m
+        for (int k = 0; k < chunks; ++k) std::memcpy(o + head + 32 * k + 4 * r, blk + qoff + 4 * k, 4);
+      }
+    }
 }
 
 }  // namespace rcn_fast

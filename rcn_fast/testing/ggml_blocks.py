@@ -12,7 +12,7 @@ qs[128]}``, Q5_K ``{f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}``,
 Q6_K ``{u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}``.
 
 Activations (llama.cpp's q8_0/q8_1 and q8_K, as the engine lays them out):
-``XBLOCK32`` ``{f32 d; f32 s; i8 q[32]}`` and ``XBLOCK256`` ``{f32 d; i8
+``XBLOCK32`` ``{f32 d; f16 s; i16 sum; i8 q[32]}`` and ``XBLOCK256`` ``{f32 d; i8
 q[256]; i16 bsums[16]}``.
 """
 
@@ -40,7 +40,7 @@ _DTYPES = {
 }
 #: blocks of smaller largest magnitude quantise to zeros (csrc/llm/quant_blocks.h's kTinyActivation)
 TINY = np.float32(1e-30)
-XBLOCK32 = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", 32)])
+XBLOCK32 = np.dtype([("d", "<f4"), ("s", "<f2"), ("sum", "<i2"), ("q", "i1", 32)])
 XBLOCK256 = np.dtype([("d", "<f4"), ("q", "i1", 256), ("bsums", "<i2", 16)])
 assert XBLOCK32.itemsize == 40 and XBLOCK256.itemsize == 292
 
@@ -175,8 +175,9 @@ def quantize_activations(x: np.ndarray, qtype: int) -> np.ndarray:
             inv = np.where(amax >= TINY, np.float32(127) / np.maximum(amax, TINY), np.float32(0)).astype(np.float32)
             q = np.rint(np.where(finite[..., None], xb, 0) * inv[..., None]).astype(np.int64)
             out["q"] = q
+            out["sum"] = q.sum(-1)
             out["d"] = np.where(finite, d.astype(np.float16).astype(np.float32), np.nan)
-            out["s"] = np.where(finite, (d * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32), np.nan)
+            out["s"] = np.where(finite, (d * q.sum(-1).astype(np.float32)).astype(np.float16), np.float16(np.nan))
             return out
         out = np.zeros((M, K // 256), XBLOCK256)
         first = np.take_along_axis(xb, ax.argmax(-1)[..., None], -1)[..., 0]  # the first of largest magnitude

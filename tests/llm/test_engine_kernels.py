@@ -137,6 +137,30 @@ def test_batch_and_thread_invariance(isa, qname, act, rng):
         np.testing.assert_array_equal(part, full[:, cols])
 
 
+@pytest.mark.parametrize("qname", BLOCKED)
+@pytest.mark.parametrize("M,N", [(1, 37), (3, 16), (9, 45), (70, 24)])
+def test_q8_products_are_the_same_bits_everywhere(qname, M, N, rng):
+    """The 8-bit arithmetic is defined block by block (an exact integer sum,
+    one fused multiply-add): every variant, the interleaved copy or the
+    rows as they are, any M and any thread count give the same bits."""
+    qt = gb.QTYPES[qname]
+    K = 512 if qt in gb.KQUANTS else 96
+    raw = gb.random_blocks(qt, N, K, rng)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    want = None
+    for isa in ISAS:
+        for packed in (False, True):
+            for threads in (1, 2):
+                got = np.empty((M, N), np.float32)
+                _C.quant_matmul(x, raw, qt, K, got, num_threads=threads, isa=isa, activations="q8", packed=packed)
+                if want is None:
+                    want = got
+                np.testing.assert_array_equal(got, want, err_msg=f"{isa} packed={packed} threads={threads}")
+    one = np.empty((1, N), np.float32)
+    _C.quant_matmul(x[-1:], raw, qt, K, one, activations="q8", packed=True)
+    np.testing.assert_array_equal(one[0], want[-1])
+
+
 def _odd_activations(rng: np.random.Generator, M: int, K: int) -> np.ndarray:
     """Rows with every case of the quantisers: gaussian, zero blocks, ties at
     .5 after scaling, a largest value of each sign, huge and tiny values,
@@ -182,6 +206,8 @@ def test_q8_products_equal_llamacpp_arithmetic(isa, qname, size, rng):
     _C.quant_matmul(x, raw, qt, K, got, isa=isa, activations="q8")
     ref, scale = gb.q8_products(x, raw, qt, K)
     assert np.all(np.abs(got - ref) <= 4e-6 * scale + 1e-30), (isa, qname, np.abs(got - ref).max())
+    _C.quant_matmul(x, raw, qt, K, got, isa=isa, activations="q8", packed=True)
+    assert np.all(np.abs(got - ref) <= 4e-6 * scale + 1e-30), (isa, qname, "packed", np.abs(got - ref).max())
     # the float32 arithmetic is a different number (the activations are not rounded there)
     exact, escale = _reference(x, gb.dequantize(raw, qt, K))
     assert np.abs(got - exact).max() > 1e-4 * escale.max()

@@ -253,6 +253,7 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       if (blk != 0) {
         a.xq = blk == kQuantBlock ? q32 : q256;
         a.xq_stride = xq_row_bytes(QType(m.qtype), m.K);
+        a.wp = m.packed;
       }
       return a;
     };

@@ -25,6 +25,7 @@ struct QMat {
   const uint8_t* data = nullptr;
   int qtype = 0;
   int64_t N = 0, K = 0, row_bytes = 0;
+  const uint8_t* packed = nullptr;  // its interleaved copy for the 8-bit products (pack_weights), or nullptr
 };
 
 struct LlamaLayerWeights {

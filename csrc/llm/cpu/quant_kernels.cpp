@@ -96,9 +96,25 @@ std::string quant_compiled() {
 }
 
 int64_t quant_chunk_rows(int64_t N, int threads) {
-  if (threads <= 1) return std::max<int64_t>(4, (N + 3) / 4 * 4);
+  if (threads <= 1) return std::max<int64_t>(kPackRows, (N + kPackRows - 1) / kPackRows * kPackRows);
   const int64_t c = (N + int64_t(threads) * 8 - 1) / (int64_t(threads) * 8);
-  return std::max<int64_t>(4, (c + 3) / 4 * 4);
+  return std::max<int64_t>(kPackRows, (c + kPackRows - 1) / kPackRows * kPackRows);
+}
+
+PackedCopy pack_weights(int qtype, const uint8_t* w, int64_t N, int64_t K, int64_t row_bytes, int num_threads) {
+  PackedCopy p;
+  const QType t = QType(qtype);
+  const int64_t bytes = packed_bytes(t, N, K);
+  if (bytes == 0) return p;
+  p.bytes = bytes;
+  p.data.reset(static_cast<uint8_t*>(::operator new[](size_t(bytes), std::align_val_t(64))));
+  const int64_t groups = N / kPackRows;
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(num_threads > 0 ? num_threads : default_num_threads(),
+                                                                    groups / 64 + 1)));
+  run_threads(threads, [&](int i) {
+    pack_groups(t, w, row_bytes, K, groups * i / threads, groups * (i + 1) / threads, p.data.get());
+  });
+  return p;
 }
 
 void quant_matmul(const QGemmArgs& a_in, int64_t N, int num_threads, const QuantKernels& k, bool q8) {

@@ -2,6 +2,8 @@
 // llm/isa/quant_isa.h): the kernel variant in use and a threaded launcher.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 
 #include "llm/isa/quant_isa.h"
@@ -39,8 +41,19 @@ std::string quant_compiled();
 std::string quant_note();
 
 // Output rows per dynamically scheduled chunk of a product with N rows on
-// `threads` threads (a multiple of 4).
+// `threads` threads (a multiple of 8: whole groups of a packed copy).
 int64_t quant_chunk_rows(int64_t N, int threads);
+
+// An interleaved copy of a matrix's weights (pack_groups, llm/quant_blocks.h), 64-byte aligned.
+struct PackedCopy {
+  struct Free {
+    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<uint8_t, Free> data;
+  int64_t bytes = 0;
+};
+// The packed copy of w [N, K] (empty for a type that does not pack), made on num_threads threads.
+PackedCopy pack_weights(int qtype, const uint8_t* w, int64_t N, int64_t K, int64_t row_bytes, int num_threads);
 
 // y = x . w^T (+ bias) (+ y) on num_threads threads (<= 0: the default),
 // rows of w split in chunks taken from a shared counter; with `q8` (and

@@ -35,6 +35,9 @@ struct QGemmArgs {
   bool accumulate;    // y += result instead of y = result
   const uint8_t* xq = nullptr;  // x quantised for qtype (8-bit arithmetic), or nullptr
   int64_t xq_stride = 0;        // bytes between rows of xq
+  // the interleaved copy of w's first N / 8 * 8 rows (pack_groups, llm/quant_blocks.h), or nullptr;
+  // the 8-bit products read it instead of w where it covers the rows (the same numbers)
+  const uint8_t* wp = nullptr;
 };
 
 // Floats of scratch one qgemm call needs.
