@@ -15,7 +15,6 @@ a GGUF by transformers) may split like a known one yet hash differently, so
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -68,11 +67,10 @@ def sdist(folder: Path, *, download: bool = True) -> Path:
 
 
 def sdist_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The sha256 (hex) of a file (the sdist, a built model file)."""
+    from rcn_fast._hashing import sha256_file
+
+    return sha256_file(path)
 
 
 def vendor(sdist_path: Path, into: Path) -> Path:
