@@ -20,8 +20,14 @@ arithmetic, ``activations="q8"``; with float32 activations, the default,
   of ``threads`` threads summing a 2 GiB array, measured in the same run.
 
 Rounds alternate between the implementations; each figure is the best of
-``repeats`` and comes with the load average when it was taken. The machine
-may be shared: compare ratios within one run.
+``repeats`` and comes with the load average when it was taken, and decode
+also as tokens per second of the process's CPU time (what a loaded machine
+distorts least). The machine may be shared: compare ratios within one run.
+
+llama.cpp runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
+sets it (as the project's llama.cpp backend does: its spinning OpenMP
+barriers stall it when the cores are shared; set ``OMP_WAIT_POLICY=ACTIVE``
+to time it spinning).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when llama.cpp's OpenMP starts (see above)
 
 NEW_TOKENS = 64
 CHAT = [{"role": "system", "content": "You answer questions about everyday life in one short sentence."},
@@ -113,10 +121,11 @@ class LlamaCpp:
         return out
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t = time.perf_counter()
+def _timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall seconds, process CPU seconds, result) of one call."""
+    t, c = time.perf_counter(), time.process_time()
     out = fn()
-    return time.perf_counter() - t, out
+    return time.perf_counter() - t, time.process_time() - c, out
 
 
 def measure_file(size: str, quant: str, threads: int, repeats: int, bandwidth: float,
@@ -131,14 +140,15 @@ def measure_file(size: str, quant: str, threads: int, repeats: int, bandwidth: f
     from rcn_fast.llm.backends.engine import GGUFLLM, EngineConfig
 
     ids = GGUFLLM(path, config=EngineConfig(num_threads=1)).encode_chats([CHAT])[0]
-    best = {k: {"prompt": float("inf"), "decode": float("inf")} for k in models}
-    load = {k: [] for k in models}
+    best = {k: {"prompt": float("inf"), "decode": float("inf"), "decode_cpu": float("inf")} for k in models}
+    load: dict[str, list[float]] = {k: [] for k in models}
     for _ in range(repeats):
         for name, m in models.items():
-            tp, logits = _timed(lambda: m.prefill(ids))
-            td, _ = _timed(lambda: m.decode(len(ids), logits))
+            tp, _, logits = _timed(lambda: m.prefill(ids))
+            td, tc, _ = _timed(lambda: m.decode(len(ids), logits))
             best[name]["prompt"] = min(best[name]["prompt"], tp)
             best[name]["decode"] = min(best[name]["decode"], td)
+            best[name]["decode_cpu"] = min(best[name]["decode_cpu"], tc)
             load[name].append(os.getloadavg()[0])
     nbytes = weight_bytes(path)
     rows = []
@@ -146,8 +156,8 @@ def measure_file(size: str, quant: str, threads: int, repeats: int, bandwidth: f
         dec = NEW_TOKENS / best[name]["decode"]
         rows.append(dict(file=f"{size} {quant}", impl=name, size=size, quant=quant, file_mb=os.path.getsize(path) / 1e6,
                          load_s=m.load_s, prompt_tokens=len(ids), prompt_tok_s=len(ids) / best[name]["prompt"],
-                         decode_tok_s=dec, bw_share=nbytes * dec / bandwidth, loadavg=max(load[name]),
-                         decode_s=best[name]["decode"]))
+                         decode_tok_s=dec, decode_cpu_tok_s=NEW_TOKENS / best[name]["decode_cpu"],
+                         bw_share=nbytes * dec / bandwidth, loadavg=max(load[name]), decode_s=best[name]["decode"]))
     del models
     return rows
 
@@ -172,12 +182,15 @@ def print_sizes_table(rows: list[dict[str, Any]]) -> None:
     print(f"\nbatch-1 decoding, {NEW_TOKENS} greedy tokens after a {rows[0]['prompt_tokens'] if rows else '?'}-token chat "
           f"(read bandwidth {bw:.1f} GB/s)")
     print(f"  {'file':<11} {'impl':<11} {'MB':>6} {'load s':>7} {'prompt t/s':>10} {'decode t/s':>10} "
-          f"{'x llama.cpp':>11} {'bw share':>8} {'loadavg':>7}")
-    ref = {r["file"]: r["decode_tok_s"] for r in rows if r["impl"] == "llama.cpp"}
+          f"{'x llama.cpp':>11} {'bw share':>8} {'t/cpu-s':>8} {'x llama.cpp':>11} {'loadavg':>7}")
+    ref = {r["file"]: r for r in rows if r["impl"] == "llama.cpp"}
     for r in rows:
-        ratio = r["decode_tok_s"] / ref[r["file"]] if r["file"] in ref else float("nan")
+        base = ref.get(r["file"])
+        ratio = r["decode_tok_s"] / base["decode_tok_s"] if base else float("nan")
+        cpu_ratio = r["decode_cpu_tok_s"] / base["decode_cpu_tok_s"] if base else float("nan")
         print(f"  {r['file']:<11} {r['impl']:<11} {r['file_mb']:6.0f} {r['load_s']:7.2f} {r['prompt_tok_s']:10.1f} "
-              f"{r['decode_tok_s']:10.2f} {ratio:11.2f} {r['bw_share']:8.2f} {r['loadavg']:7.1f}")
+              f"{r['decode_tok_s']:10.2f} {ratio:11.2f} {r['bw_share']:8.2f} {r['decode_cpu_tok_s']:8.2f} "
+              f"{cpu_ratio:11.2f} {r['loadavg']:7.1f}")
 
 
 __all__ = ["read_bandwidth", "measure_file", "run_sizes", "print_sizes_table", "NEW_TOKENS", "CHAT"]

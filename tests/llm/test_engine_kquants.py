@@ -173,6 +173,22 @@ def test_f32_logits_are_transformers(quantized):
                                atol=2e-5)
 
 
+def test_interleaved_copies_change_nothing_but_memory(quantized):
+    from rcn_fast.llm.backends.engine.model import NativeLlama
+
+    _, path, want = quantized
+    g = GGUFFile(path)
+    packed = NativeLlama(g, num_threads=2, activations="q8")
+    plain = NativeLlama(g, num_threads=2, activations="q8", pack=False)
+    packs = {"Q4_0", "Q4_K"} & set(want.values())
+    assert (packed.packed_bytes > 0) == bool(packs) and plain.packed_bytes == 0
+    ids = TOKENS[0]
+    n = len(ids)
+    a = packed.forward(np.array(ids), np.zeros(n), np.arange(n), packed.new_cache(1, n), np.arange(n))
+    b = plain.forward(np.array(ids), np.zeros(n), np.arange(n), plain.new_cache(1, n), np.arange(n))
+    np.testing.assert_array_equal(a, b)
+
+
 def test_the_arithmetics_are_batch_invariant_and_named(quantized):
     _, path, _ = quantized
     for act in ("q8", "f32"):

@@ -35,7 +35,7 @@ namespace rcn_fast {
 namespace RCN_ISA {
 namespace {
 
-constexpr int64_t kAheadBytes = 1024;  // weight bytes prefetched ahead in each row
+constexpr int64_t kAheadBytes = 2048;  // weight bytes prefetched ahead in each row
 
 // Fully unroll the loops over a tile, so its accumulators live in registers
 // (GCC keeps an array indexed in a rolled loop in memory).
@@ -170,8 +170,8 @@ inline void itile256(const uint8_t* xq, int64_t xqs, const uint8_t* w, int64_t w
     RCN_UNROLL
     for (int c = 0; c < C; ++c) {
       const uint8_t* sb = w + c * ws + b * bytes;
-      prefetch_w(sb);
-      if constexpr (bytes > 128) prefetch_w(sb + 128);
+      RCN_UNROLL
+      for (int l = 0; l < int(bytes); l += 64) prefetch_w(sb + l);  // every line of the super-block, ahead
       __m256i sumi[R];
       RCN_UNROLL
       for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();

@@ -73,9 +73,14 @@ class NativeLlama:
         (transformers' numbers for the file); ``"q8"``: llama.cpp's
         arithmetic for the block formats (activations quantised to 8 bits
         per block, integer block sums; csrc/llm/quant_blocks.h).
+    pack : bool, optional
+        Make interleaved copies of the Q4_0, Q4_1, Q8_0 and Q4_K matrices
+        for the 8-bit products (the same numbers, faster; as much memory
+        again as those matrices). Default: with ``activations="q8"``.
     """
 
-    def __init__(self, g: GGUFFile, *, num_threads: int = 0, isa: str = "", activations: str = "f32") -> None:
+    def __init__(self, g: GGUFFile, *, num_threads: int = 0, isa: str = "", activations: str = "f32",
+                 pack: bool | None = None) -> None:
         if activations not in ("f32", "q8"):
             raise ValueError(f"activations: expected 'f32' or 'q8', got {activations!r}")
         self.hp = hp = read_hparams(g)
@@ -103,8 +108,11 @@ class NativeLlama:
         self.rope_freqs = g.float32("rope_freqs.weight") if freqs is not None else None
         if self.rope_freqs is not None and not (np.isfinite(self.rope_freqs).all() and (self.rope_freqs > 0).all()):
             raise GGUFError(f"{g.path}: rope_freqs.weight holds values that are not finite and > 0")
-        # llama.cpp's arithmetic reads interleaved copies of the Q4_0/Q4_1/Q8_0 matrices (the same numbers, faster)
-        self._model = _native().LlamaModel(hp.native(), tensors, self.rope_freqs, activations == "q8")
+        # llama.cpp's arithmetic reads interleaved copies of the matrices (the same numbers, faster)
+        self._model = _native().LlamaModel(hp.native(), tensors, self.rope_freqs,
+                                           activations == "q8" if pack is None else bool(pack))
+        #: bytes of the interleaved copies (0 without them)
+        self.packed_bytes = int(self._model.packed_bytes)
         self._head = tensors[2]
 
     def new_cache(self, slots: int, ctx: int) -> KVCache:
