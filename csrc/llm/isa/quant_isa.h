@@ -1,7 +1,8 @@
 // Interface between the quantised-weight drivers (llm/cpu/quant_kernels.cpp,
 // llm/cpu/decoder.cpp; baseline flags) and their ISA-specific kernels
-// (llm/isa/quant_gemm.cpp, llm/isa/quant_idot.cpp, llm/isa/quant_attn.cpp,
-// compiled once per SIMD variant: generic, avx2, avx512, avx512vnni).
+// (llm/isa/quant_gemm.cpp, llm/isa/quant_idot.cpp, llm/isa/quant_xq.cpp,
+// llm/isa/quant_attn.cpp, compiled once per SIMD variant: generic, avx2,
+// avx512, avx512vnni).
 // Declarations and plain structs only (see topn_isa.h for why).
 #pragma once
 #include <cstdint>
