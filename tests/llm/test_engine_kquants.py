@@ -203,3 +203,15 @@ def test_the_arithmetics_are_batch_invariant_and_named(quantized):
                            np.array([len(ids) - 1]), logits=False)
         np.testing.assert_array_equal(m.head_logits(hidden, np.array([3, 17, 299]))[0], full[-1, [3, 17, 299]])
         assert (":q8:" in native.identity) == (act == "q8")
+
+
+def test_the_arithmetic_setting_is_checked():
+    from rcn_fast.llm.backends.engine.model import NativeLlama
+
+    with pytest.raises(ValueError, match="activations: expected 'f32'"):
+        EngineConfig(activations="int8")
+    with pytest.raises(ValueError, match="isa: expected"):
+        EngineConfig(isa="avx9")
+    assert EngineConfig(isa="avx512vnni").isa == "avx512vnni"  # a name, checked against the CPU at load
+    with pytest.raises(ValueError, match="activations"):
+        NativeLlama(GGUFFile(kc.GGUF), activations="f16")
