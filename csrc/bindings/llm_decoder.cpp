@@ -53,9 +53,9 @@ QType check_qtype(int qtype) {
 QMat weight_view(const Bytes& w, int qtype, int64_t N, int64_t K, const std::string& name) {
   const QType t = check_qtype(qtype);
   if (N < 0 || K < 1) throw nb::value_error((name + ": expected N >= 0 and K >= 1").c_str());
-  if (qtype_is_blocked(t) && K % kQuantBlock != 0)
-    throw nb::value_error((name + ": a " + qtype_name(t) + " row needs a multiple of 32 elements, got K=" +
-                           std::to_string(K))
+  if (K % qtype_block(t) != 0)
+    throw nb::value_error((name + ": a " + qtype_name(t) + " row needs a multiple of " +
+                           std::to_string(qtype_block(t)) + " elements, got K=" + std::to_string(K))
                               .c_str());
   const int64_t rb = qtype_row_bytes(t, K);
   if (int64_t(w.nbytes()) < rb * N)
@@ -71,8 +71,17 @@ QMat weight_view(const Bytes& w, int qtype, int64_t N, int64_t K, const std::str
   return m;
 }
 
+// "f32" -> false, "q8" -> true (llama.cpp's 8-bit activations)
+bool check_activations(const std::string& activations) {
+  if (activations != "f32" && activations != "q8")
+    throw nb::value_error(("activations: expected 'f32' or 'q8', got '" + activations + "'").c_str());
+  return activations == "q8";
+}
+
 void quant_matmul_py(const F32In& x, const Bytes& w, int qtype, int64_t K, F32Out y, nb::object bias_obj,
-                     bool accumulate, int num_threads, const std::string& isa) {
+                     bool accumulate, int num_threads, const std::string& isa, const std::string& activations,
+                     bool packed) {
+  const bool q8 = check_activations(activations);
   const int64_t M = int64_t(x.shape(0));
   if (int64_t(x.shape(1)) != K) throw nb::value_error(("x: expected " + std::to_string(K) + " columns").c_str());
   if (K > 1 && x.stride(1) != 1) throw nb::value_error("x: the last dimension must be contiguous (stride 1)");
@@ -89,10 +98,30 @@ void quant_matmul_py(const F32In& x, const Bytes& w, int qtype, int64_t K, F32Ou
   }
   const QuantKernels& k = kernels_for(isa);
   if (M == 0 || N == 0) return;
-  const QGemmArgs a{x.data(), M > 1 ? int64_t(x.stride(0)) : K, M, m.data, m.row_bytes, qtype, K,
-                    b, y.data(), M > 1 ? int64_t(y.stride(0)) : N, accumulate};
+  QGemmArgs a{x.data(), M > 1 ? int64_t(x.stride(0)) : K, M, m.data, m.row_bytes, qtype, K,
+              b, y.data(), M > 1 ? int64_t(y.stride(0)) : N, accumulate};
   nb::gil_scoped_release release;
-  quant_matmul(a, N, num_threads, k);
+  PackedCopy p;
+  if (packed && q8) {
+    p = pack_weights(qtype, m.data, N, K, m.row_bytes, num_threads);
+    a.wp = p.data.get();
+  }
+  quant_matmul(a, N, num_threads, k, q8);
+}
+
+// The 8-bit activation blocks (XBlock32 / XBlock256 rows) of x for weights of type qtype.
+nb::bytes quant_activations_py(const F32In& x, int qtype, const std::string& isa) {
+  const QType t = check_qtype(qtype);
+  const int64_t M = int64_t(x.shape(0)), K = int64_t(x.shape(1));
+  if (!qtype_is_blocked(t)) throw nb::value_error("qtype: F32 and F16 weights multiply float32 activations");
+  if (K % qtype_block(t) != 0)
+    throw nb::value_error(("x: rows of a multiple of " + std::to_string(qtype_block(t)) + " elements expected").c_str());
+  if (K > 1 && x.stride(1) != 1) throw nb::value_error("x: the last dimension must be contiguous (stride 1)");
+  const QuantKernels& k = kernels_for(isa);
+  const int64_t rb = xq_row_bytes(t, K);
+  std::string out(size_t(rb * M), '\0');
+  k.quantize_x(qtype, x.data(), M > 1 ? int64_t(x.stride(0)) : K, M, K, reinterpret_cast<uint8_t*>(out.data()), rb);
+  return nb::bytes(out.data(), out.size());
 }
 
 void quant_dequantize_py(const Bytes& w, int qtype, int64_t K, OutMat out) {
@@ -124,7 +153,7 @@ nb::dict quant_info() {
 // The model: weights viewed in place (the Python object keeps the arrays alive).
 class LlamaModel {
  public:
-  LlamaModel(nb::dict hp, nb::list tensors, nb::object rope_freqs) {
+  LlamaModel(nb::dict hp, nb::list tensors, nb::object rope_freqs, bool pack) {
     LlamaHParams& h = w_.hp;
     auto geti = [&](const char* key) {
       const int64_t v = nb::cast<int64_t>(hp[key]);
@@ -182,10 +211,37 @@ class LlamaModel {
     } catch (const std::invalid_argument& e) {
       throw nb::value_error(e.what());
     }
+    if (pack) {  // interleaved copies for the 8-bit products (the types that pack; the head of a tied model once)
+      nb::gil_scoped_release release;
+      auto pack_one = [&](QMat& m) {
+        for (size_t i = 0; i < packed_.size(); ++i)
+          if (packed_src_[i] == m.data) {
+            m.packed = packed_[i].data.get();
+            return;
+          }
+        PackedCopy p = pack_weights(m.qtype, m.data, m.N, m.K, m.row_bytes, 0);
+        if (p.data == nullptr) return;
+        m.packed = p.data.get();
+        packed_src_.push_back(m.data);
+        packed_.push_back(std::move(p));
+      };
+      pack_one(w_.tok_embd);
+      pack_one(w_.output);
+      for (LlamaLayerWeights& L : w_.layers)
+        for (QMat* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) pack_one(*m);
+    }
+  }
+
+  int64_t packed_bytes() const {
+    int64_t n = 0;
+    for (const PackedCopy& p : packed_) n += p.bytes;
+    return n;
   }
 
   void forward(const I32Vec& tokens, const I32Vec& slots, const I32Vec& pos, Cache k_cache, Cache v_cache,
-               const I64Vec& out_rows, bool logits, OutMat out, int num_threads, const std::string& isa) {
+               const I64Vec& out_rows, bool logits, OutMat out, int num_threads, const std::string& isa,
+               const std::string& activations) {
+    const bool q8 = check_activations(activations);
     const LlamaHParams& h = w_.hp;
     const int64_t n = int64_t(tokens.shape(0));
     if (int64_t(slots.shape(0)) != n || int64_t(pos.shape(0)) != n)
@@ -215,6 +271,7 @@ class LlamaModel {
     b.n_out = n_out;
     b.logits = logits;
     b.out = out.data();
+    b.q8 = q8;
     try {
       nb::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(mu_);  // one call at a time: the workspace is shared
@@ -243,6 +300,8 @@ class LlamaModel {
   }
 
   LlamaWeights w_;
+  std::vector<PackedCopy> packed_;
+  std::vector<const uint8_t*> packed_src_;
   LlamaWorkspace ws_;
   std::mutex mu_;
   std::vector<nb::object> keep_;
@@ -253,9 +312,15 @@ class LlamaModel {
 void bind_llm_decoder(nb::module_& m) {
   m.def("quant_matmul", &quant_matmul_py, nb::arg("x"), nb::arg("w"), nb::arg("qtype"), nb::arg("K"),
         nb::arg("y"), nb::arg("bias").none() = nb::none(), nb::arg("accumulate") = false,
-        nb::arg("num_threads") = 0, nb::arg("isa") = "",
-        "y[M, N] (+)= x[M, K] . w^T (+ bias) with w [N, K] in a GGML format (its raw bytes); float32\n"
-        "activations and accumulation. isa: '' (the variant chosen at load time), 'generic', 'avx2', 'avx512'.");
+        nb::arg("num_threads") = 0, nb::arg("isa") = "", nb::arg("activations") = "f32", nb::arg("packed") = false,
+        "y[M, N] (+)= x[M, K] . w^T (+ bias) with w [N, K] in a GGML format (its raw bytes). activations:\n"
+        "'f32' (float32 activations and accumulation) or 'q8' (llama.cpp's arithmetic for block weights:\n"
+        "x quantised to 8 bits per block, integer block sums). isa: '' (the variant chosen at load time),\n"
+        "'generic', 'avx2', 'avx512', 'avx512vnni'. packed: with 'q8', multiply an interleaved copy of w\n"
+        "(Q4_0, Q4_1, Q8_0; the same numbers).");
+  m.def("quant_activations", &quant_activations_py, nb::arg("x"), nb::arg("qtype"), nb::arg("isa") = "",
+        "The 8-bit activation blocks of x [M, K] for weights of GGML type qtype (csrc/llm/quant_blocks.h:\n"
+        "XBlock32 rows for Q4_0/Q4_1/Q8_0, XBlock256 for the K-quants), as bytes.");
   m.def("quant_dequantize", &quant_dequantize_py, nb::arg("w"), nb::arg("qtype"), nb::arg("K"), nb::arg("out"),
         "The plain (reference) float32 values of a GGML-format matrix [N, K] into out.");
   m.def("ggml_type_table", &ggml_type_table,
@@ -263,13 +328,17 @@ void bind_llm_decoder(nb::module_& m) {
         "multiplied by the engine) per type.");
   m.def("quant_info", &quant_info, "The quantised-weight kernels' variant in use and those compiled in.");
   nb::class_<LlamaModel>(m, "LlamaModel")
-      .def(nb::init<nb::dict, nb::list, nb::object>(), nb::arg("hparams"), nb::arg("tensors"),
-           nb::arg("rope_freqs").none() = nb::none(),
+      .def(nb::init<nb::dict, nb::list, nb::object, bool>(), nb::arg("hparams"), nb::arg("tensors"),
+           nb::arg("rope_freqs").none() = nb::none(), nb::arg("pack") = false,
            "A Llama-family decoder over GGML-format weights viewed in place (see rcn_fast/llm/backends/engine/);\n"
-           "rope_freqs: float32 [rope_dim / 2] divisors of the rope frequencies, or None.")
+           "rope_freqs: float32 [rope_dim / 2] divisors of the rope frequencies, or None. pack: make\n"
+           "interleaved copies of the Q4_0, Q4_1 and Q8_0 matrices for the 8-bit products (faster; the same\n"
+           "numbers; as much memory again as those matrices).")
+      .def_prop_ro("packed_bytes", &LlamaModel::packed_bytes, "Bytes of the interleaved copies.")
       .def("forward", &LlamaModel::forward, nb::arg("tokens"), nb::arg("slots"), nb::arg("positions"),
            nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out_rows"), nb::arg("logits"), nb::arg("out"),
-           nb::arg("num_threads") = 0, nb::arg("isa") = "",
+           nb::arg("num_threads") = 0, nb::arg("isa") = "", nb::arg("activations") = "f32",
            "Run a ragged batch of tokens (each at its (slot, position) of the caches); writes the logits\n"
-           "(or the final normed hidden state) of the tokens out_rows names into out.");
+           "(or the final normed hidden state) of the tokens out_rows names into out. activations: 'f32' or\n"
+           "'q8' (llama.cpp's 8-bit arithmetic for the block weights; see quant_matmul).");
 }

@@ -15,7 +15,8 @@ One change to the converter, and why: it names the BPE pre-tokenizer by
 hashing how the tokenizer splits a probe text, and refuses a tokenizer it
 does not know; the tokenizer here is trained in code (GPT-2's byte-level
 split), so ``get_vocab_base_pre`` is made to answer ``"gpt-2"`` (the
-name llama.cpp gives GPT-2's split). Nothing else is touched.
+name llama.cpp gives GPT-2's split; rcn_fast/testing/llamacpp_tools.py
+runs the converter). Nothing else is touched.
 
 Regenerate (needs torch, transformers, safetensors and the sdist)::
 
@@ -28,9 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -87,10 +86,13 @@ def config(name: str) -> dict:
 
 def weights(name: str) -> dict[str, np.ndarray]:
     """The float32 weights of case ``name``, named as transformers names them."""
-    cfg = config(name)
-    seed = CASES[name][2]
+    return weights_for(config(name), CASES[name][2])
+
+
+def weights_for(cfg: dict, seed: int) -> dict[str, np.ndarray]:
+    """The float32 weights of a model of config ``cfg`` from generator ``seed``."""
     H, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd = H // cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or H // cfg["num_attention_heads"]
     Q, D = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     if not cfg["tie_word_embeddings"]:
@@ -114,8 +116,12 @@ def weights(name: str) -> dict[str, np.ndarray]:
 
 
 def weights_digest(name: str) -> str:
+    return digest_of(weights(name))
+
+
+def digest_of(weights: dict[str, np.ndarray]) -> str:
     h = hashlib.sha256()
-    for key, w in sorted(weights(name).items()):
+    for key, w in sorted(weights.items()):
         h.update(f"{key}:{w.shape};".encode())
         h.update(np.ascontiguousarray(w).tobytes())
     return h.hexdigest()
@@ -123,13 +129,18 @@ def weights_digest(name: str) -> str:
 
 def write_folder(name: str, folder: Path) -> Path:
     """The Hugging Face folder of case ``name`` at ``folder``."""
+    return write_folder_for(config(name), weights(name), folder)
+
+
+def write_folder_for(cfg: dict, weights: dict[str, np.ndarray], folder: Path) -> Path:
+    """A Hugging Face folder of config ``cfg``, ``weights`` and the committed tokenizer at ``folder``."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     for f in (DATA / "tokenizer").iterdir():
         shutil.copy(f, folder / f.name)
-    (folder / "config.json").write_text(json.dumps(config(name), indent=1), encoding="utf-8")
-    save_file(weights(name), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 
@@ -140,19 +151,9 @@ def _train_tokenizer(folder: Path) -> None:
     build_tokenizer(vocab_size=300, corpus=_CORPUS).save_pretrained(folder)
 
 
-_CONVERT = """
-import sys
-vendor = sys.argv[1]
-sys.path.insert(0, vendor)
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
-import convert_hf_to_gguf
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"  # a tokenizer trained in code: GPT-2's split
-convert_hf_to_gguf.main()
-"""
-
-
 def main(sdist: str) -> None:
+    from rcn_fast.testing import llamacpp_tools as lt
+
     DATA.mkdir(parents=True, exist_ok=True)
     if not (DATA / "tokenizer" / "tokenizer.json").is_file():
         _train_tokenizer(DATA / "tokenizer")
@@ -160,14 +161,11 @@ def main(sdist: str) -> None:
                              "vendor/llama.cpp/convert_hf_to_gguf.py --outtype f32",
                 "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(sdist) as tf:
-            tf.extractall(tmp, filter="data")
-        (vendor,) = Path(tmp).glob("*/vendor/llama.cpp")
+        vendor = lt.vendor(Path(sdist), Path(tmp))
         for name in CASES:
             folder = write_folder(name, Path(tmp) / name)
             out = DATA / f"{name}.gguf"
-            subprocess.run([sys.executable, "-c", _CONVERT, str(vendor), str(folder), "--outtype", "f32",
-                            "--outfile", str(out)], check=True)
+            lt.convert(vendor, folder, out, "f32", pre="gpt-2")  # a tokenizer trained in code: GPT-2's split
             manifest["cases"][name] = {"gguf_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
                                        "weights_sha256": weights_digest(name)}
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")

@@ -46,7 +46,8 @@ def test_the_type_table_is_gguf_pys():
     assert (ours[9].block, ours[9].block_bytes) == (32, 36) and theirs[9] in ((32, 36), (32, 40))
     for t in common:
         assert ours[t].name == gguf.GGMLQuantizationType(t).name
-    assert ggml_types.matmul_types() == {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+    assert ggml_types.matmul_types() == {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13,
+                                         "Q6_K": 14}
     assert ggml_types.tensor_nbytes((3, 64), 8) == 3 * 2 * 34 and ggml_types.type_name(99) == "type 99"
     with pytest.raises(ValueError, match="64-bit"):
         ggml_types.tensor_nbytes((2**40, 2**40), 0)

@@ -17,7 +17,7 @@ namespace {
 // not know "f16c".
 struct X86Features {
   bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false, avx512f = false;
-  bool avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
 };
 
 X86Features x86_features() {
@@ -42,6 +42,7 @@ X86Features x86_features() {
     f.avx512dq = f.avx512f && ((b >> 17) & 1u);
     f.avx512bw = f.avx512f && ((b >> 30) & 1u);
     f.avx512vl = f.avx512f && ((b >> 31) & 1u);
+    f.avx512vnni = f.avx512f && ((c >> 11) & 1u);
   }
 #endif
   return f;
@@ -68,11 +69,11 @@ Choice choose() {
         c.level = SimdLevel::Generic;
         c.note = "RCN_FAST_SIMD=avx2 ignored: this build or CPU lacks avx2+fma+f16c";
       }
-    } else if (std::strcmp(env, "avx512") == 0) {
+    } else if (std::strcmp(env, "avx512") == 0 || std::strcmp(env, "avx512vnni") == 0) {
       // only the quantised-weight kernels (llm/cpu/quant_kernels.cpp) have an avx512 variant
-      c.note = avx2 ? "RCN_FAST_SIMD=avx512: avx2 (no avx512 variant of this kernel)" : "";
+      c.note = avx2 ? std::string("RCN_FAST_SIMD=") + env + ": avx2 (no such variant of this kernel)" : "";
     } else {
-      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not one of generic|avx2|avx512; ignored";
+      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not one of generic|avx2|avx512|avx512vnni; ignored";
     }
   }
   return c;
@@ -103,6 +104,14 @@ bool cpu_supports_avx512() {
 #endif
 }
 
+bool cpu_supports_avx512vnni() {
+#if RCN_HAVE_AVX512
+  return cpu_supports_avx512() && x86_features().avx512vnni;
+#else
+  return false;
+#endif
+}
+
 std::string simd_compiled() { return RCN_HAVE_AVX2 ? "generic,avx2" : "generic"; }
 
 std::string cpu_features() {
@@ -111,7 +120,7 @@ std::string cpu_features() {
   const std::pair<const char*, bool> named[] = {{"sse4.2", f.sse42}, {"avx", f.avx},   {"avx2", f.avx2},
                                                 {"fma", f.fma},       {"f16c", f.f16c}, {"avx512f", f.avx512f},
                                                 {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
-                                                {"avx512dq", f.avx512dq}};
+                                                {"avx512dq", f.avx512dq}, {"avx512vnni", f.avx512vnni}};
   for (const auto& [name, has] : named) {
     if (!has) continue;
     if (!out.empty()) out += ' ';

@@ -19,6 +19,8 @@ const char* simd_name(SimdLevel level);
 // avx512 (f, bw, vl, dq) variants.
 bool cpu_supports_avx2();
 bool cpu_supports_avx512();
+// ... and the avx512vnni variant (avx512 + avx512_vnni).
+bool cpu_supports_avx512vnni();
 std::string simd_note();
 
 }  // namespace rcn_fast

@@ -256,6 +256,79 @@ inline void dq_block(const uint8_t* blk, vf* out) {
 #endif
 }
 
+// The 32 weights of chunk b (elements [32b, 32b + 32)) of a quantised row,
+// as kChunks vectors: a block of Q4_0/Q4_1/Q8_0, or an eighth of a K-quant
+// super-block (the same values as dequant_row_ref, bit for bit: a product
+// with the chunk's scale, then its min subtracted).
+template <QType T>
+inline void dq_chunk(const uint8_t* row, int64_t b, vf* out) {
+  if constexpr (!qtype_is_kquant(T)) {
+    dq_block<T>(row + b * qtype_unit_bytes(T), out);
+  } else {
+    const uint8_t* sb = row + b / 8 * qtype_unit_bytes(T);
+    const int c = int(b % 8);
+    float scale[2], min;
+#if defined(__AVX2__) || defined(__AVX512F__)
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256i q;
+    if constexpr (T == QType::Q6_K) {
+      const int half = c / 4, part = c % 4;
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQl6 + 64 * half + 32 * (part & 1)));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQh6 + 32 * half));
+      const __m256i lo = _mm256_and_si256(part < 2 ? bits : _mm256_srli_epi16(bits, 4), m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * part)), _mm256_set1_epi8(3));
+      q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+      const float d = f16(sb + kq::kD6);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(sb + kq::kSc6) + 8 * half + 2 * part;
+      scale[0] = d * float(sc[0]);
+      scale[1] = d * float(sc[1]);
+      min = 0.0f;
+    } else {
+      const uint8_t* qs = sb + (T == QType::Q4_K ? kq::kQs4 : kq::kQs5) + 32 * (c / 2);
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+      q = _mm256_and_si256((c & 1) ? _mm256_srli_epi16(bits, 4) : bits, m4);
+      if constexpr (T == QType::Q5_K) {
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + kq::kQh5));
+        const __m256i h = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+      }
+      uint8_t sc, m;
+      get_scale_min_k4(c, sb + kq::kScales, sc, m);
+      scale[0] = scale[1] = f16(sb + kq::kD) * float(sc);
+      min = f16(sb + kq::kDmin) * float(m);
+    }
+#if defined(__AVX512F__)
+    for (int j = 0; j < 2; ++j) {
+      const __m128i part = j == 0 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+      out[j] = vsub(vmul(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)), vset(scale[j])), vset(min));
+    }
+#else
+    alignas(32) int8_t qb[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(qb), q);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qb + 8 * j)));
+      out[j] = vsub(vmul(_mm256_cvtepi32_ps(v), vset(scale[j / 2])), vset(min));
+    }
+#endif
+#else
+    int8_t q[32];
+    kquant_chunk_ref(T, sb, c, q, scale, &min);
+    for (int j = 0; j < kChunks; ++j) {
+      vf v;
+      for (int i = 0; i < W; ++i) v[i] = float(q[j * W + i]);
+      out[j] = vsub(vmul(v, vset(scale[j * W / 16])), vset(min));
+    }
+#endif
+  }
+}
+
+// Bytes of a row before chunk b (for prefetching: exact for the 32-element
+// blocks, rounded down inside a K-quant super-block).
+template <QType T>
+constexpr int64_t chunk_offset(int64_t b) {
+  return b * qtype_unit_bytes(T) / (qtype_block(T) / kQuantBlock);
+}
+
 // Elements [k, k + W) of a plain (F32 or F16) row of K elements, zero past K.
 template <QType T>
 inline vf load_plain(const uint8_t* row, int64_t k, int64_t K) {

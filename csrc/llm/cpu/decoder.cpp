@@ -10,6 +10,7 @@
 #include "llm/cpu/decoder.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -81,8 +82,9 @@ void check_mat(const QMat& m, int64_t N, int64_t K, const std::string& name) {
                                  " (supported: " + qtype_supported_names() + ")");
   need(m.N == N && m.K == K, name + ": expected shape [" + std::to_string(N) + ", " + std::to_string(K) + "], got [" +
                                  std::to_string(m.N) + ", " + std::to_string(m.K) + "]");
-  need(!qtype_is_blocked(QType(m.qtype)) || K % kQuantBlock == 0,
-       name + ": a quantised row needs a multiple of 32 elements, got " + std::to_string(K));
+  const int64_t block = qtype_block(QType(m.qtype));
+  need(K % block == 0, name + ": a " + qtype_name(QType(m.qtype)) + " row needs a multiple of " +
+                           std::to_string(block) + " elements, got " + std::to_string(K));
   need(m.row_bytes == qtype_row_bytes(QType(m.qtype), K), name + ": row size does not match its type");
 }
 
@@ -159,8 +161,12 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
   const int64_t kmax = std::max<int64_t>({H, FF, Q});
   const int64_t per_thread = (qgemm_scratch_floats(kmax) + G * (maxpos + 1) + 16 + 15) / 16 * 16;
   const int64_t hr = n * std::max<int64_t>(half, 1);
+  // this thread's 8-bit copies of a product's input (llama.cpp's arithmetic), both block formats
+  const int64_t xq32 = b.q8 ? n * xq_row_bytes(QType::Q8_0, kmax / 32 * 32) : 0;
+  const int64_t xq256 = b.q8 ? n * xq_row_bytes(QType::Q4_K, kmax / 256 * 256) : 0;
+  const int64_t xq_floats = (xq32 + xq256 + 63) / 64 * 16;
   const int64_t sizes[] = {n * H, n * Q, n * D, n * D, n * Q, n * FF, n * FF, hr, hr, per_thread * threads,
-                           int64_t(threads) * n * H, half};
+                           int64_t(threads) * n * H, half, xq_floats * threads};
   constexpr int kBufs = int(sizeof sizes / sizeof sizes[0]);
   int64_t total = 0;
   for (int64_t sz : sizes) total += (sz + 15) / 16 * 16;
@@ -171,7 +177,7 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
     base += (sizes[i] + 15) / 16 * 16;
   }
   float *x = bufs[0], *q = bufs[1], *kb = bufs[2], *vb = bufs[3], *att = bufs[4], *gb = bufs[5], *ub = bufs[6];
-  float *rc = bufs[7], *rs = bufs[8], *scratch = bufs[9], *xn = bufs[10], *inv = bufs[11];
+  float *rc = bufs[7], *rs = bufs[8], *scratch = bufs[9], *xn = bufs[10], *inv = bufs[11], *xqb = bufs[12];
   // the parallel steps (calls of `each` below, one counter each): the
   // embedding; per layer q/k/v, attention, output projection, gate/up, down;
   // the LM head (logits only)
@@ -226,10 +232,36 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
         fn(i0, std::min(count, i0 + chunk));
       }
     };
+    // the 8-bit copies of `in` (M rows of K, ins apart) the products with `mats` need, made by this thread
+    uint8_t* q32 = reinterpret_cast<uint8_t*>(xqb + int64_t(t) * xq_floats);
+    uint8_t* q256 = q32 + xq32;
+    auto quantize_for = [&](std::initializer_list<const QMat*> mats, const float* in, int64_t ins, int64_t M,
+                            int64_t K) {
+      if (!b.q8) return;
+      bool need32 = false, need256 = false;
+      for (const QMat* m : mats) {
+        need32 = need32 || xq_block(QType(m->qtype)) == kQuantBlock;
+        need256 = need256 || xq_block(QType(m->qtype)) == kSuperBlock;
+      }
+      if (need32) k.quantize_x(int(QType::Q8_0), in, ins, M, K, q32, xq_row_bytes(QType::Q8_0, K));
+      if (need256) k.quantize_x(int(QType::Q4_K), in, ins, M, K, q256, xq_row_bytes(QType::Q4_K, K));
+    };
+    auto args = [&](const QMat& m, const float* in, int64_t ins, int64_t M, const float* bias, float* out,
+                    int64_t outs, bool acc) {
+      QGemmArgs a{in, ins, M, m.data, m.row_bytes, m.qtype, m.K, bias, out, outs, acc};
+      const int64_t blk = b.q8 ? xq_block(QType(m.qtype)) : 0;
+      if (blk != 0) {
+        a.xq = blk == kQuantBlock ? q32 : q256;
+        a.xq_stride = xq_row_bytes(QType(m.qtype), m.K);
+        a.wp = m.packed;
+      }
+      return a;
+    };
     auto matmul = [&](const QMat& m, const float* in, int64_t ins, int64_t M, float* out, int64_t outs,
                       const float* bias, bool acc) {
-      const QGemmArgs a{in, ins, M, m.data, m.row_bytes, m.qtype, m.K, bias, out, outs, acc};
-      each(m.N, quant_chunk_rows(m.N, threads), [&](int64_t n0, int64_t n1) { k.qgemm(a, n0, n1, scr); });
+      quantize_for({&m}, in, ins, M, m.K);
+      const QGemmArgs a = args(m, in, ins, M, bias, out, outs, acc);
+      each(m.N, quant_chunk_rows(m.N, threads), [&](int64_t n0, int64_t n1) { run_qgemm(k, a, n0, n1, scr); });
     };
 
     float* xn_t = xn + int64_t(t) * n * H;  // this thread's normed copy of x
@@ -250,15 +282,16 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       // every thread norms all tokens itself (cheap next to the products), so
       // no barrier is needed between the norm and the products that read it
       norm_all(L.attn_norm);
+      quantize_for({&L.wq, &L.wk, &L.wv}, xn_t, H, n, H);
       {  // q, k, v one head of rows at a time; each head's rope and cache write right after
-        const QGemmArgs qa{xn_t, H, n, L.wq.data, L.wq.row_bytes, L.wq.qtype, H, L.bq, q, Q, false};
-        const QGemmArgs ka{xn_t, H, n, L.wk.data, L.wk.row_bytes, L.wk.qtype, H, L.bk, kb, D, false};
-        const QGemmArgs va{xn_t, H, n, L.wv.data, L.wv.row_bytes, L.wv.qtype, H, L.bv, vb, D, false};
+        const QGemmArgs qa = args(L.wq, xn_t, H, n, L.bq, q, Q, false);
+        const QGemmArgs ka = args(L.wk, xn_t, H, n, L.bk, kb, D, false);
+        const QGemmArgs va = args(L.wv, xn_t, H, n, L.bv, vb, D, false);
         each(NH + 2 * KVH, 1, [&](int64_t j0, int64_t j1) {
           for (int64_t j = j0; j < j1; ++j) {
             const int kind = j < NH ? 0 : j < NH + KVH ? 1 : 2;
             const int64_t hh = kind == 0 ? j : kind == 1 ? j - NH : j - NH - KVH;
-            k.qgemm(kind == 0 ? qa : kind == 1 ? ka : va, hh * HD, (hh + 1) * HD, scr);
+            run_qgemm(k, kind == 0 ? qa : kind == 1 ? ka : va, hh * HD, (hh + 1) * HD, scr);
             for (int64_t i = 0; i < n; ++i) {
               const int64_t cell = (int64_t(b.slots[i]) * b.ctx + b.pos[i]) * D + hh * HD;
               if (kind == 0) {
@@ -289,12 +322,13 @@ void llama_forward(const LlamaWeights& w, const LlamaBatch& b, int num_threads, 
       matmul(L.wo, att, Q, n, x, H, nullptr, true);
       barrier.wait();
       norm_all(L.ffn_norm);
+      quantize_for({&L.gate, &L.up}, xn_t, H, n, H);
       {  // gate and up for the same rows, then SiLU(gate) * up on them: no barrier between
-        const QGemmArgs ga{xn_t, H, n, L.gate.data, L.gate.row_bytes, L.gate.qtype, H, nullptr, gb, FF, false};
-        const QGemmArgs ua{xn_t, H, n, L.up.data, L.up.row_bytes, L.up.qtype, H, nullptr, ub, FF, false};
+        const QGemmArgs ga = args(L.gate, xn_t, H, n, nullptr, gb, FF, false);
+        const QGemmArgs ua = args(L.up, xn_t, H, n, nullptr, ub, FF, false);
         each(FF, quant_chunk_rows(FF, threads), [&](int64_t n0, int64_t n1) {
-          k.qgemm(ga, n0, n1, scr);
-          k.qgemm(ua, n0, n1, scr);
+          run_qgemm(k, ga, n0, n1, scr);
+          run_qgemm(k, ua, n0, n1, scr);
           for (int64_t i = 0; i < n; ++i) k.silu_mul(gb + i * FF + n0, ub + i * FF + n0, n1 - n0);
         });
       }

@@ -25,6 +25,7 @@ struct QMat {
   const uint8_t* data = nullptr;
   int qtype = 0;
   int64_t N = 0, K = 0, row_bytes = 0;
+  const uint8_t* packed = nullptr;  // its interleaved copy for the 8-bit products (pack_weights), or nullptr
 };
 
 struct LlamaLayerWeights {
@@ -70,6 +71,9 @@ struct LlamaBatch {
   int64_t n_out = 0;
   bool logits = true;  // logits [n_out, n_vocab], else the final normed hidden state [n_out, n_embd]
   float* out = nullptr;
+  // llama.cpp's arithmetic: the inputs of products with block weights
+  // quantised to 8 bits (llm/quant_blocks.h); false: float32 throughout
+  bool q8 = false;
 };
 
 // Scratch memory of the forward pass, kept between calls (grown, never

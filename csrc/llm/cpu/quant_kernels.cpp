@@ -8,6 +8,7 @@
 
 #include "common/cpu/parallel.h"
 #include "common/cpu/simd.h"
+#include "llm/quant_blocks.h"
 
 namespace rcn_fast {
 
@@ -15,13 +16,17 @@ int64_t qgemm_scratch_floats(int64_t K) { return 4 * (K + 16); }
 
 namespace {
 
-const QuantKernels kGeneric{"generic", 0, &generic::qgemm, &generic::attend, &generic::silu_mul};
+#define RCN_KERNELS(ns) \
+  QuantKernels { #ns, 0, &ns::qgemm, &ns::iqgemm, &ns::quantize_x, &ns::attend, &ns::silu_mul }
+const QuantKernels kGeneric = RCN_KERNELS(generic);
 #if RCN_HAVE_AVX2
-const QuantKernels kAvx2{"avx2", 0, &avx2::qgemm, &avx2::attend, &avx2::silu_mul};
+const QuantKernels kAvx2 = RCN_KERNELS(avx2);
 #endif
 #if RCN_HAVE_AVX512
-const QuantKernels kAvx512{"avx512", 0, &avx512::qgemm, &avx512::attend, &avx512::silu_mul};
+const QuantKernels kAvx512 = RCN_KERNELS(avx512);
+const QuantKernels kAvx512Vnni = RCN_KERNELS(avx512vnni);
 #endif
+#undef RCN_KERNELS
 
 QuantKernels with_lanes(const QuantKernels& k, int (*lanes)()) {
   QuantKernels out = k;
@@ -36,7 +41,8 @@ struct Choice {
 
 Choice choose() {
   // the widest variant compiled in and supported here
-  const QuantKernels* best = quant_kernels_named("avx512");
+  const QuantKernels* best = quant_kernels_named("avx512vnni");
+  if (best == nullptr) best = quant_kernels_named("avx512");
   if (best == nullptr) best = quant_kernels_named("avx2");
   if (best == nullptr) best = quant_kernels_named("generic");
   Choice c{*best, ""};
@@ -46,7 +52,7 @@ Choice choose() {
       c.k = *want;
       c.note = std::string("RCN_FAST_SIMD=") + env;
     } else {
-      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not compiled in or not supported here (generic|avx2|avx512); ignored";
+      c.note = std::string("RCN_FAST_SIMD='") + env + "' is not compiled in or not supported here (generic|avx2|avx512|avx512vnni); ignored";
     }
   }
   return c;
@@ -72,6 +78,8 @@ const QuantKernels* quant_kernels_named(const std::string& name) {
 #if RCN_HAVE_AVX512
   static const QuantKernels a5 = with_lanes(kAvx512, &avx512::lanes);
   if (name == "avx512" && cpu_supports_avx512()) return &a5;
+  static const QuantKernels a5v = with_lanes(kAvx512Vnni, &avx512vnni::lanes);
+  if (name == "avx512vnni" && cpu_supports_avx512vnni()) return &a5v;
 #endif
   return nullptr;
 }
@@ -82,18 +90,43 @@ std::string quant_compiled() {
   s += ",avx2";
 #endif
 #if RCN_HAVE_AVX512
-  s += ",avx512";
+  s += ",avx512,avx512vnni";
 #endif
   return s;
 }
 
 int64_t quant_chunk_rows(int64_t N, int threads) {
-  if (threads <= 1) return std::max<int64_t>(4, (N + 3) / 4 * 4);
+  if (threads <= 1) return std::max<int64_t>(kPackRows, (N + kPackRows - 1) / kPackRows * kPackRows);
   const int64_t c = (N + int64_t(threads) * 8 - 1) / (int64_t(threads) * 8);
-  return std::max<int64_t>(4, (c + 3) / 4 * 4);
+  return std::max<int64_t>(kPackRows, (c + kPackRows - 1) / kPackRows * kPackRows);
 }
 
-void quant_matmul(const QGemmArgs& a, int64_t N, int num_threads, const QuantKernels& k) {
+PackedCopy pack_weights(int qtype, const uint8_t* w, int64_t N, int64_t K, int64_t row_bytes, int num_threads) {
+  PackedCopy p;
+  const QType t = QType(qtype);
+  const int64_t bytes = packed_bytes(t, N, K);
+  if (bytes == 0) return p;
+  p.bytes = bytes;
+  p.data.reset(static_cast<uint8_t*>(::operator new[](size_t(bytes), std::align_val_t(64))));
+  const int64_t groups = N / kPackRows;
+  const int threads = int(std::max<int64_t>(1, std::min<int64_t>(num_threads > 0 ? num_threads : default_num_threads(),
+                                                                    groups / 64 + 1)));
+  run_threads(threads, [&](int i) {
+    pack_groups(t, w, row_bytes, K, groups * i / threads, groups * (i + 1) / threads, p.data.get());
+  });
+  return p;
+}
+
+void quant_matmul(const QGemmArgs& a_in, int64_t N, int num_threads, const QuantKernels& k, bool q8) {
+  QGemmArgs a = a_in;
+  std::vector<uint8_t> xq;
+  const QType qt = QType(a.qtype);
+  if (q8 && qtype_is_blocked(qt) && a.xq == nullptr) {  // quantised once, before the threads
+    a.xq_stride = xq_row_bytes(qt, a.K);
+    xq.resize(size_t(a.xq_stride * a.M));
+    k.quantize_x(a.qtype, a.x, a.x_stride, a.M, a.K, xq.data(), a.xq_stride);
+    a.xq = xq.data();
+  }
   int threads = num_threads > 0 ? num_threads : default_num_threads();
   // no more threads than chunks of 4 rows, nor than the work warrants (~64k multiply-adds each)
   const int64_t work = std::max<int64_t>(1, a.M * N * a.K / 65536);
@@ -107,7 +140,7 @@ void quant_matmul(const QGemmArgs& a, int64_t N, int num_threads, const QuantKer
     for (;;) {
       const int64_t n0 = next.fetch_add(chunk);
       if (n0 >= N) break;
-      k.qgemm(a, n0, std::min(N, n0 + chunk), bufs[size_t(t)].data());
+      run_qgemm(k, a, n0, std::min(N, n0 + chunk), bufs[size_t(t)].data());
     }
   });
 }

@@ -67,7 +67,6 @@ inline void sum_tile(const vf (&acc)[R][C], Tile& out) {
 // R rows of x times C rows of a quantised w (K a multiple of 32), unpacked in registers.
 template <QType T, int R, int C>
 inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t ws, int64_t K, Tile& out) {
-  constexpr int64_t bytes = qtype_unit_bytes(T);
   vf acc[R][C];
   zero_tile<R, C>(acc);
   const int64_t nb = K / kQuantBlock;
@@ -75,13 +74,14 @@ inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t w
 #if defined(__AVX2__) || defined(__AVX512F__)
     if ((b & 1) == 0) {  // the weights stream from memory once: ask for them kPrefetch bytes ahead
       RCN_UNROLL
-      for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(w + c * ws + b * bytes + kPrefetch), _MM_HINT_T0);
+      for (int c = 0; c < C; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(w + c * ws + chunk_offset<T>(b) + kPrefetch), _MM_HINT_T0);
     }
 #endif
 #if defined(__AVX512F__)
     vf wv[C][kChunks];  // all C rows unpacked, x loaded once per chunk
     RCN_UNROLL
-    for (int c = 0; c < C; ++c) dq_block<T>(w + c * ws + b * bytes, wv[c]);
+    for (int c = 0; c < C; ++c) dq_chunk<T>(w + c * ws, b, wv[c]);
     RCN_UNROLL
     for (int j = 0; j < kChunks; ++j)
       RCN_UNROLL
@@ -94,7 +94,7 @@ inline void tile_blocked(const float* x, int64_t xs, const uint8_t* w, int64_t w
     RCN_UNROLL
     for (int c = 0; c < C; ++c) {  // one row unpacked at a time (16 registers)
       vf wv[kChunks];
-      dq_block<T>(w + c * ws + b * bytes, wv);
+      dq_chunk<T>(w + c * ws, b, wv);
       RCN_UNROLL
       for (int j = 0; j < kChunks; ++j)
         RCN_UNROLL
@@ -184,10 +184,9 @@ inline void unpack_panel(const QGemmArgs& a, int64_t n0, int C, int64_t Kp, floa
     if constexpr (T == QType::F32 || T == QType::F16) {
       for (int64_t k = 0; k < Kp; k += W) vst(dst + k, load_plain<T>(row, k, a.K));
     } else {
-      constexpr int64_t bytes = qtype_unit_bytes(T);
       for (int64_t b = 0; b < a.K / kQuantBlock; ++b) {
         vf wv[kChunks];
-        dq_block<T>(row + b * bytes, wv);
+        dq_chunk<T>(row, b, wv);
         RCN_UNROLL
         for (int j = 0; j < kChunks; ++j) vst(dst + b * kQuantBlock + j * W, wv[j]);
       }
@@ -235,6 +234,9 @@ void qgemm(const QGemmArgs& a, int64_t n_begin, int64_t n_end, float* scratch) {
     case QType::Q4_0: qgemm_t<QType::Q4_0>(a, n_begin, n_end, scratch); return;
     case QType::Q4_1: qgemm_t<QType::Q4_1>(a, n_begin, n_end, scratch); return;
     case QType::Q8_0: qgemm_t<QType::Q8_0>(a, n_begin, n_end, scratch); return;
+    case QType::Q4_K: qgemm_t<QType::Q4_K>(a, n_begin, n_end, scratch); return;
+    case QType::Q5_K: qgemm_t<QType::Q5_K>(a, n_begin, n_end, scratch); return;
+    case QType::Q6_K: qgemm_t<QType::Q6_K>(a, n_begin, n_end, scratch); return;
   }
 }
 

@@ -1,6 +1,7 @@
 """A Llama-family decoder read from a GGUF file, run by the native forward
 pass (``rcn_fast._C.LlamaModel``, csrc/llm/cpu/decoder.cpp) on weights kept in
-the file's own formats (F32, F16, Q4_0, Q4_1, Q8_0), memory-mapped in place.
+the file's own formats (F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K),
+memory-mapped in place.
 
 Architectures: ``llama`` (Llama 1-3, with Llama 3.1/3.2's ``rope_freqs``;
 Mistral without a sliding window in use; SmolLM) and ``qwen2`` (q/k/v
@@ -65,13 +66,27 @@ class NativeLlama:
         Threads of the forward pass; 0: the CPUs this process may run on
         (``sched_getaffinity``) or ``RCN_FAST_NUM_THREADS``.
     isa : str
-        ``""`` (the variant chosen at load time), ``"generic"``, ``"avx2"``, ``"avx512"``.
+        ``""`` (the variant chosen at load time), ``"generic"``, ``"avx2"``,
+        ``"avx512"``, ``"avx512vnni"``.
+    activations : str
+        ``"f32"``: float32 activations against the dequantised weights
+        (transformers' numbers for the file); ``"q8"``: llama.cpp's
+        arithmetic for the block formats (activations quantised to 8 bits
+        per block, integer block sums; csrc/llm/quant_blocks.h).
+    pack : bool, optional
+        Make interleaved copies of the Q4_0, Q4_1, Q8_0 and Q4_K matrices
+        for the 8-bit products (the same numbers, faster; as much memory
+        again as those matrices). Default: with ``activations="q8"``.
     """
 
-    def __init__(self, g: GGUFFile, *, num_threads: int = 0, isa: str = "") -> None:
+    def __init__(self, g: GGUFFile, *, num_threads: int = 0, isa: str = "", activations: str = "f32",
+                 pack: bool | None = None) -> None:
+        if activations not in ("f32", "q8"):
+            raise ValueError(f"activations: expected 'f32' or 'q8', got {activations!r}")
         self.hp = hp = read_hparams(g)
         self.num_threads = int(num_threads)
         self.isa = isa or str(_native().quant_info()["isa"])
+        self.activations = activations
         claimed = claim_tensors(g, hp)
         self.tied = claimed["output.weight"] is None
 
@@ -93,7 +108,11 @@ class NativeLlama:
         self.rope_freqs = g.float32("rope_freqs.weight") if freqs is not None else None
         if self.rope_freqs is not None and not (np.isfinite(self.rope_freqs).all() and (self.rope_freqs > 0).all()):
             raise GGUFError(f"{g.path}: rope_freqs.weight holds values that are not finite and > 0")
-        self._model = _native().LlamaModel(hp.native(), tensors, self.rope_freqs)
+        # llama.cpp's arithmetic reads interleaved copies of the matrices (the same numbers, faster)
+        self._model = _native().LlamaModel(hp.native(), tensors, self.rope_freqs,
+                                           activations == "q8" if pack is None else bool(pack))
+        #: bytes of the interleaved copies (0 without them)
+        self.packed_bytes = int(self._model.packed_bytes)
         self._head = tensors[2]
 
     def new_cache(self, slots: int, ctx: int) -> KVCache:
@@ -122,7 +141,7 @@ class NativeLlama:
         self._model.forward(np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(slots, dtype=np.int32),
                             np.ascontiguousarray(positions, dtype=np.int32), cache.k, cache.v,
                             np.ascontiguousarray(out_rows, dtype=np.int64), bool(logits), out, self.num_threads,
-                            self.isa)
+                            self.isa, self.activations)
         return out
 
     def head_logits(self, hidden: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -134,7 +153,7 @@ class NativeLlama:
         ids = np.asarray(ids, dtype=np.int64)
         out = np.empty((hidden.shape[0], len(ids)), dtype=np.float32)
         _native().quant_matmul(np.ascontiguousarray(hidden, dtype=np.float32), np.ascontiguousarray(data[ids]), qtype,
-                               k, out, num_threads=1, isa=self.isa)
+                               k, out, num_threads=1, isa=self.isa, activations=self.activations)
         return out
 
 
