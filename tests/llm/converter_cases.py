@@ -17,10 +17,11 @@ does not know; the tokenizer here is trained in code (GPT-2's byte-level
 split), so ``get_vocab_base_pre`` is made to answer ``"gpt-2"`` (the
 name llama.cpp gives GPT-2's split). Nothing else is touched.
 
-Regenerate (needs torch, transformers, safetensors and the sdist)::
+Regenerate (needs torch, transformers, safetensors and the sdist; name
+cases to convert only those)::
 
     python -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/sdist
-    python tests/llm/converter_cases.py /tmp/sdist/llama_cpp_python-0.3.36.tar.gz
+    python tests/llm/converter_cases.py /tmp/sdist/llama_cpp_python-0.3.36.tar.gz [llama31_k256 ...]
 """
 
 from __future__ import annotations
@@ -53,7 +54,16 @@ CASES: dict[str, tuple[str, dict, int]] = {
                                                        "original_max_position_embeddings": 64}), 2),
     # Qwen2 (q/k/v biases, NEOX rope), tied embeddings (as the small Qwen2 models ship), grouped-query attention
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True), 3),
+    # Llama 3.1-shaped (llama3 rope, tied, GQA) with rows of 256: llama.cpp's K-quants (Q4_K_M, Q6_K ...) apply
+    # to every matrix of it (rows of 32, as above, fall back to other types)
+    "llama31_k256": ("LlamaConfig", dict(hidden_size=256, intermediate_size=256, num_attention_heads=4,
+                                         num_key_value_heads=2, tie_word_embeddings=True,
+                                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 64}), 4),
 }
+#: the converter's --outtype per case (default f32)
+OUTTYPE: dict[str, str] = {}
 _ARCH = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM"}
 
 _CORPUS = [
@@ -82,7 +92,7 @@ def config(name: str) -> dict:
     vocab = len(tok["model"]["vocab"])
     return {"architectures": [_ARCH[cls]], "model_type": cls[: -len("Config")].lower(), "vocab_size": vocab,
             "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"], "torch_dtype": "float32",
-            "hidden_act": "silu", **_COMMON, **fields}
+            "hidden_act": "silu", **{**_COMMON, **fields}}
 
 
 def weights(name: str) -> dict[str, np.ndarray]:
@@ -152,28 +162,29 @@ convert_hf_to_gguf.main()
 """
 
 
-def main(sdist: str) -> None:
+def main(sdist: str, names: list[str]) -> None:
     DATA.mkdir(parents=True, exist_ok=True)
     if not (DATA / "tokenizer" / "tokenizer.json").is_file():
         _train_tokenizer(DATA / "tokenizer")
+    old = json.loads((DATA / "manifest.json").read_text(encoding="utf-8")) if (DATA / "manifest.json").is_file() else {}
     manifest = {"converter": f"{SDIST} (sdist sha256 {hashlib.sha256(Path(sdist).read_bytes()).hexdigest()}): "
                              "vendor/llama.cpp/convert_hf_to_gguf.py --outtype f32",
-                "cases": {}}
+                "cases": dict(old.get("cases", {}))}
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(sdist) as tf:
             tf.extractall(tmp, filter="data")
         (vendor,) = Path(tmp).glob("*/vendor/llama.cpp")
-        for name in CASES:
+        for name in names or CASES:
             folder = write_folder(name, Path(tmp) / name)
             out = DATA / f"{name}.gguf"
-            subprocess.run([sys.executable, "-c", _CONVERT, str(vendor), str(folder), "--outtype", "f32",
-                            "--outfile", str(out)], check=True)
+            subprocess.run([sys.executable, "-c", _CONVERT, str(vendor), str(folder), "--outtype",
+                            OUTTYPE.get(name, "f32"), "--outfile", str(out)], check=True)
             manifest["cases"][name] = {"gguf_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
                                        "weights_sha256": weights_digest(name)}
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(f"usage: python {sys.argv[0]} llama_cpp_python-0.3.36.tar.gz")
-    main(sys.argv[1])
+    if len(sys.argv) < 2:
+        raise SystemExit(f"usage: python {sys.argv[0]} llama_cpp_python-0.3.36.tar.gz [case ...] (default: every case)")
+    main(sys.argv[1], sys.argv[2:])
