@@ -135,7 +135,8 @@ def _pop_engine(options: dict[str, Any]) -> str:
 
 
 def _engine_names(opts: set[str]) -> str:
-    return " and ".join(b for b in _ENGINE_ONLY if opts & _ENGINE_ONLY[b])
+    names = [b for b in _ENGINE_ONLY if opts & _ENGINE_ONLY[b]]
+    return " and ".join(names) + (" engines" if len(names) > 1 else " engine")
 
 
 def _not_gguf(engine: str, options: dict[str, Any]) -> None:
@@ -146,7 +147,7 @@ def _not_gguf(engine: str, options: dict[str, Any]) -> None:
                          f"pair runs on transformers)")
     extra = sorted(_GGUF_ONLY & set(options))
     if extra:
-        raise TypeError(f"options: {extra} apply to the {_engine_names(set(extra))} engine only (.gguf files)")
+        raise TypeError(f"options: {extra} apply to the {_engine_names(set(extra))} only (.gguf files)")
 
 
 def _refusal(backend: str, options: dict[str, Any]) -> tuple[type, str] | None:
@@ -154,7 +155,7 @@ def _refusal(backend: str, options: dict[str, Any]) -> tuple[type, str] | None:
     not have; ValueError: a value it does not run), or None."""
     other = sorted((_GGUF_ONLY - _ENGINE_ONLY.get(backend, set())) & set(options))
     if other:
-        return TypeError, f"{other} apply to the {_engine_names(set(other))} engine only"
+        return TypeError, f"{other} apply to the {_engine_names(set(other))} only"
     clash = {k: options[k] for k, ok in _COMPATIBLE.get(backend, {}).items() if k in options and options[k] not in ok}
     if clash:
         return ValueError, f"{clash} cannot run on the {backend} engine (the CPU, the file's own numerics)"

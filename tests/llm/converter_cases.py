@@ -60,7 +60,7 @@ CASES: dict[str, tuple[str, dict, int]] = {
                                          num_key_value_heads=2, tie_word_embeddings=True,
                                          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                        "high_freq_factor": 4.0,
-                                                       "original_max_position_embeddings": 64}), 4),
+                                                       "original_max_position_embeddings": 64}), 12),
 }
 #: the converter's --outtype per case (default f32)
 OUTTYPE: dict[str, str] = {}
@@ -118,8 +118,10 @@ def weights(name: str) -> dict[str, np.ndarray]:
     out = {}
     for j, (key, shape) in enumerate(sorted(shapes.items())):
         u = _uniform(seed * 1000 + j, int(np.prod(shape))).reshape(shape)
-        # norms near 1, biases small, matrices wide enough that outputs depend on the input
-        out[key] = (1.0 + 0.2 * u) if key.endswith("norm.weight") else (0.1 * u if key.endswith("bias") else 0.4 * u)
+        # norms near 1, biases small, matrices wide enough that outputs depend on the input (their scale falls
+        # with the square root of the width: each layer's gain is that of the 32-wide cases)
+        wide = 0.4 * (32 / H) ** 0.5
+        out[key] = (1.0 + 0.2 * u) if key.endswith("norm.weight") else (0.1 * u if key.endswith("bias") else wide * u)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 

@@ -49,6 +49,7 @@ from rcn_fast.llm.backends.engine.ggml_types import MAX_SIZE, type_name
 #: GGUF metadata value types: id -> (struct format or None, name)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _VTYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
                 8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
 _INTS = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
@@ -209,13 +210,15 @@ class GGUFFile:
         if etype in _SCALARS:
             self._pos += struct.calcsize(_SCALARS[etype]) * count  # bounded above
             return
-        buf, pos, size, unpack = self._buf, self._pos, self.size, struct.unpack_from
-        for i in range(count):
-            if pos + 8 > size:
-                raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file")
-            pos += 8 + unpack("<Q", buf, pos)[0]
-            if pos > size:
-                raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file")
+        buf, pos, unpack = self._buf, self._pos, _U64.unpack_from
+        i = 0
+        try:
+            for i in range(count):  # the hot loop of a large vocabulary: one read and one add per string
+                pos += 8 + unpack(buf, pos)[0]
+        except struct.error:  # a length read past the end (a position past it is one too)
+            raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file") from None
+        if pos > self.size:
+            raise self._fail(f"metadata {key!r}: string {count - 1} of {count} runs past the end of the file")
         self._pos = pos
 
     # ------------------------------------------------------------ the header

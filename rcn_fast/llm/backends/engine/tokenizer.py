@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rcn_fast import _arrays as A
-from rcn_fast.llm.backends.engine.architecture import UnsupportedModel
+from rcn_fast.llm.backends.engine.architecture import UnsupportedModel, unsupported
 from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
@@ -104,8 +104,14 @@ def _byte_alphabet() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-#: the special-token ids a file may name (tokenizer.ggml.<name>_token_id)
-SPECIAL_IDS = ("bos", "eos", "unk", "pad")
+#: the special-token ids a file may name: name -> its key (as llama.cpp's converter writes and its loader reads them)
+SPECIAL_IDS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+               "unk": "tokenizer.ggml.unknown_token_id", "pad": "tokenizer.ggml.padding_token_id"}
+
+
+def special_ids(g: GGUFFile) -> dict[str, int | None]:
+    """The special-token ids the file names (:data:`SPECIAL_IDS`), None where absent."""
+    return {name: g.meta(key, "int", None) for name, key in SPECIAL_IDS.items()}
 
 
 def check_vocabulary_format(g: GGUFFile) -> int:
@@ -124,10 +130,9 @@ def check_vocabulary_format(g: GGUFFile) -> int:
     n = g.array_length("tokenizer.ggml.tokens", "str[]")
     if not n:
         raise GGUFError(f"{g.path}: holds no tokenizer (tokenizer.ggml.tokens is {'empty' if n == 0 else 'missing'})")
-    for name in SPECIAL_IDS:
-        i = g.meta(f"tokenizer.ggml.{name}_token_id", "int", None)
+    for name, i in special_ids(g).items():
         if i is not None and not 0 <= i < n:
-            raise GGUFError(f"{g.path}: tokenizer.ggml.{name}_token_id is {i}, outside the vocabulary of {n} tokens")
+            raise GGUFError(f"{g.path}: {SPECIAL_IDS[name]} is {i}, outside the vocabulary of {n} tokens")
     if g.meta("tokenizer.ggml.eos_token_id", "int", None) is None:
         raise GGUFError(f"{g.path}: tokenizer.ggml.eos_token_id is missing: the vocabulary names no end-of-sequence "
                         f"token, so a generation could never end (and nothing could pad a batch)")
@@ -166,8 +171,8 @@ def check_vocabulary(g: GGUFFile) -> int:
     n = check_vocabulary_format(g)
     kind = g.meta("tokenizer.ggml.model", "str", None)
     if kind != "gpt2":
-        raise UnsupportedModel(f"{g.path}: tokenizer.ggml.model {kind!r} is not supported by the native engine "
-                               f"(byte-level BPE 'gpt2' only)")
+        raise unsupported(g, f"tokenizer.ggml.model {kind!r} (the native engine builds byte-level BPE 'gpt2' "
+                             f"vocabularies only)")
     return n
 
 
@@ -359,7 +364,7 @@ class GGUFTokenizer:
         #: tokens of the vocabulary
         self.n_tokens = check_vocabulary(g)
         self.chat_template: str | None = g.meta("tokenizer.chat_template", "str", None)
-        self._ids = {name: g.meta(f"tokenizer.ggml.{name}_token_id", "int", None) for name in SPECIAL_IDS}
+        self._ids = special_ids(g)
         self._backend: Any = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -478,5 +483,5 @@ class GGUFTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
-__all__ = ["GGUFTokenizer", "check_vocabulary", "check_vocabulary_format", "check_merges", "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS",
-           "CACHE_FORMAT"]
+__all__ = ["GGUFTokenizer", "check_vocabulary", "check_vocabulary_format", "check_merges", "special_ids", "SPECIAL_IDS",
+           "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS", "CACHE_FORMAT"]

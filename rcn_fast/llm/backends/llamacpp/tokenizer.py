@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import Sequence
 
 from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
-from rcn_fast.llm.backends.engine.tokenizer import SPECIAL_IDS
+from rcn_fast.llm.backends.engine.tokenizer import special_ids
 from rcn_fast.llm.backends.llamacpp.lib import Model
 
 
@@ -43,7 +43,7 @@ class LlamaCppTokenizer:
         self.name_or_path = str(g.path)
         self.n_tokens = model.n_vocab
         self.chat_template: str | None = g.meta("tokenizer.chat_template", "str", None)
-        self._ids = {name: g.meta(f"tokenizer.ggml.{name}_token_id", "int", None) for name in SPECIAL_IDS}
+        self._ids = special_ids(g)
 
     # ------------------------------------------------------------ special tokens
 
