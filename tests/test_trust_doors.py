@@ -126,6 +126,7 @@ RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/llm/backends/engine/gguf_file.py": (1, _USER_FILE + " (a .gguf)"),
     "rcn_fast/llm/backends/engine/tokenizer.py": (1, "writes a fresh private temporary entry; " + _CACHE),
     "rcn_fast/llm/backends/gguf_cache.py": (3, "writes (and reads back) a fresh private temporary entry; " + _CACHE),
+    "rcn_fast/llm/backends/speeds.py": (1, "/proc/cpuinfo (the CPU class of a speed record)"),
     "rcn_fast/llm/cache.py": (4, "sqlite on the file CallCache checked with no_links (and its -wal/-shm/-journal)"),
     "rcn_fast/model_files.py": (5, "hashes and reads a model folder after check_links (refuse_remote_code)"),
     "rcn_fast/paper/report.py": (2, _USER_FILE + " (--report)"),

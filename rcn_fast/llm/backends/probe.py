@@ -63,16 +63,17 @@ def check_file(path: str | Path) -> GGUFFile:
     return g
 
 
-def check_for_llamacpp(path: str | Path) -> GGUFFile:
-    """:func:`check_file` and what llama.cpp's loader would take on trust
-    (module notes); returns the open file.
+def check_for_llamacpp(path: str | Path, g: GGUFFile | None = None) -> GGUFFile:
+    """:func:`check_file` (unless ``g``, the file it returned, is given) and
+    what llama.cpp's loader would take on trust (module notes); returns the
+    open file.
 
     Raises
     ------
     GGUFError
         A malformed file.
     """
-    g = check_file(path)
+    g = g if g is not None else check_file(path)
     if architecture(g) in ARCHITECTURES:
         try:
             claim_tensors(g, read_hparams(g), check_types=False)
@@ -103,7 +104,7 @@ def _llamacpp(g: GGUFFile) -> Verdict:
     if not lib.installed():
         return Verdict("llamacpp", False, f"llama-cpp-python is not installed: {lib.HINT}")
     try:
-        check_for_llamacpp(g.path)
+        check_for_llamacpp(g.path, g)
         lib.Model(g.path, vocab_only=True).close()
     except ImportError as exc:
         return Verdict("llamacpp", False, str(exc))
