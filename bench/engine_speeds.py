@@ -121,6 +121,7 @@ def versions() -> dict[str, str]:
         import llama_cpp
 
         out["llama_cpp_python"] = llama_cpp.__version__
+        out["OMP_WAIT_POLICY"] = os.environ.get("OMP_WAIT_POLICY", "")
     except ImportError:
         pass
     return out

@@ -301,6 +301,15 @@ def test_the_chat_template_is_rendered_by_rcn_fasts_door(monkeypatch):
     assert seen and all(t == llm.tokenizer.chat_template for t in seen)
 
 
+def test_a_closed_model_is_an_error_not_a_crash():
+    llm = load_llm(str(cc.DATA / "qwen2.gguf"), engine="llamacpp", num_threads=1)
+    llm.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        llm.generate(CHATS[:1], max_new_tokens=2)
+    with pytest.raises(RuntimeError, match="was closed"):
+        llm.tokenizer.encode("hi")
+
+
 def test_a_missing_llama_cpp_python_is_an_install_hint(monkeypatch):
     import sys
 

@@ -32,6 +32,7 @@ from rcn_fast.llm.backends.engine.gguf_file import MAX_NESTED_ARRAYS, GGUFFile
 
 DATA = Path(__file__).resolve().parent / "data" / "converter"
 CHAT = [[{"role": "user", "content": "Answer: A"}]]
+_PROC = pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak memory from /proc")
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +56,24 @@ def _engines() -> list[str]:
     return ["native", "auto"] + (["llamacpp"] if installed() else [])
 
 
-def _peak_mib(code: str) -> tuple[str, float]:
-    """Run ``code`` in a child Python; (its last output line, its peak RSS in MiB)."""
-    script = textwrap.dedent(code) + textwrap.dedent("""
-        import resource
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+def _open_in_child(call: str) -> tuple[str, float]:
+    """``call`` (an expression that opens a file) in a child Python:
+    ("REFUSED <message>" or "LOADED", the child's peak RSS in MiB)."""
+    script = textwrap.dedent(f"""
+        from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
+        from rcn_fast.llm.backends.probe import check_file
+        try:
+            {call}
+            print("LOADED")
+        except GGUFError as exc:
+            print("REFUSED " + str(exc))
+        # VmHWM: this program's peak (ru_maxrss would keep the forking parent's across exec)
+        with open("/proc/self/status") as f:
+            print(next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024)
     """)
+    root = str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                                          os.environ.get("PYTHONPATH", "")])})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])})
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     return lines[-2], float(lines[-1])
@@ -92,6 +102,28 @@ def test_n10_one_duplicated_merge_is_refused(engine, real, tmp_path, cache):
     assert str(path) in str(err.value)
 
 
+def test_n10_a_tokenizer_cached_before_the_check_does_not_let_the_file_in(real, tmp_path, cache, monkeypatch):
+    """The GGUF tokenizer cache is keyed by the file's header: an entry that
+    an older build made from a file with a repeated merge (build 3 did not
+    check) is rebuilt, and so checked, not read."""
+    from rcn_fast.llm import load_llm
+    from rcn_fast.llm.backends.engine import tokenizer as toklib
+
+    kvs, tensors = real
+    merges = _merges(kvs)
+    path = tmp_path / "dup1.gguf"
+    path.write_bytes(gb.build(gb.edit(kvs, "tokenizer.ggml.merges", gb.ARRAY, merges + [merges[3]], gb.STRING),
+                              tensors))
+    with monkeypatch.context() as mp:  # the build of before: no check, version 3
+        mp.setattr(toklib, "check_merges", lambda g: g.meta("tokenizer.ggml.merges", "str[]"))
+        mp.setattr(toklib, "BUILD_VERSION", 3)
+        load_llm(str(path), engine="native")
+    assert any((tmp_path / "cache" / "gguf-tokenizers").iterdir())
+    with pytest.raises(GGUFError, match=r"repeats merges\[3\]"):
+        load_llm(str(path), engine="native")
+
+
+@_PROC
 def test_n10_ten_million_duplicate_merges_are_refused_by_count(real, tmp_path):
     """10**7 duplicates loaded at 2.94 GB: now refused from the array's
     length (more merges than the vocabulary's tokens can form distinct
@@ -104,19 +136,12 @@ def test_n10_ten_million_duplicate_merges_are_refused_by_count(real, tmp_path):
     path = tmp_path / "dup1e7.gguf"
     path.write_bytes(blob[:at] + struct.pack("<IQ", gb.STRING, n) + one * n + blob[at + 12 + len(one):])
     assert path.stat().st_size > 110_000_000
-    line, peak = _peak_mib(f"""
-        from rcn_fast.llm.backends.probe import check_file
-        from rcn_fast.llm.backends.engine import GGUFError
-        try:
-            check_file({str(path)!r})
-            print("LOADED")
-        except GGUFError as exc:
-            print("REFUSED " + str(exc))
-    """)
+    line, peak = _open_in_child(f"check_file({str(path)!r})")
     assert line.startswith("REFUSED") and f"tokenizer.ggml.merges has {n} entries, more than the" in line, line
-    assert peak < 600, f"{peak:.0f} MiB to refuse it"
+    assert peak < 300, f"{peak:.0f} MiB to refuse it"
 
 
+@_PROC
 def test_n10_eight_million_empty_nested_arrays_are_refused_before_they_are_built(tmp_path):
     """8,000,000 empty arrays inside one array (96 MB) parsed eagerly to
     1.52 GB; now counted against the file's budget of nested arrays first."""
@@ -124,14 +149,7 @@ def test_n10_eight_million_empty_nested_arrays_are_refused_before_they_are_built
     payload = struct.pack("<IQ", gb.ARRAY, n) + struct.pack("<IQ", gb.U8, 0) * n
     path = tmp_path / "nested.gguf"
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gb.string("junk") + struct.pack("<I", gb.ARRAY) + payload)
-    line, peak = _peak_mib(f"""
-        from rcn_fast.llm.backends.engine.gguf_file import GGUFFile, GGUFError
-        try:
-            GGUFFile({str(path)!r})
-            print("LOADED")
-        except GGUFError as exc:
-            print("REFUSED " + str(exc))
-    """)
+    line, peak = _open_in_child(f"GGUFFile({str(path)!r})")
     assert line.startswith("REFUSED") and f"an array of {n} arrays" in line, line
     assert peak < 300, f"{peak:.0f} MiB to refuse it"
 

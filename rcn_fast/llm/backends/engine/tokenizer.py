@@ -68,8 +68,9 @@ from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
-#: bumped when build_backend builds differently (an entry of another version is rebuilt)
-BUILD_VERSION = 3
+#: bumped when build_backend builds or checks differently (an entry of another version is rebuilt, and so checked:
+#: 4 refuses repeated merges, which entries of 3 were built from)
+BUILD_VERSION = 4
 logger = logging.getLogger(__name__)
 
 # GGUF token types
@@ -340,7 +341,43 @@ def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     return tok
 
 
-class GGUFTokenizer:
+class SpecialTokens:
+    """The special tokens of a GGUF vocabulary as transformers names them:
+    a subclass sets ``_ids`` (:func:`special_ids`) and implements
+    ``_token(name)``, the text of that special token or None."""
+
+    _ids: dict[str, int | None]
+
+    def _token(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._ids["eos"]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._ids["bos"]
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._token("eos")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._token("bos")
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
+        return {v: t for k, v in names.items() if (t := self._token(k)) is not None}
+
+
+class GGUFTokenizer(SpecialTokens):
     """The tokenizer of a GGUF file (the transformers API subset rcn_fast uses).
 
     Parameters
@@ -410,31 +447,6 @@ class GGUFTokenizer:
         return self._special[name]
 
     @property
-    def eos_token_id(self) -> int | None:
-        return self._ids["eos"]
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._ids["bos"]
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
-
-    @property
-    def eos_token(self) -> str | None:
-        return self._token("eos")
-
-    @property
-    def bos_token(self) -> str | None:
-        return self._token("bos")
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
-        return {v: self._token(k) for k, v in names.items() if self._token(k) is not None}  # type: ignore[misc]
-
-    @property
     def all_special_tokens(self) -> list[str]:
         return [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
 
@@ -483,5 +495,5 @@ class GGUFTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
-__all__ = ["GGUFTokenizer", "check_vocabulary", "check_vocabulary_format", "check_merges", "special_ids", "SPECIAL_IDS",
+__all__ = ["GGUFTokenizer", "SpecialTokens", "check_vocabulary", "check_vocabulary_format", "check_merges", "special_ids", "SPECIAL_IDS",
            "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS", "CACHE_FORMAT"]

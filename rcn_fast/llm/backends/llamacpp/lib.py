@@ -8,6 +8,14 @@ Nothing of llama-cpp-python's high-level ``Llama`` class is used: no chat
 formats (its Jinja), no sampler, no cache of its own. llama.cpp's log lines
 go to the ``rcn_fast.llm.llamacpp`` logger (debug level); the ones of a
 failed load are kept and named in its error.
+
+``OMP_WAIT_POLICY`` is set to ``PASSIVE`` before llama.cpp is first
+imported, unless the environment sets it: llama.cpp's OpenMP threads
+otherwise spin at every barrier, which on a machine with more runnable
+threads than cores stalls each op behind descheduled spinners (measured on
+a loaded 2-core machine: SmolLM2-135M at 2 threads, 1.6 tok/s spinning,
+12-14 tok/s passive). ``OMP_WAIT_POLICY=ACTIVE`` restores llama.cpp's
+own behaviour (for a dedicated machine).
 """
 
 from __future__ import annotations
@@ -68,6 +76,11 @@ def require() -> Any:
         return _lib
     with _lock:
         if _lib is None:
+            # llama.cpp's OpenMP threads spin at every barrier by default: on a machine with more runnable
+            # threads than cores each op then waits for descheduled spinners (SmolLM2, 2 threads on a loaded
+            # 2-core machine: 1.6 -> 12-14 tok/s passive). Read once, when llama.cpp's libgomp loads; a
+            # setting of the caller's own wins.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
             mod = A.require("llama_cpp", HINT)
             have = _version(getattr(mod, "__version__", "0"))
             if not SUPPORTED[0] <= have < SUPPORTED[1]:
@@ -144,7 +157,28 @@ class LoadError(RuntimeError):
     """llama.cpp did not load a file (its log lines say why)."""
 
 
-class Model:
+class _Owned:
+    """A llama.cpp object freed by :meth:`close`, at the latest when collected."""
+
+    ptr: Any = None
+
+    def live(self) -> Any:
+        """The pointer; a RuntimeError once closed (never a call on freed memory)."""
+        if not self.ptr:
+            raise RuntimeError(f"this llama.cpp {type(self).__name__.lower()} was closed")
+        return self.ptr
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown
+            pass
+
+
+class Model(_Owned):
     """A model loaded by llama.cpp from a ``.gguf`` file (CPU only, the
     weights memory-mapped as llama.cpp maps them).
 
@@ -176,18 +210,12 @@ class Model:
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
 
     def close(self) -> None:
-        if getattr(self, "ptr", None):
+        if self.ptr:
             self.lib.llama_model_free(self.ptr)
             self.ptr = None
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown
-            pass
 
-
-class Context:
+class Context(_Owned):
     """A llama.cpp context over a :class:`Model`: ``n_ctx`` key/value cells
     shared by up to ``n_seq`` sequences (llama.cpp's unified memory, where
     copying a sequence's prefix to another tags the same cells, no data is
@@ -245,13 +273,13 @@ class Context:
         for i, s in enumerate(seqs):
             ptrs[i][0] = s
         self._batch.n_tokens = n
-        return int(self.lib.llama_decode(self.ptr, self._batch))
+        return int(self.lib.llama_decode(self.live(), self._batch))
 
     def logits(self, indices: Sequence[int]) -> np.ndarray:
         """float32 [len(indices), n_vocab]: the logits at those batch indices of the last decode."""
         out = np.empty((len(indices), self.n_vocab), dtype=np.float32)
         for j, i in enumerate(indices):
-            ptr = self.lib.llama_get_logits_ith(self.ptr, int(i))
+            ptr = self.lib.llama_get_logits_ith(self.live(), int(i))
             if not ptr:
                 raise RuntimeError(f"llama.cpp kept no logits at batch index {i}")
             out[j] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -259,27 +287,24 @@ class Context:
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Drop sequence ``seq``'s cells at positions [p0, p1) (-1: open)."""
+        self.live()
         if not self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1):
             raise RuntimeError(f"llama.cpp could not drop positions [{p0}, {p1}) of sequence {seq}")
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Give sequence ``dst`` the cells of ``src`` at positions [p0, p1)."""
+        self.live()
         self.lib.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
     def clear(self) -> None:
+        self.live()
         self.lib.llama_memory_clear(self.mem, True)
 
     def close(self) -> None:
-        if getattr(self, "ptr", None):
+        if self.ptr:
             self.lib.llama_batch_free(self._batch)
             self.lib.llama_free(self.ptr)
             self.ptr = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown
-            pass
 
 
 def quantize(src: Path, dst: Path, ftype: str, *, threads_: int = 0) -> None:

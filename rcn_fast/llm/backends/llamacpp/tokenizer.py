@@ -20,11 +20,11 @@ from functools import cached_property
 from typing import Sequence
 
 from rcn_fast.llm.backends.engine.gguf_file import GGUFFile
-from rcn_fast.llm.backends.engine.tokenizer import special_ids
+from rcn_fast.llm.backends.engine.tokenizer import SpecialTokens, special_ids
 from rcn_fast.llm.backends.llamacpp.lib import Model
 
 
-class LlamaCppTokenizer:
+class LlamaCppTokenizer(SpecialTokens):
     """llama.cpp's vocabulary of ``model`` with the metadata of ``g``.
 
     Parameters
@@ -47,39 +47,18 @@ class LlamaCppTokenizer:
 
     # ------------------------------------------------------------ special tokens
 
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._ids["eos"]
+    def _v(self) -> object:
+        """The vocabulary's pointer (a RuntimeError once the model is closed)."""
+        self._model.live()
+        return self._vocab
 
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._ids["bos"]
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
-
-    def _text(self, i: int | None) -> str | None:
-        if i is None:
-            return None
-        return self._lib.llama_vocab_get_text(self._vocab, int(i)).decode("utf-8", "replace")
-
-    @property
-    def eos_token(self) -> str | None:
-        return self._text(self._ids["eos"])
-
-    @property
-    def bos_token(self) -> str | None:
-        return self._text(self._ids["bos"])
-
-    @cached_property
-    def special_tokens_map(self) -> dict[str, str]:
-        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
-        return {v: t for k, v in names.items() if (t := self._text(self._ids[k])) is not None}
+    def _token(self, name: str) -> str | None:
+        i = self._ids[name]
+        return None if i is None else self._lib.llama_vocab_get_text(self._v(), int(i)).decode("utf-8", "replace")
 
     @cached_property
     def _attrs(self) -> list[tuple[str, int]]:
-        get_text, get_attr, vocab = self._lib.llama_vocab_get_text, self._lib.llama_vocab_get_attr, self._vocab
+        get_text, get_attr, vocab = self._lib.llama_vocab_get_text, self._lib.llama_vocab_get_attr, self._v()
         return [(get_text(vocab, i).decode("utf-8", "replace"), int(get_attr(vocab, i))) for i in range(self.n_tokens)]
 
     @property
@@ -122,7 +101,7 @@ class LlamaCppTokenizer:
         cap = len(raw) + 8
         while True:
             buf = (ctypes.c_int32 * cap)()
-            n = self._lib.llama_tokenize(self._vocab, raw, len(raw), buf, cap, bool(add_special_tokens), True)
+            n = self._lib.llama_tokenize(self._v(), raw, len(raw), buf, cap, bool(add_special_tokens), True)
             if n >= 0:
                 return list(buf[:n])
             cap = -n
@@ -139,7 +118,7 @@ class LlamaCppTokenizer:
         cap = 16 * n + 16
         while True:
             buf = ctypes.create_string_buffer(cap)
-            got = self._lib.llama_detokenize(self._vocab, toks, n, buf, cap, False, not skip_special_tokens)
+            got = self._lib.llama_detokenize(self._v(), toks, n, buf, cap, False, not skip_special_tokens)
             if got >= 0:
                 return buf.raw[:got].decode("utf-8", "replace")
             cap = -got + 1
