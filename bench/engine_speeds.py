@@ -108,7 +108,8 @@ def measure(files: list[Path], backends: list[str], threads: int, repeats: int) 
             rows.append({"backend": b, "quant": quant, "params": params, "decode_tok_s": round(best[b][0], 2),
                          "prompt_tok_s": round(best[b][1], 1), "cpu": speeds.cpu_info(), "threads": threads,
                          "file": path.name, "command": "python bench/engine_speeds.py " + " ".join(sys.argv[1:]),
-                         "versions": versions(), "date": datetime.date.today().isoformat()})
+                         "versions": versions(), "date": datetime.date.today().isoformat(),
+                         "load_average": round(os.getloadavg()[0], 1)})
         del models
     return rows, notes
 

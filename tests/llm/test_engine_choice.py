@@ -46,6 +46,10 @@ def test_the_nearest_measured_size_on_this_cpu_class_orders_the_backends():
     assert big == ["llamacpp", "native", "transformers"] and "at 1000M parameters" in why
     # halfway on a log scale: the smaller size decides
     assert speeds.ranking("Q8_0", int((135e6 * 1e9) ** 0.5), all3, cpu=ME, records=table)[0][0] == "native"
+    # above the largest measured size that one decides; far below the smallest, the default order
+    assert speeds.ranking("Q8_0", 70 * 10**9, all3, cpu=ME, records=table)[0][0] == "llamacpp"
+    tiny, why = speeds.ranking("Q8_0", 135_000_000 // (speeds.MAX_BELOW + 1), all3, cpu=ME, records=table)
+    assert tiny == list(speeds.DEFAULT_ORDER) and "measured on this CPU class from 135M" in why
     # a backend the options rule out is not named; one never measured there follows in the default order
     assert speeds.ranking("Q8_0", 10**9, ["native", "transformers"], cpu=ME, records=table)[0] == \
         ["native", "transformers"]

@@ -12,7 +12,11 @@ model name is recorded but not compared); of those, the runs at the
 measured model size nearest to the file's (parameters, log scale; ties go
 to the smaller size) decide: the backends in order of their mean decode
 tokens/s there, then the backends no such run measured, in the default
-order.
+order. A file more than :data:`MAX_BELOW` times smaller than the
+smallest measured size keeps the default order (at a few million
+parameters per-token overheads decide, not the weights' read that a 1B
+measurement shows); one larger than the largest measured size takes
+that one's order (the read of the weights only grows).
 
 Where no run matches (another CPU class, a quantisation never measured)
 the default order holds: on a machine without a CUDA GPU ``native``
@@ -35,6 +39,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
+#: a file this many times smaller than the smallest measured size keeps the default order (per-token
+#: overheads, not the weights' read, decide there; above the largest measured size that one holds)
+MAX_BELOW = 8
 #: the backends of a .gguf file, in the default order on a CPU
 DEFAULT_ORDER = ("native", "llamacpp", "transformers")
 #: with a CUDA GPU (device "auto"): transformers computes on it
@@ -58,6 +65,7 @@ class SpeedRecord:
     command: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     date: str = ""
+    load_average: float = 0.0  # the machine's 1-minute load when measured (a shared machine: read the ratios)
 
     def cpu_class(self) -> tuple[str, str]:
         return (self.cpu.get("vendor", ""), self.cpu.get("isa", ""))
@@ -142,6 +150,10 @@ def ranking(quant: str, params: int, candidates: Sequence[str], *, cuda: bool = 
         return default, (f"no recorded run of {quant} files on this CPU class ({mine[0] or '?'}, {mine[1]}): the "
                          f"default order")
     size = max(1, params)
+    smallest = min(r.params for r in rows)
+    if size * MAX_BELOW < smallest:
+        return default, (f"{quant} files are measured on this CPU class from {smallest / 1e6:.0f}M parameters on, this "
+                         f"one has {size / 1e6:.2g}M: the default order")
     best = min(rows, key=lambda r: (abs(math.log2(size) - math.log2(r.params)), r.params)).params
     at = [r for r in rows if r.params == best]
     speed = {b: sum(r.decode_tok_s for r in at if r.backend == b) / n
@@ -152,5 +164,5 @@ def ranking(quant: str, params: int, candidates: Sequence[str], *, cuda: bool = 
     return order, f"recorded decode speed of {quant} at {best / 1e6:.0f}M parameters on {mine[1]}: {shown}"
 
 
-__all__ = ["SpeedRecord", "DEFAULT_ORDER", "CUDA_ORDER", "FORMAT", "FILE", "cpu_info", "load_records", "file_kind",
+__all__ = ["SpeedRecord", "MAX_BELOW", "DEFAULT_ORDER", "CUDA_ORDER", "FORMAT", "FILE", "cpu_info", "load_records", "file_kind",
            "ranking"]

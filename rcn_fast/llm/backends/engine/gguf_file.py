@@ -215,8 +215,9 @@ class GGUFFile:
         try:
             for i in range(count):  # the hot loop of a large vocabulary: one read and one add per string
                 pos += 8 + unpack(buf, pos)[0]
-        except struct.error:  # a length read past the end (a position past it is one too)
-            raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file") from None
+        except (struct.error, OverflowError):  # a length not in the file: string i's, or string i - 1 ran past
+            bad = i - 1 if pos > self.size else i
+            raise self._fail(f"metadata {key!r}: string {bad} of {count} runs past the end of the file") from None
         if pos > self.size:
             raise self._fail(f"metadata {key!r}: string {count - 1} of {count} runs past the end of the file")
         self._pos = pos
