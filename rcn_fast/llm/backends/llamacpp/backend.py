@@ -86,6 +86,9 @@ class LlamaCppConfig:
             v = getattr(self, name)
             if not is_int(v) or v < 0:
                 raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        if self.max_batch_tokens < self.batch_size:
+            raise ValueError(f"max_batch_tokens: expected at least batch_size ({self.batch_size}) tokens a decode (each "
+                             f"decoding row adds one), got {self.max_batch_tokens}")
         if self.batch_size + self.prefix_seqs > 256:
             raise ValueError(f"batch_size + prefix_seqs: at most 256 sequences (llama.cpp's limit), got "
                              f"{self.batch_size + self.prefix_seqs}")
