@@ -149,6 +149,7 @@ RAW_FILE_ACCESS: dict[str, tuple[int, str]] = {
     "rcn_fast/llm/backends/engine/gguf_file.py": (1, _USER_FILE + " (a .gguf)"),
     "rcn_fast/llm/backends/engine/tokenizer.py": (1, "writes a fresh private temporary entry; " + _CACHE),
     "rcn_fast/llm/backends/gguf_cache.py": (3, "writes (and reads back) a fresh private temporary entry; " + _CACHE),
+    "rcn_fast/llm/backends/speeds.py": (1, "/proc/cpuinfo (the CPU class of a speed record)"),
     "rcn_fast/llm/cache.py": (4, "sqlite on the file CallCache checked with refuse_links (and its "
                                  "-wal/-shm/-journal): sqlite opens by name (docs/security.md)"),
     "rcn_fast/model_files.py": (1, _USER_FILE + " (a .gguf's header)"),

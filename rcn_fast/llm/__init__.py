@@ -4,7 +4,9 @@
   package, hub id, ``"openai:<url>#<model>"`` server, ``"vllm:<model>"``,
   any ``"<prefix>:..."`` registered with :func:`register_backend`
   (:mod:`rcn_fast.llm.registry`) or ``(model, tokenizer)`` pair -> an
-  :class:`LLM`.
+  :class:`LLM`; a ``.gguf`` runs on the native engine, llama.cpp in this
+  process or transformers (``engine=``; ``"auto"`` picks the fastest that
+  runs the file: :mod:`rcn_fast.llm.backends.speeds`).
 * :class:`LLM` -- ``generate(chats, ...)`` and ``label_logprobs(chats, labels)``;
   a final assistant turn in a chat is a pre-fill the model continues.
 * :func:`choice_logprobs` / :func:`choice_logprobs_from_hidden` -- the

@@ -18,10 +18,11 @@ split), so ``get_vocab_base_pre`` is made to answer ``"gpt-2"`` (the
 name llama.cpp gives GPT-2's split; rcn_fast/testing/llamacpp_tools.py
 runs the converter). Nothing else is touched.
 
-Regenerate (needs torch, transformers, safetensors and the sdist)::
+Regenerate (needs torch, transformers, safetensors and the sdist; name
+cases to convert only those)::
 
     python -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/sdist
-    python tests/llm/converter_cases.py /tmp/sdist/llama_cpp_python-0.3.36.tar.gz
+    python tests/llm/converter_cases.py /tmp/sdist/llama_cpp_python-0.3.36.tar.gz [llama31_k256 ...]
 """
 
 from __future__ import annotations
@@ -52,7 +53,16 @@ CASES: dict[str, tuple[str, dict, int]] = {
                                                        "original_max_position_embeddings": 64}), 2),
     # Qwen2 (q/k/v biases, NEOX rope), tied embeddings (as the small Qwen2 models ship), grouped-query attention
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True), 3),
+    # Llama 3.1-shaped (llama3 rope, tied, GQA) with rows of 256: llama.cpp's K-quants (Q4_K_M, Q6_K ...) apply
+    # to every matrix of it (rows of 32, as above, fall back to other types)
+    "llama31_k256": ("LlamaConfig", dict(hidden_size=256, intermediate_size=256, num_attention_heads=4,
+                                         num_key_value_heads=2, tie_word_embeddings=True,
+                                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 64}), 12),
 }
+#: the converter's --outtype per case (default f32)
+OUTTYPE: dict[str, str] = {}
 _ARCH = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM"}
 
 _CORPUS = [
@@ -81,7 +91,7 @@ def config(name: str) -> dict:
     vocab = len(tok["model"]["vocab"])
     return {"architectures": [_ARCH[cls]], "model_type": cls[: -len("Config")].lower(), "vocab_size": vocab,
             "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"], "torch_dtype": "float32",
-            "hidden_act": "silu", **_COMMON, **fields}
+            "hidden_act": "silu", **{**_COMMON, **fields}}
 
 
 def weights(name: str) -> dict[str, np.ndarray]:
@@ -110,8 +120,10 @@ def weights_for(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     out = {}
     for j, (key, shape) in enumerate(sorted(shapes.items())):
         u = _uniform(seed * 1000 + j, int(np.prod(shape))).reshape(shape)
-        # norms near 1, biases small, matrices wide enough that outputs depend on the input
-        out[key] = (1.0 + 0.2 * u) if key.endswith("norm.weight") else (0.1 * u if key.endswith("bias") else 0.4 * u)
+        # norms near 1, biases small, matrices wide enough that outputs depend on the input (their scale falls
+        # with the square root of the width: each layer's gain is that of the 32-wide cases)
+        wide = 0.4 * (32 / H) ** 0.5
+        out[key] = (1.0 + 0.2 * u) if key.endswith("norm.weight") else (0.1 * u if key.endswith("bias") else wide * u)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
@@ -151,27 +163,29 @@ def _train_tokenizer(folder: Path) -> None:
     build_tokenizer(vocab_size=300, corpus=_CORPUS).save_pretrained(folder)
 
 
-def main(sdist: str) -> None:
+def main(sdist: str, names: list[str]) -> None:
     from rcn_fast.testing import llamacpp_tools as lt
 
     DATA.mkdir(parents=True, exist_ok=True)
     if not (DATA / "tokenizer" / "tokenizer.json").is_file():
         _train_tokenizer(DATA / "tokenizer")
+    old = json.loads((DATA / "manifest.json").read_text(encoding="utf-8")) if (DATA / "manifest.json").is_file() else {}
     manifest = {"converter": f"{SDIST} (sdist sha256 {hashlib.sha256(Path(sdist).read_bytes()).hexdigest()}): "
                              "vendor/llama.cpp/convert_hf_to_gguf.py --outtype f32",
-                "cases": {}}
+                "cases": dict(old.get("cases", {}))}
     with tempfile.TemporaryDirectory() as tmp:
         vendor = lt.vendor(Path(sdist), Path(tmp))
-        for name in CASES:
+        for name in names or CASES:
             folder = write_folder(name, Path(tmp) / name)
             out = DATA / f"{name}.gguf"
-            lt.convert(vendor, folder, out, "f32", pre="gpt-2")  # a tokenizer trained in code: GPT-2's split
+            # a tokenizer trained in code: GPT-2's split
+            lt.convert(vendor, folder, out, OUTTYPE.get(name, "f32"), pre="gpt-2")
             manifest["cases"][name] = {"gguf_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
                                        "weights_sha256": weights_digest(name)}
     (DATA / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(f"usage: python {sys.argv[0]} llama_cpp_python-0.3.36.tar.gz")
-    main(sys.argv[1])
+    if len(sys.argv) < 2:
+        raise SystemExit(f"usage: python {sys.argv[0]} llama_cpp_python-0.3.36.tar.gz [case ...] (default: every case)")
+    main(sys.argv[1], sys.argv[2:])

@@ -61,10 +61,16 @@ def test_engine_choice_and_option_checks(tiny_gguf, tiny_llama_dir, cache):
         load_llm(str(tiny_gguf), batch_size=0)
     with pytest.raises(ValueError, match="'native' runs .gguf files only"):
         load_llm(str(tiny_llama_dir), engine="native")
-    with pytest.raises(TypeError, match="native engine only"):
+    with pytest.raises(TypeError, match="apply to the native engine only"):
         load_llm(str(tiny_llama_dir), prefix_cache_mb=10)
-    with pytest.raises(TypeError, match="native engine only"):  # not dropped in silence
+    with pytest.raises(TypeError, match="apply to the native and llamacpp engines only"):  # not dropped in silence
         load_llm(str(tiny_gguf), engine="transformers", num_threads=2)
+    with pytest.raises(TypeError, match=r"\['isa'\] apply to the native engine only"):
+        load_llm(str(tiny_gguf), engine="llamacpp", isa="avx2")
+    with pytest.raises(TypeError, match=r"\['kv_type'\] apply to the llamacpp engine only"):
+        load_llm(str(tiny_gguf), engine="native", kv_type="f16")
+    with pytest.raises(ValueError, match="'llamacpp' runs .gguf files only"):
+        load_llm(str(tiny_llama_dir), engine="llamacpp")
     with pytest.raises(TypeError, match="unknown option"):
         load_llm(str(tiny_gguf), threads=2)
 
@@ -83,24 +89,35 @@ def test_gguf_reader_refuses_what_is_not_gguf(tiny_gguf, tmp_path):
     assert g.float32("output_norm.weight").dtype == np.float32
 
 
-def test_models_the_engine_does_not_run_name_the_transformers_engine(tmp_path):
+def test_models_the_engine_does_not_run_name_a_backend_that_does(tmp_path):
     import gguf
 
     path = tmp_path / "other.gguf"
     w = gguf.GGUFWriter(str(path), "phi3")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b", "ab", "</s>"])
+    w.add_token_merges(["a b"])
+    w.add_eos_token_id(3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+    with pytest.raises(UnsupportedModel, match="architecture 'phi3'") as err:
         load_llm(str(path), engine="native")
+    assert " runs it" in str(err.value) or " run it" in str(err.value) or "no installed backend runs it (" in \
+        str(err.value)
 
 
 @pytest.mark.parametrize("change", ["sentencepiece", "no merges"])
 def test_a_vocabulary_the_engine_cannot_build_is_refused_at_load(change, tmp_path, cache, monkeypatch):
     """Refused when the model is made (not on the tokenizer's background
-    thread at first use), so engine="auto" falls back to transformers."""
+    thread at first use): a vocabulary the engine does not build
+    (SentencePiece) is UnsupportedModel, where engine="auto" goes on to the
+    next backend; a byte-level BPE one without merges is malformed
+    (GGUFError, llama.cpp refuses it too), refused by every engine, "auto"
+    included (issue 53, B7: it fell back to transformers and scored
+    0.000)."""
     pytest.importorskip("torch")
     import gguf
 
@@ -115,11 +132,18 @@ def test_a_vocabulary_the_engine_cannot_build_is_refused_at_load(change, tmp_pat
         tok = build_tokenizer()
         path = tmp_path / "other-vocab.gguf"
         write_gguf(build_model("llama", len(tok), tok.eos_token_id, tok.pad_token_id), tok, path)
-    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+    if change == "no merges":
+        for engine in ("native", "auto", "llamacpp", "transformers"):
+            with pytest.raises(GGUFError, match="without merges"):
+                load_llm(str(path), engine=engine)
+        return
+    with pytest.raises(UnsupportedModel, match="tokenizer.ggml.model 'llama'"):
         toklib.GGUFTokenizer(GGUFFile(path))
-    with pytest.raises(UnsupportedModel, match="engine='transformers'"):
+    with pytest.raises(UnsupportedModel, match="the native engine does not run it; ") as err:
         load_llm(str(path), engine="native")
-    assert load_mod._load_native(path, str(path), "auto", {}) is None  # auto: transformers runs it
+    order, _, _ = load_mod.gguf_order(path)
+    assert order[0] == "native"  # auto probes it first, then goes on (not refused as malformed)
+    assert "engine='" in str(err.value) or "no installed backend runs it" in str(err.value)
 
 
 def test_one_prompts_samples_prefill_it_once(tiny_gguf, cache):

@@ -82,7 +82,7 @@ def test_every_way_to_a_gguf_file_goes_through_the_strict_reader():
         if path.name != "gguf_file.py":
             text = path.read_text(encoding="utf-8")
             assert "._values" not in text and "._types[" not in text, f"{path} reaches into GGUFFile's metadata"
-    assert {"load.py:_load", "load.py:_load_gguf", "tokenizer.py:load_tokenizer"} <= set(found), found
+    assert {"load.py:_make", "load.py:_load_gguf", "tokenizer.py:load_tokenizer"} <= set(found), found
 
 
 # ---------------------------------------------------------------- a real file, one fault at a time
@@ -122,7 +122,7 @@ FAULTS = {
     "vocab-size-2**58": (lambda k, t: (gb.edit(k, "llama.vocab_size", gb.U64, 2**58), t), GGUFError,
                          "llama.vocab_size is 288230376151711744"),
     "embedding-length-wrong": (lambda k, t: (gb.edit(k, "llama.embedding_length", gb.U32, 48), t), GGUFError,
-                               "'token_embd.weight' has shape (300, 32), expected (300, 48)"),
+                               "llama.embedding_length is 48 but token_embd.weight has shape (300, 32)"),
     "eps-a-string": (lambda k, t: (gb.edit(k, "llama.attention.layer_norm_rms_epsilon", gb.STRING, "1e-5"), t),
                      GGUFError, "layer_norm_rms_epsilon must be float, the file holds string"),
     "eps-nan": (lambda k, t: (gb.edit(k, "llama.attention.layer_norm_rms_epsilon", gb.F32, float("nan")), t),
@@ -157,15 +157,24 @@ FAULTS = {
     "empty-tokens-no-vocab-size": (lambda k, t: (gb.edit(gb.edit(gb.edit(k, "llama.vocab_size", drop=True),
                                                                  "tokenizer.ggml.token_type", drop=True),
                                                          "tokenizer.ggml.tokens", gb.ARRAY, [], gb.STRING), t),
-                                   GGUFError, "neither llama.vocab_size nor a token list"),
+                                   GGUFError, "holds no tokenizer (tokenizer.ggml.tokens is empty)"),
     "eos-a-string": (lambda k, t: (gb.edit(k, "tokenizer.ggml.eos_token_id", gb.STRING, "2"), t), GGUFError,
                      "tokenizer.ggml.eos_token_id must be int, the file holds string"),
     "bos-out-of-range": (lambda k, t: (gb.edit(k, "tokenizer.ggml.bos_token_id", gb.U32, 300), t), GGUFError,
                          "bos_token_id is 300, outside the vocabulary of 300 tokens"),
     "token-types-short": (lambda k, t: (gb.edit(k, "tokenizer.ggml.token_type", gb.ARRAY, [1] * 10, gb.I32), t),
                           GGUFError, "token_type has 10 entries for 300 tokens"),
-    "merges-empty": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, [], gb.STRING), t), UnsupportedModel,
-                     "has no merges"),
+    "merges-empty": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, [], gb.STRING), t), GGUFError,
+                     "a byte-level BPE vocabulary without merges (tokenizer.ggml.merges is empty)"),
+    "merges-missing": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", drop=True), t), GGUFError,
+                       "tokenizer.ggml.merges is missing"),
+    "merge-repeated": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, ["e r", "o n", "e r"], gb.STRING),
+                                     t), GGUFError, "merges[2] 'e r' repeats merges[0]"),
+    "merges-more-than-tokens-form": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, ["e r"] * 5000,
+                                                           gb.STRING), t), GGUFError,
+                                     "tokenizer.ggml.merges has 5000 entries, more than the"),
+    "no-eos": (lambda k, t: (gb.edit(k, "tokenizer.ggml.eos_token_id", drop=True), t), GGUFError,
+               "tokenizer.ggml.eos_token_id is missing"),
     "merge-not-a-pair": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, ["e r", "o n x"], gb.STRING), t),
                          GGUFError, "merges[1] 'o n x' is not two tokens joined by one space"),
     "merge-unknown-token": (lambda k, t: (gb.edit(k, "tokenizer.ggml.merges", gb.ARRAY, ["e r", "zq zq"], gb.STRING),
@@ -178,7 +187,7 @@ FAULTS = {
 @pytest.mark.parametrize("case", list(FAULTS))
 def test_a_faulty_model_is_refused_at_load_naming_the_file(case, real, tmp_path, cache):
     from rcn_fast.llm import load_llm
-    from rcn_fast.llm.load import _load_native
+    from rcn_fast.llm.load import gguf_order
 
     change, cls, message = FAULTS[case]
     path = _write(tmp_path, *change(*real))
@@ -186,10 +195,11 @@ def test_a_faulty_model_is_refused_at_load_naming_the_file(case, real, tmp_path,
     with pytest.raises(cls) as err:
         load_llm(str(path), engine="native")
     assert str(path) in str(err.value) and message in str(err.value), str(err.value)
-    if cls is UnsupportedModel:  # engine="auto" goes to transformers for those
-        assert "engine='transformers'" in str(err.value)
-        assert _load_native(path, str(path), "auto", {}) is None
-    else:  # a self-contradicting file: "auto" refuses it too, before transformers sees it
+    if cls is UnsupportedModel:  # the refusal names a backend that runs the file, or says none installed does
+        assert "the native engine does not run it; " in str(err.value)
+        assert " runs it" in str(err.value) or " run it" in str(err.value) or "no installed backend" in str(err.value)
+        assert gguf_order(path)[0][0] == "native"  # well-formed: engine="auto" probes the backends in order
+    else:  # a self-contradicting file: "auto" refuses it too, before any backend sees it
         with pytest.raises(GGUFError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             load_llm(str(path), engine="auto")
 
@@ -230,7 +240,10 @@ def test_the_transformers_path_refuses_what_its_reader_would_get_wrong(case, mes
     with pytest.raises(GGUFError, match="cannot run on transformers") as err:
         check_for_transformers(path)
     assert message in str(err.value) and str(path) in str(err.value)
-    with pytest.raises(GGUFError, match="cannot run on transformers"):
+    # a file whose sizes contradict its tensors is refused before any backend (malformed); one transformers would
+    # run wrong is refused by transformers, naming the backends that run it
+    with pytest.raises(GGUFError, match="block_count is 1000000000" if case == "block-count-1e9" else
+                       "cannot run on transformers.*(engine='native'|no installed backend runs it)"):
         load_llm(str(path), engine="transformers", device="cpu")
     assert not (tmp_path / "cache" / "gguf").exists()  # nothing converted
     if case != "block-count-1e9":

@@ -9,6 +9,9 @@
 * :class:`LogitBias` -- OpenAI's ``logit_bias``: a number added to the
   logits of chosen token ids before sampling or the greedy argmax
   (``-100`` bans a token in practice, ``+100`` forces it);
+* :func:`log_softmax_rows`, :func:`top_logprobs` -- next-token
+  log-probabilities and their top ``k`` from numpy logits (the llama.cpp
+  backend's ``top_logprobs_ids`` and served prompt log-probs).
 * :class:`TokenReport` -- reports every generated token as it is chosen,
   with its log-probability under the model's own (unbiased) logits, for
   the server's streams and log-probs (:data:`rcn_fast.llm.server.protocol.OnToken`).
@@ -182,5 +185,27 @@ class TokenReport:
         return scores
 
 
+def log_softmax_rows(logits: Any) -> Any:
+    """float64 log-softmax of logit rows (numpy, float32 ``[n, V]`` or ``[V]``)."""
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+def top_logprobs(lp: Any, k: int) -> list[tuple[int, float]]:
+    """The ``k`` largest entries of one log-prob row (numpy ``[V]``) as
+    ``(id, log-prob)``, largest first (ties: the lower id first)."""
+    import numpy as np
+
+    k = min(int(k), len(lp))
+    if k <= 0:
+        return []
+    idx = np.argpartition(-lp, k - 1)[:k] if k < len(lp) else np.arange(len(lp))
+    idx = idx[np.lexsort((idx, -lp[idx]))]
+    return [(int(t), float(lp[t])) for t in idx]
+
+
 __all__ = ["NonFiniteLogitsError", "FiniteLogitsCheck", "LogitBias", "TokenReport", "check_logit_bias", "row_ended",
-           "BIAS_RANGE"]
+           "BIAS_RANGE", "log_softmax_rows", "top_logprobs"]

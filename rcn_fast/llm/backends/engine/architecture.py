@@ -8,12 +8,13 @@ Two kinds of refusal, each naming the file:
 * :class:`~rcn_fast.llm.backends.engine.gguf_file.GGUFError`: the file
   contradicts itself or is malformed (a size of 0 heads, a block count the
   tensors do not have, a tensor of the wrong shape, a required tensor
-  missing, a key of the wrong type). No engine can run it; ``engine="auto"``
+  missing, a key of the wrong type). No backend runs it; ``engine="auto"``
   does not fall back.
-* :class:`UnsupportedModel`: a well-formed model the local engine does not
+* :class:`UnsupportedModel`: a well-formed model the native engine does not
   run (another architecture, a tensor type its kernels do not multiply, a
-  tensor it would not use, a rope scaling it does not implement): it names
-  ``engine="transformers"``, where ``engine="auto"`` goes next.
+  tensor it would not use, a rope scaling it does not implement):
+  ``engine="auto"`` goes to a backend that runs it, and ``load_llm`` names
+  one in the message (:mod:`rcn_fast.llm.backends.probe`).
 
 Rope, as llama.cpp reads it: ``<arch>.rope.scaling.type`` (absent: llama.cpp
 reads ``"linear"``) with ``<arch>.rope.scaling.factor`` (or the older
@@ -47,12 +48,12 @@ _REQUIRED = object()
 
 
 class UnsupportedModel(NotImplementedError):
-    """A GGUF model the local engine does not run (the message says why and
-    names ``engine="transformers"``)."""
+    """A well-formed GGUF model a backend does not run (the message says
+    why; ``load_llm`` adds the backends that do run it)."""
 
 
 def unsupported(g: GGUFFile, why: str) -> UnsupportedModel:
-    return UnsupportedModel(f"{g.path}: {why}; the local engine does not run it, load it with engine='transformers'")
+    return UnsupportedModel(f"{g.path}: {why}; the native engine does not run it")
 
 
 @dataclass(frozen=True)
@@ -230,11 +231,12 @@ def expected_tensors(hp: HParams) -> list[tuple[str, tuple[int, ...], bool, bool
     return out
 
 
-def claim_tensors(g: GGUFFile, hp: HParams) -> dict[str, TensorInfo | None]:
+def claim_tensors(g: GGUFFile, hp: HParams, *, check_types: bool = True) -> dict[str, TensorInfo | None]:
     """Every tensor of the file claimed by name, shape and type, as
     llama.cpp's ``create_tensor`` / ``check_tensor_dims`` /
     ``done_getting_tensors`` do: name -> its info (None: an optional tensor
-    the file does not hold).
+    the file does not hold). ``check_types=False``: names and shapes only
+    (what any backend requires; the types are the native engine's limits).
 
     Raises
     ------
@@ -256,10 +258,10 @@ def claim_tensors(g: GGUFFile, hp: HParams) -> dict[str, TensorInfo | None]:
             continue
         if t.shape != shape:
             raise GGUFError(f"{g.path}: tensor {name!r} has shape {t.shape}, expected {shape} (from the metadata)")
-        if is_mat and t.ggml_type not in matmul.values():
+        if check_types and is_mat and t.ggml_type not in matmul.values():
             raise unsupported(g, f"tensor {name!r} is {ggml_types.type_name(t.ggml_type)} (the engine multiplies "
                                  f"{', '.join(matmul)})")
-        if not is_mat and t.ggml_type != 0:
+        if check_types and not is_mat and t.ggml_type != 0:
             raise unsupported(g, f"tensor {name!r} is {ggml_types.type_name(t.ggml_type)} (the engine reads it as F32)")
         out[name] = t
     unused = [n for n in g.tensors if n not in out]
@@ -270,13 +272,11 @@ def claim_tensors(g: GGUFFile, hp: HParams) -> dict[str, TensorInfo | None]:
     return out
 
 
-def transformers_problem(g: GGUFFile) -> str | None:
-    """Why transformers' GGUF reader would run this file wrong or exhaust
-    memory on it, or None: declared sizes the tensors do not have (a block
-    count of 10**9 is refused before transformers builds 10**9 layers), and
-    rope settings its reader ignores (it reads no rope scaling of Llama or
-    Qwen2 files and no ``rope_freqs`` tensor, so the model would silently run
-    the default rope)."""
+def sizes_problem(g: GGUFFile) -> str | None:
+    """Declared sizes the tensors do not have (whatever the architecture),
+    or None: a block count other than the ``blk.N`` tensors' (10**9 blocks
+    are refused before anything builds 10**9 layers), an embedding length
+    or vocabulary size other than ``token_embd.weight``'s shape."""
     arch = architecture(g)
     if f"{arch}.block_count" in g:
         problem = blocks_problem(g, arch, g.meta(f"{arch}.block_count", "int"))
@@ -287,6 +287,19 @@ def transformers_problem(g: GGUFFile) -> str | None:
                       (f"{arch}.vocab_size", emb.shape[0] if emb and len(emb.shape) == 2 else None)):
         if want is not None and key in g and g.meta(key, "int") != want:
             return f"{key} is {g.meta(key, 'int')} but token_embd.weight has shape {emb.shape}"  # type: ignore[union-attr]
+    return None
+
+
+def transformers_problem(g: GGUFFile) -> str | None:
+    """Why transformers' GGUF reader would run this file wrong or exhaust
+    memory on it, or None: declared sizes the tensors do not have
+    (:func:`sizes_problem`), and rope settings its reader ignores (it reads
+    no rope scaling of Llama or Qwen2 files and no ``rope_freqs`` tensor, so
+    the model would silently run the default rope)."""
+    problem = sizes_problem(g)
+    if problem:
+        return problem
+    arch = architecture(g)
     if arch == "gpt-oss":  # the one architecture whose rope scaling transformers' reader rebuilds
         return None
     if "rope_freqs.weight" in g.tensors:
@@ -308,16 +321,16 @@ def check_for_transformers(path: Any) -> None:
     ------
     GGUFError
         A malformed file, declared sizes its tensors do not have, or rope
-        settings transformers' reader would ignore (the message says to run
-        it on the native engine or from its original model folder).
+        settings transformers' reader would ignore (``load_llm`` adds the
+        backends that do run the file).
     """
     g = GGUFFile(path)
     problem = transformers_problem(g)
     if problem is not None:
-        raise GGUFError(f"{g.path}: cannot run on transformers: {problem}; run it with engine='native' (the CPU "
-                        f"engine) or load the original model folder")
+        raise GGUFError(f"{g.path}: cannot run on transformers: {problem}")
 
 
 __all__ = ["ARCHITECTURES", "ROPE_SCALING_TYPES", "HParams", "UnsupportedModel", "unsupported", "architecture",
-           "read_hparams", "read_rope", "rope_keys", "expected_tensors", "claim_tensors", "transformers_problem", "check_for_transformers",
+           "read_hparams", "read_rope", "rope_keys", "expected_tensors", "claim_tensors", "sizes_problem",
+           "transformers_problem", "check_for_transformers",
            "file_blocks", "blocks_problem"]

@@ -10,8 +10,10 @@ file and what is wrong, never a crash, a hang or a huge allocation:
   other byte order are refused by name);
 * tensor and metadata counts, string lengths and array lengths bounded by
   the bytes the file still holds; arrays nest at most :data:`MAX_NESTING`
-  deep; keys non-empty, UTF-8 and distinct; ``general.alignment`` a uint32
-  power of two;
+  deep, and a file holds at most :data:`MAX_NESTED_ARRAYS` arrays inside
+  arrays, counted before any is built (ggml's reader refuses nested arrays
+  outright; none of rcn_fast's readers asks for one); keys non-empty, UTF-8
+  and distinct; ``general.alignment`` a uint32 power of two;
 * tensor names distinct and shorter than 64 bytes, at most 4 dimensions,
   a type GGML defines (:mod:`~rcn_fast.llm.backends.engine.ggml_types`,
   the one table of type facts), rows of whole blocks, sizes computed in
@@ -47,6 +49,7 @@ from rcn_fast.llm.backends.engine.ggml_types import MAX_SIZE, type_name
 #: GGUF metadata value types: id -> (struct format or None, name)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _VTYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
                 8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
 _INTS = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
@@ -56,6 +59,8 @@ _KINDS = {"int": (True, _INTS), "float": (True, _FLOATS), "bool": (True, {7}), "
           "int[]": (False, _INTS), "float[]": (False, _FLOATS), "str[]": (False, {_STRING})}
 #: deepest nesting of metadata arrays (gguf.cpp reads none; the format allows them)
 MAX_NESTING = 4
+#: arrays inside arrays, in all of a file's metadata (each is built when the file is opened)
+MAX_NESTED_ARRAYS = 4096
 #: arrays longer than this are checked and skipped at open, parsed on demand
 _LAZY_ARRAY = 64
 #: tensor names are shorter than this many bytes (GGML_MAX_NAME)
@@ -88,6 +93,7 @@ class _LazyArray:
     elem_type: int
     count: int
     offset: int  # of the first element
+    end: int  # the byte after the last element
 
 
 def _describe(vtype: int, value: Any) -> str:
@@ -128,13 +134,15 @@ class GGUFFile:
                 self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise GGUFError(f"{self.path}: cannot be read ({exc.strerror or exc})") from None
-        #: (size, mtime_ns, inode, device) when opened: the identity :meth:`check_unchanged` compares
-        self.stat_identity = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+        #: (size, mtime_ns, ctime_ns, inode, device) when opened: the identity :meth:`check_unchanged` compares
+        self.stat_identity = _stat_identity(st)
         self.size = st.st_size
         self._data: np.ndarray | None = None
         self._pos = 0
         self._values: dict[str, Any] = {}
         self._types: dict[str, int] = {}
+        self._spans: dict[str, int] = {}  # key -> bytes its value takes
+        self._nested_left = MAX_NESTED_ARRAYS
         self._parse()
 
     # ------------------------------------------------------------ low-level reads
@@ -187,23 +195,31 @@ class GGUFFile:
         if count * least > self.size - self._pos:
             raise self._fail(f"metadata {key!r}: an array of {count} elements cannot fit in the "
                              f"{self.size - self._pos} bytes left in the file")
+        if etype == _ARRAY:  # counted before one is built: a file of millions of empty arrays is refused here
+            if count > self._nested_left:
+                raise self._fail(f"metadata {key!r} holds arrays of arrays beyond the {MAX_NESTED_ARRAYS} a file may "
+                                 f"hold (an array of {count} arrays; ggml's reader refuses nested arrays outright)")
+            self._nested_left -= count
         if count > _LAZY_ARRAY and etype != _ARRAY:
-            lazy = _LazyArray(etype, count, self._pos)
+            start = self._pos
             self._skip_array(etype, count, key)
-            return lazy
+            return _LazyArray(etype, count, start, self._pos)
         return (etype, [self._value(etype, key, depth + 1) for _ in range(count)])
 
     def _skip_array(self, etype: int, count: int, key: str) -> None:
         if etype in _SCALARS:
             self._pos += struct.calcsize(_SCALARS[etype]) * count  # bounded above
             return
-        buf, pos, size, unpack = self._buf, self._pos, self.size, struct.unpack_from
-        for i in range(count):
-            if pos + 8 > size:
-                raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file")
-            pos += 8 + unpack("<Q", buf, pos)[0]
-            if pos > size:
-                raise self._fail(f"metadata {key!r}: string {i} of {count} runs past the end of the file")
+        buf, pos, unpack = self._buf, self._pos, _U64.unpack_from
+        i = 0
+        try:
+            for i in range(count):  # the hot loop of a large vocabulary: one read and one add per string
+                pos += 8 + unpack(buf, pos)[0]
+        except (struct.error, OverflowError):  # a length not in the file: string i's, or string i - 1 ran past
+            bad = i - 1 if pos > self.size else i
+            raise self._fail(f"metadata {key!r}: string {bad} of {count} runs past the end of the file") from None
+        if pos > self.size:
+            raise self._fail(f"metadata {key!r}: string {count - 1} of {count} runs past the end of the file")
         self._pos = pos
 
     # ------------------------------------------------------------ the header
@@ -233,7 +249,9 @@ class GGUFFile:
                 raise self._fail(f"metadata key {key!r} appears twice")
             vtype = self._read("<I", f"the type of metadata {key!r}")
             self._types[key] = vtype
+            start = self._pos
             self._values[key] = self._value(vtype, key, 0)
+            self._spans[key] = self._pos - start
         align = DEFAULT_ALIGNMENT
         if "general.alignment" in self._values:
             if self._types["general.alignment"] != 4:
@@ -358,6 +376,21 @@ class GGUFFile:
         v = self._values[key]
         return v.count if isinstance(v, _LazyArray) else len(v[1])
 
+    def array_nbytes(self, key: str, kind: str) -> int | None:
+        """The bytes the elements of metadata array ``key`` of ``kind``
+        take in the file (a string's 8-byte length included), without
+        parsing it; None when absent.
+
+        Raises
+        ------
+        GGUFError
+            The key holds another type.
+        """
+        if key not in self._values:
+            return None
+        self._kind(key, kind)
+        return self._spans[key] - 12  # the element type and the count
+
     def _kind(self, key: str, kind: str | tuple[str, ...]) -> str:
         """The first of ``kind`` that metadata ``key`` (present) is, or a GGUFError."""
         kinds = (kind,) if isinstance(kind, str) else tuple(kind)
@@ -419,7 +452,9 @@ class GGUFFile:
         place gives other weights under the old identity, and one truncated
         gives a SIGBUS on the next read of a lost page (in any mmap-based
         engine, llama.cpp's too). This compares the file's size,
-        modification time, inode and device with those at open.
+        modification time, change time, inode and device with those at
+        open: a file rewritten in place with its mtime put back still has a
+        new ctime (which no user can set back).
 
         Raises
         ------
@@ -427,17 +462,20 @@ class GGUFFile:
             The file was changed, replaced, truncated or removed.
         """
         try:
-            st = os.stat(self.path)
-            now = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+            now = _stat_identity(os.stat(self.path))
         except OSError as exc:
             now = None
             why = f"it cannot be read now ({exc.strerror or exc})"
         if now != self.stat_identity:
             if now is not None:
-                why = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(("size", "mtime_ns", "inode", "device"),
-                                                                       self.stat_identity, now) if a != b)
+                names = ("size", "mtime_ns", "ctime_ns", "inode", "device")
+                why = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, self.stat_identity, now) if a != b)
             raise self._fail(f"the model file changed on disk since it was loaded ({why}); its weights are no longer "
                              f"those loaded: load the model again")
 
 
-__all__ = ["GGUFFile", "GGUFError", "TensorInfo", "MAX_NESTING", "MAX_NAME", "DEFAULT_ALIGNMENT"]
+def _stat_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+__all__ = ["GGUFFile", "GGUFError", "TensorInfo", "MAX_NESTING", "MAX_NESTED_ARRAYS", "MAX_NAME", "DEFAULT_ALIGNMENT"]

@@ -18,14 +18,21 @@ GPT-2's whatever the architecture, as transformers' GGUF reader does
 (``gpt-2`` names GPT-2's split in llama.cpp too; a file without
 ``tokenizer.ggml.pre`` is one llama.cpp reads with its own "default" split
 and a warning that generation quality will be degraded). Other
-vocabularies (SentencePiece ``"llama"``), and one without merges (absent or
-empty), raise :class:`~rcn_fast.llm.backends.engine.UnsupportedModel` naming
-``engine="transformers"`` when the :class:`GGUFTokenizer` is made; a
-malformed one (no tokens, special ids outside the vocabulary or not ints,
-token types of another length, a merge that is not two tokens of the
-vocabulary joined by one space) is a
-:class:`~rcn_fast.llm.backends.engine.GGUFError` naming the file
-(:func:`check_vocabulary` at once, the merges when the vocabulary is built).
+vocabularies (SentencePiece ``"llama"``) raise
+:class:`~rcn_fast.llm.backends.engine.UnsupportedModel` when the
+:class:`GGUFTokenizer` is made (``load_llm`` names a backend that runs
+them). A malformed vocabulary is a
+:class:`~rcn_fast.llm.backends.engine.GGUFError` naming the file, for
+every backend (:func:`check_vocabulary_format`, which the llama.cpp
+backend runs too): no tokens; special ids outside the vocabulary or not
+ints; no end-of-sequence id (a generation could never end); token types of
+another length; a byte-level BPE vocabulary without merges (absent, as
+llama.cpp refuses it, or empty: every text would be split into bytes), with
+more merges than its tokens can form distinct ones (refused from the
+array's length, before a merge is parsed), or with a merge listed twice
+(:func:`check_merges`: ``tokenizers`` would rank it by its second place,
+llama.cpp by its first); and, when the vocabulary is built, a merge that is
+not two tokens of the vocabulary joined by one space.
 
 Building from the GGUF arrays takes ~0.3 s for a 50k vocabulary, reading
 a ``tokenizer.json`` ~0.15 s: the built tokenizer is cached as
@@ -56,13 +63,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rcn_fast import _arrays as A
-from rcn_fast.llm.backends.engine.architecture import UnsupportedModel
+from rcn_fast.llm.backends.engine.architecture import UnsupportedModel, unsupported
 from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 
 HINT = "pip install 'rcn_fast[llm]' (tokenizers, jinja2)"
 CACHE_FORMAT = "rcn_fast-gguf-tokenizer-1"
-#: bumped when build_backend builds differently (an entry of another version is rebuilt)
-BUILD_VERSION = 3
+#: bumped when build_backend builds or checks differently (an entry of another version is rebuilt, and so checked:
+#: 4 refuses repeated merges, which entries of 3 were built from)
+BUILD_VERSION = 4
 logger = logging.getLogger(__name__)
 
 # GGUF token types
@@ -97,46 +105,96 @@ def _byte_alphabet() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-#: the special-token ids a file may name (tokenizer.ggml.<name>_token_id)
-SPECIAL_IDS = ("bos", "eos", "unk", "pad")
+#: the special-token ids a file may name: name -> its key (as llama.cpp's converter writes and its loader reads them)
+SPECIAL_IDS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+               "unk": "tokenizer.ggml.unknown_token_id", "pad": "tokenizer.ggml.padding_token_id"}
 
 
-def check_vocabulary(g: GGUFFile) -> int:
-    """Check a vocabulary at load, from the metadata's types and lengths
-    alone (no long array is parsed): the tokens present, a byte-level BPE
-    vocabulary with merges, the special-token ids ints inside it, the token
-    types one per token. Returns the number of tokens.
+def special_ids(g: GGUFFile) -> dict[str, int | None]:
+    """The special-token ids the file names (:data:`SPECIAL_IDS`), None where absent."""
+    return {name: g.meta(key, "int", None) for name, key in SPECIAL_IDS.items()}
+
+
+def check_vocabulary_format(g: GGUFFile) -> int:
+    """What every backend requires of a vocabulary, checked at load from the
+    metadata's types and lengths alone (no long array is parsed; module
+    notes). Returns the number of tokens.
 
     Raises
     ------
     GGUFError
         No tokens, a key of the wrong type, a special id outside the
-        vocabulary, token types of another length.
-    UnsupportedModel
-        Not a byte-level BPE vocabulary, or one without merges (the engine
-        does not build those; transformers may).
+        vocabulary, no end-of-sequence id, token types of another length, a
+        byte-level BPE vocabulary without merges or with more than its
+        tokens can form.
     """
     n = g.array_length("tokenizer.ggml.tokens", "str[]")
     if not n:
         raise GGUFError(f"{g.path}: holds no tokenizer (tokenizer.ggml.tokens is {'empty' if n == 0 else 'missing'})")
-    kind = g.meta("tokenizer.ggml.model", "str", None)
-    if kind != "gpt2":
-        raise UnsupportedModel(f"{g.path}: tokenizer.ggml.model {kind!r} is not supported by the local engine "
-                               f"(byte-level BPE 'gpt2' only); load it with engine='transformers'")
-    if not g.array_length("tokenizer.ggml.merges", "str[]"):
-        raise UnsupportedModel(f"{g.path}: the vocabulary has no merges (tokenizer.ggml.merges is missing or empty); "
-                               f"load it with engine='transformers'")
-    for name in SPECIAL_IDS:
-        i = g.meta(f"tokenizer.ggml.{name}_token_id", "int", None)
+    for name, i in special_ids(g).items():
         if i is not None and not 0 <= i < n:
-            raise GGUFError(f"{g.path}: tokenizer.ggml.{name}_token_id is {i}, outside the vocabulary of {n} tokens")
+            raise GGUFError(f"{g.path}: {SPECIAL_IDS[name]} is {i}, outside the vocabulary of {n} tokens")
+    if g.meta("tokenizer.ggml.eos_token_id", "int", None) is None:
+        raise GGUFError(f"{g.path}: tokenizer.ggml.eos_token_id is missing: the vocabulary names no end-of-sequence "
+                        f"token, so a generation could never end (and nothing could pad a batch)")
     types = g.array_length("tokenizer.ggml.token_type", "int[]")
     if types is not None and types != n:
         raise GGUFError(f"{g.path}: tokenizer.ggml.token_type has {types} entries for {n} tokens")
     g.meta("tokenizer.ggml.add_bos_token", "bool", None)
     g.meta("tokenizer.ggml.pre", "str", None)
     g.meta("tokenizer.chat_template", "str", None)
+    if g.meta("tokenizer.ggml.model", "str", None) == "gpt2":
+        merges = g.array_length("tokenizer.ggml.merges", "str[]")
+        if not merges:
+            raise GGUFError(f"{g.path}: a byte-level BPE vocabulary without merges (tokenizer.ggml.merges is "
+                            f"{'empty' if merges == 0 else 'missing'}): every text would be split into single bytes")
+        # a merge joins two tokens into a third; a token of c characters is the result of at most c - 1
+        # distinct merges, and c <= its UTF-8 bytes: bytes of the token array - 8 per length - 1 per token
+        most = max(0, (g.array_nbytes("tokenizer.ggml.tokens", "str[]") or 0) - 9 * n)
+        if merges > most:
+            raise GGUFError(f"{g.path}: tokenizer.ggml.merges has {merges} entries, more than the {most} distinct "
+                            f"merges {n} tokens can form (merges repeated, or of no token)")
     return n
+
+
+def check_vocabulary(g: GGUFFile) -> int:
+    """:func:`check_vocabulary_format`, and a vocabulary the native engine
+    builds (byte-level BPE). Returns the number of tokens.
+
+    Raises
+    ------
+    GGUFError
+        As :func:`check_vocabulary_format`.
+    UnsupportedModel
+        Not a byte-level BPE vocabulary (the native engine does not build
+        those; llama.cpp and transformers may).
+    """
+    n = check_vocabulary_format(g)
+    kind = g.meta("tokenizer.ggml.model", "str", None)
+    if kind != "gpt2":
+        raise unsupported(g, f"tokenizer.ggml.model {kind!r} (the native engine builds byte-level BPE 'gpt2' "
+                             f"vocabularies only)")
+    return n
+
+
+def check_merges(g: GGUFFile) -> list[str]:
+    """The merges of a byte-level BPE vocabulary, each listed once (their
+    count already bounded by :func:`check_vocabulary_format`).
+
+    Raises
+    ------
+    GGUFError
+        A merge listed twice (naming both places).
+    """
+    merges = g.meta("tokenizer.ggml.merges", "str[]")
+    if len(set(merges)) != len(merges):
+        first: dict[str, int] = {}
+        for i, m in enumerate(merges):
+            if m in first:
+                raise GGUFError(f"{g.path}: tokenizer.ggml.merges[{i}] {m[:80]!r} repeats merges[{first[m]}] (a merge "
+                                f"is listed once: its place is its rank)")
+            first[m] = i
+    return merges
 
 
 def _check_merges(g: GGUFFile, merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -175,7 +233,7 @@ def build_backend(g: GGUFFile) -> Any:
     vocab = {}
     for i, t in enumerate(tokens):
         vocab[t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))] = i
-    merges = _check_merges(g, g.meta("tokenizer.ggml.merges", "str[]"), vocab)
+    merges = _check_merges(g, check_merges(g), vocab)
     bpe = tk.models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="",
                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
     tok = tk.Tokenizer(bpe)
@@ -283,7 +341,43 @@ def cached_backend(g: GGUFFile, folder: Path | None) -> Any:
     return tok
 
 
-class GGUFTokenizer:
+class SpecialTokens:
+    """The special tokens of a GGUF vocabulary as transformers names them:
+    a subclass sets ``_ids`` (:func:`special_ids`) and implements
+    ``_token(name)``, the text of that special token or None."""
+
+    _ids: dict[str, int | None]
+
+    def _token(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._ids["eos"]
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._ids["bos"]
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._token("eos")
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._token("bos")
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
+        return {v: t for k, v in names.items() if (t := self._token(k)) is not None}
+
+
+class GGUFTokenizer(SpecialTokens):
     """The tokenizer of a GGUF file (the transformers API subset rcn_fast uses).
 
     Parameters
@@ -307,7 +401,7 @@ class GGUFTokenizer:
         #: tokens of the vocabulary
         self.n_tokens = check_vocabulary(g)
         self.chat_template: str | None = g.meta("tokenizer.chat_template", "str", None)
-        self._ids = {name: g.meta(f"tokenizer.ggml.{name}_token_id", "int", None) for name in SPECIAL_IDS}
+        self._ids = special_ids(g)
         self._backend: Any = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -351,31 +445,6 @@ class GGUFTokenizer:
     def _token(self, name: str) -> str | None:
         self.backend  # noqa: B018  (built)
         return self._special[name]
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._ids["eos"]
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._ids["bos"]
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._ids["pad"] if self._ids["pad"] is not None else self._ids["eos"]
-
-    @property
-    def eos_token(self) -> str | None:
-        return self._token("eos")
-
-    @property
-    def bos_token(self) -> str | None:
-        return self._token("bos")
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        names = {"bos": "bos_token", "eos": "eos_token", "unk": "unk_token", "pad": "pad_token"}
-        return {v: self._token(k) for k, v in names.items() if self._token(k) is not None}  # type: ignore[misc]
 
     @property
     def all_special_tokens(self) -> list[str]:
@@ -426,5 +495,5 @@ class GGUFTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
-__all__ = ["GGUFTokenizer", "check_vocabulary", "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS",
-           "CACHE_FORMAT"]
+__all__ = ["GGUFTokenizer", "SpecialTokens", "check_vocabulary", "check_vocabulary_format", "check_merges", "special_ids", "SPECIAL_IDS",
+           "build_backend", "cached_backend", "cache_dir", "PRE_TOKENIZER_SPLITS", "CACHE_FORMAT"]
