@@ -19,6 +19,10 @@ const char* simd_name(SimdLevel level);
 // avx512 (f, bw, vl, dq) variants.
 bool cpu_supports_avx2();
 bool cpu_supports_avx512();
+// ... and the int8 scan's vnni variants (avx512vnni: + avx512 vnni and vl;
+// avxvnni: + AVX-VNNI), where compiled in.
+bool cpu_supports_avx512vnni();
+bool cpu_supports_avxvnni();
 std::string simd_note();
 
 }  // namespace rcn_fast
