@@ -469,7 +469,7 @@ def topn_int8(queries: Any, corpus: Int8Corpus, k: int) -> tuple[Any, Any] | Non
     (non-finite values, bounds near float32's range): the caller searches
     the rows exactly instead."""
     copy = corpus.copy
-    on_gpu = A.is_torch(copy.codes) and copy.codes.device.type == "cuda"
+    on_gpu = A.is_cuda(copy.codes)
     q_host = A.to_float32_numpy(queries)
     if not servable(q_host, copy):
         return None

@@ -62,7 +62,7 @@ def search(queries: Any, qcodes: np.ndarray, params: np.ndarray, codes: Any, bou
         raise RuntimeError(f"the int8 scan on a GPU needs rcn_fast._cuda with topn_int8_scan: {why}")
     dev = codes.device
     n_q = int(qcodes.shape[0])
-    with A.on_device(codes):  # every launch on the codes' device and its stream (issue 55, C2)
+    with A.on_device(codes):  # the codes' device current while the search runs (issue 55, C2)
         sms = multiprocessors(torch, dev)
         if n_q > 1 and capacity(n_q, k, sms) * SLOT_BYTES > CANDIDATE_BYTES:
             half = n_q // 2
@@ -90,7 +90,9 @@ def _candidates(torch: Any, mod: Any, qcodes: Any, params: Any, codes: Any, boun
         cand_lo = torch.empty(cap, dtype=torch.float32, device=dev)
         cand_hi = torch.empty(cap, dtype=torch.float32, device=dev)
         count.zero_()
-        mod.topn_int8_scan(codes, bounds, qcodes, params, k, bound, cand_q, cand_j, cand_lo, cand_hi, count, stream)
+        with A.on_device(codes):  # on the codes' device, with its stream (issue 55, C2)
+            mod.topn_int8_scan(codes, bounds, qcodes, params, k, bound, cand_q, cand_j, cand_lo, cand_hi, count,
+                               stream)
         keep = final_filter(torch, cand_q, cand_lo, cand_hi, n_q, k)
         total, kept = (int(v) for v in torch.stack([count[0], keep.sum()]).tolist())  # the host waits here
         if total <= cap:
