@@ -10,7 +10,7 @@
 //   cuda_launch_table scan N Q K TERMS D OPTIN SMS   the scan's configuration and grid
 //   cuda_launch_table scans                 the same for each line "N Q K TERMS D OPTIN SMS" of stdin
 //   cuda_launch_table sample B N SUBSETS    the warp sampler's plan
-//   cuda_launch_table gram DTYPE N          the Gram sampler's shared memory (DTYPE 0 f32, 1 f16, 2 bf16)
+//   cuda_launch_table gram DTYPE N          the Gram sampler's shared memory (DTYPE 0 f32, 1 f16, 2 bf16) and float32 tile
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
                   (long long)s.blocks, (long long)s.chunk, (long long)s.per_block_bytes);
     } else if (what == "gram" && argc == 4) {
       const DType t = arg(argv, 2) == 0 ? DType::F32 : arg(argv, 2) == 1 ? DType::F16 : DType::BF16;
-      std::printf("{\"smem\": %zu}\n", cuda::gram_smem(t, gram::padded_rows(arg(argv, 3))));
+      const int npad = gram::padded_rows(arg(argv, 3));
+      std::printf("{\"smem\": %zu, \"f32_tile\": %d}\n", cuda::gram_smem(t, npad), cuda::gram_f32_tile(npad));
     } else {
       std::fprintf(stderr, "usage: see the header of tests/cuda_launch_table.cpp\n");
       return 2;

@@ -254,6 +254,9 @@ def test_the_sampler_plans_fit(table):
     for dt in (0, 1, 2):
         for n in (1, 16, 100, 128):
             assert cp.launch_table("gram", str(dt), str(n))["smem"] <= table["gram_kernel"]["max_dynamic_smem"]
+    # S7: the float32 register tile covers npad rows and no more than the next power of two of 16-row groups
+    for n, tile in ((1, 1), (9, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4), (65, 8), (100, 8), (128, 8)):
+        assert cp.launch_table("gram", "0", str(n))["f32_tile"] == tile, n
 
 
 def test_the_check_reads_the_builds_flags():

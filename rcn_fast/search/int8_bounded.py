@@ -50,9 +50,20 @@ Selection. Let ``T`` be the k-th largest ``lo`` of the query. The k rows
 with ``lo >= T`` have ``f >= T``; any row with ``hi < T`` has ``f < T``, so
 it cannot be among the k best (not even tied). The rows with ``hi >= T``
 (the candidates, the k rows among them) are rescored, and their k best by
-(score desc, id asc) are the exact result. The scan goes over the corpus in
-chunks with the k-th largest ``lo`` seen so far, which never exceeds ``T``:
-it keeps a superset of the candidates, filtered by ``T`` at the end.
+(score desc, id asc) are the exact result. The scan keeps, while it runs,
+only the rows whose ``hi`` reaches a running bound: the k-th largest ``lo``
+of some of the rows seen so far (a CPU thread's rows, in
+csrc/topn/cpu/topn_int8.h; a CUDA block's, raised for every block in device
+memory, in :mod:`rcn_fast.search.int8_cuda`), never above ``T``: a superset
+of the candidates, filtered by ``T`` at the end. No [Q, N] intervals are
+written. The rescoring reads the candidates' rows a bounded chunk at a
+time (issue 55, S6).
+
+The CPU variants (csrc/topn/isa/topn_int8_scan.cpp) compute ``A`` from
+``I = 256 I1 + I2``, the dot product of the 16-bit term ``256 c1 + c2``
+(one product for both terms), as ``RN(I) / 256``: ``I1 + I2 / 256`` is
+``I / 256`` exactly and its one rounding is ``RN(I) / 256`` (no underflow),
+so the interval is the same to the bit (csrc/topn/topn_int8.h).
 
 What it needs: finite rows (the build refuses others) and finite query
 values whose bounds stay far from float32's range (else the call is served
@@ -68,7 +79,10 @@ an error far above ``eta``; the interval could then miss the score (issue
 candidates' rows; the candidates number about k where the k best stand out
 from the rest by more than the interval's width (about ``2 nu e_j``:
 roughly 0.02 for unit-norm 768-d rows), more where many rows score within
-it (duplicates, a zero query: every row).
+it (duplicates, a zero query: every row). On the CPU the integer dot
+products cost about half the float32 scan's multiply-adds a query and row,
+so the bounded scan pays where the scan is bound by memory (few queries:
+docs/retrieval.md has the figures).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ struct V4Ops {
 
 constexpr int kRows = 4;      // corpus rows a micro-tile
 constexpr int64_t kAhead = 16;  // rows prefetched ahead (few queries: the scan streams the codes)
-constexpr int64_t kQueryBlock = 64;  // queries whose 16-bit terms stay in the L2 cache a pass
+constexpr int64_t kQueryBlock = 16;  // queries whose 16-bit terms (24 KB at width 768) stay in L1 with the rows a pass
 
 // The intervals of query q for rows j, j + 1, ... (nvalid of them, <= 4),
 // given their A values.
@@ -125,6 +125,17 @@ inline void row_dots(const int8_t* row, const int16_t* qrow, int64_t width, __m2
   const __m256i z = _mm256_setzero_si256();
   __m256i a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
   int64_t c = 0;
+  if constexpr (NQ == 1) {  // one query: 64 bytes a step, four accumulators
+    __m256i c0 = z, d0 = z;
+    for (; c + 64 <= width; c += 64) {
+      a0 = macc(a0, load_codes16(row + c), load_q16(qrow + c));
+      b0 = macc(b0, load_codes16(row + c + 16), load_q16(qrow + c + 16));
+      c0 = macc(c0, load_codes16(row + c + 32), load_q16(qrow + c + 32));
+      d0 = macc(d0, load_codes16(row + c + 48), load_q16(qrow + c + 48));
+    }
+    a0 = _mm256_add_epi32(a0, c0);  // disjoint steps: a lane of one accumulator
+    b0 = _mm256_add_epi32(b0, d0);
+  }
   for (; c + 32 <= width; c += 32) {
     const __m256i x0 = load_codes16(row + c), x1 = load_codes16(row + c + 16);
     a0 = macc(a0, x0, load_q16(qrow + c));
@@ -261,6 +272,10 @@ void many(const Int8TileArgs& a, int64_t qa, int64_t qb) {
   for (int64_t q = qa; q < qb; q += kManyQueries) params_t(a, q, qb, qpt + ((q - qa) / kManyQueries) * topn_int8::kQueryParams);
   for (int64_t j = a.j0; j < a.j1; j += kManyRows) {
     const int nvalid = a.j1 - j < kManyRows ? int(a.j1 - j) : kManyRows;
+    if (j + 2 * kManyRows < a.j1) {  // the group after next, while this one computes
+      const char* ahead = reinterpret_cast<const char*>(a.codes + (j + 2 * kManyRows) * a.width);
+      for (int64_t o = 0; o < kManyRows * a.width; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    }
     for (int r = 0; r < kManyRows; ++r) {  // invalid rows: zeros
       const int8_t* row = a.codes + (j + r) * a.width;
       for (int64_t c = 0; c < a.width; c += 16)
