@@ -14,7 +14,8 @@ steps, in order:
 * bench: every kernel, old and new, timed against its torch peer in the
   same run: top-n by the tensor-core scan (``cuda``), the tiled kernel it
   falls back to (``cuda_v1``, forced for every dtype), the GEMM tiles
-  (``cuda_tiled``), the int8 bounded scan (``cuda_int8``), the default
+  (``cuda_tiled``), the int8 bounded scan (``cuda_int8``: version 3, the
+  filter inside the kernel, __dp4a at Q = 1 and IMMA at Q = 32 and 512), the default
   (``dispatched``) and the torch backend and recipes; the warp and Gram
   samplers; the Triton label scoring;
 * draws: bench/gpu_draws.py, the CPU-vs-GPU draw comparison of both

@@ -139,6 +139,8 @@ def format_info(info: dict[str, Any]) -> str:
         if "llm_kernels" in nat:
             lines.append(f"llm engine    : GGML-format kernels compiled [{nat['llm_kernels_compiled']}], "
                          f"active {nat['llm_kernels']}")
+        if "int8_scan" in nat:
+            lines.append(f"int8 scan     : variants compiled [{nat['int8_scan_compiled']}], active {nat['int8_scan']}")
     cu = info["cuda"]
     state = "compiled" if cu["compiled"] else "not compiled"
     if cu["compiled"]:

@@ -6,11 +6,11 @@
 //
 //   cuda_launch_table                       the kernels: max/min threads, max dynamic smem, hot
 //   cuda_launch_table score Q ROWS          the tiled score kernel's launches
-//   cuda_launch_table int8 Q N SMS          the int8 kernel's launches
+//   cuda_launch_table int8 Q N SMS K WIDTH  the int8 search's kernel configuration and launches
 //   cuda_launch_table scan N Q K TERMS D OPTIN SMS   the scan's configuration and grid
 //   cuda_launch_table scans                 the same for each line "N Q K TERMS D OPTIN SMS" of stdin
 //   cuda_launch_table sample B N SUBSETS    the warp sampler's plan
-//   cuda_launch_table gram DTYPE N          the Gram sampler's shared memory (DTYPE 0 f32, 1 f16, 2 bf16)
+//   cuda_launch_table gram DTYPE N          the Gram sampler's shared memory (DTYPE 0 f32, 1 f16, 2 bf16) and float32 tile
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -68,8 +68,17 @@ int main(int argc, char** argv) {
     const std::string what = argv[1];
     if (what == "score" && argc == 4) {
       grids(cuda::score_launches(arg(argv, 2), arg(argv, 3)));
-    } else if (what == "int8" && argc == 5) {
-      grids(cuda::int8_launches(arg(argv, 2), arg(argv, 3), arg(argv, 4)));
+    } else if (what == "int8" && argc == 7) {
+      const cuda::Int8ScanConfig c = cuda::int8_scan_config(arg(argv, 2), arg(argv, 5), arg(argv, 6));
+      std::printf("{\"mma\": %s, \"group\": %d, \"atiles\": %d, \"chunks\": %d, \"smem\": %zu, ",
+                  c.mma ? "true" : "false", c.group, c.atiles, c.chunks, c.smem);
+      std::printf("\"kernel\": \"%s\", \"plan\": ", c.mma ? "int8_mma_kernel" : "int8_dp4a_kernel");
+      const auto gs = cuda::int8_scan_launches(arg(argv, 2), arg(argv, 3), c.group, arg(argv, 4));
+      std::printf("[");
+      for (size_t i = 0; i < gs.size(); ++i)
+        std::printf("%s{\"x\": %lld, \"y\": %lld, \"y0\": %lld}", i ? ", " : "", (long long)gs[i].x,
+                    (long long)gs[i].y, (long long)gs[i].y0);
+      std::printf("]}\n");
     } else if (what == "scan" && argc == 9) {
       scan(arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5), arg(argv, 6), arg(argv, 7), arg(argv, 8));
     } else if (what == "scans" && argc == 2) {
@@ -87,7 +96,8 @@ int main(int argc, char** argv) {
                   (long long)s.blocks, (long long)s.chunk, (long long)s.per_block_bytes);
     } else if (what == "gram" && argc == 4) {
       const DType t = arg(argv, 2) == 0 ? DType::F32 : arg(argv, 2) == 1 ? DType::F16 : DType::BF16;
-      std::printf("{\"smem\": %zu}\n", cuda::gram_smem(t, gram::padded_rows(arg(argv, 3))));
+      const int npad = gram::padded_rows(arg(argv, 3));
+      std::printf("{\"smem\": %zu, \"f32_tile\": %d}\n", cuda::gram_smem(t, npad), cuda::gram_f32_tile(npad));
     } else {
       std::fprintf(stderr, "usage: see the header of tests/cuda_launch_table.cpp\n");
       return 2;

@@ -501,13 +501,14 @@ class FakeCudaModule:
             scores_out.copy_(torch.from_numpy(os_))
             ids_out.copy_(torch.from_numpy(oi))
 
-    def topn_int8_intervals(self, codes, rows, qcodes, qparams, lo, hi, stream=0):
-        self.sim.launch("topn_int8_intervals", stream, [codes, rows, qcodes, qparams], [lo, hi])
-        with self.sim.paused():
-            lo_n, hi_n = np.empty(tuple(lo.shape), np.float32), np.empty(tuple(hi.shape), np.float32)
-            self._cpu().topn_int8_intervals(_np(codes), _np(rows), _np(qcodes), _np(qparams), lo_n, hi_n)
-            lo.copy_(torch.from_numpy(lo_n))
-            hi.copy_(torch.from_numpy(hi_n))
+    def topn_int8_scan(self, codes, rows, qcodes, qparams, k, bound, cand_q, cand_j, cand_lo, cand_hi, count,
+                       stream=0):
+        self.sim.launch("topn_int8_scan", stream, [codes, rows, qcodes, qparams, bound, count],
+                        [bound, cand_q, cand_j, cand_lo, cand_hi, count])
+        with self.sim.paused():  # the kernels' host emulation, writing the tensors in place
+            self._cpu().topn_int8_scan_emulated(_np(codes), _np(rows), _np(qcodes), _np(qparams), k, _np(bound),
+                                                _np(cand_q), _np(cand_j), _np(cand_lo), _np(cand_hi), _np(count),
+                                                self.sim.sms)
 
     def topn_finish_rows(self, scores, top_s, top_i, k, id_base, scores_out, ids_out, queries=None, corpus=None,
                          stream=0):

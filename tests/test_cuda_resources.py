@@ -197,11 +197,29 @@ def test_the_tiled_kernel_splits_query_tiles_over_launches(Q):
     _check_chunks(cp.launch_table("score", str(Q), str(rows)), -(-rows // 64), -(-Q // 64))
 
 
-@pytest.mark.parametrize("Q", [1, 2, 3, 8, 524_280, 524_281, 2_000_000])
-def test_the_int8_kernel_splits_query_groups_over_launches(Q):
-    group = 1 if Q == 1 else 2 if Q == 2 else 4 if Q <= 4 else 8
-    plan = cp.launch_table("int8", str(Q), "1000000", "132")
-    _check_chunks(plan, 2**31 - 1, -(-Q // group))
+@pytest.mark.parametrize("Q", [1, 2, 3, 8, 9, 524_280, 524_281, 2_000_000])
+def test_the_int8_search_splits_query_groups_over_launches(Q):
+    for k, group in ((100, 1 if Q == 1 else 2 if Q == 2 else 8 if Q <= 8 else 16), (1024, 8 if Q > 2 else Q)):
+        got = cp.launch_table("int8", str(Q), "1000000", "132", str(k), "768")
+        assert got["group"] == group and got["mma"] == (Q > 2), (Q, k, got)
+        _check_chunks({"launches": got["plan"]}, 2**31 - 1, -(-Q // group))
+
+
+@pytest.mark.parametrize("arch", cp.ARCHS)
+def test_every_int8_configuration_fits(table, arch):
+    """Every configuration the int8 search's launcher can pick (Q from 1 to
+    many, k from 0 (no filter) to 1,024, widths 16 to 1,024) asks for no
+    more shared memory than its table entry (which fits the architecture:
+    test_every_kernel_fits_the_architecture) and has an instantiation
+    (1 to 4 chunks a lane or warp); wider codes are refused."""
+    optin = cp.SMEM_OPTIN[arch]
+    for Q in (1, 2, 3, 8, 9, 16, 17, 512):
+        for k in (0, 1, 100, 256, 257, 1024):
+            for width in (16, 48, 64, 80, 256, 512, 768, 1024):
+                c = cp.launch_table("int8", str(Q), "1000003", "132", str(k), str(width))
+                assert 1 <= c["chunks"] <= 4 and c["smem"] <= table[c["kernel"]]["max_dynamic_smem"] <= optin, (Q, k, c)
+                assert all(1 <= g["x"] <= -(-1000003 // 32) and 1 <= g["y"] <= 65535 for g in c["plan"]), (Q, k, c)
+    assert "error" in cp.launch_table("int8", "3", "10", "132", "10", "1040")
 
 
 @pytest.mark.parametrize("arch", cp.ARCHS)
@@ -236,6 +254,9 @@ def test_the_sampler_plans_fit(table):
     for dt in (0, 1, 2):
         for n in (1, 16, 100, 128):
             assert cp.launch_table("gram", str(dt), str(n))["smem"] <= table["gram_kernel"]["max_dynamic_smem"]
+    # S7: the float32 register tile covers npad rows and no more than the next power of two of 16-row groups
+    for n, tile in ((1, 1), (9, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4), (65, 8), (100, 8), (128, 8)):
+        assert cp.launch_table("gram", "0", str(n))["f32_tile"] == tile, n
 
 
 def test_the_check_reads_the_builds_flags():

@@ -157,22 +157,55 @@ def test_the_scan_launches_under_the_inputs_device(monkeypatch):
 
 
 # ------------------------------------------------------------------ the int8 scan
-def test_the_int8_scan_launches_under_the_copys_device(monkeypatch):
-    """C2: every launch of _topn_int8_cuda ran under the current device."""
-    _mod()
-    from rcn_fast.search.int8_bounded import Int8Corpus, _topn_int8_cuda, build_int8, topn_exact_numpy
+def _int8_case(rng, n=700, d=48, n_q=3):
+    from rcn_fast.search.int8_bounded import build_int8
 
-    rng = np.random.default_rng(5)
-    rows = rng.standard_normal((400, 32)).astype(np.float32)
-    q = rng.standard_normal((3, 32)).astype(np.float32)
-    copy = build_int8(rows)
-    with GpuStandIn(monkeypatch) as gpu:
+    rows = rng.standard_normal((n, d)).astype(np.float32)
+    rows[300:320] = rows[11]  # duplicates: ties at the top of query 0
+    q = rng.standard_normal((n_q, d)).astype(np.float32)
+    q[0] = rows[11]
+    return rows, q, build_int8(rows)
+
+
+@pytest.mark.parametrize("n_q,rows_on", [(1, "device"), (2, "host"), (3, "device"), (17, "host")])
+def test_the_int8_search_runs_in_order_on_the_copys_device(monkeypatch, n_q, rows_on):
+    """C2: every launch of the int8 search ran under the current device.
+    Issue 55, S2 and S6: the search is one scan launch (the kernels' host
+    emulation computes it), one host wait for the candidates' count, the
+    final filter on the device, the rescoring in chunks (rows on the
+    device, or gathered on the host a chunk at a time); the ids and scores
+    equal the exact search's."""
+    _mod()
+    from rcn_fast.search import int8_cuda
+    from rcn_fast.search.int8_bounded import Int8Corpus, topn_exact_numpy, topn_int8
+
+    rows, q, copy = _int8_case(np.random.default_rng(5 + n_q), n_q=n_q)
+    monkeypatch.setattr(int8_cuda, "RESCORE_BYTES", 4 * 48 * 7)  # chunks of 7 rows
+    with GpuStandIn(monkeypatch, sms=4) as gpu:
         dev_copy = type(copy)(torch.from_numpy(copy.codes), torch.from_numpy(copy.rows), copy.dim)
-        s, i = _topn_int8_cuda(torch.from_numpy(q), q, Int8Corpus(torch.from_numpy(rows), dev_copy), 6)
-    assert any("topn_int8_intervals" in x for x in gpu.launches)
-    ref = topn_exact_numpy(q, rows, 6)
+        corpus = Int8Corpus(torch.from_numpy(rows) if rows_on == "device" else rows, dev_copy)
+        s, i = topn_int8(torch.from_numpy(q), corpus, 25)
+    assert [x.split(" on ")[0] for x in gpu.launches] == ["topn_int8_scan"]
+    ref = topn_exact_numpy(q, rows, 25)
     np.testing.assert_array_equal(i.numpy(), ref[1])
     np.testing.assert_allclose(s.numpy(), ref[0], rtol=1e-6)  # torch's float32 sum, in its own order
+
+
+def test_an_overflowing_candidate_buffer_scans_again(monkeypatch):
+    """The candidate buffer is bounded: when the scan's atomic count passes
+    it, the search scans again with a buffer of that count (from the
+    bounds found) and drops nothing."""
+    _mod()
+    from rcn_fast.search import int8_cuda
+    from rcn_fast.search.int8_bounded import Int8Corpus, topn_exact_numpy, topn_int8
+
+    rows, q, copy = _int8_case(np.random.default_rng(9), n_q=4)
+    monkeypatch.setattr(int8_cuda, "capacity", lambda n_q, k, sms: 5)
+    with GpuStandIn(monkeypatch, sms=4) as gpu:
+        dev_copy = type(copy)(torch.from_numpy(copy.codes), torch.from_numpy(copy.rows), copy.dim)
+        s, i = topn_int8(torch.from_numpy(q), Int8Corpus(torch.from_numpy(rows), dev_copy), 10)
+    assert [x.split(" on ")[0] for x in gpu.launches] == ["topn_int8_scan", "topn_int8_scan"]
+    np.testing.assert_array_equal(i.numpy(), topn_exact_numpy(q, rows, 10)[1])
 
 
 # ------------------------------------------------------------------ the encoders' pinned copies

@@ -348,6 +348,9 @@ def test_corpus_build_int8_copy_option(tmp_path, corpus_jsonl, tiny_model):
 
 @requires_gpu
 def test_the_kernel_equals_the_cpu_to_the_bit():
+    """The search's kernels without a bound (k = 0: every pair a candidate)
+    write every pair's interval: the CPU's to the bit, __dp4a (Q <= 2) and
+    tensor cores (Q >= 3)."""
     torch = pytest.importorskip("torch")
     mod = _native.cuda_module()[0]
     rng = np.random.default_rng(9)
@@ -358,12 +361,18 @@ def test_the_kernel_equals_the_cpu_to_the_bit():
         qcodes, params = ib.query_terms(q, copy.width)
         lo, hi = ib.intervals_reference(copy.codes, copy.rows, qcodes, params)
         g = copy.to("cuda")
-        glo = torch.empty((n_q, len(copy)), device="cuda")
-        ghi = torch.empty_like(glo)
-        mod.topn_int8_intervals(g.codes, g.rows, torch.from_numpy(qcodes).cuda(), torch.from_numpy(params).cuda(),
-                                glo, ghi, torch.cuda.current_stream().cuda_stream)
-        np.testing.assert_array_equal(glo.cpu().numpy(), lo)
-        np.testing.assert_array_equal(ghi.cpu().numpy(), hi)
+        cap = n_q * len(copy)
+        cand = [torch.empty(cap, dtype=t, device="cuda") for t in (torch.int32, torch.int64, torch.float32,
+                                                                   torch.float32)]
+        count = torch.zeros(1, dtype=torch.int64, device="cuda")
+        mod.topn_int8_scan(g.codes, g.rows, torch.from_numpy(qcodes).cuda(), torch.from_numpy(params).cuda(), 0,
+                           torch.zeros(n_q, dtype=torch.int32, device="cuda"), *cand, count,
+                           torch.cuda.current_stream().cuda_stream)
+        assert int(count.item()) == cap
+        cq, cj, clo, chi = (t.cpu().numpy() for t in cand)
+        np.testing.assert_array_equal(clo, lo[cq, cj])
+        np.testing.assert_array_equal(chi, hi[cq, cj])
+        assert len(set(zip(cq.tolist(), cj.tolist()))) == cap
 
 
 @requires_gpu

@@ -8,6 +8,7 @@
 #include "common/cpu/parallel.h"
 #include "llm/cpu/quant_kernels.h"
 #include "common/cpu/simd.h"
+#include "topn/cpu/topn_int8.h"
 
 namespace nb = nanobind;
 using namespace rcn_fast;
@@ -28,6 +29,8 @@ nb::dict build_info() {
   info["cpu_features"] = cpu_features();
   info["llm_kernels"] = quant_kernels().name;  // the local LLM engine's variant (csrc/llm/cpu/quant_kernels.h)
   info["llm_kernels_compiled"] = quant_compiled();
+  info["int8_scan"] = int8_isa_named("")->name;  // the int8 bounded scan's variant (csrc/topn/cpu/topn_int8.h)
+  info["int8_scan_compiled"] = int8_isa_compiled();
   info["num_threads"] = default_num_threads();
   info["cuda_compiled"] = bool(RCN_CUDA_COMPILED);
   info["cuda_option"] = RCN_CUDA_OPTION;

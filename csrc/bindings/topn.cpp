@@ -3,13 +3,16 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "bindings/topn_rows.h"
 #include "bindings/util.h"
 #include "topn/cpu/topn.h"
 #include "topn/cpu/topn_int8.h"
+#include "topn/cpu/topn_int8_emulated.h"
 #include "topn/cpu/topn_rows.h"
 #include "topn/cpu/topn_select_emulated.h"
 
@@ -106,19 +109,85 @@ void topn_tiled_merge_emulated_py(const Arrays::TopnScores& prev_s, const Arrays
 
 using I8 = bind::Int8Arrays<nb::device::cpu>;
 
+// The int8 scan's variant named `isa` ("" the one in use), or a ValueError.
+const Int8Isa& int8_isa(const std::string& isa) {
+  const Int8Isa* v = int8_isa_named(isa);
+  if (v == nullptr)
+    throw nb::value_error(("isa: '" + isa + "' is not compiled in or not supported by this CPU (compiled: " +
+                           int8_isa_compiled() + ")").c_str());
+  return *v;
+}
+
 void topn_int8_intervals_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
-                            const I8::Rows& qparams, I8::Out lo, I8::Out hi, int num_threads) {
+                            const I8::Rows& qparams, I8::Out lo, I8::Out hi, int num_threads,
+                            const std::string& isa) {
   const TopnInt8Problem p = bind::int8_problem<nb::device::cpu>(codes, rows, qcodes, qparams, lo, hi);
+  const Int8Isa& v = int8_isa(isa);
   nb::gil_scoped_release release;
-  topn_int8_intervals(p, num_threads);
+  topn_int8_intervals(p, num_threads, v);
+}
+
+using Ids = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
+
+// A numpy array owning a copy of `v`.
+Ids owned(const std::vector<int64_t>& v) {
+  int64_t* data = new int64_t[v.empty() ? 1 : v.size()];
+  std::copy(v.begin(), v.end(), data);
+  nb::capsule owner(data, [](void* ptr) noexcept { delete[] static_cast<int64_t*>(ptr); });
+  return Ids(data, {v.size()}, owner);
+}
+
+nb::tuple topn_int8_candidates_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
+                                  const I8::Rows& qparams, int64_t k, int num_threads, const std::string& isa) {
+  const TopnInt8Problem p = bind::int8_inputs<nb::device::cpu>(codes, rows, qcodes, qparams);
+  if (k < 1) throw nb::value_error("k: expected k >= 1");
+  const Int8Isa& v = int8_isa(isa);
+  Int8Candidates c;
+  {
+    nb::gil_scoped_release release;
+    c = topn_int8_candidates(p, k, num_threads, v);
+  }
+  return nb::make_tuple(owned(c.counts), owned(c.ids));
+}
+
+using Scan = bind::Int8ScanArrays<nb::device::cpu>;
+
+// Test aid: the CUDA int8 search on the host (topn/cpu/topn_int8_emulated.h).
+void topn_int8_scan_emulated_py(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes,
+                                const I8::Rows& qparams, int64_t k, Scan::Bound bound, Scan::CandQ cand_q,
+                                Scan::CandJ cand_j, Scan::CandF cand_lo, Scan::CandF cand_hi, Scan::Count count,
+                                int64_t sms) {
+  const topn_int8::ScanState st =
+      bind::int8_scan_state<nb::device::cpu>(codes, rows, qcodes, qparams, k, bound, cand_q, cand_j, cand_lo, cand_hi,
+                                             count);
+  if (sms < 1) throw nb::value_error("sms: expected a positive multiprocessor count");
+  nb::gil_scoped_release release;
+  topn_int8_scan_emulated(st, sms);
 }
 
 }  // namespace
 
 void bind_topn(nb::module_& m) {
   m.def("topn_int8_intervals", &topn_int8_intervals_py, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
-        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("num_threads") = 0,
-        "The int8 bounded scan (csrc/topn/topn_int8.h): lo / hi [Q, N] that hold every (query, row) float32 score.");
+        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("num_threads") = 0, nb::arg("isa") = "",
+        "The int8 bounded scan (csrc/topn/topn_int8.h): lo / hi [Q, N] that hold every (query, row) float32 score.\n"
+        "isa: '' (the variant in use), 'generic', 'avx2', 'avx512vnni', 'avxvnni' (ValueError where not supported).");
+  m.def("topn_int8_candidates", &topn_int8_candidates_py, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
+        nb::arg("qparams"), nb::arg("k"), nb::arg("num_threads") = 0, nb::arg("isa") = "",
+        "The bounded scan's candidates of an exact top-k: (counts [Q], ids [sum(counts)] int64), for each query\n"
+        "the rows with hi >= the k-th largest lo of the query (all rows when fewer than k), ascending; filtered\n"
+        "while the scan runs (csrc/topn/cpu/topn_int8.h), no [Q, N] intervals written.");
+  m.def("topn_int8_scan_emulated", &topn_int8_scan_emulated_py, nb::arg("codes"), nb::arg("rows"),
+        nb::arg("qcodes"), nb::arg("qparams"), nb::arg("k"), nb::arg("bound"), nb::arg("cand_q"), nb::arg("cand_j"),
+        nb::arg("cand_lo"), nb::arg("cand_hi"), nb::arg("count"), nb::arg("sms") = 132,
+        "Test aid: rcn_fast._cuda.topn_int8_scan on the host (its blocks, lanes and tile logic; the mma\n"
+        "fragments by the PTX ISA's layout), as a GPU with `sms` multiprocessors would run it.");
+  m.def("topn_int8_isa", [](const std::string& name) -> nb::object {
+          const Int8Isa* v = int8_isa_named(name);
+          if (v == nullptr) return nb::none();
+          return nb::str(v->name);
+        }, nb::arg("name") = "",
+        "The int8 scan's variant: '' the one in use; a name where it is compiled in and runs here; else None.");
   m.def("topn_finish_rows", &topn_finish_rows_py, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"),
         nb::arg("k"), nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"),
         nb::arg("queries").none() = nb::none(), nb::arg("corpus").none() = nb::none(), nb::arg("num_threads") = 0,

@@ -94,20 +94,27 @@ void split_queries(const Rows::Scores& queries, nb::ndarray<nb::ndim<2>, nb::dev
 }
 
 using I8 = bind::Int8Arrays<nb::device::cuda>;
+using Scan = bind::Int8ScanArrays<nb::device::cuda>;
 
-void int8_intervals(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes, const I8::Rows& qparams,
-                    I8::Out lo, I8::Out hi, uintptr_t stream) {
-  const TopnInt8Problem p = bind::int8_problem<nb::device::cuda>(codes, rows, qcodes, qparams, lo, hi);
+void int8_scan(const I8::Codes& codes, const I8::Rows& rows, const I8::QCodes& qcodes, const I8::Rows& qparams,
+               int64_t k, Scan::Bound bound, Scan::CandQ cand_q, Scan::CandJ cand_j, Scan::CandF cand_lo,
+               Scan::CandF cand_hi, Scan::Count count, uintptr_t stream) {
+  const topn_int8::ScanState st = bind::int8_scan_state<nb::device::cuda>(codes, rows, qcodes, qparams, k, bound,
+                                                                           cand_q, cand_j, cand_lo, cand_hi, count);
   nb::gil_scoped_release release;
-  cuda::topn_int8_intervals_cuda(p, as_stream(stream));
+  cuda::topn_int8_scan_cuda(st, as_stream(stream));
 }
 
 }  // namespace
 
 void bind_topn_cuda(nb::module_& m) {
-  m.def("topn_int8_intervals", &int8_intervals, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"),
-        nb::arg("qparams"), nb::arg("lo"), nb::arg("hi"), nb::arg("stream") = 0,
-        "The int8 bounded scan on the device (see rcn_fast._C.topn_int8_intervals).");
+  m.def("topn_int8_scan", &int8_scan, nb::arg("codes"), nb::arg("rows"), nb::arg("qcodes"), nb::arg("qparams"),
+        nb::arg("k"), nb::arg("bound"), nb::arg("cand_q"), nb::arg("cand_j"), nb::arg("cand_lo"), nb::arg("cand_hi"),
+        nb::arg("count"), nb::arg("stream") = 0,
+        "The int8 bounded scan's search (csrc/topn/topn_int8_scan.h), enqueued on `stream`: every (query, row)\n"
+        "pair whose hi reaches the query's running bound (bound [Q], int32 bits of an order-preserving key, 0:\n"
+        "none; raised in place) is written to cand_* [capacity] at a slot of the atomic count [1] (which counts\n"
+        "past the capacity: scan again with a larger buffer). k = 0: every pair (the intervals).");
   m.def("topn_finish_rows", &finish_rows, nb::arg("scores"), nb::arg("top_s"), nb::arg("top_i"), nb::arg("k"),
         nb::arg("id_base"), nb::arg("scores_out"), nb::arg("ids_out"), nb::arg("queries").none() = nb::none(),
         nb::arg("corpus").none() = nb::none(), nb::arg("stream") = 0,

@@ -14,6 +14,7 @@
 #include "bindings/util.h"
 #include "topn/topn_block_select.h"
 #include "topn/topn_int8.h"
+#include "topn/topn_int8_scan.h"
 
 namespace rcn_fast::bind {
 
@@ -142,14 +143,12 @@ struct Int8Arrays {
   using Out = nb::ndarray<float, nb::ndim<2>, Device>;
 };
 
-// The int8 bounded scan's problem of checked arguments (common/problems.h).
+// The int8 bounded scan's inputs, checked (common/problems.h; no outputs).
 template <class Device>
-inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& codes,
-                                    const typename Int8Arrays<Device>::Rows& rows,
-                                    const typename Int8Arrays<Device>::QCodes& qcodes,
-                                    const typename Int8Arrays<Device>::Rows& qparams,
-                                    const typename Int8Arrays<Device>::Out& lo,
-                                    const typename Int8Arrays<Device>::Out& hi) {
+inline TopnInt8Problem int8_inputs(const typename Int8Arrays<Device>::Codes& codes,
+                                   const typename Int8Arrays<Device>::Rows& rows,
+                                   const typename Int8Arrays<Device>::QCodes& qcodes,
+                                   const typename Int8Arrays<Device>::Rows& qparams) {
   constexpr bool cuda = DeviceArrays<Device>::cuda;
   const int64_t N = int64_t(codes.shape(0)), W = int64_t(codes.shape(1)), Q = int64_t(qcodes.shape(0));
   if (W % 16 != 0 || W > topn_int8::kMaxWidth)
@@ -161,20 +160,14 @@ inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& co
     throw nb::value_error("qcodes: expected int8 [Q, 2, width]: two terms per query, the codes' width");
   if (int64_t(qparams.shape(0)) != Q || int64_t(qparams.shape(1)) != topn_int8::kQueryParams)
     throw nb::value_error("qparams: expected float32 [Q, 5] (scale, rho, nu, gamma * nu, eta)");
-  for (const auto* o : {&lo, &hi}) {
-    if (int64_t(o->shape(0)) != Q || int64_t(o->shape(1)) != N || (N > 1 && o->stride(1) != 1))
-      throw nb::value_error("lo, hi: expected float32 [Q, N] outputs with contiguous rows");
-  }
-  if (Q > 1 && lo.stride(0) != hi.stride(0)) throw nb::value_error("lo, hi: expected the same row stride");
-  // the scan reads codes 16 bytes and query codes 4 bytes at a time (an
+  // the scans read codes 16 bytes and query codes 4 bytes at a time (an
   // offset view of a larger array can start anywhere: issue 55, C3)
   if (reinterpret_cast<uintptr_t>(codes.data()) % 16 != 0)
     throw nb::value_error("codes: expected a 16-byte aligned start (an offset view? pass a copy)");
   if (reinterpret_cast<uintptr_t>(qcodes.data()) % 4 != 0)
     throw nb::value_error("qcodes: expected a 4-byte aligned start (an offset view? pass a copy)");
-  const int dev = codes.device_id();
-  same_device(cuda, dev, {{rows.device_id(), "rows"}, {qcodes.device_id(), "qcodes"},
-                          {qparams.device_id(), "qparams"}, {lo.device_id(), "lo"}, {hi.device_id(), "hi"}});
+  same_device(cuda, codes.device_id(), {{rows.device_id(), "rows"}, {qcodes.device_id(), "qcodes"},
+                                        {qparams.device_id(), "qparams"}});
   TopnInt8Problem p{};
   p.codes = codes.data();
   p.rows = rows.data();
@@ -183,10 +176,79 @@ inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& co
   p.qcodes = qcodes.data();
   p.qparams = qparams.data();
   p.Q = Q;
+  return p;
+}
+
+// ... with the intervals' outputs lo / hi [Q, N], checked.
+template <class Device>
+inline TopnInt8Problem int8_problem(const typename Int8Arrays<Device>::Codes& codes,
+                                    const typename Int8Arrays<Device>::Rows& rows,
+                                    const typename Int8Arrays<Device>::QCodes& qcodes,
+                                    const typename Int8Arrays<Device>::Rows& qparams,
+                                    const typename Int8Arrays<Device>::Out& lo,
+                                    const typename Int8Arrays<Device>::Out& hi) {
+  TopnInt8Problem p = int8_inputs<Device>(codes, rows, qcodes, qparams);
+  for (const auto* o : {&lo, &hi}) {
+    if (int64_t(o->shape(0)) != p.Q || int64_t(o->shape(1)) != p.N || (p.N > 1 && o->stride(1) != 1))
+      throw nb::value_error("lo, hi: expected float32 [Q, N] outputs with contiguous rows");
+  }
+  if (p.Q > 1 && lo.stride(0) != hi.stride(0)) throw nb::value_error("lo, hi: expected the same row stride");
+  same_device(DeviceArrays<Device>::cuda, codes.device_id(), {{lo.device_id(), "lo"}, {hi.device_id(), "hi"}});
   p.lo = lo.data();
   p.hi = hi.data();
-  p.ld = Q > 1 ? int64_t(lo.stride(0)) : N;
+  p.ld = p.Q > 1 ? int64_t(lo.stride(0)) : p.N;
   return p;
+}
+
+template <class Device>
+struct Int8ScanArrays {
+  using Bound = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, Device>;  // topn_key bits, as int32
+  using CandQ = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, Device>;
+  using CandJ = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, Device>;
+  using CandF = nb::ndarray<float, nb::ndim<1>, nb::c_contig, Device>;
+  using Count = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, Device>;  // [1], read as unsigned
+};
+
+// The int8 search's state of checked arguments (topn/topn_int8_scan.h).
+template <class Device>
+inline topn_int8::ScanState int8_scan_state(const typename Int8Arrays<Device>::Codes& codes,
+                                            const typename Int8Arrays<Device>::Rows& rows,
+                                            const typename Int8Arrays<Device>::QCodes& qcodes,
+                                            const typename Int8Arrays<Device>::Rows& qparams, int64_t k,
+                                            typename Int8ScanArrays<Device>::Bound bound,
+                                            typename Int8ScanArrays<Device>::CandQ cand_q,
+                                            typename Int8ScanArrays<Device>::CandJ cand_j,
+                                            typename Int8ScanArrays<Device>::CandF cand_lo,
+                                            typename Int8ScanArrays<Device>::CandF cand_hi,
+                                            typename Int8ScanArrays<Device>::Count count) {
+  const TopnInt8Problem p = int8_inputs<Device>(codes, rows, qcodes, qparams);
+  if (k < 0 || k > topn_int8::kScanMaxK)
+    throw nb::value_error(("k: expected 0 (no filter) <= k <= 1024, got " + std::to_string(k)).c_str());
+  if (int64_t(bound.shape(0)) != p.Q) throw nb::value_error("bound: expected int32 [Q] (0: no bound yet)");
+  const int64_t cap = int64_t(cand_q.shape(0));
+  if (int64_t(cand_j.shape(0)) != cap || int64_t(cand_lo.shape(0)) != cap || int64_t(cand_hi.shape(0)) != cap)
+    throw nb::value_error("cand_q, cand_j, cand_lo, cand_hi: expected [capacity] arrays of one capacity");
+  if (int64_t(count.shape(0)) != 1) throw nb::value_error("count: expected int64 [1]");
+  same_device(DeviceArrays<Device>::cuda, codes.device_id(),
+              {{bound.device_id(), "bound"}, {cand_q.device_id(), "cand_q"}, {cand_j.device_id(), "cand_j"},
+               {cand_lo.device_id(), "cand_lo"}, {cand_hi.device_id(), "cand_hi"}, {count.device_id(), "count"}});
+  topn_int8::ScanState st{};
+  st.codes = p.codes;
+  st.rows = p.rows;
+  st.qcodes = p.qcodes;
+  st.qparams = p.qparams;
+  st.N = p.N;
+  st.width = p.width;
+  st.Q = p.Q;
+  st.k = int(k);
+  st.bound = reinterpret_cast<unsigned int*>(bound.data());
+  st.count = reinterpret_cast<unsigned long long*>(count.data());
+  st.cap = cap;
+  st.cand_q = cand_q.data();
+  st.cand_j = cand_j.data();
+  st.cand_lo = cand_lo.data();
+  st.cand_hi = cand_hi.data();
+  return st;
 }
 
 }  // namespace rcn_fast::bind

@@ -25,29 +25,10 @@
 #include "common/dtypes.h"
 #include "common/macros.h"
 #include "topn/topn_order.h"
+#include "topn/topn_rn.h"
 #include "topn/topn_select.h"
 
 namespace rcn_fast::topn_select {
-
-// a * b and a + b rounded once each, never fused into one fma by the
-// compiler (the torch backend scales and sums a split query's terms with
-// separate float32 operations; the block select must round the same way).
-RCN_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  volatile float p = a * b;
-  return p;
-#endif
-}
-RCN_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  volatile float s = a + b;
-  return s;
-#endif
-}
 
 // The k best of candidates [0, n) into `run` (not finished: the caller
 // calls finish). score_at(i) and id_at(i) give candidate i. Collective.

@@ -50,9 +50,20 @@ Selection. Let ``T`` be the k-th largest ``lo`` of the query. The k rows
 with ``lo >= T`` have ``f >= T``; any row with ``hi < T`` has ``f < T``, so
 it cannot be among the k best (not even tied). The rows with ``hi >= T``
 (the candidates, the k rows among them) are rescored, and their k best by
-(score desc, id asc) are the exact result. The scan goes over the corpus in
-chunks with the k-th largest ``lo`` seen so far, which never exceeds ``T``:
-it keeps a superset of the candidates, filtered by ``T`` at the end.
+(score desc, id asc) are the exact result. The scan keeps, while it runs,
+only the rows whose ``hi`` reaches a running bound: the k-th largest ``lo``
+of some of the rows seen so far (a CPU thread's rows, in
+csrc/topn/cpu/topn_int8.h; a CUDA block's, raised for every block in device
+memory, in :mod:`rcn_fast.search.int8_cuda`), never above ``T``: a superset
+of the candidates, filtered by ``T`` at the end. No [Q, N] intervals are
+written. The rescoring reads the candidates' rows a bounded chunk at a
+time (issue 55, S6).
+
+The CPU variants (csrc/topn/isa/topn_int8_scan.cpp) compute ``A`` from
+``I = 256 I1 + I2``, the dot product of the 16-bit term ``256 c1 + c2``
+(one product for both terms), as ``RN(I) / 256``: ``I1 + I2 / 256`` is
+``I / 256`` exactly and its one rounding is ``RN(I) / 256`` (no underflow),
+so the interval is the same to the bit (csrc/topn/topn_int8.h).
 
 What it needs: finite rows (the build refuses others) and finite query
 values whose bounds stay far from float32's range (else the call is served
@@ -68,7 +79,10 @@ an error far above ``eta``; the interval could then miss the score (issue
 candidates' rows; the candidates number about k where the k best stand out
 from the rest by more than the interval's width (about ``2 nu e_j``:
 roughly 0.02 for unit-norm 768-d rows), more where many rows score within
-it (duplicates, a zero query: every row).
+it (duplicates, a zero query: every row). On the CPU the integer dot
+products cost about half the float32 scan's multiply-adds a query and row,
+so the bounded scan pays where the scan is bound by memory (few queries:
+docs/retrieval.md has the figures).
 """
 
 from __future__ import annotations
@@ -96,8 +110,10 @@ MAX_PRODUCT = 1e36
 #: ... or when its scale times the smallest row scale is below this (a
 #: subnormal ``s_q * s_j`` breaks the bound on A; see the module docstring).
 MIN_SCALE_PRODUCT = 2.0**-100
-#: Rows of a chunk of the scan: its intervals take 8 * Q * rows bytes at most this many.
+#: Rows of a chunk of the reference's scan: its intervals take 8 * Q * rows bytes at most this many.
 CHUNK_BYTES = 1 << 30
+#: float32 bytes of the rows one rescoring step gathers (issue 55, S6).
+RESCORE_BYTES = 1 << 26
 
 
 def width_of(d: int) -> int:
@@ -347,11 +363,39 @@ def topn_int8_numpy(queries: np.ndarray, rows: np.ndarray, copy: Int8Copy, k: in
                     chunk: int | None = None, intervals: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k of ``queries`` [Q, d] (float32 values) over ``rows`` [N,
     d] by the int8 bounded scan of ``copy`` (numpy arrays; see the module
-    docstring). ``1 <= k <= N``. ``intervals``: the scan's function
-    (default: rcn_fast._C's, else :func:`intervals_reference`)."""
+    docstring). ``1 <= k <= N``. By default rcn_fast._C's scan filters
+    while it runs (:func:`native_candidates`); ``chunk`` (rows a step) or
+    ``intervals`` (the scan's function) take the reference's path
+    (:func:`candidates_reference`) instead."""
     q = np.ascontiguousarray(queries, dtype=np.float32)
-    n_q, n = q.shape[0], len(copy)
     qcodes, params = query_terms(q, copy.width)
+    mod, _ = _native.cpu_module()
+    if chunk is None and intervals is None and mod is not None and hasattr(mod, "topn_int8_candidates"):
+        qi, j = native_candidates(copy, qcodes, params, k)
+    else:
+        qi, j = candidates_reference(copy, qcodes, params, k, chunk=chunk, intervals=intervals)
+    return _best_per_query(qi, j, rescore_chunked(q, rows, qi, j), q.shape[0], k)
+
+
+def native_candidates(copy: Int8Copy, qcodes: np.ndarray, params: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(query, row) of the pairs with ``hi >= T`` (T: the query's k-th
+    largest ``lo``; -inf with fewer than k rows), query after query, rows
+    ascending, by rcn_fast._C's scan: each thread keeps a running k-th
+    largest ``lo`` per query and only the rows whose ``hi`` reaches it
+    (csrc/topn/cpu/topn_int8.h), so no [Q, N] intervals are written."""
+    mod, _ = _native.cpu_module()
+    counts, ids = mod.topn_int8_candidates(aligned16(np.ascontiguousarray(copy.codes)), copy.rows, aligned16(qcodes),
+                                           params, k)
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts), ids
+
+
+def candidates_reference(copy: Int8Copy, qcodes: np.ndarray, params: np.ndarray, k: int, *, chunk: int | None = None,
+                         intervals: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`native_candidates` in numpy: the intervals of ``chunk`` rows at
+    a time (``intervals``: the scan's function, default rcn_fast._C's
+    intervals, else :func:`intervals_reference`), the k-th largest ``lo``
+    seen so far as the running bound, filtered by T at the end."""
+    n_q, n = qcodes.shape[0], len(copy)
     scan = intervals or _native_intervals
     chunk = chunk or max(1, CHUNK_BYTES // (8 * max(1, n_q)))
     best = np.full((n_q, 0), -np.inf, np.float32)
@@ -369,9 +413,25 @@ def topn_int8_numpy(queries: np.ndarray, rows: np.ndarray, copy: Int8Copy, k: in
     t_final = best.min(1)
     qi, j, hi = np.concatenate(cand_q), np.concatenate(cand_j), np.concatenate(cand_hi)
     keep = hi >= t_final[qi]
-    qi, j = qi[keep], j[keep]
-    scores = rescore_reference(q[qi], np.asarray(rows[j]))
-    return _best_per_query(qi, j, scores, n_q, k)
+    order = np.lexsort((j[keep], qi[keep]))
+    return qi[keep][order].astype(np.int64), j[keep][order].astype(np.int64)
+
+
+def rescore_chunked(q: np.ndarray, rows: Any, qi: np.ndarray, j: np.ndarray,
+                    budget: int | None = None) -> np.ndarray:
+    """float32 scores of the pairs (query ``qi``, row ``j``; grouped by
+    query) by :func:`rescore_reference`, the query's row broadcast (as
+    :func:`topn_exact_numpy` scores) and at most ``budget`` bytes of float32
+    rows gathered at a time (issue 55, S6: no [candidates, d] arrays)."""
+    d = q.shape[1]
+    step = max(1, (budget or RESCORE_BYTES) // (4 * max(1, d)))
+    scores = np.empty(len(j), np.float32)
+    bounds = np.flatnonzero(np.diff(qi)) + 1 if len(qi) else np.zeros(0, np.int64)
+    for s0, s1 in zip(np.r_[0, bounds], np.r_[bounds, len(qi)]):
+        for c0 in range(int(s0), int(s1), step):
+            c1 = min(int(s1), c0 + step)
+            scores[c0:c1] = rescore_reference(np.broadcast_to(q[qi[c0]], (c1 - c0, d)), np.asarray(rows[j[c0:c1]]))
+    return scores
 
 
 def _best_per_query(qi: np.ndarray, j: np.ndarray, scores: np.ndarray, n_q: int,
@@ -423,13 +483,18 @@ def topn_int8(queries: Any, corpus: Int8Corpus, k: int) -> tuple[Any, Any] | Non
     (non-finite values, bounds near float32's range): the caller searches
     the rows exactly instead."""
     copy = corpus.copy
-    on_gpu = A.is_torch(copy.codes) and copy.codes.device.type == "cuda"
+    on_gpu = A.is_cuda(copy.codes)
     q_host = A.to_float32_numpy(queries)
     if not servable(q_host, copy):
         return None
-    if on_gpu:  # the block select takes 65,535 query rows a launch
-        parts = [_topn_int8_cuda(queries[q0 : q0 + 65535], q_host[q0 : q0 + 65535], corpus, k)
-                 for q0 in range(0, max(1, q_host.shape[0]), 65535)]
+    if on_gpu:  # query batches of at most 65,535 (the scan's grid takes more; the candidate buffers need not)
+        from rcn_fast.search import int8_cuda
+
+        codes = aligned16(copy.codes)
+        parts = []
+        for q0 in range(0, max(1, q_host.shape[0]), 65535):
+            qcodes, params = query_terms(q_host[q0 : q0 + 65535], copy.width)
+            parts.append(int8_cuda.search(queries[q0 : q0 + 65535], qcodes, params, codes, copy.rows, corpus.rows, k))
         if len(parts) == 1:
             return parts[0]
         import torch
@@ -440,81 +505,3 @@ def topn_int8(queries: Any, corpus: Int8Corpus, k: int) -> tuple[Any, Any] | Non
                                                               copy.largest_bound(), copy.smallest_scale())
     s, i = topn_int8_numpy(q_host, rows, plain, k)
     return (A.from_numpy_like(queries, s), A.from_numpy_like(queries, i)) if A.is_torch(queries) else (s, i)
-
-
-def _topn_int8_cuda(queries: Any, q_host: np.ndarray, corpus: Int8Corpus, k: int) -> tuple[Any, Any]:
-    """The bounded scan on a GPU: the intervals by rcn_fast._cuda's int8
-    kernel, the k-th largest lower bound by its block select and merge, the
-    candidates' rows rescored on the device (one host synchronisation a
-    chunk: the candidates' count)."""
-    import torch
-
-    from rcn_fast.search.cuda_tiled import multiprocessors, tile_shape
-
-    mod, why = _native.cuda_module()
-    if mod is None or not hasattr(mod, "topn_int8_intervals"):
-        raise RuntimeError(f"the int8 scan on a GPU needs rcn_fast._cuda with topn_int8_intervals: {why}")
-    copy, dev = corpus.copy, corpus.copy.codes.device
-    with A.on_device(copy.codes):  # every launch on the copy's device and its stream (issue 55, C2)
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        qcodes_h, params_h = query_terms(q_host, copy.width)
-        qcodes = torch.from_numpy(qcodes_h).to(dev, non_blocking=False)
-        params = torch.from_numpy(params_h).to(dev)
-        codes = aligned16(copy.codes)
-        n_q, n = q_host.shape[0], len(copy)
-        chunk = max(1, CHUNK_BYTES // (8 * max(1, n_q)))
-        sms = multiprocessors(torch, dev)
-        best_s = torch.full((1, n_q, k), float("-inf"), dtype=torch.float32, device=dev)
-        best_i = torch.full((1, n_q, k), -1, dtype=torch.int64, device=dev)
-        cand_q, cand_j, cand_hi = [], [], []
-        for r0 in range(0, n, chunk):
-            r1 = min(n, r0 + chunk)
-            lo = torch.empty((n_q, r1 - r0), dtype=torch.float32, device=dev)
-            hi = torch.empty_like(lo)
-            mod.topn_int8_intervals(codes[r0:r1], copy.rows[r0:r1], qcodes, params, lo, hi, stream)
-            slices = tile_shape(n_q, r1 - r0, 1, sms)[2]
-            part_s = torch.empty((slices + 1, n_q, k), dtype=torch.float32, device=dev)
-            part_i = torch.empty((slices + 1, n_q, k), dtype=torch.int64, device=dev)
-            part_s[0], part_i[0] = best_s[0], best_i[0]
-            mod.topn_block_select(lo, 1, None, r1 - r0, k, r0, slices, part_s, part_i, 1, stream)
-            out_s = torch.empty((n_q, k), dtype=torch.float32, device=dev)
-            out_i = torch.empty((n_q, k), dtype=torch.int64, device=dev)
-            mod.topn_merge_lists(part_s, part_i, out_s, out_i, stream)
-            best_s, best_i = out_s[None], out_i[None]
-            t_run = out_s[:, k - 1]  # -inf until k lower bounds were seen
-            qi, j = (hi >= t_run[:, None]).nonzero(as_tuple=True)
-            cand_q.append(qi)
-            cand_j.append(j + r0)
-            cand_hi.append(hi[qi, j])
-    qi, j, hi = torch.cat(cand_q), torch.cat(cand_j), torch.cat(cand_hi)
-    keep = hi >= best_s[0, :, k - 1][qi]
-    qi, j = qi[keep], j[keep]
-    q = queries.to(dev).float()
-    if A.is_torch(corpus.rows) and corpus.rows.device == dev:
-        x = corpus.rows.index_select(0, j)
-    else:  # rows on the host: gather the candidates there
-        rows = A.to_numpy(corpus.rows) if A.is_torch(corpus.rows) else corpus.rows
-        x = torch.from_numpy(np.ascontiguousarray(rows[j.cpu().numpy()])).to(dev)
-    scores = (q.index_select(0, qi) * x.float()).sum(1)
-    return _best_per_query_torch(torch, qi, j, scores, n_q, k)
-
-
-def _best_per_query_torch(torch: Any, qi: Any, j: Any, scores: Any, n_q: int, k: int) -> tuple[Any, Any]:
-    """:func:`_best_per_query` in torch ops on the candidates' device."""
-    dev = scores.device
-    # stable sorts, the last key first: each sorts the permutation so far (a
-    # loop over a tuple of the keys sorted the reordered arrays by the
-    # original keys' order: found running this path through the stand-in of
-    # tests/cuda_standin.py, issue 55)
-    perm = torch.sort(j, stable=True).indices
-    perm = perm[torch.sort(scores[perm], stable=True, descending=True).indices]
-    perm = perm[torch.sort(qi[perm], stable=True).indices]
-    qi, j, scores = qi[perm], j[perm], scores[perm]
-    start = torch.searchsorted(qi, torch.arange(n_q, device=dev))
-    pos = torch.arange(qi.shape[0], device=dev) - start[qi]
-    take = pos < k
-    out_s = torch.full((n_q, k), float("-inf"), dtype=torch.float32, device=dev)
-    out_i = torch.full((n_q, k), -1, dtype=torch.int64, device=dev)
-    out_s[qi[take], pos[take]] = scores[take]
-    out_i[qi[take], pos[take]] = j[take]
-    return out_s, out_i

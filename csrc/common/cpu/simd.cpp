@@ -17,7 +17,8 @@ namespace {
 // not know "f16c".
 struct X86Features {
   bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false, avx512f = false;
-  bool avx512bw = false, avx512vl = false, avx512dq = false, avx512vnni = false;
+  bool avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avxvnni = false;  // vpdpwssd (the int8 scan: topn/cpu/topn_int8.cpp)
 };
 
 X86Features x86_features() {
@@ -43,6 +44,8 @@ X86Features x86_features() {
     f.avx512bw = f.avx512f && ((b >> 30) & 1u);
     f.avx512vl = f.avx512f && ((b >> 31) & 1u);
     f.avx512vnni = f.avx512f && ((c >> 11) & 1u);
+    const unsigned max_sub = a;  // leaf 7's highest subleaf
+    if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avxvnni = f.avx && ((a >> 4) & 1u);
   }
 #endif
   return f;
@@ -105,8 +108,16 @@ bool cpu_supports_avx512() {
 }
 
 bool cpu_supports_avx512vnni() {
-#if RCN_HAVE_AVX512
+#if RCN_HAVE_AVX512VNNI
   return cpu_supports_avx512() && x86_features().avx512vnni;
+#else
+  return false;
+#endif
+}
+
+bool cpu_supports_avxvnni() {
+#if RCN_HAVE_AVXVNNI
+  return x86_features().avxvnni && cpu_supports_avx2();
 #else
   return false;
 #endif
@@ -120,7 +131,8 @@ std::string cpu_features() {
   const std::pair<const char*, bool> named[] = {{"sse4.2", f.sse42}, {"avx", f.avx},   {"avx2", f.avx2},
                                                 {"fma", f.fma},       {"f16c", f.f16c}, {"avx512f", f.avx512f},
                                                 {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
-                                                {"avx512dq", f.avx512dq}, {"avx512vnni", f.avx512vnni}};
+                                                {"avx512dq", f.avx512dq}, {"avx512vnni", f.avx512vnni},
+                                                {"avxvnni", f.avxvnni}};
   for (const auto& [name, has] : named) {
     if (!has) continue;
     if (!out.empty()) out += ' ';

@@ -19,8 +19,11 @@ const char* simd_name(SimdLevel level);
 // avx512 (f, bw, vl, dq) variants.
 bool cpu_supports_avx2();
 bool cpu_supports_avx512();
-// ... and the avx512vnni variant (avx512 + avx512_vnni).
+// ... and the VNNI variants, where compiled in: avx512vnni (avx512 +
+// avx512_vnni: the LLM engine's 8-bit products and the int8 scan) and
+// avxvnni (avx2 + AVX-VNNI: the int8 scan).
 bool cpu_supports_avx512vnni();
+bool cpu_supports_avxvnni();
 std::string simd_note();
 
 }  // namespace rcn_fast

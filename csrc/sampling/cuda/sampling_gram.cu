@@ -5,7 +5,9 @@
 //      slices of 64 columns (one read of the inputs from HBM): every slice
 //      adds to the Gram matrix G = E E^T (float16/bfloat16: mma.m16n8k16
 //      tiles of 16 x 8, each warp its tiles, accumulators in registers;
-//      float32: each thread an 8 x 8 register tile of FMAs) and thread j < n
+//      float32: each thread an RG x RG register tile of FMAs, RG = npad /
+//      16 rounded up to 1, 2, 4 or 8, so a small question does not compute
+//      an 8 x 8 tile of zeros: issue 55, S7) and thread j < n
 //      adds to rel_j = dot(e_q, e_j) (FMAs in column order);
 //   2. G and rel go to shared memory; a relevance that is not finite for a
 //      valid candidate flags the question (as the warp sampler does);
@@ -55,7 +57,8 @@ __device__ __forceinline__ bool warp_tile(int warp, int ti, int npad, int* i0, i
   return true;
 }
 
-template <DType T, bool kVec>
+// RG: the float32 register tile's rows (and columns), npad <= 16 RG (1 for float16/bfloat16).
+template <DType T, bool kVec, int RG>
 __global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel(SamplingProblem p, int npad, unsigned long long* flags) {
   using S = typename Storage<T>::type;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel
   const float* q = p.query + b * p.query_stride;
   float relacc = 0.f;
   float c[T == DType::F32 ? 1 : kTilesPerWarp][4] = {};
-  float f[T == DType::F32 ? 8 : 1][T == DType::F32 ? 8 : 1] = {};
+  float f[RG][RG] = {};
   const int tr = tid / 16, tc = tid % 16;  // float32: rows tr + 16 i, columns tc + 16 j
   for (int64_t k0 = 0; k0 < d; k0 += gm::kSlice) {
     __syncthreads();  // the previous slice is consumed
@@ -117,15 +120,15 @@ __global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel
         relacc = fmaf(load_as_float<T>(stage + tid * stage_ld<T>() + cc), qs[cc], relacc);
     if constexpr (T == DType::F32) {
       for (int cc = 0; cc < gm::kSlice; ++cc) {
-        float a[8], bb[8];
+        float a[RG], bb[RG];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = tr + 16 * i < npad ? stage[(tr + 16 * i) * kLdF32 + cc] : 0.f;
+        for (int i = 0; i < RG; ++i) a[i] = tr + 16 * i < npad ? stage[(tr + 16 * i) * kLdF32 + cc] : 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) bb[j] = tc + 16 * j < npad ? stage[(tc + 16 * j) * kLdF32 + cc] : 0.f;
+        for (int j = 0; j < RG; ++j) bb[j] = tc + 16 * j < npad ? stage[(tc + 16 * j) * kLdF32 + cc] : 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+        for (int i = 0; i < RG; ++i)
 #pragma unroll
-          for (int j = 0; j < 8; ++j) f[i][j] = fmaf(a[i], bb[j], f[i][j]);
+          for (int j = 0; j < RG; ++j) f[i][j] = fmaf(a[i], bb[j], f[i][j]);
       }
     } else {
       const uint16_t* e = reinterpret_cast<const uint16_t*>(stage);
@@ -145,9 +148,9 @@ __global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel
   }
   if constexpr (T == DType::F32) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < RG; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < RG; ++j)
         if (tr + 16 * i < npad && tc + 16 * j < npad) G[(tr + 16 * i) * npad + tc + 16 * j] = f[i][j];
   } else {
 #pragma unroll
@@ -171,10 +174,10 @@ __global__ void __launch_bounds__(kThreads, launch::kMinBlocksPerSm) gram_kernel
       atomicMin(flags + 1, (unsigned long long)b);
 }
 
-template <DType T, bool kVec>
+template <DType T, bool kVec, int RG>
 void launch_typed(const SamplingProblem& p, int npad, unsigned long long* flags, cudaStream_t stream) {
   const size_t bytes = gram_smem(T, npad);
-  auto kern = gram_kernel<T, kVec>;
+  auto kern = gram_kernel<T, kVec, RG>;
   check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
   kern<<<unsigned(p.B), kThreads, bytes, stream>>>(p, npad, flags);  // one block a question
   check(cudaGetLastError(), "sampler Gram kernel");
@@ -184,8 +187,17 @@ template <DType T>
 void launch(const SamplingProblem& p, int npad, unsigned long long* flags, cudaStream_t stream) {
   const int64_t es = int64_t(sizeof(typename Storage<T>::type));
   const bool vec = p.d % 8 == 0 && aligned16(p.cand, es, p.cand_stride_n, p.cand_stride_b);
-  if (vec) return launch_typed<T, true>(p, npad, flags, stream);
-  launch_typed<T, false>(p, npad, flags, stream);
+  if constexpr (T == DType::F32) {
+    switch (gram_f32_tile(npad)) {  // the register tile covers npad rows (sampling_launch.h)
+      case 1: return vec ? launch_typed<T, true, 1>(p, npad, flags, stream) : launch_typed<T, false, 1>(p, npad, flags, stream);
+      case 2: return vec ? launch_typed<T, true, 2>(p, npad, flags, stream) : launch_typed<T, false, 2>(p, npad, flags, stream);
+      case 4: return vec ? launch_typed<T, true, 4>(p, npad, flags, stream) : launch_typed<T, false, 4>(p, npad, flags, stream);
+      default: return vec ? launch_typed<T, true, 8>(p, npad, flags, stream) : launch_typed<T, false, 8>(p, npad, flags, stream);
+    }
+  } else {
+    if (vec) return launch_typed<T, true, 1>(p, npad, flags, stream);
+    launch_typed<T, false, 1>(p, npad, flags, stream);
+  }
 }
 
 }  // namespace

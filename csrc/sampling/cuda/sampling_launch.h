@@ -50,6 +50,15 @@ inline size_t gram_smem(DType t, int npad) {
          size_t(kGramWarps) * npad * 9;
 }
 
+// Rows (and columns) of a float32 thread's register tile of G for npad rows:
+// 256 threads as 16 x 16, thread (r, c) the rows r + 16 i and columns c + 16 j,
+// i, j < the tile: npad / 16 rounded up to 1, 2, 4 or 8 (issue 55, S7: an
+// 8 x 8 tile whatever npad made 64 FMAs a column where n = 9 needs one).
+inline int gram_f32_tile(int npad) {
+  const int rg = (npad + 15) / 16;
+  return rg <= 1 ? 1 : rg <= 2 ? 2 : rg <= 4 ? 4 : 8;
+}
+
 // ---- the table
 inline std::vector<launch::KernelSpec> sampling_kernel_specs() {
   return {

@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "common/launch.h"
 #include "topn/topn_int8.h"
+#include "topn/topn_int8_scan.h"
 #include "topn/topn_select.h"
 
 namespace rcn_fast::cuda {
@@ -111,25 +113,64 @@ inline size_t block_select_smem(int64_t k) {
 }
 inline size_t merge_smem(int64_t k) { return selection_bytes<int64_t>(topn_select::layout(int(k), kMergeThreads)); }
 
-// ---- int8 bounded scan (topn_int8.cu)
-constexpr int kInt8Threads = 256;
-constexpr int kInt8Lanes = 8;       // lanes a row
-constexpr int kInt8MaxGroup = 8;    // queries a block
+// ---- int8 bounded scan (topn_int8.cu; the tile logic: topn/topn_int8_scan.h)
+constexpr int kInt8Threads = topn_int8::kScanThreads;
+// __dp4a for up to this many queries a call, tensor cores (mma.m16n8k32.s8) above
+constexpr int64_t kInt8Dp4aMaxQueries = 2;
+// the tensor-core kernel holds two A tiles (16 queries) a block up to this
+// k, one (8) above: the selections of lo values fit the shared memory
+constexpr int64_t kInt8WideMaxK = 256;
+constexpr int kInt8MaxChunks = 4;   // the query words a lane holds: 64-byte chunks a warp / 16-byte chunks a lane
 
-// Queries a block holds for a call of Q queries.
-inline int int8_group(int64_t Q) { return Q == 1 ? 1 : Q == 2 ? 2 : Q <= 4 ? 4 : kInt8MaxGroup; }
-inline size_t int8_smem(int G, int64_t width) {
-  return size_t(G) * 2 * size_t(width / 4) * 4 + size_t(G) * topn_int8::kQueryParams * 4;
+struct Int8ScanConfig {
+  bool mma;
+  int group;    // queries a block
+  int atiles;   // mma: A tiles of 8 queries
+  int chunks;   // mma: 64-byte chunks a warp; dp4a: 16-byte chunks a lane
+  size_t smem;  // dynamic shared memory
+};
+
+// The kernel, its query group and shared memory for Q queries, k (0: no
+// filter) and the codes' width (a multiple of 16, at most 1024).
+inline Int8ScanConfig int8_scan_config(int64_t Q, int64_t k, int64_t width) {
+  Int8ScanConfig c{};
+  if (Q <= kInt8Dp4aMaxQueries) {
+    c.mma = false;
+    c.group = int(Q < 1 ? 1 : Q);
+    c.atiles = 0;
+    c.chunks = int(std::max<int64_t>(1, launch::ceil_div(launch::ceil_div(width, 16), topn_int8::kDp4aLanes)));
+    c.smem = size_t(topn_int8::dp4a_dots_bytes(c.group) + topn_int8::sel_bytes(c.group, int(k)));
+  } else {
+    c.mma = true;
+    c.atiles = Q <= topn_int8::kMmaQueries || k > kInt8WideMaxK ? 1 : 2;
+    c.group = c.atiles * topn_int8::kMmaQueries;
+    c.chunks = int(std::max<int64_t>(
+        1, launch::ceil_div(launch::ceil_div(width, topn_int8::kMmaChunk), topn_int8::kScanWarps)));
+    c.smem = size_t(topn_int8::mma_red_bytes(c.atiles) + topn_int8::sel_bytes(c.group, int(k)));
+  }
+  if (c.chunks > kInt8MaxChunks) throw std::invalid_argument("codes: expected a width of at most 1024");
+  return c;
 }
-// The int8 kernel's launches: about 8 blocks an SM over all query groups
-// (x, a grid-stride loop over rows), query groups in y, at most kMaxGridYZ
-// a launch (y0: the first group of the launch).
-inline std::vector<launch::Grid> int8_launches(int64_t Q, int64_t N, int64_t sms) {
-  const int64_t groups = launch::ceil_div(Q, int8_group(Q));
-  const int64_t rows_per_block = kInt8Threads / kInt8Lanes;
-  int64_t blocks = std::max<int64_t>(1, (int64_t(8) * sms + groups - 1) / groups);
-  blocks = std::min<int64_t>(blocks, launch::ceil_div(N, rows_per_block));
+
+// The scan's launches: about 4 blocks an SM over all query groups (x, a
+// grid-stride loop over tiles of rows), query groups in y, at most
+// kMaxGridYZ a launch (y0: the first group of the launch).
+inline std::vector<launch::Grid> int8_scan_launches(int64_t Q, int64_t N, int group, int64_t sms) {
+  const int64_t groups = launch::ceil_div(Q, group);
+  int64_t blocks = std::max<int64_t>(1, (int64_t(4) * sms + groups - 1) / groups);
+  blocks = std::min<int64_t>(blocks, std::max<int64_t>(1, launch::ceil_div(N, topn_int8::kTileRows)));
   return launch::y_chunks(blocks, groups);
+}
+
+// The most dynamic shared memory either kernel asks for (k up to the limit).
+inline int64_t int8_max_smem(bool mma) {
+  int64_t most = 0;
+  for (int64_t Q : {int64_t(1), int64_t(2), int64_t(8), int64_t(9)})
+    for (int64_t k : {int64_t(0), kInt8WideMaxK, kInt8WideMaxK + 1, int64_t(topn_int8::kScanMaxK)}) {
+      const Int8ScanConfig c = int8_scan_config(Q, k, 1024);
+      if (c.mma == mma) most = std::max<int64_t>(most, int64_t(c.smem));
+    }
+  return most;
 }
 
 // ---- the table
@@ -143,7 +184,8 @@ inline std::vector<launch::KernelSpec> topn_kernel_specs() {
       {"block_select_kernel", kBlockSelectThreads, kBlockSelectThreads, int64_t(block_select_smem(kTopnMaxK)), true},
       {"merge_kernel", kMergeThreads, kMergeThreads, int64_t(merge_smem(kTopnMaxK)), false},
       {"finish_rows_kernel", kBlockSelectThreads, kBlockSelectThreads, int64_t(block_select_smem(kTopnMaxK)), false},
-      {"int8_kernel", kInt8Threads, kInt8Threads, int64_t(int8_smem(kInt8MaxGroup, topn_int8::kMaxWidth)), true},
+      {"int8_mma_kernel", kInt8Threads, kInt8Threads, int8_max_smem(true), true},
+      {"int8_dp4a_kernel", kInt8Threads, kInt8Threads, int8_max_smem(false), true},
   };
 }
 
