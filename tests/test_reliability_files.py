@@ -145,19 +145,17 @@ def test_overwrite_starts_a_failed_build_over(tmp_path):
     cfg = dict(input=str(good), out=str(out), chunk_size=8, dtype="float32")
     with pytest.raises(ValueError, match="not valid UTF-8"):
         build_corpus(BuildConfig(**cfg), HashEncoder(), show_progress=False)
-    good.write_bytes(text)  # the user fixes the input
-    with pytest.raises(ValueError, match=r"pass --overwrite \(overwrite=True\) to discard it and start over"):
-        build_corpus(BuildConfig(**cfg), HashEncoder(), show_progress=False)
-    (out / "notes.txt").write_text("mine")  # a file the build did not write survives
-    store = build_corpus(BuildConfig(**cfg, overwrite=True), HashEncoder(), show_progress=False)
-    assert len(store) == 20 and store.row_of("p19") == 19
-    assert (out / "notes.txt").read_text() == "mine" and not (out / "parts").exists()
+    good.write_bytes(text)  # the user fixes the input: bad input kept nothing, the rerun builds
+    store = build_corpus(BuildConfig(**cfg), HashEncoder(), show_progress=False)
+    assert len(store) == 20 and store.row_of("p19") == 19 and not (out / "parts").exists()
+    (out / "notes.txt").write_text("mine")  # a file the build did not write survives --overwrite
     # a finished store with other settings: the message offers --overwrite too
     with pytest.raises(ValueError, match=r"pass --overwrite"):
         build_corpus(BuildConfig(**{**cfg, "dtype": "float16"}), HashEncoder(), show_progress=False)
     again = build_corpus(BuildConfig(**{**cfg, "dtype": "float16"}, overwrite=True), HashEncoder(),
                          show_progress=False)
     assert again.manifest["dtype"] == "float16" and len(again) == 20
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_corpus_cli_reports_bad_input_and_offers_overwrite(tmp_path, capsys):
@@ -174,11 +172,13 @@ def test_corpus_cli_reports_bad_input_and_offers_overwrite(tmp_path, capsys):
     assert corpus_main(args) == 2
     err = capsys.readouterr().err
     assert f"error: input: {inp} line 7 is not valid UTF-8" in err and "Traceback" not in err
-    inp.write_bytes(text)
-    assert corpus_main(args) == 2
-    assert "--overwrite" in capsys.readouterr().err
-    assert corpus_main(args + ["--overwrite"]) == 0
+    inp.write_bytes(text)  # bad input kept nothing: the rerun with the fixed file builds
+    assert corpus_main(args) == 0
     assert len(CorpusStore.open(out)) == 6
+    # a finished store asked for other settings: the message offers --overwrite
+    assert corpus_main(args + ["--dtype", "float32"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert corpus_main(args + ["--dtype", "float32", "--overwrite"]) == 0
     # a folder where --out should be a directory it can write: one message, exit 2
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("x")

@@ -292,7 +292,7 @@ def test_n13_a_record_without_the_log_probs_its_pipeline_always_gives_is_refused
 
     task = ChoiceTask()
     q = MCQuestion(id="q1", question="Which?", choices=["a", "b", "c", "d"], answer=2)
-    pred = Prediction(question_id="q1", pred=2, label="C", choice_logprobs=[])
+    pred = Prediction(question_id="q1", pred=2, pred_label="C", choice_logprobs=[])
     rec = {"id": "q1", "seed": 0, "status": "ok", "metrics": task.process_results(q, pred), "elapsed_s": 0.1,
            "prediction": task.record_prediction(q, pred)}
     f = tmp_path / "ck" / "seed0-k.jsonl"

@@ -61,6 +61,8 @@ CASES: dict[str, tuple[str, dict, int]] = {
                                                        "high_freq_factor": 4.0,
                                                        "original_max_position_embeddings": 64}), 12),
 }
+#: cases whose matrices are scaled by width (weights_for)
+WIDTH_SCALED = frozenset({"llama31_k256"})
 #: the converter's --outtype per case (default f32)
 OUTTYPE: dict[str, str] = {}
 _ARCH = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM"}
@@ -96,11 +98,15 @@ def config(name: str) -> dict:
 
 def weights(name: str) -> dict[str, np.ndarray]:
     """The float32 weights of case ``name``, named as transformers names them."""
-    return weights_for(config(name), CASES[name][2])
+    return weights_for(config(name), CASES[name][2], width_scaled=name in WIDTH_SCALED)
 
 
-def weights_for(cfg: dict, seed: int) -> dict[str, np.ndarray]:
-    """The float32 weights of a model of config ``cfg`` from generator ``seed``."""
+def weights_for(cfg: dict, seed: int, width_scaled: bool = False) -> dict[str, np.ndarray]:
+    """The float32 weights of a model of config ``cfg`` from generator
+    ``seed``; ``width_scaled``: the matrices' scale falls with the square
+    root of the width (the cases of :data:`WIDTH_SCALED`; the committed
+    files of the other cases and of tests/llm/kquant_cases.py were made
+    without it)."""
     H, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or H // cfg["num_attention_heads"]
     Q, D = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
@@ -122,7 +128,7 @@ def weights_for(cfg: dict, seed: int) -> dict[str, np.ndarray]:
         u = _uniform(seed * 1000 + j, int(np.prod(shape))).reshape(shape)
         # norms near 1, biases small, matrices wide enough that outputs depend on the input (their scale falls
         # with the square root of the width: each layer's gain is that of the 32-wide cases)
-        wide = 0.4 * (32 / H) ** 0.5
+        wide = 0.4 * (32 / H) ** 0.5 if width_scaled else 0.4
         out[key] = (1.0 + 0.2 * u) if key.endswith("norm.weight") else (0.1 * u if key.endswith("bias") else wide * u)
     return {k: v.astype(np.float32) for k, v in out.items()}
 
