@@ -18,7 +18,7 @@ _HF_OPTIONS = set(HFConfig.__dataclass_fields__)
 #: options of the GGUF engines that transformers does not take (rcn_fast.llm.backends.engine.EngineConfig,
 #: rcn_fast.llm.backends.llamacpp.LlamaCppConfig)
 _ENGINE_ONLY = {
-    "native": {"num_threads", "prefix_cache_mb", "max_batch_tokens", "min_prefix", "isa"},
+    "native": {"num_threads", "prefix_cache_mb", "max_batch_tokens", "min_prefix", "isa", "activations"},
     "llamacpp": {"num_threads", "n_ctx", "max_batch_tokens", "prefix_seqs", "min_prefix", "kv_type", "flash_attn"},
 }
 _GGUF_ONLY = set().union(*_ENGINE_ONLY.values())
@@ -71,7 +71,8 @@ def load_llm(spec: Any, **options: Any) -> LLM:
         ``label_spellings``, ``scoring_backend``) and, for the GGUF
         engines, those of :class:`~rcn_fast.llm.backends.engine.EngineConfig`
         (``num_threads``, ``prefix_cache_mb``, ``max_batch_tokens``,
-        ``min_prefix``, ``isa``) and of
+        ``min_prefix``, ``isa``, ``activations``: ``"q8"`` for llama.cpp's
+        8-bit arithmetic) and of
         :class:`~rcn_fast.llm.backends.llamacpp.LlamaCppConfig`
         (``num_threads``, ``n_ctx``, ``max_batch_tokens``,
         ``prefix_seqs``, ``min_prefix``, ``kv_type``, ``flash_attn``). A

@@ -73,6 +73,14 @@ def test_engine_choice_and_option_checks(tiny_gguf, tiny_llama_dir, cache):
         load_llm(str(tiny_llama_dir), engine="llamacpp")
     with pytest.raises(TypeError, match="unknown option"):
         load_llm(str(tiny_gguf), threads=2)
+    # llama.cpp's 8-bit arithmetic: a native-engine option, so auto tries the native engine only
+    q8 = load_llm(str(tiny_gguf), activations="q8")
+    assert isinstance(q8, GGUFLLM) and q8.config.activations == "q8" and ":q8:" in q8.identity
+    assert ":q8:" not in load_llm(str(tiny_gguf)).identity
+    with pytest.raises(ValueError, match="activations"):
+        load_llm(str(tiny_gguf), activations="int4")
+    with pytest.raises(TypeError, match=r"\['activations'\] apply to the native engine only"):
+        load_llm(str(tiny_gguf), engine="llamacpp", activations="q8")
 
 
 def test_gguf_reader_refuses_what_is_not_gguf(tiny_gguf, tmp_path):
