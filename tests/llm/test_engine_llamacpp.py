@@ -317,3 +317,47 @@ def test_a_missing_llama_cpp_python_is_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(ImportError, match=r"pip install 'rcn_fast\[llamacpp\]'"):
         load_llm(str(cc.DATA / "qwen2.gguf"), engine="llamacpp")
+
+
+def test_served_by_rcn_fast_serve_streams_and_reports_logprobs(qwen):
+    """The llama.cpp backend behind ``python -m rcn_fast.serve`` (what
+    ``--engine auto`` picks for the 1B+ files): every generated token is
+    reported as it is chosen, with the log-softmax of the step's logits
+    before ``logit_bias`` -- the streamed text equals the whole greedy
+    answer, and each token's log-prob equals llama.cpp's own log-prob of
+    it after the same prefix (its prompt path, within llama.cpp's
+    batch-size rounding)."""
+    openai = pytest.importorskip("openai")
+    from rcn_fast.llm.base import GenerationParams
+    from tests.llm.test_serve_engine import serve
+
+    llm = load_llm(str(qwen), engine="llamacpp", num_threads=2)
+    ids = llm.encode_chats([[{"role": "user", "content": "Name a colour."}]])[0]
+    got: list[tuple] = []
+    out = llm.generate_ids([ids], GenerationParams(max_new_tokens=8), logprobs=3,
+                           on_token=lambda p, s, t, lp, top: got.append((p, s, t, lp, top)))[0][0]
+    toks = [g[2] for g in got]
+    assert [g[:2] for g in got] == [(0, 0)] * len(got) and len(toks) == out.generated_tokens
+    ref = llm.prompt_logprobs_ids([ids + toks], 3, chunk=64, check=lambda: None)[0][len(ids):]
+    for (_, _, t, lp, top), (want_lp, want_top) in zip(got, ref):
+        assert lp == pytest.approx(want_lp, abs=1e-3) and len(top) == 3 and top[0][1] >= top[-1][1]
+        assert [i for i, _ in top] == [i for i, _ in want_top]
+    # no log-probs asked: the tokens still reported, with None and []
+    plain: list[tuple] = []
+    llm.generate_ids([ids], GenerationParams(max_new_tokens=8), on_token=lambda *a: plain.append(a))
+    assert [a[2] for a in plain] == toks and all(a[3] is None and a[4] == [] for a in plain)
+
+    chat = [{"role": "user", "content": "Name a colour."}]
+    with serve(llm, "q") as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=300)
+        whole = client.chat.completions.create(model="q", messages=chat, max_tokens=8, temperature=0, logprobs=True,
+                                               top_logprobs=2)
+        streamed = client.chat.completions.create(model="q", messages=chat, max_tokens=8, temperature=0,
+                                                  stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert text == whole.choices[0].message.content
+        content = whole.choices[0].logprobs.content
+        # a prefix computed again in another batch: llama.cpp's numbers move by ~1e-6 (not batch invariant)
+        assert [c.logprob for c in content] == pytest.approx([g[3] for g in got][:len(content)], abs=1e-4)
+        comp = client.completions.create(model="q", prompt=ids, max_tokens=6, temperature=0, logprobs=2)
+        assert len(comp.choices[0].logprobs.token_logprobs) == comp.usage.completion_tokens

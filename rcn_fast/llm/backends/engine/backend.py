@@ -35,7 +35,7 @@ from rcn_fast.llm.backends.engine.model import NativeLlama
 from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache
 from rcn_fast.llm.backends.engine.runner import Runner
 from rcn_fast.llm.backends.engine.tokenizer import GGUFTokenizer
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, row_ended
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, log_softmax_rows, row_ended, top_logprobs
 
 #: bumped when the engine's numbers change (part of the identity)
 NUMERICS_VERSION = 1
@@ -267,7 +267,7 @@ class GGUFLLM(LocalBackend):
         with self._lock:
             self.runner.warm(prompt_ids)
             logits = self.runner.run(prompt_ids, mode="logits")
-        return [_top(_log_softmax(lg[None])[0], k) for lg in logits]
+        return [top_logprobs(log_softmax_rows(lg[None])[0], k) for lg in logits]
 
     # ---------------------------------------------------------------- generation
 
@@ -309,7 +309,7 @@ class GGUFLLM(LocalBackend):
                 raise NonFiniteLogitsError(f"native:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the model's "
                                            f"logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no text is "
                                            f"generated from broken numbers")
-            lp = _log_softmax(logits) if on_token is not None and logprobs is not None else None
+            lp = log_softmax_rows(logits) if on_token is not None and logprobs is not None else None
             if len(bias_ids):
                 logits = logits.copy()
                 logits[:, bias_ids] += bias_values
@@ -323,7 +323,7 @@ class GGUFLLM(LocalBackend):
             if on_token is not None:
                 for r, (j, t) in enumerate(zip(idx, picked)):
                     on_token(*jobs[j], int(t), None if lp is None else float(lp[r, t]),
-                             _top(lp[r], logprobs) if lp is not None and logprobs else [])
+                             top_logprobs(lp[r], logprobs) if lp is not None and logprobs else [])
             return picked
 
         def done(j: int, toks: list[int]) -> bool:
@@ -351,13 +351,13 @@ class GGUFLLM(LocalBackend):
                 got: list[float] = []
                 tops: list[list[tuple[int, float]]] = []
                 for start, logits in self.runner.positions(row, chunk, check):
-                    lp = _log_softmax(logits)
+                    lp = log_softmax_rows(logits)
                     for j in range(len(lp)):  # position start + j predicts token start + j + 1
                         q = start + j + 1
                         if q >= len(row):
                             break
                         got.append(float(lp[j, row[q]]))
-                        tops.append(_top(lp[j], k))
+                        tops.append(top_logprobs(lp[j], k))
                 out.append([None, *zip(got, tops)])
         return out
 
@@ -375,24 +375,6 @@ class GGUFLLM(LocalBackend):
                 self._step_checks.pop(thread, None)
 
         return installed()
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    """float64 log-softmax of float32 logit rows [n, V]."""
-    x = logits.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
-
-
-def _top(lp: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """The ``k`` largest entries of a log-prob row as (id, log-prob), largest
-    first (ties: the lower id first)."""
-    k = min(k, len(lp))
-    if k <= 0:
-        return []
-    idx = np.argpartition(-lp, k - 1)[:k] if k < len(lp) else np.arange(len(lp))
-    idx = idx[np.lexsort((idx, -lp[idx]))]
-    return [(int(t), float(lp[t])) for t in idx]
 
 
 __all__ = ["GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "NUMERICS_VERSION"]

@@ -38,7 +38,7 @@ from rcn_fast._validate import check_token_ids, is_int
 from rcn_fast.llm import chat as chatlib
 from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
 from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, log_softmax_rows, top_logprobs
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, log_softmax_rows, row_ended, top_logprobs
 from rcn_fast.llm.backends.llamacpp import lib
 from rcn_fast.llm.backends.llamacpp.runner import Runner
 from rcn_fast.llm.backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -266,11 +266,18 @@ class LlamaCppLLM(LocalBackend):
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
                      sample_ids: Sequence[Sequence[int]] | None = None, *,
-                     logit_bias: dict[int, float] | None = None) -> list[list[Generation]]:
+                     logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
+                     on_token: Callable[..., None] | None = None) -> list[list[Generation]]:
         """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
         on llama.cpp: rows run as sequences of one context with prefix
         reuse; greedy argmax or the seeded draws of :mod:`rcn_fast.llm.seeded`
-        on its logits (``logit_bias`` added first, as the other backends do)."""
+        on its logits (``logit_bias`` added first, as the other backends do).
+
+        ``on_token``: each chosen token reported at once, with its float64
+        log-softmax of the step's logits (before the bias) and the top
+        ``logprobs`` when ``logprobs`` is not None
+        (:data:`rcn_fast.llm.server.protocol.OnToken`), as the native
+        engine reports them; it may raise to stop."""
         from rcn_fast.llm import seeded
 
         check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
@@ -294,19 +301,24 @@ class LlamaCppLLM(LocalBackend):
                 raise NonFiniteLogitsError(f"llamacpp:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the "
                                            f"model's logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no "
                                            f"text is generated from broken numbers")
+            lp = log_softmax_rows(logits) if on_token is not None and logprobs is not None else None
             if len(bias_ids):
                 logits[:, bias_ids] += bias_values
             if keys is None:
-                return np.argmax(logits, axis=1).tolist()
-            import torch
+                picked = np.argmax(logits, axis=1).tolist()
+            else:
+                import torch
 
-            u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
-            return seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
+                u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
+                picked = seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
+            if on_token is not None:
+                for r, (j, t) in enumerate(zip(idx, picked)):
+                    on_token(*jobs[j], int(t), None if lp is None else float(lp[r, t]),
+                             top_logprobs(lp[r], logprobs) if lp is not None and logprobs else [])
+            return picked
 
         def done(j: int, toks: list[int]) -> bool:
-            if toks[-1] in stop_ids:
-                return True
-            return bool(params.stop) and any(s in tok.decode(toks, skip_special_tokens=True) for s in params.stop)
+            return row_ended(tok, toks, params.stop, stop_ids)
 
         with self._lock:
             self.runner.warm(rows)  # one prompt's samples share all of it but the last token
