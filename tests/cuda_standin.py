@@ -214,7 +214,7 @@ class _Mode(TorchFunctionMode):
             if device_op and not pinned:
                 sim.mark_device(o)
             else:
-                sim.host_ptrs.add(o.untyped_storage().data_ptr())
+                sim.mark_host(o)
         blocking_download = (name in ("copy_", "to") and not kwargs.get("non_blocking", False)
                              and sim.any_device(inputs) and not sim.any_device(written + fresh))
         sync = name in _DATA_DEPENDENT or blocking_download or (
@@ -304,6 +304,13 @@ class GpuStandIn:
         ptr = t.untyped_storage().data_ptr()
         self.device_ptrs.add(ptr)
         self.host_ptrs.discard(ptr)
+
+    def mark_host(self, t: torch.Tensor) -> None:
+        """A new host allocation: whatever a freed device tensor at the same
+        address was, this one is on the host (addresses are reused)."""
+        ptr = t.untyped_storage().data_ptr()
+        self.host_ptrs.add(ptr)
+        self.device_ptrs.discard(ptr)
 
     def any_device(self, ts: list[torch.Tensor]) -> bool:
         return any(t.untyped_storage().data_ptr() in self.device_ptrs for t in ts)
