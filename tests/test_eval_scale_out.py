@@ -87,8 +87,22 @@ def _records(out: Path) -> dict:
         for line in f.read_text().splitlines():
             r = json.loads(line)
             p = r["prediction"]
-            got[(f.parent.name, r["id"])] = (p["pred_label"], p["knowledge"], [round(x, 4) for x in p["choice_logprobs"]])
+            got[(f.parent.name, r["id"])] = (p["pred_label"], p["knowledge"], p["choice_logprobs"])
     return got
+
+
+def _assert_same_records(got: dict, want: dict) -> None:
+    """Labels and knowledge equal; log-probs equal up to float32 batch-composition noise.
+
+    A sharded (or Ray) run puts other questions next to each other in a batch than a single run does,
+    so the padded forward passes differ in the last float32 bits (rounding to 4 decimals still
+    flips at a boundary: -3.08465 printed -3.0846 in one run and -3.0847 in the other).
+    """
+    assert sorted(got) == sorted(want)
+    for key in want:
+        (gl, gk, gp), (wl, wk, wp) = got[key], want[key]
+        assert (gl, gk) == (wl, wk), key
+        assert gp == pytest.approx(wp, abs=1e-4), key
 
 
 def _settings(tmp_path: Path, tiny_llama_dir: Path, tiny_bert_dir: Path) -> dict:
@@ -133,7 +147,7 @@ def test_shards_merge_into_the_records_of_one_run(tmp_path, tiny_llama_dir, tiny
     one = tmp_path / "one"
     single = evaluate(EvalConfig(**settings, output_path=str(one)), llm=CountingLLM(tiny_hf), encoder=tiny_encoder,
                       print_table=False)
-    assert _records(out) == _records(one)
+    _assert_same_records(_records(out), _records(one))
     for p in ("vanilla", "reconnect"):
         a, b = merged["results"]["mini"][p], single["results"]["mini"][p]
         for k in ("acc", "acc_stderr", "n", "llm_calls_per_q", "prompt_tokens_per_q", "generated_tokens_per_q"):
@@ -166,7 +180,7 @@ def test_ray_executor_writes_what_the_local_executor_writes(tmp_path, tiny_llama
                                      ray_num_cpus=1, threads=1), print_table=False)
     finally:
         ray.shutdown()
-    assert _records(tmp_path / "ray") == _records(tmp_path / "local")
+    _assert_same_records(_records(tmp_path / "ray"), _records(tmp_path / "local"))
     for p in ("vanilla", "reconnect"):
         a, b = remote["results"]["mini"][p], local["results"]["mini"][p]
         for k in ("acc", "n", "llm_calls_per_q", "prompt_tokens_per_q", "generated_tokens_per_q"):
