@@ -344,9 +344,11 @@ class SampleBackend:
 
 class LocalBackend(SampleBackend):
     """Base of the backends that run a model in this process on its own
-    tokenizer (transformers' :class:`~rcn_fast.llm.backends.hf.HFLLM`, the native
-    engine's :class:`~rcn_fast.llm.backends.engine.GGUFLLM`): chat rendering, label
-    ids, label scoring and drawing samples, the same for both.
+    tokenizer (transformers' :class:`~rcn_fast.llm.backends.hf.HFLLM`; the native
+    engine's :class:`~rcn_fast.llm.backends.engine.GGUFLLM` and llama.cpp's
+    :class:`~rcn_fast.llm.backends.llamacpp.LlamaCppLLM` through
+    :class:`~rcn_fast.llm.backends.in_process.InProcessGGUFBackend`): chat
+    rendering, label ids, label scoring and drawing samples, the same for all.
 
     A subclass sets ``tokenizer``, ``system_role``, ``name``, ``cost``,
     ``config.label_spellings`` and ``_label_cache`` (a dict), and

@@ -15,27 +15,24 @@ label spellings, stop rules, sampling draws and costs are the same.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rcn_fast._validate import check_token_ids, is_int
-from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
-from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
+from rcn_fast.llm.base import CostTracker
 from rcn_fast.llm.backends.engine.gguf_file import GGUFError, GGUFFile
 from rcn_fast.llm.backends.engine.model import NativeLlama
 from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache
 from rcn_fast.llm.backends.engine.runner import Runner
 from rcn_fast.llm.backends.engine.tokenizer import GGUFTokenizer
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, log_softmax_rows, row_ended, top_logprobs
+from rcn_fast.llm.backends.in_process import InProcessGGUFBackend
+from rcn_fast.llm.backends.logits import NonFiniteLogitsError, log_softmax_rows, top_logprobs
 
 #: bumped when the engine's numbers change (part of the identity)
 NUMERICS_VERSION = 1
@@ -97,7 +94,7 @@ class EngineConfig:
         return asdict(self)
 
 
-class GGUFLLM(LocalBackend):
+class GGUFLLM(InProcessGGUFBackend):
     """A Llama-family GGUF model served in this process by the native engine.
 
     Parameters
@@ -166,35 +163,9 @@ class GGUFLLM(LocalBackend):
     # ---------------------------------------------------------------- info
 
     @property
-    def system_role(self) -> bool:
-        if self._system_role is None:
-            tok = self.tokenizer
-            self._system_role = chatlib.template_supports_system(tok) if chatlib.has_chat_template(tok) else True
-        return self._system_role
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    @property
     def vocab_size(self) -> int:
         """Rows of the model's logits (the token ids it takes and scores)."""
         return self.model.hp.n_vocab
-
-    def _before_step(self) -> None:
-        """Before every forward pass: the model file is still the one loaded,
-        and the serving checks of this thread (:meth:`checked_steps`) pass."""
-        self.gguf.check_unchanged()
-        check = self._step_checks.get(threading.get_ident())
-        if check is not None:
-            check()
-
-    @cached_property
-    def eos_ids(self) -> list[int]:
-        """The end-of-sequence id and the end-of-turn tokens the vocabulary
-        has (:func:`~rcn_fast.llm.base.stop_token_ids`; computed at first
-        use, when the tokenizer is built)."""
-        return stop_token_ids(self.tokenizer)
 
     @property
     def identity(self) -> str:
@@ -215,16 +186,6 @@ class GGUFLLM(LocalBackend):
             arith = ":q8" if self.config.activations == "q8" else ""
             self._identity = f"native:{self.name}:{self.model.isa}{arith}:{digest}"
         return self._identity
-
-    # ---------------------------------------------------------------- prompts
-
-    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of prompt texts (long prompts run untruncated with a
-        :class:`~rcn_fast.llm.base.ContextLengthWarning`)."""
-        special = not chatlib.has_chat_template(self.tokenizer)
-        out = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
-        self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
-        return out
 
     # ---------------------------------------------------------------- forward
 
@@ -268,113 +229,6 @@ class GGUFLLM(LocalBackend):
             self.runner.warm(prompt_ids)
             logits = self.runner.run(prompt_ids, mode="logits")
         return [top_logprobs(log_softmax_rows(lg[None])[0], k) for lg in logits]
-
-    # ---------------------------------------------------------------- generation
-
-    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
-                     sample_ids: Sequence[Sequence[int]] | None = None, *,
-                     logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                     on_token: Callable[..., None] | None = None) -> list[list[Generation]]:
-        """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
-        on the engine: rows run with continuous batching and the prefix
-        cache; sampling draws with :func:`rcn_fast.llm.seeded.draw` from the
-        uniforms of :func:`~rcn_fast.llm.seeded.row_key` / ``step_uniform``.
-        ``logit_bias``: ``{token id: bias}`` added to those logits before
-        sampling or the greedy argmax (checked by
-        :func:`rcn_fast.llm.backends.logits.check_logit_bias`), as transformers'.
-        ``on_token``: each chosen token reported at once, with its float64
-        log-softmax of the step's logits (before the bias) and the top
-        ``logprobs`` when ``logprobs`` is not None
-        (:data:`rcn_fast.llm.server.protocol.OnToken`); it may raise to stop."""
-        from rcn_fast.llm import seeded
-
-        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
-        bias = check_logit_bias(logit_bias, self.vocab_size) if logit_bias else {}
-        bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-        bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        if sample_ids is None:
-            sample_ids = [range(params.num_samples)] * len(prompt_ids)
-        elif len(sample_ids) != len(prompt_ids):
-            raise ValueError(f"sample_ids: expected {len(prompt_ids)} lists (one per prompt), got {len(sample_ids)}")
-        jobs = [(i, int(s)) for i, ss in enumerate(sample_ids) for s in ss]
-        rows = [list(prompt_ids[i]) for i, _ in jobs]
-        keys = None if params.greedy else [seeded.row_key(params.seed, s, rows[j]) for j, (_, s) in enumerate(jobs)]
-        stop_ids = set(self.eos_ids) | {self.pad_id}
-        tok = self.tokenizer
-
-        def choose(idx: list[int], steps: list[int], logits: np.ndarray) -> Sequence[int]:
-            bad = ~np.isfinite(logits).all(axis=1)
-            if bad.any():
-                j = idx[int(np.argmax(bad))]
-                raise NonFiniteLogitsError(f"native:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the model's "
-                                           f"logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no text is "
-                                           f"generated from broken numbers")
-            lp = log_softmax_rows(logits) if on_token is not None and logprobs is not None else None
-            if len(bias_ids):
-                logits = logits.copy()
-                logits[:, bias_ids] += bias_values
-            if keys is None:
-                picked = np.argmax(logits, axis=1).tolist()
-            else:
-                import torch
-
-                u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
-                picked = seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
-            if on_token is not None:
-                for r, (j, t) in enumerate(zip(idx, picked)):
-                    on_token(*jobs[j], int(t), None if lp is None else float(lp[r, t]),
-                             top_logprobs(lp[r], logprobs) if lp is not None and logprobs else [])
-            return picked
-
-        def done(j: int, toks: list[int]) -> bool:
-            return row_ended(tok, toks, params.stop, stop_ids)
-
-        with self._lock:
-            self.runner.warm(rows)  # duplicates too: one prompt's samples share all of it but the last token
-            new = self.runner.run(rows, mode="generate", max_new_tokens=params.max_new_tokens, choose=choose, done=done)
-        results = {job: finish_generation(tok, new[j], len(rows[j]), params, stop_ids, self.eos_ids)
-                   for j, job in enumerate(jobs)}
-        return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
-
-    # ---------------------------------------------------------------- serving (rcn_fast.llm.server.protocol)
-
-    def prompt_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int, *, chunk: int,
-                            check: Callable[[], None]) -> list[list[Any]]:
-        """:meth:`ServedModel.prompt_logprobs_ids <rcn_fast.llm.server.protocol.ServedModel.prompt_logprobs_ids>`:
-        each prompt is prefilled ``chunk`` tokens per forward pass, the logits
-        of every position of the chunk kept (float32 ``[chunk, vocab]`` at
-        most) and turned into float64 log-softmax rows."""
-        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
-        out: list[list[Any]] = []
-        with self._lock:
-            for row in prompt_ids:
-                got: list[float] = []
-                tops: list[list[tuple[int, float]]] = []
-                for start, logits in self.runner.positions(row, chunk, check):
-                    lp = log_softmax_rows(logits)
-                    for j in range(len(lp)):  # position start + j predicts token start + j + 1
-                        q = start + j + 1
-                        if q >= len(row):
-                            break
-                        got.append(float(lp[j, row[q]]))
-                        tops.append(top_logprobs(lp[j], k))
-                out.append([None, *zip(got, tops)])
-        return out
-
-    def checked_steps(self, check: Callable[[], None]) -> Any:
-        """:meth:`ServedModel.checked_steps <rcn_fast.llm.server.protocol.ServedModel.checked_steps>`:
-        ``check`` runs before every forward pass the entering thread makes."""
-        thread = threading.get_ident()
-
-        @contextlib.contextmanager
-        def installed() -> Iterator[None]:
-            self._step_checks[thread] = check
-            try:
-                yield
-            finally:
-                self._step_checks.pop(thread, None)
-
-        return installed()
 
 
 __all__ = ["GGUFLLM", "EngineConfig", "NonFiniteLogitsError", "NUMERICS_VERSION"]

@@ -29,11 +29,8 @@ import numpy as np
 
 from rcn_fast.llm.backends.engine.model import KVCache, NativeLlama
 from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache, shared_prefixes
+from rcn_fast.llm.backends.step_batch import Chooser, Finisher, advance, pack_step, take_chosen
 
-#: choose(rows, steps, logits [m, V]) -> next token per output row
-Chooser = Callable[[list[int], list[int], np.ndarray], Sequence[int]]
-#: done(row, generated tokens) -> whether the row has ended
-Finisher = Callable[[int, list[int]], bool]
 
 
 @dataclass
@@ -162,58 +159,25 @@ class Runner:
                 row = _Row(i, prompts[i], free.pop(), 0)
                 self._admit(cache, row)
                 active.append(row)
-            toks: list[int] = []
-            slot_ids: list[int] = []
-            pos: list[int] = []
-            outs: list[int] = []
-            out_rows: list[_Row] = []
-            budget = self.max_batch_tokens
-            decoding = [r for r in active if r.pos >= len(r.prompt)]
-            for r in decoding:  # each decoding row's last token
-                toks.append(r.generated[-1])
-                slot_ids.append(r.slot)
-                pos.append(r.pos)
-                outs.append(len(toks) - 1)
-                out_rows.append(r)
-                budget -= 1
-            for r in active:  # prompt tokens, as many as fit
-                r.take = 0
-                if r.pos >= len(r.prompt) or (budget <= 0 and toks):
-                    continue
-                take = r.take = max(1, min(budget, len(r.prompt) - r.pos))
-                toks.extend(r.prompt[r.pos : r.pos + take])
-                slot_ids.extend([r.slot] * take)
-                pos.extend(range(r.pos, r.pos + take))
-                budget -= take
-                if r.pos + take == len(r.prompt):
-                    outs.append(len(toks) - 1)
-                    out_rows.append(r)
+            b = pack_step(active, self.max_batch_tokens)
             if self.before_step is not None:
                 self.before_step()
-            res = self.model.forward(np.asarray(toks, dtype=np.int32), np.asarray(slot_ids, dtype=np.int32),
-                                     np.asarray(pos, dtype=np.int32), cache, np.asarray(outs, dtype=np.int64),
-                                     logits=want_logits, out=self._out_buffer(len(outs), want_logits))
+            res = self.model.forward(np.asarray(b.tokens, dtype=np.int32), np.asarray(b.slots, dtype=np.int32),
+                                     np.asarray(b.positions, dtype=np.int32), cache,
+                                     np.asarray(b.outputs, dtype=np.int64), logits=want_logits,
+                                     out=self._out_buffer(len(b.outputs), want_logits))
             self.forward_calls += 1
-            self.forward_tokens += len(toks)
-            for r in decoding:
-                r.pos += 1
-            for r in active:
-                r.pos += r.take
+            self.forward_tokens += len(b.tokens)
+            advance(b, active)
             finished: list[_Row] = []
             if mode != "store" and self.prefix_cache is not None and self.prefix_cache.max_bytes:
-                for r in out_rows:  # prompts just prefilled: kept for later calls, first out (unless held already)
+                for r in b.out_rows:  # prompts just prefilled: kept for later calls, first out (unless held already)
                     if not r.generated and len(r.prompt) >= self.min_prefix and r.prompt not in self.prefix_cache:
                         self.prefix_cache.store(r.prompt, *cache.read(r.slot, len(r.prompt)), speculative=True)
             if mode == "generate":
-                steps = [len(r.generated) for r in out_rows]
-                new = choose([r.index for r in out_rows], steps, res)  # type: ignore[misc]
-                for r, t in zip(out_rows, new):
-                    r.generated.append(int(t))
-                    if len(r.generated) >= max_new_tokens or done(r.index, r.generated):  # type: ignore[misc]
-                        out[r.index] = r.generated
-                        finished.append(r)
+                finished += take_chosen(b.out_rows, res, choose, done, max_new_tokens, out)  # type: ignore[arg-type]
             else:
-                for j, r in enumerate(out_rows):
+                for j, r in enumerate(b.out_rows):
                     if mode in ("hidden", "logits"):
                         out[r.index] = res[j].copy()
                     elif self.prefix_cache is not None:

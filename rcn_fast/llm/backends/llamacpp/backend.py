@@ -23,22 +23,19 @@ llama.cpp's own default: half the memory, scores off by ~1e-3).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from rcn_fast._validate import check_token_ids, is_int
-from rcn_fast.llm import chat as chatlib
-from rcn_fast.llm.base import CostTracker, Generation, GenerationParams, LocalBackend
-from rcn_fast.llm.base import check_prompt_ids, finish_generation, stop_token_ids
-from rcn_fast.llm.backends.logits import NonFiniteLogitsError, check_logit_bias, log_softmax_rows, row_ended, top_logprobs
+from rcn_fast.llm.base import CostTracker
+from rcn_fast.llm.backends.in_process import InProcessGGUFBackend
+from rcn_fast.llm.backends.logits import log_softmax_rows, top_logprobs
 from rcn_fast.llm.backends.llamacpp import lib
 from rcn_fast.llm.backends.llamacpp.runner import Runner
 from rcn_fast.llm.backends.llamacpp.tokenizer import LlamaCppTokenizer
@@ -102,7 +99,7 @@ class LlamaCppConfig:
         return asdict(self)
 
 
-class LlamaCppLLM(LocalBackend):
+class LlamaCppLLM(InProcessGGUFBackend):
     """A GGUF model run in this process by llama.cpp (llama-cpp-python's C API).
 
     Parameters
@@ -170,31 +167,9 @@ class LlamaCppLLM(LocalBackend):
     # ---------------------------------------------------------------- info
 
     @property
-    def system_role(self) -> bool:
-        if self._system_role is None:
-            tok = self.tokenizer
-            self._system_role = chatlib.template_supports_system(tok) if chatlib.has_chat_template(tok) else True
-        return self._system_role
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)  # type: ignore[arg-type]  # present: checked at load
-
-    @property
     def vocab_size(self) -> int:
         """Rows of the model's logits (the token ids it takes and scores)."""
         return self.model.n_vocab
-
-    @cached_property
-    def eos_ids(self) -> list[int]:
-        """The end-of-sequence id and the end-of-turn tokens the vocabulary has."""
-        return stop_token_ids(self.tokenizer)
-
-    def _before_step(self) -> None:
-        self.gguf.check_unchanged()
-        check = self._step_checks.get(threading.get_ident())
-        if check is not None:
-            check()
 
     @property
     def identity(self) -> str:
@@ -218,16 +193,6 @@ class LlamaCppLLM(LocalBackend):
         with self._lock:
             self.ctx.close()
             self.model.close()
-
-    # ---------------------------------------------------------------- prompts
-
-    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of prompt texts (long prompts run untruncated with a
-        :class:`~rcn_fast.llm.base.ContextLengthWarning`)."""
-        special = not chatlib.has_chat_template(self.tokenizer)
-        out = self.tokenizer.encode_batch(list(texts), add_special_tokens=special)
-        self.long_prompts += check_prompt_ids(out, self.context_length, self.name)
-        return out
 
     # ---------------------------------------------------------------- forward
 
@@ -261,110 +226,6 @@ class LlamaCppLLM(LocalBackend):
         """The ``k`` most likely next tokens with their log-probabilities, per prompt."""
         logits = self.next_logits(prompt_ids)
         return [top_logprobs(row, k) for row in log_softmax_rows(logits)]
-
-    # ---------------------------------------------------------------- generation
-
-    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: GenerationParams,
-                     sample_ids: Sequence[Sequence[int]] | None = None, *,
-                     logit_bias: dict[int, float] | None = None, logprobs: int | None = None,
-                     on_token: Callable[..., None] | None = None) -> list[list[Generation]]:
-        """:meth:`LocalBackend.generate_ids <rcn_fast.llm.base.LocalBackend.generate_ids>`
-        on llama.cpp: rows run as sequences of one context with prefix
-        reuse; greedy argmax or the seeded draws of :mod:`rcn_fast.llm.seeded`
-        on its logits (``logit_bias`` added first, as the other backends do).
-
-        ``on_token``: each chosen token reported at once, with its float64
-        log-softmax of the step's logits (before the bias) and the top
-        ``logprobs`` when ``logprobs`` is not None
-        (:data:`rcn_fast.llm.server.protocol.OnToken`), as the native
-        engine reports them; it may raise to stop."""
-        from rcn_fast.llm import seeded
-
-        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
-        bias = check_logit_bias(logit_bias, self.vocab_size) if logit_bias else {}
-        bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-        bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        if sample_ids is None:
-            sample_ids = [range(params.num_samples)] * len(prompt_ids)
-        elif len(sample_ids) != len(prompt_ids):
-            raise ValueError(f"sample_ids: expected {len(prompt_ids)} lists (one per prompt), got {len(sample_ids)}")
-        jobs = [(i, int(s)) for i, ss in enumerate(sample_ids) for s in ss]
-        rows = [list(prompt_ids[i]) for i, _ in jobs]
-        keys = None if params.greedy else [seeded.row_key(params.seed, s, rows[j]) for j, (_, s) in enumerate(jobs)]
-        stop_ids = set(self.eos_ids) | {self.pad_id}
-        tok = self.tokenizer
-
-        def choose(idx: list[int], steps: list[int], logits: np.ndarray) -> Sequence[int]:
-            bad = ~np.isfinite(logits).all(axis=1)
-            if bad.any():
-                j = idx[int(np.argmax(bad))]
-                raise NonFiniteLogitsError(f"llamacpp:{self.name}: prompt {jobs[j][0]} (sample {jobs[j][1]}): the "
-                                           f"model's logits hold NaN or inf at step {steps[int(np.argmax(bad))]}; no "
-                                           f"text is generated from broken numbers")
-            lp = log_softmax_rows(logits) if on_token is not None and logprobs is not None else None
-            if len(bias_ids):
-                logits[:, bias_ids] += bias_values
-            if keys is None:
-                picked = np.argmax(logits, axis=1).tolist()
-            else:
-                import torch
-
-                u = torch.tensor([seeded.step_uniform(keys[j], s) for j, s in zip(idx, steps)], dtype=torch.float64)
-                picked = seeded.draw(torch.from_numpy(logits), u, params.temperature, params.top_p).tolist()
-            if on_token is not None:
-                for r, (j, t) in enumerate(zip(idx, picked)):
-                    on_token(*jobs[j], int(t), None if lp is None else float(lp[r, t]),
-                             top_logprobs(lp[r], logprobs) if lp is not None and logprobs else [])
-            return picked
-
-        def done(j: int, toks: list[int]) -> bool:
-            return row_ended(tok, toks, params.stop, stop_ids)
-
-        with self._lock:
-            self.runner.warm(rows)  # one prompt's samples share all of it but the last token
-            new = self.runner.run(rows, mode="generate", max_new_tokens=params.max_new_tokens, choose=choose, done=done)
-        results = {job: finish_generation(tok, new[j], len(rows[j]), params, stop_ids, self.eos_ids)
-                   for j, job in enumerate(jobs)}
-        return [[results[(i, int(s))] for s in ss] for i, ss in enumerate(sample_ids)]
-
-    # ---------------------------------------------------------------- serving (rcn_fast.llm.server.protocol)
-
-    def prompt_logprobs_ids(self, prompt_ids: Sequence[Sequence[int]], k: int, *, chunk: int,
-                            check: Callable[[], None]) -> list[list[Any]]:
-        """:meth:`ServedModel.prompt_logprobs_ids <rcn_fast.llm.server.protocol.ServedModel.prompt_logprobs_ids>`:
-        each prompt decoded ``chunk`` tokens at a time with the logits of
-        every position kept, turned into float64 log-softmax rows."""
-        check_token_ids(prompt_ids, self.vocab_size, "prompt_ids")
-        out: list[list[Any]] = []
-        with self._lock:
-            for row in prompt_ids:
-                got: list[float] = []
-                tops: list[list[tuple[int, float]]] = []
-                for start, logits in self.runner.positions(row, chunk, check):
-                    lp = log_softmax_rows(logits)
-                    for j in range(len(lp)):  # position start + j predicts token start + j + 1
-                        q = start + j + 1
-                        if q >= len(row):
-                            break
-                        got.append(float(lp[j, row[q]]))
-                        tops.append(top_logprobs(lp[j], k))
-                out.append([None, *zip(got, tops)])
-        return out
-
-    def checked_steps(self, check: Callable[[], None]) -> Any:
-        """:meth:`ServedModel.checked_steps <rcn_fast.llm.server.protocol.ServedModel.checked_steps>`:
-        ``check`` runs before every decode the entering thread makes."""
-        thread = threading.get_ident()
-
-        @contextlib.contextmanager
-        def installed() -> Iterator[None]:
-            self._step_checks[thread] = check
-            try:
-                yield
-            finally:
-                self._step_checks.pop(thread, None)
-
-        return installed()
 
 
 __all__ = ["LlamaCppLLM", "LlamaCppConfig", "NUMERICS_VERSION"]

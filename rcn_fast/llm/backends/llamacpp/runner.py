@@ -41,11 +41,8 @@ import numpy as np
 
 from rcn_fast.llm.backends.engine.prefix_cache import shared_prefixes
 from rcn_fast.llm.backends.llamacpp.lib import Context
+from rcn_fast.llm.backends.step_batch import Chooser, Finisher, advance, pack_step, take_chosen
 
-#: choose(rows, steps, logits [m, V]) -> next token per output row
-Chooser = Callable[[list[int], list[int], np.ndarray], Sequence[int]]
-#: done(row, generated tokens) -> whether the row has ended
-Finisher = Callable[[int, list[int]], bool]
 
 
 class ContextFullError(ValueError):
@@ -259,61 +256,28 @@ class Runner:
               done: Finisher | None, out: list) -> list[_Row]:
         """One decode of the running rows; returns the rows that ended."""
         ctx = self.ctx
-        toks: list[int] = []
-        seqs: list[int] = []
-        pos: list[int] = []
-        outs: list[int] = []
-        out_rows: list[_Row] = []
-        budget = ctx.n_batch
-        decoding = [r for r in active if r.pos >= len(r.prompt)]
-        for r in decoding:  # each decoding row's last token
-            toks.append(r.generated[-1])
-            seqs.append(r.slot)
-            pos.append(r.pos)
-            outs.append(len(toks) - 1)
-            out_rows.append(r)
-            budget -= 1
-        for r in active:  # prompt tokens, as many as fit
-            r.take = 0
-            if r.pos >= len(r.prompt) or budget <= 0:
-                continue
-            take = r.take = min(budget, len(r.prompt) - r.pos)
-            toks.extend(r.prompt[r.pos: r.pos + take])
-            seqs.extend([r.slot] * take)
-            pos.extend(range(r.pos, r.pos + take))
-            budget -= take
-            if r.pos + take == len(r.prompt) and mode != "store":
-                outs.append(len(toks) - 1)
-                out_rows.append(r)
+        b = pack_step(active, ctx.n_batch, prompt_end_outputs=mode != "store")
         if self.before_step is not None:
             self.before_step()
-        status = ctx.decode(toks, pos, seqs, outs)
+        status = ctx.decode(b.tokens, b.positions, b.slots, b.outputs)
         if status != 0:
-            raise RuntimeError(f"llama_decode failed with status {status} on a batch of {len(toks)} tokens "
+            raise RuntimeError(f"llama_decode failed with status {status} on a batch of {len(b.tokens)} tokens "
                                f"(1: no room in the key/value memory; raise n_ctx)")
         self.forward_calls += 1
-        self.forward_tokens += len(toks)
-        logits = ctx.logits(outs) if outs else None
-        for r in decoding:
-            r.pos += 1
+        self.forward_tokens += len(b.tokens)
+        logits = ctx.logits(b.outputs) if b.outputs else None
+        advance(b, active)
         finished: list[_Row] = []
         for r in active:
-            r.pos += r.take
             if r.take and r.pos == len(r.prompt) and len(r.prompt) >= self.min_prefix and (self._free_kept or self.kept):
                 room = ctx.n_ctx - sum(x.need for x in active if x is not r) - r.extra  # its prompt's cells: the prefix's
                 self._keep(r.slot, tuple(r.prompt), room, speculative=mode != "store")
             if mode == "store" and r.take and r.pos == len(r.prompt):
                 finished.append(r)
         if mode == "generate":
-            steps = [len(r.generated) for r in out_rows]
-            new = choose([r.index for r in out_rows], steps, logits)  # type: ignore[misc,arg-type]
-            for r, t in zip(out_rows, new):
-                r.generated.append(int(t))
-                if len(r.generated) >= max_new_tokens or done(r.index, r.generated):  # type: ignore[misc]
-                    out[r.index] = r.generated
-                    finished.append(r)
+            finished += take_chosen(b.out_rows, logits, choose, done, max_new_tokens, out)  # type: ignore[arg-type]
         elif mode == "logits":
-            for j, r in enumerate(out_rows):
+            for j, r in enumerate(b.out_rows):
                 out[r.index] = logits[j].copy()  # type: ignore[index]
                 finished.append(r)
         return finished
