@@ -232,6 +232,14 @@ static_assert(sizeof(XBlock32) == 40 && sizeof(XBlock256) == 292, "packed activa
 // (127 / amax would overflow; llama.cpp's float16 d is 0 there anyway).
 constexpr float kTinyActivation = 1e-30f;
 
+// The block of 32 activations that held an inf or NaN (see above).
+inline void set_nonfinite_block(XBlock32& o) {
+  o.d = NAN;
+  o.s = 0x7E00;  // float16 NaN
+  o.sum = 0;
+  std::memset(o.q, 0, sizeof o.q);
+}
+
 // The activation block a weight type multiplies: 32, 256, or 0 (float32
 // activations: F32, F16).
 constexpr int64_t xq_block(QType t) { return qtype_is_kquant(t) ? kSuperBlock : qtype_is_blocked(t) ? kQuantBlock : 0; }
@@ -255,10 +263,7 @@ inline void quantize_x32_ref(const float* x, int64_t K, XBlock32* out) {
       amax = std::fabs(x[j]) > amax ? std::fabs(x[j]) : amax;
     }
     if (!finite) {
-      o.d = NAN;
-      o.s = 0x7E00;  // NaN
-      o.sum = 0;
-      std::memset(o.q, 0, sizeof o.q);
+      set_nonfinite_block(o);
       continue;
     }
     const float d = amax / 127.0f, id = amax >= kTinyActivation ? 127.0f / amax : 0.0f;

@@ -51,10 +51,7 @@ void quantize_row32(const float* x, int64_t K, XBlock32* out) {
     }
     XBlock32& o = out[b];
     if (!finite) {
-      o.d = NAN;
-      o.s = 0x7E00;  // NaN
-      o.sum = 0;
-      std::memset(o.q, 0, sizeof o.q);
+      set_nonfinite_block(o);
       continue;
     }
     const float amax = hmax8(mx);
