@@ -29,6 +29,7 @@ from rcn_fast.retrieval import BuildConfig, CorpusStore, Encoder, Retriever, bui
 from rcn_fast.retrieval import build as build_mod  # noqa: E402
 from rcn_fast.retrieval import corpus_input as input_mod  # noqa: E402
 from rcn_fast.retrieval.build import THROTTLE_ENV  # noqa: E402
+from rcn_fast.retrieval.conventions import InputError  # noqa: E402
 from rcn_fast.retrieval.corpus_input import iter_records, read_chunk, scan_input  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.retrieval.fixtures import (  # noqa: E402,F401
@@ -267,16 +268,27 @@ def test_local_build_resumed_on_ray(ray_cluster, tmp_path, corpus_jsonl, tiny_mo
 
 
 def test_ray_worker_errors_reach_the_caller(ray_cluster, tmp_path, corpus_records, tiny_model):
-    """A bad record met by an actor is the ValueError the local build raises."""
+    """A bad record met by an actor is the InputError the local build raises
+    (its message, not Ray's wrapper and traceback), and the build keeps
+    nothing, as a local one: the rerun on the fixed file builds."""
     from rcn_fast.retrieval.build_ray import build_corpus_ray
 
     lines = [json.dumps(r) + "\n" for r in corpus_records[:24]]
+    good = "".join(lines)
     lines[13] = '{"id": "x", "body": "no text"}\n'
     bad = tmp_path / "bad.jsonl"
     bad.write_text("".join(lines))
-    with pytest.raises(ValueError, match=r"line 14 has no string 'text'"):
-        build_corpus_ray(BuildConfig(input=str(bad), out=str(tmp_path / "o"), chunk_size=8),
-                         Encoder.from_pretrained(tiny_model).config, num_workers=1, show_progress=False)
+    out = tmp_path / "o"
+    enc = Encoder.from_pretrained(tiny_model).config
+    with pytest.raises(InputError, match=r"line 14 has no string 'text'.*kept nothing") as info:
+        build_corpus_ray(BuildConfig(input=str(bad), out=str(out), chunk_size=8), enc, num_workers=1,
+                         show_progress=False)
+    assert type(info.value) is InputError and "ray::" not in str(info.value)
+    assert not out.exists()  # this build made the folder: nothing of it is left
+    bad.write_text(good)  # the user fixes the input
+    store = build_corpus_ray(BuildConfig(input=str(bad), out=str(out), chunk_size=8), enc, num_workers=1,
+                             show_progress=False)
+    assert len(store) == 24
 
 
 def test_cli_encoder_dtype(tmp_path, corpus_jsonl, tiny_model, local_store, capsys):

@@ -34,6 +34,7 @@ runs the same chunks on a Ray Data actor pool instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rcn_fast._files import read_text
 from rcn_fast._stamped_json import MAX_STAMP_BYTES
@@ -373,7 +374,7 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
         if throttle:
             time.sleep(throttle)
 
-    try:
+    with keeping_nothing_on_bad_input(prep, fresh):
         try:
             computed = embed_chunks(prep.todo, read, encoder, write, batch_size=cfg.batch_size,
                                     workers=prepare_workers(encoder))
@@ -382,7 +383,20 @@ def build_corpus(config: BuildConfig, encoder: Any, *, show_progress: bool = Tru
                 bar.close()
         log_encoded(computed, t0, prep.done_records)
         return finish_build(prep, cfg)
-    except InputError as exc:  # the input must change, and every chunk with it: keep nothing that blocks the rerun
+
+
+@contextlib.contextmanager
+def keeping_nothing_on_bad_input(prep: PreparedBuild, fresh: bool) -> Iterator[None]:
+    """Around a build's embedding and joining (local or on Ray): an
+    :class:`InputError` removes the build's files from ``prep.out`` (and the
+    folder, when ``fresh``: this build created it, and it is left empty),
+    then is raised again saying so. The input must change, and every chunk
+    with it, so nothing of this build could be resumed; nothing is left to
+    block the rerun. Other errors pass untouched (the finished chunks stay:
+    the same command resumes)."""
+    try:
+        yield
+    except InputError as exc:
         _clear_build(prep.out, quiet=True)
         if fresh and prep.out.is_dir() and not any(prep.out.iterdir()):
             prep.out.rmdir()

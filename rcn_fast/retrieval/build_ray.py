@@ -32,11 +32,13 @@ from rcn_fast.retrieval.build import (
     THROTTLE_ENV,
     BuildConfig,
     finish_build,
+    keeping_nothing_on_bad_input,
     log_encoded,
     prepare_build,
     progress_bar,
 )
 from rcn_fast.retrieval.build_pipeline import embed_texts
+from rcn_fast.retrieval.conventions import InputError
 from rcn_fast.retrieval.corpus_input import ChunkSpan, read_chunk
 from rcn_fast.retrieval.store import CorpusStore, write_chunk
 
@@ -158,21 +160,23 @@ def build_corpus_ray(config: BuildConfig, encoder_config: Any, *, ray_address: s
     if enc_cfg.intra_op_threads is None and gpus_per_worker == 0:
         enc_cfg.intra_op_threads = max(1, int(cpus_per_worker))
     desc = describe_encoder(enc_cfg)
+    fresh = not os.path.exists(cfg.out)
     prep = prepare_build(cfg, desc)
     if prep.store is not None:
         return prep.store
 
-    started = False
-    if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
-        started = True
-    try:
-        if prep.todo:
-            _run_pool(ray, prep, cfg, enc_cfg, desc, num_workers, gpus_per_worker, cpus_per_worker, show_progress)
-    finally:
-        if started:
-            ray.shutdown()
-    return finish_build(prep, cfg, executor="ray")
+    with keeping_nothing_on_bad_input(prep, fresh):  # the local build's rule: bad input keeps nothing
+        started = False
+        if not ray.is_initialized():
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+            started = True
+        try:
+            if prep.todo:
+                _run_pool(ray, prep, cfg, enc_cfg, desc, num_workers, gpus_per_worker, cpus_per_worker, show_progress)
+        finally:
+            if started:
+                ray.shutdown()
+        return finish_build(prep, cfg, executor="ray")
 
 
 def _run_pool(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[str, Any], num_workers: int | None,
@@ -225,10 +229,12 @@ def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[
             done += n
             if bar is not None:
                 bar.update(n)
-    except Exception as exc:  # a worker's ValueError/OSError arrives wrapped by Ray
+    except Exception as exc:  # a worker's InputError/ValueError/OSError arrives wrapped by Ray
         cause = _user_error(exc)
         if cause is not None:
-            raise type(cause)(str(cause)) from exc
+            # Ray Data appends its own lines to the worker's message (the UDF it ran, its operators'
+            # statistics); the worker's one-line message is the first line
+            raise type(cause)(str(cause).split("\n", 1)[0]) from exc
         raise
     finally:
         if bar is not None:
@@ -237,16 +243,22 @@ def _map_chunks(ray: Any, prep: Any, cfg: BuildConfig, enc_cfg: Any, desc: dict[
 
 
 def _user_error(exc: BaseException) -> BaseException | None:
-    """The first ValueError / OSError in an exception's cause chain."""
+    """The error a worker raised for bad input or settings: the first
+    :class:`InputError`, or builtin ValueError / OSError, in the exception's
+    chain. Ray wraps a worker's exception in a ``RayTaskError(X)`` whose
+    ``cause`` is the original (its ``__cause__`` is Ray Data's own
+    exception), so ``cause`` is followed first."""
     seen = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
         seen.add(id(e))
-        for cls in (ValueError, OSError):
-            if type(e) is cls or (type(e).__module__ == "builtins" and isinstance(e, cls)):
-                return e
+        if type(e) is InputError or (type(e).__module__ == "builtins" and isinstance(e, (ValueError, OSError))):
+            return e
         cause = getattr(e, "cause", None)
-        e = e.__cause__ or (cause if isinstance(cause, BaseException) else None)
+        todo += [x for x in (cause, e.__cause__) if isinstance(x, BaseException)]
     return None
 
 
