@@ -122,6 +122,20 @@ def test_a_bad_task_line_stops_the_run_before_the_first_question(files, tiny_hf,
     assert llm.rows == 0
 
 
+def test_a_missing_model_path_stops_the_run_before_the_corpus_is_embedded(files, tiny_encoder, tmp_path):
+    """The LLM loads after the corpus is embedded: a misspelt path is said first, in the loader's words."""
+    missing = str(tmp_path / "models" / "Llama-3.1-8B-Instruct-Q4_K_M.gguf")
+    with pytest.raises(EvalError, match=r"Llama-3\.1-8B-Instruct-Q4_K_M\.gguf'?: no such file \(nor its folder"):
+        evaluate(_cfg(files, model=missing, pipelines=["single_retrieval"]), encoder=tiny_encoder, print_table=False)
+    assert not (files["out"] / "corpora").exists() or not any((files["out"] / "corpora").iterdir())
+    # an LLM object given: the path is not loaded, so not checked; a hub-like id is left to the loader
+    from rcn_fast.eval.run.loading import check_model_path
+
+    check_model_path(missing, needed=False)
+    check_model_path("owner/name", needed=True)
+    check_model_path(object(), needed=True)
+
+
 # ------------------------------------------------------------------ a failed corpus build blocks nothing
 def _facts(n: int) -> list[dict]:
     from tests.retrieval.tiny import real_sentences

@@ -117,6 +117,23 @@ def check_model_packages(llm: bool, encoder: bool) -> None:
                         f"    {MODEL_PACKAGES_HINT}")
 
 
+def check_model_path(model: Any, needed: bool) -> None:
+    """A model written as a local path that does not exist (a ``.gguf``
+    name, an absolute, ``./``, ``../`` or ``~`` path) fails here, before any
+    work: the LLM loads after the run's encoder and corpus (see
+    :func:`rcn_fast.eval.run.executors.run_unit`), and embedding a corpus first
+    only to stop at a misspelt model path wastes minutes. Hub ids, packages,
+    ``openai:`` and LLM objects are left to the loader. ``needed``: whether a
+    pending run loads the LLM from ``model``."""
+    from rcn_fast.model_files import _missing_path  # the loader's own message for a missing path
+
+    if not needed or not isinstance(model, str) or model.startswith(("openai:", "package:")):
+        return
+    missing = _missing_path(model[len("vllm:"):] if model.startswith("vllm:") else model, True)
+    if missing is not None:
+        raise EvalError(missing)
+
+
 def _require_eval_deps() -> None:
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
@@ -340,5 +357,5 @@ def is_store(corpus: str | None) -> bool:
     return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
-__all__ = ["Components", "model_key", "check_model_packages", "corpus_key", "corpus_problem", "is_store",
+__all__ = ["Components", "model_key", "check_model_packages", "check_model_path", "corpus_key", "corpus_problem", "is_store",
            "sha_file"]
