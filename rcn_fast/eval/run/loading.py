@@ -130,8 +130,8 @@ def check_model_path(model: Any, needed: bool) -> None:
     if not needed or not isinstance(model, str) or model.startswith(("openai:", "package:")):
         return
     missing = _missing_path(model[len("vllm:"):] if model.startswith("vllm:") else model, True)
-    if missing is not None:
-        raise EvalError(missing)
+    if missing is not None:  # the message load_model would give, minutes earlier
+        raise EvalError(f"model: cannot load {model!r}: ValueError: {missing}")
 
 
 def _require_eval_deps() -> None:
