@@ -217,7 +217,7 @@ def suggest_model_package(name: str) -> str:
             "check the name, or give a model folder, a .gguf file or a hub id")
 
 
-def _missing_path(model: str, allow_gguf: bool) -> str | None:
+def missing_model_path(model: str, allow_gguf: bool) -> str | None:
     """The message for a model spec written as a path that does not exist
     (a ``.gguf`` name, an absolute, ``./``, ``../`` or ``~`` path, or one
     with more than one ``/``), else None (a hub id or package name)."""
@@ -286,7 +286,7 @@ def _resolve(model: str, allow_gguf: bool, local_files_only: bool) -> Path:
             return p.resolve()
         raise ValueError(f"model: {p} is a file; expected a model directory"
                          + (" or a .gguf file" if allow_gguf else ""))
-    missing = _missing_path(model, allow_gguf)
+    missing = missing_model_path(model, allow_gguf)
     if missing is not None:
         raise ValueError(missing)
     mod_name = model.replace("-", "_")
@@ -495,6 +495,6 @@ def _folder_model_name(path: Path) -> str:
     return path.name if path.name != "model" else path.parent.name
 
 
-__all__ = ["resolve_model_path", "resolve_model_dir", "package_model", "model_fingerprint", "file_fingerprint",
-           "hub_offline", "refuse_remote_code", "REMOTE_CODE_FILES", "SETTINGS_FILE", "describe_model",
+__all__ = ["resolve_model_path", "missing_model_path", "resolve_model_dir", "package_model", "model_fingerprint",
+           "file_fingerprint", "hub_offline", "refuse_remote_code", "REMOTE_CODE_FILES", "SETTINGS_FILE", "describe_model",
            "gguf_general"]

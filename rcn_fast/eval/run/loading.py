@@ -125,11 +125,11 @@ def check_model_path(model: Any, needed: bool) -> None:
     only to stop at a misspelt model path wastes minutes. Hub ids, packages,
     ``openai:`` and LLM objects are left to the loader. ``needed``: whether a
     pending run loads the LLM from ``model``."""
-    from rcn_fast.model_files import _missing_path  # the loader's own message for a missing path
+    from rcn_fast.model_files import missing_model_path  # the loader's own message
 
     if not needed or not isinstance(model, str) or model.startswith(("openai:", "package:")):
         return
-    missing = _missing_path(model[len("vllm:"):] if model.startswith("vllm:") else model, True)
+    missing = missing_model_path(model[len("vllm:"):] if model.startswith("vllm:") else model, True)
     if missing is not None:  # the message load_model would give, minutes earlier
         raise EvalError(f"model: cannot load {model!r}: ValueError: {missing}")
 
@@ -357,5 +357,5 @@ def is_store(corpus: str | None) -> bool:
     return corpus is not None and Path(corpus).is_dir() and (Path(corpus) / "manifest.json").is_file()
 
 
-__all__ = ["Components", "model_key", "check_model_packages", "check_model_path", "corpus_key", "corpus_problem", "is_store",
-           "sha_file"]
+__all__ = ["Components", "model_key", "check_model_packages", "check_model_path", "corpus_key", "corpus_problem",
+           "is_store", "sha_file"]
