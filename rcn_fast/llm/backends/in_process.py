@@ -70,7 +70,7 @@ class InProcessGGUFBackend(LocalBackend):
 
     @property
     def pad_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)  # present: checked at load
+        return int(self.tokenizer.pad_token_id)  # pad, else eos (eos is required at load)
 
     @cached_property
     def eos_ids(self) -> list[int]:

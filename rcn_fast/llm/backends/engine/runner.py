@@ -32,7 +32,6 @@ from rcn_fast.llm.backends.engine.prefix_cache import PrefixCache, shared_prefix
 from rcn_fast.llm.backends.step_batch import Chooser, Finisher, advance, pack_step, take_chosen
 
 
-
 @dataclass
 class _Row:
     index: int

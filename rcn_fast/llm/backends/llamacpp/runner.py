@@ -44,7 +44,6 @@ from rcn_fast.llm.backends.llamacpp.lib import Context
 from rcn_fast.llm.backends.step_batch import Chooser, Finisher, advance, pack_step, take_chosen
 
 
-
 class ContextFullError(ValueError):
     """A prompt does not fit in the context's ``n_ctx`` cells."""
 
