@@ -128,6 +128,14 @@ def test_a_missing_model_path_stops_the_run_before_the_corpus_is_embedded(files,
     with pytest.raises(EvalError, match=r"Llama-3\.1-8B-Instruct-Q4_K_M\.gguf'?: no such file \(nor its folder"):
         evaluate(_cfg(files, model=missing, pipelines=["single_retrieval"]), encoder=tiny_encoder, print_table=False)
     assert not (files["out"] / "corpora").exists() or not any((files["out"] / "corpora").iterdir())
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        ray = None
+    if ray is not None:  # the Ray driver embeds corpus files before its tasks load the model: said before that too
+        with pytest.raises(EvalError, match="no such file"):
+            evaluate(_cfg(files, model=missing, pipelines=["single_retrieval"], executor="ray"), print_table=False)
+        assert not (files["out"] / "corpora").exists() or not any((files["out"] / "corpora").iterdir())
     # an LLM object given: the path is not loaded, so not checked; a hub-like id is left to the loader
     from rcn_fast.eval.run.loading import check_model_path
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast.eval.config import EvalConfig, EvalError
-from rcn_fast.eval.run.loading import Components, check_model_packages, check_model_path, log
+from rcn_fast.eval.run.loading import Components, check_model_packages, log
 from rcn_fast.eval.run.plan import Plan, Unit, default_models_needed, plan, warn_corpus_leaks
 from rcn_fast.eval.report.progress import StageBars
 from rcn_fast.eval.metrics import RecordError, make_task
@@ -215,9 +215,8 @@ class LocalExecutor:
         merge_guard(cfg, units)
         warn_corpus_leaks(cfg, self.out, planned.questions, units)
         todo = planned.todo
-        if todo:  # say which model packages are missing, or that the model path does not exist, before any work starts
+        if todo:  # say which model packages are missing before any work starts
             check_model_packages(*default_models_needed(cfg, todo, **self.given))
-            check_model_path(cfg.model, self.given["llm"] is None and any(u.needs.llm for u in todo))
         prev_threads = None
         if todo and cfg.device in ("cpu", "auto") and importlib.util.find_spec("torch") is not None:
             n, why = choose_threads(cfg.threads)

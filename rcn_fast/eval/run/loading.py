@@ -120,9 +120,11 @@ def check_model_packages(llm: bool, encoder: bool) -> None:
 def check_model_path(model: Any, needed: bool) -> None:
     """A model written as a local path that does not exist (a ``.gguf``
     name, an absolute, ``./``, ``../`` or ``~`` path) fails here, before any
-    work: the LLM loads after the run's encoder and corpus (see
-    :func:`rcn_fast.eval.run.executors.run_unit`), and embedding a corpus first
-    only to stop at a misspelt model path wastes minutes. Hub ids, packages,
+    work (called by :func:`rcn_fast.eval.evaluate` right after planning, for
+    the local and the Ray executor): the LLM loads after the run's encoder
+    and corpus (see :func:`rcn_fast.eval.run.executors.run_unit`; the Ray
+    driver embeds corpus files before its tasks start), and embedding a
+    corpus first only to stop at a misspelt model path wastes minutes. Hub ids, packages,
     ``openai:`` and LLM objects are left to the loader. ``needed``: whether a
     pending run loads the LLM from ``model``."""
     from rcn_fast.model_files import missing_model_path  # the loader's own message

@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rcn_fast.eval.config import DEFAULT_ENCODER, EvalConfig, encoder_defaults
-from rcn_fast.eval.run.executors import LocalExecutor, THROTTLE_ENV, choose_threads, output_folder, run_unit, shard_summary
-from rcn_fast.eval.run.loading import Components, log
+from rcn_fast.eval.run.executors import (
+    LocalExecutor,
+    THROTTLE_ENV,
+    choose_threads,
+    given_llm,
+    output_folder,
+    run_unit,
+    shard_summary,
+)
+from rcn_fast.eval.run.loading import Components, check_model_path, log
 from rcn_fast.eval.pipeline_needs import needs_llm, pipeline_registry, split_pipeline_args
 from rcn_fast.eval.run.plan import Unit, plan
 from rcn_fast.eval.report.progress import StageBars
@@ -149,6 +157,9 @@ def evaluate(config: EvalConfig | dict[str, Any] | None = None, *, llm: Any = No
         cfg = local_config(cfg)  # the driver plans, merges and reports as a local run
     out = output_folder(cfg)
     planned = plan(cfg, out)
+    # a misspelt model path is said now, before any corpus is embedded (here or by the Ray driver)
+    given = components.provided()["llm"] if components is not None else given_llm(cfg, llm)
+    check_model_path(cfg.model, given is None and any(u.needs.llm for u in planned.todo))
     for u in planned.units:
         u.label = (labels or {}).get(u.pipeline, "")
     if remote is not None:  # the pending units on the cluster; what is left (nothing, normally) runs here
